@@ -1,0 +1,150 @@
+"""`mla_jax.mla_decode`: one entry point, several implementations.
+
+impl:
+  "xla"                jnp reference (runs anywhere, float32 compute)
+  "pallas_triton"      Pallas kernel, Triton lowering (portable GPUs; interpret mode on CPU)
+  "pallas_mosaic_gpu"  Pallas kernel, Mosaic GPU lowering (Hopper; interpret mode on CPU)
+  "auto"               the fastest that supports the problem on the current device
+
+`DecodeMetadata` is a pytree here: the arrays are leaves, the ints static.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mla_spec import DecodeMetadata, MLAConfig, dtype_name, validate_inputs
+
+jax.tree_util.register_dataclass(
+    DecodeMetadata,
+    data_fields=["query_start_loc", "seq_lens", "block_table", "scheduler_metadata"],
+    meta_fields=["max_query_len", "max_seq_len", "num_decode_tokens", "max_num_splits"],
+)
+
+IMPLS = ("xla", "pallas_triton", "pallas_mosaic_gpu")
+_MODULES = {
+    "xla": "mla_jax.reference",
+    "pallas_triton": "mla_jax.pallas_triton",
+    "pallas_mosaic_gpu": "mla_jax.pallas_mosaic_gpu",
+}
+_AUTO_ORDER = ("pallas_mosaic_gpu", "pallas_triton", "xla")
+
+
+def _module(impl: str):
+    if impl not in _MODULES:
+        raise ValueError(f"unknown impl={impl!r}; expected one of {IMPLS + ('auto',)}")
+    return importlib.import_module(_MODULES[impl])
+
+
+def default_interpret() -> bool:
+    """Pallas kernels run in interpret mode when JAX has no GPU."""
+    return jax.default_backend() == "cpu"
+
+
+def unsupported_reason(impl: str, config: MLAConfig, device=None) -> str | None:
+    """Why `impl` cannot run `config` on `device` (None: it can). Interpret mode counts as running."""
+    if impl == "xla":
+        return None
+    mod = _module(impl)
+    return mod.unsupported_reason(config, device)
+
+
+def select_impl(config: MLAConfig, device=None) -> tuple[str, dict[str, str]]:
+    """The impl "auto" picks, and why each faster one was passed over."""
+    device = device or jax.devices()[0]
+    skipped = {}
+    for impl in _AUTO_ORDER:
+        if impl != "xla" and device.platform != "gpu":
+            skipped[impl] = f"device {device.platform!r} is not a GPU (interpret mode is for tests, not auto)"
+            continue
+        reason = unsupported_reason(impl, config, device)
+        if reason is None:
+            return impl, skipped
+        skipped[impl] = reason
+    raise AssertionError("unreachable: xla supports every valid config")
+
+
+def to_jax_metadata(metadata: DecodeMetadata, device=None) -> DecodeMetadata:
+    """Puts the metadata arrays on `device` as int32 jax arrays (ints stay static)."""
+
+    def put(x):
+        if x is None:
+            return None
+        return jax.device_put(jnp.asarray(x, dtype=jnp.int32), device)
+
+    return metadata.replace(
+        query_start_loc=put(metadata.query_start_loc),
+        seq_lens=put(metadata.seq_lens),
+        block_table=put(metadata.block_table),
+        scheduler_metadata=None,  # FA3's schedule is the torch backend's business
+    )
+
+
+def _is_concrete(x) -> bool:
+    return isinstance(x, np.ndarray) or (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer))
+
+
+def split_q(q, config: MLAConfig):
+    if isinstance(q, tuple):
+        if len(q) != 2:
+            raise ValueError(f"q must be one array or a (q_nope, q_pe) pair, got a tuple of {len(q)}")
+        return q
+    return q[..., : config.kv_lora_rank], q[..., config.kv_lora_rank :]
+
+
+def mla_decode(
+    q,
+    kv_cache,
+    metadata: DecodeMetadata,
+    config: MLAConfig,
+    *,
+    impl: str = "xla",
+    interpret: bool | None = None,
+    tuning=None,
+    return_impl: bool = False,
+):
+    """Paged MLA decode. Returns `(out [T, H, L] in q's dtype, lse [T, H] float32)`,
+    or `(out, lse, impl_used)` with `return_impl=True`.
+
+    q: `[T, H, L+R]` or `(q_nope [T,H,L], q_pe [T,H,R])`; kv_cache: `[num_blocks, P, L+R]`.
+    Validates shapes and dtypes always, metadata values when they are concrete (not
+    traced), so bad input raises ValueError/NotImplementedError before any kernel runs.
+    """
+    parts = q if isinstance(q, tuple) else (q,)
+    for x in parts + (kv_cache,):
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            raise ValueError(f"q and kv_cache must be arrays, got {type(x).__name__}")
+    concrete = all(_is_concrete(x) for x in (metadata.query_start_loc, metadata.seq_lens, metadata.block_table))
+    validate_inputs(
+        config,
+        metadata,
+        q_shapes=tuple(tuple(x.shape) for x in parts),
+        q_dtypes=tuple(dtype_name(x.dtype) for x in parts),
+        kv_cache_shape=tuple(kv_cache.shape),
+        kv_cache_dtype=dtype_name(kv_cache.dtype),
+        check_values=concrete,
+    )
+    if impl == "auto":
+        impl, _ = select_impl(config)
+    mod = _module(impl)
+    if impl != "xla":
+        reason = mod.unsupported_reason(config, None)
+        if reason is not None:
+            raise NotImplementedError(f"impl={impl!r} cannot run this problem: {reason}")
+    q_nope, q_pe = split_q(q, config)
+    md = metadata
+    if any(isinstance(x, np.ndarray) for x in (md.query_start_loc, md.seq_lens, md.block_table)):
+        md = to_jax_metadata(md)
+    else:
+        md = md.replace(scheduler_metadata=None)
+    if impl == "xla":
+        out, lse = mod.mla_decode_jit(q_nope, q_pe, kv_cache, md, config)
+    else:
+        if interpret is None:
+            interpret = default_interpret()
+        out, lse = mod.mla_decode(q_nope, q_pe, kv_cache, md, config, tuning=tuning, interpret=interpret)
+    return (out, lse, impl) if return_impl else (out, lse)

@@ -1,0 +1,118 @@
+"""`MLAConfig`: the frozen, validated description of one MLA decode layer.
+
+The field names follow vLLM (`kv_lora_rank`, `qk_rope_head_dim`, ...). Validation
+lives in `__post_init__`; messages name the offending value in `{x=}` form.
+The seed's unsupported features (alibi slopes, sliding window, logits soft cap,
+non-decoder attention) raise the seed's `NotImplementedError` messages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
+"""Activation dtypes. Fast paths take bfloat16/float16; float32 is for references."""
+
+SUPPORTED_KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
+"""`"auto"`: the cache has the activation dtype. `"fp8_e4m3"`: see `unsupported_kv_cache_dtype`."""
+
+ATTN_TYPE_DECODER = "decoder"
+
+# The seed's messages (vLLM FlashAttnMLAImpl), kept verbatim.
+UNSUPPORTED_FEATURES_MSG = (
+    "FlashAttnMLAImpl does not support one of the following: "
+    "alibi_slopes, sliding_window, logits_soft_cap"
+)
+NON_DECODER_MSG = (
+    "Encoder self-attention and encoder/decoder cross-attention "
+    "are not implemented for FlashAttnMLAImpl"
+)
+FP8_KV_CACHE_MSG = "FlashAttnMLA V1 with FP8 KV cache not yet supported"
+
+
+def _check_positive_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int, got {name}={value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {name}={value}")
+
+
+@dataclasses.dataclass(frozen=True)
+class MLAConfig:
+    """One MLA decode layer (absorbed weights) as seen by the attention kernel.
+
+    `q` is `[T, num_heads, kv_lora_rank + qk_rope_head_dim]`; the paged cache is
+    `[num_blocks, page_size, kv_lora_rank + qk_rope_head_dim]`; out is
+    `[T, num_heads, kv_lora_rank]`.
+    """
+
+    num_heads: int
+    kv_lora_rank: int = 512
+    qk_rope_head_dim: int = 64
+    qk_nope_head_dim: int = 128
+    v_head_dim: int = 128
+    page_size: int = 64
+    softmax_scale: float | None = None
+    dtype: str = "bfloat16"
+    kv_cache_dtype: str = "auto"
+    reorder_batch_threshold: int | None = None
+    max_num_seqs: int = 256
+    max_capture_size: int = 512
+    max_num_splits_for_cuda_graph: int = 32
+    dcp_world_size: int = 1
+    # The seed's unsupported features: accepted as fields so that a config carried
+    # over from a model raises the seed's error instead of being silently ignored.
+    alibi_slopes: tuple[float, ...] | None = None
+    sliding_window: int | None = None
+    logits_soft_cap: float | None = None
+    attn_type: str = ATTN_TYPE_DECODER
+
+    def __post_init__(self):
+        for name in (
+            "num_heads", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
+            "v_head_dim", "page_size", "max_num_seqs", "max_capture_size",
+            "max_num_splits_for_cuda_graph", "dcp_world_size",
+        ):
+            _check_positive_int(name, getattr(self, name))
+        if self.dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"unsupported dtype: dtype={self.dtype!r}; expected one of {SUPPORTED_DTYPES}")
+        if self.kv_cache_dtype not in SUPPORTED_KV_CACHE_DTYPES:
+            raise ValueError(
+                f"unsupported kv_cache_dtype: kv_cache_dtype={self.kv_cache_dtype!r}; "
+                f"expected one of {SUPPORTED_KV_CACHE_DTYPES}"
+            )
+        if self.softmax_scale is None:
+            object.__setattr__(self, "softmax_scale", (self.qk_nope_head_dim + self.qk_rope_head_dim) ** -0.5)
+        scale = self.softmax_scale
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+            raise ValueError(f"softmax_scale must be a finite float > 0, got softmax_scale={scale!r}")
+        object.__setattr__(self, "softmax_scale", float(scale))
+        if self.reorder_batch_threshold is None:
+            # The seed: decodes with q_len <= 512 go through the decode kernel;
+            # with DCP only q_len == 1 (no DCP custom masking yet).
+            object.__setattr__(self, "reorder_batch_threshold", 1 if self.dcp_world_size > 1 else 512)
+        _check_positive_int("reorder_batch_threshold", self.reorder_batch_threshold)
+        if self.dcp_world_size > 1 and self.reorder_batch_threshold != 1:
+            raise ValueError(
+                "reorder_batch_threshold must be 1 when dcp_world_size > 1, got "
+                f"reorder_batch_threshold={self.reorder_batch_threshold}, dcp_world_size={self.dcp_world_size}"
+            )
+        if self.alibi_slopes is not None:
+            object.__setattr__(self, "alibi_slopes", tuple(float(x) for x in self.alibi_slopes))
+        if self.alibi_slopes or self.sliding_window or self.logits_soft_cap:
+            raise NotImplementedError(UNSUPPORTED_FEATURES_MSG)
+        if self.attn_type != ATTN_TYPE_DECODER:
+            raise NotImplementedError(NON_DECODER_MSG)
+
+    @property
+    def head_dim(self) -> int:
+        """Width of q and of one cache row: `kv_lora_rank + qk_rope_head_dim` (576)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def is_fp8_kv_cache(self) -> bool:
+        return self.kv_cache_dtype.startswith("fp8")
+
+    def replace(self, **changes) -> "MLAConfig":
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,279 @@
+"""`DecodeMetadata`: the per-batch metadata both backends consume, its validation,
+the builder from a plain batch description, and the seed's decode/prefill split.
+
+Built once per batch (on the host, NumPy int32), then run for every layer.
+`mla_torch` turns the arrays into torch tensors, `mla_jax` registers the class as
+a pytree (the ints are static fields).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+from mla_spec.config import MLAConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeMetadata:
+    """Decode metadata in vLLM's vocabulary (MLACommonDecodeMetadata + FlashAttnMLA's fields).
+
+    query_start_loc: int32 `[R+1]`, cumulative query lengths (`cu_seqlens_q`).
+    seq_lens: int32 `[R]`, KV length per request, new tokens included.
+    block_table: int32 `[R, max_blocks]`; KV position p of request r lives at
+        `kv_cache[block_table[r, p // page_size], p % page_size]`. Entries past a
+        request's last page are padding and are never read.
+    max_query_len, max_seq_len: upper bounds (>= the true maxima; the builder sets
+        them exactly). `max_query_len >= 1`.
+    num_decode_tokens: T, the number of query tokens (`query_start_loc[-1]`).
+    scheduler_metadata: backend-private (FA3's ahead-of-time schedule), or None.
+    max_num_splits: split-KV bound; 0 lets the kernel's heuristic choose.
+    """
+
+    query_start_loc: Any
+    seq_lens: Any
+    block_table: Any
+    max_query_len: int
+    max_seq_len: int
+    num_decode_tokens: int
+    scheduler_metadata: Any = None
+    max_num_splits: int = 0
+
+    @property
+    def num_reqs(self) -> int:
+        return int(self.seq_lens.shape[0])
+
+    @property
+    def max_blocks(self) -> int:
+        return int(self.block_table.shape[1])
+
+    def replace(self, **changes) -> "DecodeMetadata":
+        return dataclasses.replace(self, **changes)
+
+    def validate(self, config: MLAConfig, num_blocks: int | None = None, *, check_values: bool = True) -> None:
+        """Checks every invariant; raises ValueError naming the one that broke.
+
+        `num_blocks` (the cache's first dimension) enables the block-id range check.
+        `check_values=False` checks only shapes, dtypes and the static ints (for
+        traced arrays under `jax.jit`).
+        """
+        validate_metadata(self, config, num_blocks=num_blocks, check_values=check_values)
+
+
+def _is_integer_dtype(dtype) -> bool:
+    try:
+        return bool(np.issubdtype(np.dtype(dtype), np.integer))
+    except TypeError:  # a torch dtype
+        return str(dtype).removeprefix("torch.") in ("int8", "int16", "int32", "int64", "uint8")
+
+
+def _check_static_int(name: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an int, got {name}={value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {name}={value}")
+
+
+def validate_metadata(
+    md: DecodeMetadata, config: MLAConfig, *, num_blocks: int | None = None, check_values: bool = True
+) -> None:
+    qsl, seq_lens, bt = md.query_start_loc, md.seq_lens, md.block_table
+    for name, arr in (("query_start_loc", qsl), ("seq_lens", seq_lens), ("block_table", bt)):
+        if not hasattr(arr, "shape") or not hasattr(arr, "dtype"):
+            raise ValueError(f"{name} must be an array, got {name}={type(arr).__name__}")
+        if not _is_integer_dtype(arr.dtype):
+            raise ValueError(f"{name} must have an integer dtype, got {name}.dtype={arr.dtype}")
+    if len(seq_lens.shape) != 1:
+        raise ValueError(f"seq_lens must be 1-D, got seq_lens.shape={tuple(seq_lens.shape)}")
+    if len(qsl.shape) != 1:
+        raise ValueError(f"query_start_loc must be 1-D, got query_start_loc.shape={tuple(qsl.shape)}")
+    if len(bt.shape) != 2:
+        raise ValueError(f"block_table must be 2-D [num_reqs, max_blocks], got block_table.shape={tuple(bt.shape)}")
+    num_reqs = seq_lens.shape[0]
+    if num_reqs < 1:
+        raise ValueError(f"need at least one request, got seq_lens.shape={tuple(seq_lens.shape)}")
+    if qsl.shape[0] != num_reqs + 1:
+        raise ValueError(
+            "query_start_loc must have num_reqs + 1 entries, got "
+            f"query_start_loc.shape={tuple(qsl.shape)}, seq_lens.shape={tuple(seq_lens.shape)}"
+        )
+    if bt.shape[0] != num_reqs:
+        raise ValueError(
+            f"block_table must have one row per request, got block_table.shape={tuple(bt.shape)}, "
+            f"seq_lens.shape={tuple(seq_lens.shape)}"
+        )
+    if bt.shape[1] < 1:
+        raise ValueError(f"block_table needs at least one column, got block_table.shape={tuple(bt.shape)}")
+    _check_static_int("max_query_len", md.max_query_len, 1)
+    _check_static_int("max_seq_len", md.max_seq_len, 1)
+    _check_static_int("num_decode_tokens", md.num_decode_tokens, 1)
+    _check_static_int("max_num_splits", md.max_num_splits, 0)
+    if md.max_query_len > md.max_seq_len:
+        raise ValueError(
+            f"max_query_len must be <= max_seq_len, got max_query_len={md.max_query_len}, max_seq_len={md.max_seq_len}"
+        )
+    if num_blocks is not None:
+        _check_static_int("num_blocks", num_blocks, 1)
+    if not check_values:
+        return
+
+    qsl = np.asarray(qsl).astype(np.int64)
+    seq_lens = np.asarray(seq_lens).astype(np.int64)
+    bt = np.asarray(bt).astype(np.int64)
+    if qsl[0] != 0:
+        raise ValueError(f"query_start_loc must start at 0, got query_start_loc[0]={qsl[0]}")
+    query_lens = np.diff(qsl)
+    for r in range(num_reqs):
+        q_len, seq_len = int(query_lens[r]), int(seq_lens[r])
+        if seq_len < 1:
+            raise ValueError(f"seq_lens must be >= 1, got seq_lens[{r}]={seq_len}")
+        if q_len < 1:
+            raise ValueError(
+                f"each request needs q_len >= 1 (query_start_loc must increase), got q_len={q_len} for request {r} "
+                f"(query_start_loc[{r}]={qsl[r]}, query_start_loc[{r + 1}]={qsl[r + 1]})"
+            )
+        if q_len > seq_len:
+            raise ValueError(f"q_len must be <= seq_len, got q_len={q_len} > seq_len={seq_len} for request {r}")
+    if int(qsl[-1]) != md.num_decode_tokens:
+        raise ValueError(
+            f"num_decode_tokens must equal query_start_loc[-1], got num_decode_tokens={md.num_decode_tokens}, "
+            f"query_start_loc[-1]={int(qsl[-1])}"
+        )
+    if int(query_lens.max()) > md.max_query_len:
+        raise ValueError(
+            f"max_query_len is below the longest query, got max_query_len={md.max_query_len} < {int(query_lens.max())}"
+        )
+    if int(query_lens.max()) > config.reorder_batch_threshold:
+        raise ValueError(
+            f"a request has q_len={int(query_lens.max())} > reorder_batch_threshold={config.reorder_batch_threshold}: "
+            "it is a prefill; split the batch with mla_spec.split_decodes_and_prefills"
+        )
+    if int(seq_lens.max()) > md.max_seq_len:
+        raise ValueError(f"max_seq_len is below the longest sequence, got max_seq_len={md.max_seq_len} < {int(seq_lens.max())}")
+    page = config.page_size
+    blocks_needed = (seq_lens + page - 1) // page
+    max_blocks = bt.shape[1]
+    for r in range(num_reqs):
+        need = int(blocks_needed[r])
+        if need > max_blocks:
+            raise ValueError(
+                f"too few blocks for seq_len: seq_lens[{r}]={int(seq_lens[r])} needs {need} blocks of "
+                f"page_size={page}, block_table has {max_blocks} columns"
+            )
+        used = bt[r, :need]
+        if used.size and used.min() < 0:
+            c = int(np.argmin(used))
+            raise ValueError(f"negative block id: block_table[{r}, {c}]={int(used[c])}")
+        if num_blocks is not None and used.size and used.max() >= num_blocks:
+            c = int(np.argmax(used))
+            raise ValueError(
+                f"block id out of range: block_table[{r}, {c}]={int(used[c])} >= num_blocks={num_blocks}"
+            )
+
+
+def _as_int_vector(name: str, values) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got {name}.shape={arr.shape}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"{name} must hold integers, got {name}.dtype={arr.dtype}")
+    if arr.size and (arr < 0).any():
+        i = int(np.argmin(arr))
+        raise ValueError(f"{name} must be >= 0, got {name}[{i}]={int(arr[i])}")
+    if arr.size and arr.max() > np.iinfo(np.int32).max:
+        i = int(np.argmax(arr))
+        raise ValueError(f"{name} must fit in int32, got {name}[{i}]={int(arr[i])}")
+    return arr.astype(np.int32)
+
+
+def _as_block_table(block_table, num_reqs: int) -> np.ndarray:
+    if isinstance(block_table, np.ndarray):
+        if block_table.ndim != 2:
+            raise ValueError(f"block_table must be 2-D, got block_table.shape={block_table.shape}")
+        if not np.issubdtype(block_table.dtype, np.integer):
+            raise ValueError(f"block_table must hold integers, got block_table.dtype={block_table.dtype}")
+        rows = list(block_table)
+    else:
+        rows = [np.asarray(row) for row in block_table]
+        for r, row in enumerate(rows):
+            if row.ndim != 1:
+                raise ValueError(f"block_table[{r}] must be a 1-D list of block ids, got shape {row.shape}")
+            if row.size and not np.issubdtype(row.dtype, np.integer):
+                raise ValueError(f"block_table[{r}] must hold integers, got dtype {row.dtype}")
+    if len(rows) != num_reqs:
+        raise ValueError(f"block_table must have one row per request, got {len(rows)} rows for {num_reqs} requests")
+    width = max(1, max((len(row) for row in rows), default=1))
+    out = np.zeros((num_reqs, width), np.int32)  # vLLM pads block tables with block 0
+    for r, row in enumerate(rows):
+        out[r, : len(row)] = row
+    return out
+
+
+def build_decode_metadata(
+    *,
+    seq_lens: Sequence[int],
+    query_lens: Sequence[int],
+    block_table,
+    config: MLAConfig,
+    num_blocks: int | None = None,
+    max_num_splits: int = 0,
+) -> DecodeMetadata:
+    """Builds validated int32 `DecodeMetadata` from a plain batch description.
+
+    seq_lens[r]: KV length of request r (new tokens included); query_lens[r]: its
+    new tokens (1 for plain decode, up to 8 or so for speculative decode);
+    block_table: a 2-D integer array or one list of block ids per request (padded
+    with block 0). Every request must be a decode (q_len <= reorder_batch_threshold);
+    use `split_decodes_and_prefills` first on a mixed batch.
+    """
+    seq = _as_int_vector("seq_lens", seq_lens)
+    qlen = _as_int_vector("query_lens", query_lens)
+    if seq.shape != qlen.shape:
+        raise ValueError(
+            f"seq_lens and query_lens must have the same length, got len(seq_lens)={seq.shape[0]}, "
+            f"len(query_lens)={qlen.shape[0]}"
+        )
+    if seq.size == 0:
+        raise ValueError("need at least one request, got len(seq_lens)=0")
+    bt = _as_block_table(block_table, seq.shape[0])
+    qsl = np.zeros(seq.shape[0] + 1, np.int32)
+    np.cumsum(qlen, out=qsl[1:])
+    md = DecodeMetadata(
+        query_start_loc=qsl,
+        seq_lens=seq,
+        block_table=bt,
+        max_query_len=max(int(qlen.max()), 1),
+        max_seq_len=max(int(seq.max()), 1),
+        num_decode_tokens=int(qsl[-1]),
+        max_num_splits=max_num_splits,
+    )
+    md.validate(config, num_blocks=num_blocks)
+    return md
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSplit:
+    """The seed's reordering: decodes (q_len <= threshold) first, then prefills."""
+
+    order: np.ndarray  # request indices, decodes first (stable)
+    num_decodes: int
+    num_prefills: int
+    num_decode_tokens: int
+    num_prefill_tokens: int
+
+
+def split_decodes_and_prefills(query_lens: Sequence[int], config: MLAConfig) -> BatchSplit:
+    """Orders requests with q_len <= `config.reorder_batch_threshold` first (as vLLM's
+    `reorder_batch_to_split_decodes_and_prefills`), and says how many are decodes."""
+    qlen = _as_int_vector("query_lens", query_lens)
+    is_decode = qlen <= config.reorder_batch_threshold
+    order = np.concatenate([np.flatnonzero(is_decode), np.flatnonzero(~is_decode)]).astype(np.int64)
+    return BatchSplit(
+        order=order,
+        num_decodes=int(is_decode.sum()),
+        num_prefills=int((~is_decode).sum()),
+        num_decode_tokens=int(qlen[is_decode].sum()),
+        num_prefill_tokens=int(qlen[~is_decode].sum()),
+    )

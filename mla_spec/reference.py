@@ -1,0 +1,66 @@
+"""The definition of the operation: paged MLA decode in float64 NumPy.
+
+For request r with q_len = query_start_loc[r+1] - query_start_loc[r] and
+seq_len = seq_lens[r], query token i sits at position seq_len - q_len + i and
+attends to KV positions <= it (bottom-right causal). KV position p lives at
+kv_cache[block_table[r, p // page_size], p % page_size] = [kv_c (L) | k_pe (R)].
+scores = softmax_scale * (q_nope . kv_c + q_pe . k_pe); out = softmax(scores) @ kv_c;
+lse = log(sum(exp(scores))) (natural log), [T, H].
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mla_spec.config import MLAConfig
+from mla_spec.inputs import validate_inputs
+from mla_spec.metadata import DecodeMetadata
+
+
+def mla_decode(q, kv_cache: np.ndarray, metadata: DecodeMetadata, config: MLAConfig):
+    """Returns `(out [T, H, L] float64, lse [T, H] float64)`."""
+    if isinstance(q, tuple):
+        q_nope, q_pe = (np.asarray(x) for x in q)
+        shapes = (q_nope.shape, q_pe.shape)
+    else:
+        q = np.asarray(q)
+        shapes = (q.shape,)
+    kv_cache = np.asarray(kv_cache)
+    # The float64 reference accepts inputs of any float dtype (bf16 rounding is
+    # done by the caller), so dtypes are checked against themselves only.
+    validate_inputs(
+        config,
+        metadata,
+        q_shapes=shapes,
+        q_dtypes=(config.dtype,) * len(shapes),
+        kv_cache_shape=kv_cache.shape,
+        kv_cache_dtype=config.dtype,
+    )
+    L = config.kv_lora_rank
+    if not isinstance(q, tuple):
+        q_nope, q_pe = q[..., :L], q[..., L:]
+    q_nope = q_nope.astype(np.float64)
+    q_pe = q_pe.astype(np.float64)
+    T, H = q_nope.shape[:2]
+    out = np.zeros((T, H, L), np.float64)
+    lse = np.zeros((T, H), np.float64)
+    qsl = np.asarray(metadata.query_start_loc, np.int64)
+    seq_lens = np.asarray(metadata.seq_lens, np.int64)
+    bt = np.asarray(metadata.block_table, np.int64)
+    P = config.page_size
+    for r in range(seq_lens.shape[0]):
+        start, end, seq_len = int(qsl[r]), int(qsl[r + 1]), int(seq_lens[r])
+        q_len = end - start
+        pos = np.arange(seq_len)
+        rows = kv_cache[bt[r, pos // P], pos % P].astype(np.float64)  # [S, L+R], only valid slots
+        kv_c, k_pe = rows[:, :L], rows[:, L:]
+        s = np.einsum("thl,sl->ths", q_nope[start:end], kv_c) + np.einsum("thr,sr->ths", q_pe[start:end], k_pe)
+        s *= config.softmax_scale
+        q_pos = seq_len - q_len + np.arange(q_len)
+        s = np.where(pos[None, None, :] <= q_pos[:, None, None], s, -np.inf)
+        m = s.max(axis=-1, keepdims=True)
+        p = np.exp(s - m)
+        denom = p.sum(axis=-1, keepdims=True)
+        out[start:end] = np.einsum("ths,sl->thl", p / denom, kv_c)
+        lse[start:end] = (m + np.log(denom))[..., 0]
+    return out, lse

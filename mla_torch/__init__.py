@@ -1,0 +1,11 @@
+"""mla_torch: the canonical PyTorch path for paged MLA decode.
+
+A port of vLLM's FlashAttnMLA backend on FlashAttention-3 (`mla_torch.fa3`), beside
+a torch reference that runs anywhere (`mla_torch.reference`).
+
+    out, lse = mla_torch.mla_decode(q, kv_cache, metadata, config, impl="fa3")
+"""
+
+from mla_torch.api import IMPLS, check_call, mla_decode, select_impl, split_q, to_torch_metadata, unsupported_reason
+
+__all__ = ["IMPLS", "check_call", "mla_decode", "select_impl", "split_q", "to_torch_metadata", "unsupported_reason"]

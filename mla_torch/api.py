@@ -1,0 +1,111 @@
+"""`mla_torch.mla_decode`: one entry point, several implementations.
+
+impl:
+  "reference"  torch reference (CPU or GPU tensors, float32 compute)
+  "fa3"        vLLM's FlashAttnMLA path on FlashAttention-3 (Hopper), see `mla_torch.fa3`
+  "auto"       "fa3" where it can run, else "reference"
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mla_spec import DecodeMetadata, MLAConfig, dtype_name, validate_inputs
+from mla_torch import reference
+
+IMPLS = ("reference", "fa3")
+
+
+def to_torch_metadata(metadata: DecodeMetadata, device) -> DecodeMetadata:
+    """The same metadata with int32 torch tensors on `device`."""
+
+    def put(x):
+        if x is None or isinstance(x, torch.Tensor):
+            return x if x is None else x.to(device=device, dtype=torch.int32)
+        return torch.as_tensor(x, dtype=torch.int32, device=device)
+
+    return metadata.replace(
+        query_start_loc=put(metadata.query_start_loc),
+        seq_lens=put(metadata.seq_lens),
+        block_table=put(metadata.block_table),
+    )
+
+
+def split_q(q, config: MLAConfig):
+    if isinstance(q, tuple):
+        if len(q) != 2:
+            raise ValueError(f"q must be one array or a (q_nope, q_pe) pair, got a tuple of {len(q)}")
+        return q
+    return torch.split(q, [config.kv_lora_rank, config.qk_rope_head_dim], dim=-1)
+
+
+def check_call(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig) -> None:
+    """The shared input checks (mla_spec.validate_inputs) on torch tensors."""
+    parts = q if isinstance(q, tuple) else (q,)
+    for x in parts + (kv_cache,):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"q and kv_cache must be torch tensors, got {type(x).__name__}")
+    validate_inputs(
+        config,
+        metadata,
+        q_shapes=tuple(tuple(x.shape) for x in parts),
+        q_dtypes=tuple(dtype_name(x.dtype) for x in parts),
+        kv_cache_shape=tuple(kv_cache.shape),
+        kv_cache_dtype=dtype_name(kv_cache.dtype),
+    )
+    devices = {x.device for x in parts + (kv_cache,)}
+    if len(devices) != 1:
+        raise ValueError(f"q and kv_cache must be on one device, got devices={sorted(map(str, devices))}")
+
+
+def _host(x):
+    return x.cpu() if isinstance(x, torch.Tensor) else torch.as_tensor(x)
+
+
+def unsupported_reason(impl: str, config: MLAConfig, device=None) -> str | None:
+    if impl == "reference":
+        return None
+    if impl == "fa3":
+        from mla_torch import fa3
+
+        return fa3.unsupported_reason(config, device)
+    raise ValueError(f"unknown impl={impl!r}; expected one of {IMPLS + ('auto',)}")
+
+
+def select_impl(config: MLAConfig, device=None) -> tuple[str, dict[str, str]]:
+    """The impl "auto" picks, and why FA3 was passed over if it was."""
+    reason = unsupported_reason("fa3", config, device)
+    if reason is None:
+        return "fa3", {}
+    return "reference", {"fa3": reason}
+
+
+def mla_decode(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig, *, impl: str = "reference", return_impl=False):
+    """Paged MLA decode. Returns `(out [T, H, L] in q's dtype, lse [T, H] float32)`,
+    or `(out, lse, impl_used)` with `return_impl=True`.
+
+    q: `[T, H, L+R]` or `(q_nope [T,H,L], q_pe [T,H,R])`; kv_cache: `[num_blocks, P, L+R]`;
+    metadata: `mla_spec.DecodeMetadata` (NumPy arrays, or torch tensors).
+    """
+    if impl not in IMPLS + ("auto",):
+        raise ValueError(f"unknown impl={impl!r}; expected one of {IMPLS + ('auto',)}")
+    host_md = metadata.replace(
+        query_start_loc=_host(metadata.query_start_loc).numpy(),
+        seq_lens=_host(metadata.seq_lens).numpy(),
+        block_table=_host(metadata.block_table).numpy(),
+    )
+    check_call(q, kv_cache, host_md, config)
+    device = kv_cache.device
+    if impl == "auto":
+        impl, _ = select_impl(config, device)
+    q_nope, q_pe = split_q(q, config)
+    if impl == "reference":
+        md = to_torch_metadata(host_md, "cpu")
+        out, lse = reference.mla_decode(
+            q_nope, q_pe, kv_cache, md.query_start_loc, md.seq_lens, md.block_table, config
+        )
+    else:
+        from mla_torch import fa3
+
+        out, lse = fa3.mla_decode(q, kv_cache, host_md, config)
+    return (out, lse, impl) if return_impl else (out, lse)
