@@ -110,18 +110,22 @@ def validate_metadata(
     _check_static_int("max_seq_len", md.max_seq_len, 1)
     _check_static_int("num_decode_tokens", md.num_decode_tokens, 1)
     _check_static_int("max_num_splits", md.max_num_splits, 0)
+    if num_blocks is not None:
+        _check_static_int("num_blocks", num_blocks, 1)
+    if check_values:
+        _validate_values(md, config, num_blocks)
     if md.max_query_len > md.max_seq_len:
         raise ValueError(
             f"max_query_len must be <= max_seq_len, got max_query_len={md.max_query_len}, max_seq_len={md.max_seq_len}"
         )
-    if num_blocks is not None:
-        _check_static_int("num_blocks", num_blocks, 1)
-    if not check_values:
-        return
 
-    qsl = np.asarray(qsl).astype(np.int64)
-    seq_lens = np.asarray(seq_lens).astype(np.int64)
-    bt = np.asarray(bt).astype(np.int64)
+
+def _validate_values(md: DecodeMetadata, config: MLAConfig, num_blocks: int | None) -> None:
+    num_reqs = md.seq_lens.shape[0]
+
+    qsl = np.asarray(md.query_start_loc).astype(np.int64)
+    seq_lens = np.asarray(md.seq_lens).astype(np.int64)
+    bt = np.asarray(md.block_table).astype(np.int64)
     if qsl[0] != 0:
         raise ValueError(f"query_start_loc must start at 0, got query_start_loc[0]={qsl[0]}")
     query_lens = np.diff(qsl)
@@ -237,6 +241,9 @@ def build_decode_metadata(
         )
     if seq.size == 0:
         raise ValueError("need at least one request, got len(seq_lens)=0")
+    if (qlen < 1).any():
+        r = int(np.argmin(qlen))
+        raise ValueError(f"each request needs q_len >= 1, got q_len={int(qlen[r])} for request {r}")
     bt = _as_block_table(block_table, seq.shape[0])
     qsl = np.zeros(seq.shape[0] + 1, np.int32)
     np.cumsum(qlen, out=qsl[1:])

@@ -1,0 +1,113 @@
+"""python -m parity: cross-check paged MLA decode across stacks, or benchmark it.
+
+  python -m parity [check] [--scenarios A,B] [--impls X,Y] [--dtypes bfloat16,float16] [--json PATH]
+  python -m parity bench [--grid NAME] [--impls X,Y] [--json PATH]
+  python -m parity list
+
+`check` (the default) runs every implementation that can run here on each scenario
+against the torch reference and prints a table; the exit code is 1 on any failure
+or error (skips, with their reason, are not failures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def _csv(s: str) -> list[str]:
+    return [x for x in s.split(",") if x]
+
+
+def _check(args) -> int:
+    from parity import runner
+    from parity.scenarios import SCENARIOS
+
+    names = args.scenarios or list(SCENARIOS)
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        print(f"unknown scenarios {unknown}; see `python -m parity list`", file=sys.stderr)
+        return 2
+    impls = args.impls or runner.default_impls()
+    dtypes = args.dtypes or ["bfloat16", "float16"]
+    env = runner.environment()
+    print(f"parity check on {env['device']} (torch {env['torch']}, jax {env['jax']} on {env['jax_backend']}); "
+          f"baseline {runner.BASELINE}", flush=True)
+    total = len(names) * len(dtypes) * (len(impls) - 1)
+    count = [0]
+    t0 = time.perf_counter()
+
+    def progress(what: str):
+        count[0] += 1
+        if not args.quiet:
+            print(f"  [{count[0]:>3}/{total}] {what} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+
+    try:
+        rows = runner.run_parity([SCENARIOS[n] for n in names], dtypes, impls, seed=args.seed, progress=progress)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(runner.format_table(rows))
+    bad = [r for r in rows if r.status in ("FAIL", "ERROR")]
+    ran = sum(r.status == "pass" for r in rows)
+    skipped = sum(r.status == "skip" for r in rows)
+    print(f"\n{ran} passed, {len(bad)} failed, {skipped} skipped in {time.perf_counter() - t0:.1f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"environment": env, "rows": [r.as_dict() for r in rows]}, f, indent=1)
+        print(f"wrote {args.json}")
+    return 1 if bad else 0
+
+
+def _bench(args) -> int:
+    from parity import bench
+
+    return bench.main(args)
+
+
+def _list(args) -> int:
+    from parity import runner
+    from parity.scenarios import SCENARIOS
+
+    for sc in SCENARIOS.values():
+        print(f"{sc.name:<22} H={sc.num_heads:<4} P={sc.page_size:<3} seq_lens={sc.seq_lens} query_lens={sc.query_lens}")
+    print("implementations:", ", ".join(runner.all_impls()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m parity", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command")
+
+    def check_args(q):
+        q.add_argument("--scenarios", type=_csv, help="comma-separated scenario names (default: all)")
+        q.add_argument("--impls", type=_csv, help="comma-separated implementations (default: all that can run)")
+        q.add_argument("--dtypes", type=_csv, help="comma-separated dtypes (default: bfloat16,float16)")
+        q.add_argument("--seed", type=int, default=0)
+        q.add_argument("--json", help="write the report here")
+        q.add_argument("--quiet", action="store_true", help="no progress lines")
+
+    check_args(p)
+    check_args(sub.add_parser("check", help="cross-check implementations (the default)"))
+    b = sub.add_parser("bench", help="time implementations side by side on a named grid")
+    from parity import bench
+
+    bench.add_arguments(b)
+    sub.add_parser("list", help="list scenarios and implementations")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "bench":
+        return _bench(args)
+    if args.command == "list":
+        return _list(args)
+    return _check(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

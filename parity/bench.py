@@ -1,0 +1,354 @@
+"""python -m parity bench: implementations timed side by side, in one process, on
+named grids of (num_heads, batch, seq_len, q_len) at page_size 64.
+
+Method (the same for both stacks, so host dispatch cannot decide a ratio): N
+back-to-back calls per launch, timed with a host clock around launch + device
+synchronize, median of several launches, divided by N.
+  - torch (FA3, FlashMLA): N calls captured once in a CUDA graph, the graph replayed.
+  - JAX (Pallas kernels): N calls inside one jitted `lax.fori_loop`; each iteration
+    picks one of 4 query buffers by the loop index (so nothing is loop-invariant) and
+    carries out and lse (so nothing is dead).
+N is chosen per shape so that one launch lasts about 3 ms (20 <= N <= 400).
+
+Bytes = KV read once (sum of seq_lens x 576 x 2) + q + out; FLOPs = 2 x H x T x S x (576 + 512)
+(the causal savings of q_len > 1 are not subtracted, as for the FA3 anchors).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import numpy as np
+
+PAGE_SIZE = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    num_heads: int
+    batch: int
+    seq_len: int
+    q_len: int = 1
+    page_size: int = PAGE_SIZE
+    dtype: str = "bfloat16"
+
+    @property
+    def name(self) -> str:
+        return f"H{self.num_heads}_B{self.batch}_S{self.seq_len}_q{self.q_len}"
+
+    @property
+    def num_tokens(self) -> int:
+        return self.batch * self.q_len
+
+    def bytes(self, L=512, R=64, itemsize=2) -> int:
+        kv = self.batch * self.seq_len * (L + R) * itemsize
+        q = self.num_tokens * self.num_heads * (L + R) * itemsize
+        out = self.num_tokens * self.num_heads * L * itemsize
+        return kv + q + out
+
+    def flops(self, L=512, R=64) -> int:
+        return 2 * self.num_heads * self.num_tokens * self.seq_len * (L + R + L)
+
+
+def _grid(heads, batches, seqs, q_lens):
+    return [Shape(h, b, s, q) for q in q_lens for h in heads for b in batches for s in seqs]
+
+
+GRIDS = {
+    # issue [pallas-triton]: H x B x S x q_len at page 64
+    "triton": _grid((16, 128), (1, 8, 32, 64, 128), (1024, 4096, 16384), (1, 2)),
+    # issue [mosaic]: the same plus (H=128, B=128, S=8192, q_len=2)
+    "mosaic": _grid((16, 128), (1, 8, 32, 64, 128), (1024, 4096, 16384), (1, 2)) + [Shape(128, 128, 8192, 2)],
+    # the anchors' headline shapes (memory-bound, compute-bound, latency)
+    "headline": [Shape(16, 128, 16384), Shape(128, 64, 16384), Shape(16, 1, 1024), Shape(128, 1, 1024),
+                 Shape(16, 64, 4096, 2), Shape(128, 32, 4096)],
+    "smoke": [Shape(16, 4, 1024), Shape(128, 2, 2048, 2)],
+}
+
+DEFAULT_IMPLS = ["torch.fa3", "torch.flashmla", "jax.pallas_triton", "jax.pallas_mosaic_gpu"]
+
+
+def add_arguments(p):
+    p.add_argument("--grid", default="headline", choices=sorted(GRIDS), help="named grid (default: headline)")
+    p.add_argument("--impls", type=lambda s: [x for x in s.split(",") if x], default=None,
+                   help=f"comma-separated (default: {','.join(DEFAULT_IMPLS)}); the first is the ratio's baseline")
+    p.add_argument("--reps", type=int, default=7, help="timed launches per shape (median taken)")
+    p.add_argument("--check", action="store_true", help="also compare each impl's out/lse with the first impl")
+    p.add_argument("--json", help="write the results here")
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+@dataclasses.dataclass
+class BenchInputs:
+    shape: Shape
+    config: object
+    metadata: object  # mla_spec.DecodeMetadata (NumPy)
+    q: object  # torch [4, T, H, 576] (4 rotating buffers)
+    kv_cache: object  # torch [num_blocks, P, 576]
+
+
+def make_inputs(shape: Shape, seed: int = 0) -> BenchInputs:
+    import torch
+
+    from mla_spec import MLAConfig, build_decode_metadata
+
+    config = MLAConfig(num_heads=shape.num_heads, page_size=shape.page_size, dtype=shape.dtype,
+                       max_num_seqs=max(256, shape.batch))
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    pages = -(-shape.seq_len // shape.page_size)
+    num_blocks = shape.batch * pages + 1
+    perm = (torch.randperm(num_blocks - 1, generator=g, device="cuda") + 1).to(torch.int32)
+    block_table = perm.view(shape.batch, pages).cpu().numpy()
+    md = build_decode_metadata(seq_lens=[shape.seq_len] * shape.batch, query_lens=[shape.q_len] * shape.batch,
+                               block_table=block_table, config=config, num_blocks=num_blocks)
+    dt = getattr(torch, shape.dtype)
+    kv = torch.randn(num_blocks, shape.page_size, config.head_dim, generator=g, device="cuda", dtype=dt)
+    q = torch.randn(4, shape.num_tokens, shape.num_heads, config.head_dim, generator=g, device="cuda", dtype=dt)
+    return BenchInputs(shape, config, md, q, kv)
+
+
+# ----------------------------------------------------------------------------- runners
+# Each returns (call_once() -> (out, lse), time_n(n) -> a callable that runs n calls and syncs).
+
+
+def _torch_graph_timer(fn, q):
+    import torch
+
+    def time_n(n):
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for i in range(3):
+                fn(q[i % 4])  # warm up on the side stream before capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(n):
+                fn(q[i % 4])
+
+        def run():
+            graph.replay()
+            torch.cuda.synchronize()
+
+        return run
+
+    return time_n
+
+
+def torch_fa3(inp: BenchInputs):
+    from mla_torch import fa3
+
+    runner = fa3.FA3Decode(inp.config, inp.kv_cache.device)
+    attn_md = runner.build(inp.metadata)
+
+    def fn(q):
+        return runner.forward(q, inp.kv_cache, attn_md)
+
+    return (lambda: fn(inp.q[0])), _torch_graph_timer(fn, inp.q)
+
+
+def torch_flashmla(inp: BenchInputs):
+    import torch
+
+    from vllm.third_party.flashmla.flash_mla_interface import flash_mla_with_kvcache, get_mla_metadata
+
+    s = inp.shape
+    md = inp.metadata
+    bt = torch.as_tensor(md.block_table, device="cuda")
+    seq_lens = torch.as_tensor(md.seq_lens, device="cuda")
+    kv = inp.kv_cache.unsqueeze(2)  # [num_blocks, P, 1, 576]
+    sched, _ = get_mla_metadata()
+
+    def fn(q):
+        out, lse = flash_mla_with_kvcache(q.view(s.batch, s.q_len, s.num_heads, -1), kv, bt, seq_lens, 512, sched,
+                                          None, softmax_scale=inp.config.softmax_scale, causal=True)
+        return out.view(s.num_tokens, s.num_heads, 512), lse.permute(0, 2, 1).reshape(s.num_tokens, s.num_heads)
+
+    fn(inp.q[0])  # the first call fills the schedule; later calls (and the graph) reuse it
+    return (lambda: fn(inp.q[0])), _torch_graph_timer(fn, inp.q)
+
+
+def _jax_kernel(impl: str):
+    def make(inp: BenchInputs):
+        import importlib
+
+        import jax
+        from jax import lax
+
+        import mla_jax
+
+        mod = importlib.import_module(f"mla_jax.{impl}")
+        reason = mod.unsupported_reason(inp.config, jax.devices()[0])
+        if reason is not None:
+            raise NotImplementedError(reason)
+        md = mla_jax.to_jax_metadata(inp.metadata)
+        q = jax.dlpack.from_dlpack(inp.q)
+        kv = jax.dlpack.from_dlpack(inp.kv_cache)
+        config = inp.config
+        L = config.kv_lora_rank
+
+        def call(qi, kv, md):
+            return mod.mla_decode(qi[..., :L], qi[..., L:], kv, md, config)
+
+        once = jax.jit(call)
+
+        def time_n(n):
+            @jax.jit
+            def loop(q, kv, md):
+                out0, lse0 = jax.eval_shape(call, q[0], kv, md)
+
+                def body(i, carry):
+                    return call(q[i % 4], kv, md)
+
+                init = (jax.numpy.zeros(out0.shape, out0.dtype), jax.numpy.zeros(lse0.shape, lse0.dtype))
+                return lax.fori_loop(0, n, body, init)
+
+            def run():
+                jax.block_until_ready(loop(q, kv, md))
+
+            return run
+
+        return (lambda: jax.block_until_ready(once(q[0], kv, md))), time_n
+
+    return make
+
+
+RUNNERS = {
+    "torch.fa3": torch_fa3,
+    "torch.flashmla": torch_flashmla,
+    "jax.pallas_triton": _jax_kernel("pallas_triton"),
+    "jax.pallas_mosaic_gpu": _jax_kernel("pallas_mosaic_gpu"),
+}
+
+
+def _median_seconds(run, reps: int) -> float:
+    run()  # compile / warm
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def time_impl(make, inp: BenchInputs, reps: int):
+    once, time_n = make(inp)
+    result = once()
+    t_est = _median_seconds(time_n(10), 3) / 10
+    n = int(min(400, max(20, math.ceil(3e-3 / max(t_est, 1e-7)))))
+    per_call = _median_seconds(time_n(n), reps) / n
+    return per_call, n, result
+
+
+def _to_np(x):
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x.float().cpu().numpy()
+    return np.asarray(x, np.float32)
+
+
+def run_bench(shapes, impls, reps=7, check=False, log=print):
+    import torch
+
+    from parity.compare import compare_out_lse
+
+    rows = []
+    for shape in shapes:
+        inp = make_inputs(shape)
+        base = None
+        for name in impls:
+            row = {"shape": dataclasses.asdict(shape), "name": shape.name, "impl": name,
+                   "bytes": shape.bytes(), "flops": shape.flops()}
+            try:
+                sec, n, (out, lse) = time_impl(RUNNERS[name], inp, reps)
+                row.update(seconds=sec, n_calls=n, TBps=shape.bytes() / sec / 1e12, TFLOPps=shape.flops() / sec / 1e12)
+                if check:
+                    o, l = _to_np(out), _to_np(lse)
+                    if base is None:
+                        base = (o, l)
+                    else:
+                        c_out, c_lse = compare_out_lse(o, l, *base, shape.dtype)
+                        row.update(out_rel_vs_first=c_out.rel_err, lse_abs_vs_first=c_lse.max_abs_err,
+                                   check_ok=bool(c_out.ok and c_lse.ok))
+            except Exception as e:  # reported per row; the bench goes on
+                row.update(error=f"{type(e).__name__}: {e}"[:400])
+            rows.append(row)
+            log(_fmt_row(row))
+        del inp
+        torch.cuda.empty_cache()
+    # ratio to the first impl (baseline) per shape
+    by_shape = {}
+    for r in rows:
+        by_shape.setdefault(r["name"], {})[r["impl"]] = r
+    for r in rows:
+        b = by_shape[r["name"]].get(impls[0], {})
+        if "seconds" in r and "seconds" in b:
+            r["speedup_vs_" + impls[0]] = b["seconds"] / r["seconds"]
+    return rows
+
+
+def _fmt_row(r):
+    if "error" in r:
+        return f"{r['name']:<24} {r['impl']:<22} ERROR {r['error'][:120]}"
+    extra = ""
+    if "check_ok" in r:
+        extra = f"  check {'ok' if r['check_ok'] else 'FAIL'} (out {r['out_rel_vs_first']:.1e}, lse {r['lse_abs_vs_first']:.1e})"
+    return (f"{r['name']:<24} {r['impl']:<22} {r['seconds'] * 1e6:>9.1f} us {r['TBps']:>6.2f} TB/s "
+            f"{r['TFLOPps']:>6.1f} TFLOP/s  (N={r['n_calls']}){extra}")
+
+
+def summary(rows, impls):
+    base = impls[0]
+    key = "speedup_vs_" + base
+    lines = [f"{'impl':<22} {'shapes':>6} {'geomean ' + base + '/impl':>28} {'min':>6} {'max':>6}"]
+    out = {}
+    for name in impls[1:]:
+        ratios = [r[key] for r in rows if r["impl"] == name and key in r]
+        if not ratios:
+            lines.append(f"{name:<22} {0:>6} {'-':>28}")
+            continue
+        gm = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        out[name] = {"shapes": len(ratios), "geomean_speedup": gm, "min": min(ratios), "max": max(ratios)}
+        lines.append(f"{name:<22} {len(ratios):>6} {gm:>28.3f} {min(ratios):>6.2f} {max(ratios):>6.2f}")
+    return "\n".join(lines), out
+
+
+def main(args) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("python -m parity bench needs a CUDA GPU (FA3 and the Pallas kernels are timed on it); none here.")
+        return 2
+    import jax
+
+    impls = args.impls or DEFAULT_IMPLS
+    unknown = [i for i in impls if i not in RUNNERS]
+    if unknown:
+        print(f"unknown impls {unknown}; known: {sorted(RUNNERS)}", file=sys.stderr)
+        return 2
+    shapes = GRIDS[args.grid]
+    print(f"bench grid={args.grid} ({len(shapes)} shapes) on {torch.cuda.get_device_name()}; "
+          f"torch {torch.__version__}, jax {jax.__version__}; baseline {impls[0]}", flush=True)
+    rows = run_bench(shapes, impls, reps=args.reps, check=args.check, log=lambda s: print(s, flush=True))
+    text, summ = summary(rows, impls)
+    print("\n" + text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"grid": args.grid, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "jax": jax.__version__, "method": __doc__.split("Method")[1].split("Bytes")[0].strip(),
+                       "impls": impls, "summary": summ, "rows": rows}, f, indent=1)
+        print(f"wrote {args.json}")
+    errors = [r for r in rows if "error" in r and not r["error"].startswith("NotImplementedError")]
+    bad = [r for r in rows if r.get("check_ok") is False]
+    return 1 if errors or bad else 0

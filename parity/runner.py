@@ -1,0 +1,237 @@
+"""The parity runner: every implementation that can run here, on each scenario,
+against the torch reference; plus FA3 against each Pallas kernel where both run.
+
+Inputs are made once per (scenario, dtype) as torch tensors on the device (CUDA
+if present) and shared with JAX through DLPack (zero-copy on the GPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Callable
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch and JAX share the GPU
+
+import numpy as np
+import torch
+
+from parity.compare import Comparison, compare_out_lse
+from parity.scenarios import SCENARIOS, Batch, Scenario, make_batch
+
+BASELINE = "torch.reference"
+_TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def torch_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def jax_on_gpu() -> bool:
+    import jax
+
+    return jax.default_backend() == "gpu"
+
+
+@dataclasses.dataclass
+class Inputs:
+    """One batch as torch tensors on the device, and the same memory as JAX arrays."""
+
+    batch: Batch
+    q: torch.Tensor
+    kv_cache: torch.Tensor
+    _jax: tuple | None = None
+
+    @classmethod
+    def make(cls, batch: Batch, device=None) -> "Inputs":
+        device = device or torch_device()
+        dt = _TORCH_DTYPES[batch.config.dtype]
+        q = torch.from_numpy(batch.q).to(device=device, dtype=dt)
+        kv = torch.from_numpy(batch.kv_cache).to(device=device, dtype=dt)
+        return cls(batch, q, kv)
+
+    def jax_arrays(self):
+        if self._jax is None:
+            import jax
+            import jax.numpy as jnp
+
+            if self.q.is_cuda and jax_on_gpu():
+                self._jax = (jax.dlpack.from_dlpack(self.q), jax.dlpack.from_dlpack(self.kv_cache))
+            else:  # host: JAX's own CPU arrays (torch CPU bf16 has no NumPy view)
+                jdt = {"bfloat16": jnp.bfloat16, "float16": jnp.float16, "float32": jnp.float32}[self.batch.config.dtype]
+                self._jax = (jnp.asarray(self.batch.q, jdt), jnp.asarray(self.batch.kv_cache, jdt))
+        return self._jax
+
+
+def _to_np(x) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return x.detach().float().cpu().numpy()
+    return np.asarray(x, np.float32) if np.asarray(x).dtype != np.float64 else np.asarray(x)
+
+
+@dataclasses.dataclass(frozen=True)
+class Impl:
+    name: str
+    run: Callable[[Inputs], tuple]
+    unsupported: Callable[[Batch], str | None]
+
+
+def _torch_impl(impl: str) -> Impl:
+    import mla_torch
+
+    def run(x: Inputs):
+        return mla_torch.mla_decode(x.q, x.kv_cache, x.batch.metadata, x.batch.config, impl=impl)
+
+    def unsupported(batch: Batch):
+        try:
+            return mla_torch.unsupported_reason(impl, batch.config, torch_device())
+        except ImportError as e:  # a backend module not in this checkout
+            return f"not importable: {e}"
+
+    return Impl(f"torch.{impl}", run, unsupported)
+
+
+def _jax_impl(impl: str) -> Impl:
+    import mla_jax
+
+    def run(x: Inputs):
+        q, kv = x.jax_arrays()
+        return mla_jax.mla_decode(q, kv, x.batch.metadata, x.batch.config, impl=impl)
+
+    def unsupported(batch: Batch):
+        try:
+            return mla_jax.unsupported_reason(impl, batch.config)
+        except ImportError as e:  # a kernel module not in this checkout
+            return f"not importable: {e}"
+
+    return Impl(f"jax.{impl}", run, unsupported)
+
+
+def _numpy_reference() -> Impl:
+    from mla_spec import reference
+
+    def run(x: Inputs):
+        b = x.batch
+        return reference.mla_decode(b.q, b.kv_cache, b.metadata, b.config)
+
+    return Impl("numpy.reference", run, lambda batch: None)
+
+
+def all_impls() -> dict[str, Impl]:
+    impls = [
+        _torch_impl("reference"),
+        _torch_impl("fa3"),
+        _numpy_reference(),
+        _jax_impl("xla"),
+        _jax_impl("pallas_triton"),
+        _jax_impl("pallas_mosaic_gpu"),
+    ]
+    return {i.name: i for i in impls}
+
+
+def default_impls() -> list[str]:
+    """What `python -m parity` runs by default: on a GPU machine FA3 and the Pallas
+    kernels against the torch reference; on a CPU the Pallas kernels in interpret
+    mode against the torch reference (plus the jnp reference)."""
+    return [BASELINE, "torch.fa3", "jax.xla", "jax.pallas_triton", "jax.pallas_mosaic_gpu"]
+
+
+@dataclasses.dataclass
+class Row:
+    scenario: str
+    dtype: str
+    impl: str
+    against: str
+    status: str  # "pass" | "FAIL" | "skip" | "ERROR"
+    out: Comparison | None = None
+    lse: Comparison | None = None
+    note: str = ""
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["out"] = self.out.as_dict() if self.out else None
+        d["lse"] = self.lse.as_dict() if self.lse else None
+        return d
+
+
+# Cross-stack pairs checked directly (the two stacks agreeing is the point).
+CROSS_PAIRS = [("torch.fa3", "jax.pallas_triton"), ("torch.fa3", "jax.pallas_mosaic_gpu")]
+
+
+def run_parity(
+    scenarios: list[Scenario],
+    dtypes: list[str],
+    impl_names: list[str],
+    *,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> list[Row]:
+    impls = all_impls()
+    unknown = [n for n in impl_names if n not in impls]
+    if unknown:
+        raise ValueError(f"unknown implementations {unknown}; known: {sorted(impls)}")
+    rows: list[Row] = []
+    for sc in scenarios:
+        for dtype in dtypes:
+            batch = make_batch(sc, dtype, seed=seed)
+            inputs = Inputs.make(batch)
+            ref_out, ref_lse = (_to_np(t) for t in impls[BASELINE].run(inputs))
+            results: dict[str, tuple[np.ndarray, np.ndarray]] = {BASELINE: (ref_out, ref_lse)}
+            for name in impl_names:
+                if name == BASELINE:
+                    continue
+                if progress:
+                    progress(f"{sc.name} {dtype} {name}")
+                reason = impls[name].unsupported(batch)
+                if reason is not None:
+                    rows.append(Row(sc.name, dtype, name, BASELINE, "skip", note=reason))
+                    continue
+                t0 = time.perf_counter()
+                try:
+                    out, lse = impls[name].run(inputs)
+                    out, lse = _to_np(out), _to_np(lse)
+                except Exception as e:  # reported, and the run fails
+                    rows.append(Row(sc.name, dtype, name, BASELINE, "ERROR", note=f"{type(e).__name__}: {e}"[:500]))
+                    continue
+                seconds = time.perf_counter() - t0
+                results[name] = (out, lse)
+                c_out, c_lse = compare_out_lse(out, lse, ref_out, ref_lse, dtype)
+                status = "pass" if c_out.ok and c_lse.ok else "FAIL"
+                rows.append(Row(sc.name, dtype, name, BASELINE, status, c_out, c_lse, seconds=seconds))
+            for a, b in CROSS_PAIRS:
+                if a in results and b in results:
+                    c_out, c_lse = compare_out_lse(*results[b], *results[a], dtype)
+                    status = "pass" if c_out.ok and c_lse.ok else "FAIL"
+                    rows.append(Row(sc.name, dtype, b, a, status, c_out, c_lse))
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    head = f"{'scenario':<22} {'dtype':<8} {'impl':<24} {'vs':<16} {'out rel':>9} {'out cos':>12} {'lse abs':>9}  status"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if r.out is not None:
+            nums = f"{r.out.rel_err:>9.2e} {r.out.cos_sim:>12.9f} {r.lse.max_abs_err:>9.2e}"
+        else:
+            nums = f"{'':>9} {'':>12} {'':>9}"
+        status = r.status + (f" ({r.note})" if r.note else "")
+        lines.append(f"{r.scenario:<22} {r.dtype:<8} {r.impl:<24} {r.against:<16} {nums}  {status}")
+    return "\n".join(lines)
+
+
+def environment() -> dict:
+    import jax
+
+    env = {
+        "torch": torch.__version__,
+        "jax": jax.__version__,
+        "jax_backend": jax.default_backend(),
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+    }
+    return env
+
+
+def default_scenarios() -> list[Scenario]:
+    return list(SCENARIOS.values())
