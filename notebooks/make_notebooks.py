@@ -1,0 +1,156 @@
+"""Writes the notebooks from plain cell lists (keeps them diffable and small); outputs are not stored.
+
+    python notebooks/make_notebooks.py
+"""
+
+import pathlib
+
+import nbformat
+
+HERE = pathlib.Path(__file__).parent
+
+
+def md(s):
+    return nbformat.v4.new_markdown_cell(s.strip())
+
+
+def code(s):
+    return nbformat.v4.new_code_cell(s.strip())
+
+
+WALKTHROUGH = [
+    md("""
+# 01 · Paged MLA decode on two stacks
+
+One config, one batch, one metadata object; the torch path and the JAX path run it and agree.
+Runs on a CPU with small shapes (the Pallas kernel in interpret mode); on an H200 set `SMALL = False`.
+"""),
+    code("""
+import os
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+import numpy as np, torch, jax, jax.numpy as jnp
+import mla_spec, mla_torch, mla_jax
+from parity.compare import compare_out_lse
+SMALL = jax.default_backend() == "cpu"
+print("jax backend:", jax.default_backend(), "| torch cuda:", torch.cuda.is_available())
+"""),
+    md("""
+## Config and batch
+`MLAConfig` is frozen and validated. A batch is described plainly: KV length and new tokens per request,
+and the pages each request owns. Request 1 is a speculative decode with 3 new tokens.
+"""),
+    code("""
+config = mla_spec.MLAConfig(num_heads=16, page_size=16, dtype="float32" if SMALL else "bfloat16")
+seq_lens, query_lens = [5, 40, 17], [1, 3, 2]
+block_table = [[7], [1, 2, 4], [3, 5]]             # block 0 and 6 unused
+md = mla_spec.build_decode_metadata(seq_lens=seq_lens, query_lens=query_lens,
+                                    block_table=block_table, config=config, num_blocks=8)
+md
+"""),
+    code("""
+rng = np.random.default_rng(0)
+T, H, D = md.num_decode_tokens, config.num_heads, config.head_dim
+q = rng.standard_normal((T, H, D), dtype=np.float32)
+kv_cache = np.full((8, config.page_size, D), np.nan, np.float32)   # NaN everywhere nobody may read
+for seq_len, pages in zip(seq_lens, block_table):
+    pos = np.arange(seq_len)
+    kv_cache[np.array(pages)[pos // config.page_size], pos % config.page_size] = rng.standard_normal((seq_len, D))
+print("NaN slots in the cache:", int(np.isnan(kv_cache).any(-1).sum()))
+"""),
+    md("## The definition, and both stacks"),
+    code("""
+ref_out, ref_lse = mla_spec.reference.mla_decode(q, kv_cache, md, config)       # float64 NumPy
+t_out, t_lse = mla_torch.mla_decode(torch.from_numpy(q), torch.from_numpy(kv_cache), md, config)
+j_out, j_lse = mla_jax.mla_decode(jnp.asarray(q), jnp.asarray(kv_cache), md, config, impl="xla")
+for name, (o, l) in {"torch.reference": (t_out.numpy(), t_lse.numpy()),
+                     "jax.xla": (np.asarray(j_out), np.asarray(j_lse))}.items():
+    c_out, c_lse = compare_out_lse(o, l, ref_out, ref_lse, "float32")
+    print(f"{name:16s} {c_out.message[:70]}\\n{'':16s} {c_lse.message[:70]}")
+"""),
+    code("""
+impl = "pallas_triton"
+try:
+    p_out, p_lse = mla_jax.mla_decode(jnp.asarray(q), jnp.asarray(kv_cache), md, config, impl=impl)
+    c_out, c_lse = compare_out_lse(np.asarray(p_out), np.asarray(p_lse), ref_out, ref_lse, "float32")
+    print(impl, "interpret mode" if mla_jax.default_interpret() else "on GPU", "->", c_out.ok and c_lse.ok)
+except NotImplementedError as e:
+    print(impl, "cannot run here:", e)
+"""),
+    md("""
+## What the LSE is for: merging partial attention across KV shards
+With decode context parallelism each device holds a shard of every request's KV and returns a partial
+`(out_i, lse_i)`. The exact result is the LSE-weighted sum: `w_i = exp(lse_i - lse)`, `lse = logsumexp_i lse_i`.
+Below, request 1's KV is split into two halves (positions < 20 and >= 20); each half is attended to separately
+by its last token (position 39 sees everything), then merged.
+"""),
+    code("""
+L = config.kv_lora_rank
+t = 3                                             # last token of request 1 (query_start_loc = [0, 1, 4, 6])
+pos = np.arange(40)
+rows = kv_cache[np.array(block_table[1])[pos // config.page_size], pos % config.page_size].astype(np.float64)
+def partial(rows):
+    s = config.softmax_scale * (q[t].astype(np.float64) @ rows.T)          # [H, S]
+    lse = np.log(np.exp(s - s.max(-1, keepdims=True)).sum(-1)) + s.max(-1)
+    return np.exp(s - lse[:, None]) @ rows[:, :L], lse
+(o1, l1), (o2, l2) = partial(rows[:20]), partial(rows[20:])
+lse = np.logaddexp(l1, l2)
+merged = np.exp(l1 - lse)[:, None] * o1 + np.exp(l2 - lse)[:, None] * o2
+print("merged vs full: max |out| diff", np.abs(merged - ref_out[t]).max(), "| max |lse| diff", np.abs(lse - ref_lse[t]).max())
+"""),
+]
+
+PERFORMANCE = [
+    md("""
+# 02 · Performance on the H200
+
+Loads the committed H200 results (`parity/results/h200-*.json`) and plots the Pallas kernels against FA3
+and FlashMLA. Nothing is measured here: these are the numbers the bench printed on the GPU.
+"""),
+    code("""
+import json, pathlib, math
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+results = sorted(pathlib.Path("../parity/results").glob("h200-bench-*.json"))
+print("\\n".join(p.name for p in results) or "no committed bench results yet")
+"""),
+    code("""
+rows = []
+for p in results:
+    d = json.loads(p.read_text())
+    rows += [dict(r, source=p.name) for r in d["rows"] if "seconds" in r]
+impls = sorted({r["impl"] for r in rows})
+print(len(rows), "timed rows;", impls)
+"""),
+    code("""
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+for ax, heads, metric, unit in ((axes[0], 16, "TBps", "TB/s"), (axes[1], 128, "TFLOPps", "TFLOP/s")):
+    for impl in impls:
+        pts = sorted((r["bytes"], r[metric]) for r in rows
+                     if r["impl"] == impl and r["shape"]["num_heads"] == heads and r["shape"]["q_len"] == 1)
+        if pts:
+            ax.plot([x for x, _ in pts], [y for _, y in pts], "o-", ms=3, label=impl)
+    ax.set_xscale("log"); ax.set_xlabel("bytes moved"); ax.set_ylabel(unit); ax.set_title(f"H={heads}, q_len=1")
+    ax.legend(fontsize=7)
+fig.tight_layout()
+"""),
+    code("""
+for impl in impls:
+    r = [x for x in rows if x["impl"] == impl and any(k.startswith("speedup_vs_") for k in x)]
+    if r:
+        key = next(k for k in r[0] if k.startswith("speedup_vs_"))
+        gm = math.exp(sum(math.log(x[key]) for x in r) / len(r))
+        print(f"{impl:24s} geomean {key}: {gm:.3f} over {len(r)} shapes")
+"""),
+]
+
+
+def write(name, cells):
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, HERE / name)
+
+
+if __name__ == "__main__":
+    write("01_walkthrough.ipynb", WALKTHROUGH)
+    write("02_performance.ipynb", PERFORMANCE)
