@@ -115,4 +115,12 @@ class MLAConfig:
         return self.kv_cache_dtype.startswith("fp8")
 
     def replace(self, **changes) -> "MLAConfig":
+        """A copy with `changes`; the derived defaults (softmax_scale, reorder_batch_threshold)
+        are derived again unless they had been set to something else."""
+        if "softmax_scale" not in changes and self.softmax_scale == (self.qk_nope_head_dim + self.qk_rope_head_dim) ** -0.5:
+            changes["softmax_scale"] = None
+        if "reorder_batch_threshold" not in changes and self.reorder_batch_threshold == (
+            1 if self.dcp_world_size > 1 else 512
+        ):
+            changes["reorder_batch_threshold"] = None
         return dataclasses.replace(self, **changes)

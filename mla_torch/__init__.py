@@ -7,5 +7,41 @@ a torch reference that runs anywhere (`mla_torch.reference`).
 """
 
 from mla_torch.api import IMPLS, check_call, mla_decode, select_impl, split_q, to_torch_metadata, unsupported_reason
+from mla_torch.fa3 import (
+    CAPTURE_SIZE_MSG,
+    FA3DecodeGraph,
+    FA3Provider,
+    FA3UnavailableError,
+    FlashAttnMLABackend,
+    FlashAttnMLADecodeMetadata,
+    FlashAttnMLAImpl,
+    FlashAttnMLAMetadata,
+    FlashAttnMLAMetadataBuilder,
+    MultipleOf,
+    fa3_unavailable_reason,
+    find_fa3,
+    scheduler_metadata_buffer_size,
+)
 
-__all__ = ["IMPLS", "check_call", "mla_decode", "select_impl", "split_q", "to_torch_metadata", "unsupported_reason"]
+__all__ = [
+    "CAPTURE_SIZE_MSG",
+    "FA3DecodeGraph",
+    "FA3Provider",
+    "FA3UnavailableError",
+    "FlashAttnMLABackend",
+    "FlashAttnMLADecodeMetadata",
+    "FlashAttnMLAImpl",
+    "FlashAttnMLAMetadata",
+    "FlashAttnMLAMetadataBuilder",
+    "IMPLS",
+    "MultipleOf",
+    "check_call",
+    "fa3_unavailable_reason",
+    "find_fa3",
+    "mla_decode",
+    "scheduler_metadata_buffer_size",
+    "select_impl",
+    "split_q",
+    "to_torch_metadata",
+    "unsupported_reason",
+]

@@ -148,11 +148,13 @@ def _torch_graph_timer(fn, q):
 def torch_fa3(inp: BenchInputs):
     from mla_torch import fa3
 
-    runner = fa3.FA3Decode(inp.config, inp.kv_cache.device)
-    attn_md = runner.build(inp.metadata)
+    device = inp.kv_cache.device
+    builder = fa3.FlashAttnMLAMetadataBuilder(inp.config, device)  # eager mode: FA3's own split heuristic
+    attn_md = builder.build(inp.metadata, num_blocks=int(inp.kv_cache.shape[0]))
+    impl = fa3.FlashAttnMLAImpl.from_config(inp.config, device)
 
     def fn(q):
-        return runner.forward(q, inp.kv_cache, attn_md)
+        return impl._forward_decode(q, inp.kv_cache, attn_md)
 
     return (lambda: fn(inp.q[0])), _torch_graph_timer(fn, inp.q)
 

@@ -275,3 +275,12 @@ def test_decode_metadata_is_a_plain_frozen_dataclass():
     assert isinstance(md, DecodeMetadata)
     with pytest.raises(Exception):
         md.max_seq_len = 3
+
+
+def test_replace_derives_defaults_again():
+    c = MLAConfig(num_heads=16)
+    assert c.replace(dcp_world_size=2).reorder_batch_threshold == 1
+    assert c.replace(qk_nope_head_dim=64).softmax_scale == pytest.approx(128**-0.5)
+    custom = MLAConfig(num_heads=16, softmax_scale=0.1, reorder_batch_threshold=8)
+    assert custom.replace(qk_nope_head_dim=64).softmax_scale == 0.1
+    assert custom.replace(num_heads=8).reorder_batch_threshold == 8
