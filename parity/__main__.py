@@ -53,7 +53,9 @@ def _check(args) -> int:
     bad = [r for r in rows if r.status in ("FAIL", "ERROR")]
     ran = sum(r.status == "pass" for r in rows)
     skipped = sum(r.status == "skip" for r in rows)
-    print(f"\n{ran} passed, {len(bad)} failed, {skipped} skipped in {time.perf_counter() - t0:.1f} s")
+    known = sum(r.status == "known" for r in rows)
+    print(f"\n{ran} passed, {len(bad)} failed, {skipped} skipped" + (f", {known} known limitations" if known else "")
+          + f" in {time.perf_counter() - t0:.1f} s")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"environment": env, "rows": [r.as_dict() for r in rows]}, f, indent=1)

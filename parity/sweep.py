@@ -1,0 +1,108 @@
+"""python -m parity.sweep: time tuning variants of a Pallas kernel around its heuristic,
+on a few shapes, with the bench's method (N calls in one jitted loop). GPU only.
+
+  python -m parity.sweep --impl pallas_triton --json sweep.json
+
+Each variant changes one field of the heuristic's pick; the table shows the time of
+each and the best per shape, to revise the heuristic from measurements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import sys
+
+from parity import bench
+from parity.bench import Shape
+
+SHAPES = [
+    Shape(16, 128, 16384), Shape(16, 8, 4096), Shape(16, 1, 1024), Shape(16, 64, 4096, 2),
+    Shape(128, 64, 16384), Shape(128, 8, 4096), Shape(128, 1, 1024), Shape(128, 32, 4096, 2),
+]
+
+VARIANTS = {
+    "pallas_triton": dict(block_kv=(16, 32, 64, 128), num_warps=(4, 8), num_stages=(1, 2, 3, 4), num_splits="x0.5,x2",
+                          block_h=(32, 64), block_q=(1, 2)),
+    "pallas_mosaic_gpu": dict(max_concurrent_steps=(1, 2), num_splits="x0.5,x2,=1"),
+}
+
+
+def variants(base, spec: dict):
+    seen = {base}
+    yield "heuristic", base
+    for field, values in spec.items():
+        if isinstance(values, str):  # relative to the heuristic's value
+            cur = getattr(base, field)
+            values = [max(1, int(cur * float(v[1:]))) if v[0] == "x" else int(v[1:]) for v in values.split(",")]
+        for v in values:
+            try:
+                t = dataclasses.replace(base, **{field: v})
+            except ValueError:  # an invalid combination for this shape
+                continue
+            if t not in seen:
+                seen.add(t)
+                yield f"{field}={v}", t
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m parity.sweep", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--impl", default="pallas_triton", choices=sorted(VARIANTS))
+    p.add_argument("--shapes", help="comma-separated shape names (default: all of SHAPES)")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("the sweep needs a CUDA GPU")
+        return 2
+    mod = importlib.import_module(f"mla_jax.{args.impl}")
+    shapes = [s for s in SHAPES if not args.shapes or s.name in args.shapes.split(",")]
+    rows = []
+    for shape in shapes:
+        inp = bench.make_inputs(shape)
+        md = inp.metadata
+        kwargs = dict(max_query_len=md.max_query_len) if args.impl == "pallas_triton" else {}
+        base = mod.heuristic_config(inp.config, md.num_decode_tokens, md.max_blocks, num_reqs=md.num_reqs, **kwargs)
+        fa3_s = None
+        try:
+            fa3_s, _, _ = bench.time_impl(bench.torch_fa3, inp, args.reps)
+        except Exception as e:  # FA3 missing: the sweep still ranks the variants
+            print(f"{shape.name}: no FA3 ({type(e).__name__}: {e})", file=sys.stderr)
+        for label, tuning in variants(base, VARIANTS[args.impl]):
+            row = dict(shape=shape.name, variant=label, tuning=dataclasses.asdict(tuning), fa3_s=fa3_s)
+            try:
+                sec, n, _ = bench.time_impl(bench._jax_kernel(args.impl, tuning), inp, args.reps)
+                row.update(seconds=sec, TBps=shape.bytes() / sec / 1e12, TFLOPps=shape.flops() / sec / 1e12)
+                if fa3_s:
+                    row["fa3_over_impl"] = fa3_s / sec
+            except Exception as e:
+                row["error"] = f"{type(e).__name__}: {e}"[:300]
+            rows.append(row)
+            r = row
+            print(f"{shape.name:<22} {label:<18} " + (f"{r['seconds'] * 1e6:9.1f} us {r['TBps']:5.2f} TB/s "
+                  f"{r['TFLOPps']:6.1f} TF/s" + (f"  FA3/impl {r['fa3_over_impl']:.2f}" if fa3_s else "")
+                  if "seconds" in r else "ERROR " + r["error"][:100]), flush=True)
+        del inp
+        torch.cuda.empty_cache()
+        if args.json:  # after every shape: a run cut short still leaves its numbers
+            with open(args.json, "w") as f:
+                json.dump({"impl": args.impl, "rows": rows}, f, indent=1)
+    print("\nbest per shape:")
+    for shape in shapes:
+        ok = [r for r in rows if r["shape"] == shape.name and "seconds" in r]
+        if ok:
+            best = min(ok, key=lambda r: r["seconds"])
+            heur = next((r for r in ok if r["variant"] == "heuristic"), None)
+            gain = heur["seconds"] / best["seconds"] if heur else float("nan")
+            print(f"  {shape.name:<22} {best['variant']:<18} {best['seconds'] * 1e6:8.1f} us "
+                  f"(heuristic x{gain:.2f} slower) {best['tuning']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""The Pallas Mosaic GPU (Hopper) paged-MLA kernel against the float64 reference.
+
+`TestInterpret` runs the kernel on the CPU in Mosaic GPU interpret mode (which
+simulates the three warpgroups, the TMA copies, SMEM and the barriers), on small
+shapes. `TestGPU` (marked `gpu`) runs every supported parity scenario compiled for
+the GPU. Cache slots that no request may read hold NaN (make_batch poisons them):
+any leak shows up as a NaN-position mismatch in the comparator.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import mla_jax
+from mla_jax import pallas_mosaic_gpu as mgpu_mla
+from mla_jax.pallas_mosaic_gpu import MosaicConfig, heuristic_config, unsupported_reason
+from mla_spec import MLAConfig, reference
+from parity.compare import compare_out_lse
+from parity.scenarios import SCENARIOS, Scenario, make_batch
+
+pytest.importorskip("absl", reason="Mosaic GPU interpret mode needs absl-py")
+
+_JNP = {"bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+# Small interpret-mode cases: (scenario, dtype, tuning). They cover pages smaller than,
+# equal to and larger than the 64-token KV step (16, 64, 128; 8 and 32 too), several
+# query tokens packed into one 64-row tile (H=16: 4 tokens per tile) with bottom-right
+# causal masking, a request whose q_len spans two tiles (q_len 6 > 4), H=128 (two head
+# tiles per token), padded heads (H=20 -> 32), one and several KV splits (with empty
+# splits), a multi-step pipeline (more steps than stages), fp16, and a 1-stage ring.
+CASES = [
+    (Scenario("p16_decode", seq_lens=(1, 17, 70), query_lens=(1, 1, 1), page_size=16), "bfloat16",
+     MosaicConfig(num_splits=1)),
+    (Scenario("p16_spec_split2", seq_lens=(8, 100, 200), query_lens=(3, 6, 2), page_size=16), "bfloat16",
+     MosaicConfig(num_splits=2)),
+    (Scenario("p64_spec", seq_lens=(40, 130, 300), query_lens=(2, 4, 1), page_size=64), "bfloat16",
+     MosaicConfig(num_splits=1)),
+    (Scenario("p64_split3", seq_lens=(1, 65, 200), query_lens=(1, 2, 1), page_size=64), "bfloat16",
+     MosaicConfig(num_splits=3)),
+    (Scenario("heads128_p16", seq_lens=(33, 97), query_lens=(1, 2), num_heads=128, page_size=16), "bfloat16",
+     MosaicConfig(num_splits=2)),
+    (Scenario("p128_fp16", seq_lens=(65, 200), query_lens=(2, 1), page_size=128), "float16",
+     MosaicConfig(num_splits=2)),
+    (Scenario("heads20_p32", seq_lens=(70, 5), query_lens=(5, 1), num_heads=20, page_size=32), "bfloat16",
+     MosaicConfig(num_splits=1)),
+    (Scenario("p8_heads8_fp16", seq_lens=(30, 110), query_lens=(1, 3), num_heads=8, page_size=8), "float16",
+     MosaicConfig(num_splits=2)),
+    (Scenario("one_stage", seq_lens=(150, 9), query_lens=(2, 1), page_size=32), "bfloat16",
+     MosaicConfig(max_concurrent_steps=1, num_splits=1)),
+]
+
+
+@functools.lru_cache(maxsize=None)
+def _batch_and_reference(scenario: Scenario, dtype: str, seed: int = 0):
+    batch = make_batch(scenario, dtype, seed=seed)
+    ref_out, ref_lse = reference.mla_decode(batch.q, batch.kv_cache, batch.metadata, batch.config)
+    return batch, ref_out, ref_lse
+
+
+def _device_inputs(batch, dtype: str):
+    jd = _JNP[dtype]
+    return (
+        jnp.asarray(batch.q_nope, jd),
+        jnp.asarray(batch.q_pe, jd),
+        jnp.asarray(batch.kv_cache, jd),
+        mla_jax.to_jax_metadata(batch.metadata),
+    )
+
+
+def _assert_matches(out, lse, ref_out, ref_lse, dtype: str, what: str):
+    T, H, L = ref_out.shape
+    assert out.shape == (T, H, L) and out.dtype == _JNP[dtype], (out.shape, out.dtype)
+    assert lse.shape == (T, H) and lse.dtype == jnp.float32, (lse.shape, lse.dtype)
+    c_out, c_lse = compare_out_lse(np.asarray(out.astype(jnp.float32)), np.asarray(lse), ref_out, ref_lse, dtype)
+    assert c_out.ok, f"{what}: {c_out.message}"
+    assert c_lse.ok, f"{what}: {c_lse.message}"
+
+
+def _run(batch, dtype, tuning, interpret):
+    q_nope, q_pe, kv, md = _device_inputs(batch, dtype)
+    return mgpu_mla.mla_decode(q_nope, q_pe, kv, md, batch.config, tuning=tuning, interpret=interpret)
+
+
+class TestInterpret:
+    @pytest.mark.parametrize("scenario,dtype,tuning", CASES, ids=[c[0].name for c in CASES])
+    def test_matches_reference(self, scenario, dtype, tuning):
+        batch, ref_out, ref_lse = _batch_and_reference(scenario, dtype)
+        out, lse = _run(batch, dtype, tuning, interpret=True)
+        _assert_matches(out, lse, ref_out, ref_lse, dtype, f"{scenario.name} {tuning}")
+
+    def test_deterministic_and_split_invariant(self):
+        """Same inputs twice: bitwise-identical out and lse. Split counts agree to rounding."""
+        scenario = Scenario("det", seq_lens=(100, 17), query_lens=(2, 1), page_size=16)
+        batch, ref_out, ref_lse = _batch_and_reference(scenario, "bfloat16")
+        runs = [_run(batch, "bfloat16", MosaicConfig(num_splits=2), interpret=True) for _ in range(2)]
+        (o1, l1), (o2, l2) = [(np.asarray(o.astype(jnp.float32)), np.asarray(l)) for o, l in runs]
+        assert np.array_equal(o1, o2), "out differs between two identical calls"
+        assert np.array_equal(l1, l2), "lse differs between two identical calls"
+        o3, l3 = _run(batch, "bfloat16", MosaicConfig(num_splits=1), interpret=True)
+        _assert_matches(o3, l3, ref_out, ref_lse, "bfloat16", "num_splits=1")
+        assert np.abs(np.asarray(l3) - l1).max() < 1e-4
+
+    def test_through_api_jit_and_packed_q(self):
+        """mla_jax.mla_decode(impl="pallas_mosaic_gpu") with a packed q, and under an outer jax.jit."""
+        scenario = Scenario("api", seq_lens=(20, 66), query_lens=(1, 3), page_size=64)
+        batch, ref_out, ref_lse = _batch_and_reference(scenario, "bfloat16")
+        q = jnp.asarray(batch.q, jnp.bfloat16)
+        kv = jnp.asarray(batch.kv_cache, jnp.bfloat16)
+        out, lse, impl = mla_jax.mla_decode(
+            q, kv, batch.metadata, batch.config, impl="pallas_mosaic_gpu", interpret=True, return_impl=True
+        )
+        assert impl == "pallas_mosaic_gpu"
+        _assert_matches(out, lse, ref_out, ref_lse, "bfloat16", "api")
+
+        @jax.jit
+        def step(q, kv, md):
+            return mla_jax.mla_decode(q, kv, md, batch.config, impl="pallas_mosaic_gpu", interpret=True)
+
+        out2, lse2 = step(q, kv, mla_jax.to_jax_metadata(batch.metadata))
+        _assert_matches(out2, lse2, ref_out, ref_lse, "bfloat16", "api under jit")
+
+
+class TestGPULowering:
+    """Lowers the compiled (non-interpret) kernel for CUDA on the CPU: runs Mosaic GPU's
+    own lowering (layout inference, wgmma/TMA operand checks, the SMEM budget) without a GPU."""
+
+    @pytest.mark.parametrize(
+        "num_heads,page_size,tuning",
+        [
+            (16, 16, MosaicConfig(num_splits=1)),
+            (128, 64, MosaicConfig(num_splits=2)),
+            (16, 128, MosaicConfig(num_splits=3)),
+            (8, 8, MosaicConfig(num_splits=2)),
+            (16, 32, MosaicConfig(max_concurrent_steps=1)),
+        ],
+    )
+    def test_lowers_for_cuda(self, num_heads, page_size, tuning):
+        scenario = Scenario("lower", seq_lens=(17, 300), query_lens=(1, 2), num_heads=num_heads, page_size=page_size)
+        batch, _, _ = _batch_and_reference(scenario, "bfloat16")
+        args = _device_inputs(batch, "bfloat16")
+
+        def f(q_nope, q_pe, kv, md):
+            return mgpu_mla.mla_decode(q_nope, q_pe, kv, md, batch.config, tuning=tuning, interpret=False)
+
+        text = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        assert "mosaic_gpu" in text
+
+
+class TestConfig:
+    @pytest.mark.parametrize(
+        "kwargs,needle",
+        [
+            (dict(block_kv=48), "block_kv=48"),
+            (dict(block_kv=32), "block_kv=32"),
+            (dict(block_kv=128), "block_kv=128"),
+            (dict(num_splits=0), "num_splits=0"),
+            (dict(max_concurrent_steps=0), "max_concurrent_steps=0"),
+            (dict(block_h=128), "block_h=128"),
+            (dict(bt_chunk=40), "bt_chunk=40"),
+            (dict(num_splits=2.0), "num_splits=2.0"),
+            (dict(max_concurrent_steps=3), "shared memory"),  # 3 x 72 KiB stages + Q do not fit
+        ],
+    )
+    def test_invalid_config(self, kwargs, needle):
+        with pytest.raises(ValueError, match=needle.replace(".", r"\.")):
+            MosaicConfig(**kwargs)
+
+    def test_valid_configs_fit_shared_memory(self):
+        for cfg in (MosaicConfig(), MosaicConfig(max_concurrent_steps=1), MosaicConfig(bt_chunk=32)):
+            assert cfg.smem_bytes() <= 227 * 1024
+        assert MosaicConfig().smem_bytes() > 220 * 1024  # Q + 2 stages nearly fill it
+
+    def test_heuristic(self):
+        cfg = MLAConfig(num_heads=16, page_size=64)
+        big = heuristic_config(cfg, num_tokens=128, max_blocks=256)  # B=128, S=16384: one wave already
+        small = heuristic_config(cfg, num_tokens=2, max_blocks=256)  # B=2: split to fill the SMs
+        assert isinstance(big, MosaicConfig) and isinstance(small, MosaicConfig)
+        assert big.num_splits == 1
+        assert 8 <= small.num_splits <= 32
+        short = heuristic_config(cfg, num_tokens=1, max_blocks=1)  # one 64-token step: nothing to split
+        assert short.num_splits == 1
+        h128 = heuristic_config(MLAConfig(num_heads=128), num_tokens=64, max_blocks=256)
+        assert h128.num_splits >= 1 and h128.smem_bytes() <= 227 * 1024
+
+    def test_metadata_caps_splits(self):
+        scenario = Scenario("cap", seq_lens=(150,), query_lens=(1,), page_size=16)
+        batch, ref_out, ref_lse = _batch_and_reference(scenario, "bfloat16")
+        q_nope, q_pe, kv, md = _device_inputs(batch, "bfloat16")
+        md = md.replace(max_num_splits=1)
+        out, lse = mgpu_mla.mla_decode(q_nope, q_pe, kv, md, batch.config, tuning=MosaicConfig(num_splits=4),
+                                       interpret=True)
+        _assert_matches(out, lse, ref_out, ref_lse, "bfloat16", "max_num_splits=1")
+
+
+class TestUnsupported:
+    @pytest.mark.parametrize("page_size", [8, 16, 32, 64, 128, 256])
+    def test_supported_page_sizes(self, page_size):
+        assert unsupported_reason(MLAConfig(num_heads=16, page_size=page_size)) is None
+
+    @pytest.mark.parametrize("page_size", [1, 3, 24, 48, 96])
+    def test_unsupported_page_sizes(self, page_size):
+        reason = unsupported_reason(MLAConfig(num_heads=16, page_size=page_size))
+        assert reason is not None and f"page_size={page_size}" in reason
+
+    def test_config_reasons(self):
+        assert "kv_lora_rank=256" in unsupported_reason(MLAConfig(num_heads=16, kv_lora_rank=256))
+        assert "qk_rope_head_dim=32" in unsupported_reason(MLAConfig(num_heads=16, qk_rope_head_dim=32))
+        assert "float32" in unsupported_reason(MLAConfig(num_heads=16, dtype="float32"))
+        assert "fp8" in unsupported_reason(MLAConfig(num_heads=16, kv_cache_dtype="fp8_e4m3"))
+        assert unsupported_reason(MLAConfig(num_heads=16, dtype="float16")) is None
+        assert unsupported_reason(MLAConfig(num_heads=20)) is None  # heads are padded
+
+    def test_device_reasons(self):
+        cfg = MLAConfig(num_heads=16)
+        cpu = types.SimpleNamespace(platform="cpu")
+        ampere = types.SimpleNamespace(platform="gpu", compute_capability="8.0")
+        hopper = types.SimpleNamespace(platform="gpu", compute_capability="9.0")
+        assert "platform='cpu'" in unsupported_reason(cfg, cpu)
+        assert "8.0" in unsupported_reason(cfg, ampere)
+        assert unsupported_reason(cfg, hopper) is None
+        assert unsupported_reason(cfg, None) is None
+
+    def test_mla_decode_refuses_unsupported(self):
+        scenario = SCENARIOS["page_size_1"]
+        batch, _, _ = _batch_and_reference(scenario, "bfloat16")
+        q_nope, q_pe, kv, md = _device_inputs(batch, "bfloat16")
+        with pytest.raises(NotImplementedError, match="page_size=1"):
+            mgpu_mla.mla_decode(q_nope, q_pe, kv, md, batch.config, interpret=True)
+
+    def test_bad_tuning_type(self):
+        scenario = Scenario("t", seq_lens=(5,), query_lens=(1,), page_size=16)
+        batch, _, _ = _batch_and_reference(scenario, "bfloat16")
+        q_nope, q_pe, kv, md = _device_inputs(batch, "bfloat16")
+        with pytest.raises(ValueError, match="tuning"):
+            mgpu_mla.mla_decode(q_nope, q_pe, kv, md, batch.config, tuning={"num_splits": 2}, interpret=True)
+
+
+def _hopper_reason() -> str | None:
+    try:
+        dev = jax.devices()[0]
+    except RuntimeError as e:  # pragma: no cover
+        return str(e)
+    if dev.platform != "gpu":
+        return f"JAX has no GPU (platform={dev.platform!r})"
+    return unsupported_reason(MLAConfig(num_heads=16), dev)
+
+
+@pytest.mark.gpu
+class TestGPU:
+    """Every parity scenario the kernel supports, compiled for a Hopper GPU."""
+
+    @pytest.fixture(autouse=True)
+    def _needs_hopper(self):
+        reason = _hopper_reason()
+        if reason is not None:
+            pytest.skip(reason)
+
+    @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+    @pytest.mark.parametrize("name", sorted(SCENARIOS))
+    @pytest.mark.parametrize("splits", [None, 3], ids=["heuristic", "splits3"])
+    def test_scenario(self, name, dtype, splits):
+        scenario = SCENARIOS[name]
+        reason = unsupported_reason(scenario.config(dtype))
+        if reason is not None:
+            pytest.skip(reason)
+        batch, ref_out, ref_lse = _batch_and_reference(scenario, dtype)
+        tuning = None if splits is None else MosaicConfig(num_splits=splits)
+        out, lse = _run(batch, dtype, tuning, interpret=False)
+        _assert_matches(out, lse, ref_out, ref_lse, dtype, f"{name} splits={splits}")
+
+    @pytest.mark.parametrize("scenario,dtype,tuning", CASES, ids=[c[0].name for c in CASES])
+    def test_interpret_cases_on_gpu(self, scenario, dtype, tuning):
+        batch, ref_out, ref_lse = _batch_and_reference(scenario, dtype)
+        out, lse = _run(batch, dtype, tuning, interpret=False)
+        _assert_matches(out, lse, ref_out, ref_lse, dtype, f"{scenario.name} {tuning}")
+
+    def test_deterministic(self):
+        batch, _, _ = _batch_and_reference(SCENARIOS["spec_decode"], "bfloat16")
+        (o1, l1), (o2, l2) = [_run(batch, "bfloat16", MosaicConfig(num_splits=3), False) for _ in range(2)]
+        assert np.array_equal(np.asarray(o1.astype(jnp.float32)), np.asarray(o2.astype(jnp.float32)))
+        assert np.array_equal(np.asarray(l1), np.asarray(l2))

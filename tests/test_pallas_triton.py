@@ -1,0 +1,337 @@
+"""The Pallas Triton paged-MLA kernel against the float64 reference.
+
+`TestInterpret` runs every case on the CPU in interpret mode; `TestGPU` (marked
+`gpu`) runs the same cases compiled through the Triton lowering on a GPU. Cache
+slots that no request may read hold NaN (make_batch poisons them): any leak
+shows up as a NaN-position mismatch in the comparator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import mla_jax
+from mla_jax import pallas_triton
+from mla_jax.pallas_triton import TritonConfig, heuristic_config, unsupported_reason
+from mla_spec import MLAConfig, build_decode_metadata, reference
+from parity.compare import compare_out_lse
+from parity.scenarios import SCENARIOS, Scenario, make_batch, random_scenario
+
+_JNP = {"bfloat16": jnp.bfloat16, "float16": jnp.float16, "float32": jnp.float32}
+
+# Page sizes that are not powers of two: rows are gathered one by one through the block table.
+ODD_PAGE_SCENARIOS = {
+    s.name: s
+    for s in [
+        Scenario("page_size_3", seq_lens=(1, 7, 40, 130), query_lens=(1, 3, 8, 2), page_size=3),
+        Scenario("page_size_48", seq_lens=(47, 48, 49, 200), query_lens=(1, 2, 1, 5), page_size=48, num_heads=8),
+    ]
+}
+
+# (scenario, tuning): block_kv below and above the page size, one and several splits,
+# grouped query tokens (block_q), padded head blocks, empty splits (seq_len 1 with 8 splits).
+# Every variant keeps M = block_q * block_h <= 64 so that it also fits a GPU.
+TUNING_VARIANTS = [
+    ("spec_decode", TritonConfig(block_h=16, block_kv=16, num_splits=1, block_q=1)),  # block_kv < page 64
+    ("spec_decode_page_16", TritonConfig(block_h=16, block_kv=64, num_splits=3, block_q=2)),  # block_kv > page 16
+    ("decode_mixed_lengths", TritonConfig(block_h=32, block_kv=32, num_splits=8)),  # 16 heads in a 32 block
+    ("heads_128_spec", TritonConfig(block_h=16, block_kv=32, num_splits=2, block_q=2)),  # 8 head blocks
+    ("page_size_1", TritonConfig(block_h=16, block_kv=32, num_splits=4, block_q=2)),
+    ("heads_128", TritonConfig(block_h=64, block_kv=32, num_splits=3, num_warps=8)),
+    ("single_token", TritonConfig(block_h=16, block_kv=16, num_splits=2)),  # the second split is empty
+]
+
+
+@functools.lru_cache(maxsize=None)
+def _batch_and_reference(scenario: Scenario, dtype: str, seed: int = 0):
+    batch = make_batch(scenario, dtype, seed=seed)
+    ref_out, ref_lse = reference.mla_decode(batch.q, batch.kv_cache, batch.metadata, batch.config)
+    return batch, ref_out, ref_lse
+
+
+def _device_inputs(batch, dtype: str):
+    jd = _JNP[dtype]
+    return (
+        jnp.asarray(batch.q_nope, jd),
+        jnp.asarray(batch.q_pe, jd),
+        jnp.asarray(batch.kv_cache, jd),
+        mla_jax.to_jax_metadata(batch.metadata),
+    )
+
+
+def _assert_matches(out, lse, ref_out, ref_lse, dtype: str, what: str):
+    T, H, L = ref_out.shape
+    assert out.shape == (T, H, L) and out.dtype == _JNP[dtype], (out.shape, out.dtype)
+    assert lse.shape == (T, H) and lse.dtype == jnp.float32, (lse.shape, lse.dtype)
+    c_out, c_lse = compare_out_lse(
+        np.asarray(out.astype(jnp.float32)), np.asarray(lse), ref_out, ref_lse, dtype
+    )
+    assert c_out.ok, f"{what}: {c_out.message}"
+    assert c_lse.ok, f"{what}: {c_lse.message}"
+
+
+class _KernelCases:
+    """Cases shared by interpret mode (CPU) and the compiled kernel (GPU)."""
+
+    interpret: bool
+
+    def run(self, scenario: Scenario, dtype: str, tuning: TritonConfig | None = None, seed: int = 0):
+        batch, ref_out, ref_lse = _batch_and_reference(scenario, dtype, seed)
+        assert np.isnan(batch.kv_cache).any()  # the poison is there to be leaked
+        q_nope, q_pe, kv_cache, md = _device_inputs(batch, dtype)
+        out, lse = pallas_triton.mla_decode(
+            q_nope, q_pe, kv_cache, md, batch.config, tuning=tuning, interpret=self.interpret
+        )
+        _assert_matches(out, lse, ref_out, ref_lse, dtype, f"{scenario.name} {dtype} {tuning}")
+
+    @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+    @pytest.mark.parametrize("name", list(SCENARIOS))
+    def test_scenario(self, name, dtype):
+        self.run(SCENARIOS[name], dtype)
+
+    @pytest.mark.parametrize(
+        "name, tuning", TUNING_VARIANTS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(TUNING_VARIANTS)]
+    )
+    def test_tuning_variant(self, name, tuning):
+        self.run(SCENARIOS[name], "bfloat16", tuning)
+
+    @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+    @pytest.mark.parametrize("name", list(ODD_PAGE_SCENARIOS))
+    def test_page_size_not_power_of_two(self, name, dtype):
+        self.run(ODD_PAGE_SCENARIOS[name], dtype)
+
+    def test_page_size_3_with_splits_and_small_block_kv(self):
+        self.run(ODD_PAGE_SCENARIOS["page_size_3"], "bfloat16", TritonConfig(block_h=16, block_kv=16, num_splits=3))
+
+    def test_float32(self):
+        self.run(SCENARIOS["spec_decode_page_16"], "float32")
+
+    @pytest.mark.parametrize("seed", range(3))
+    def test_random_batches(self, seed):
+        rng = np.random.default_rng(100 + seed)
+        sc = random_scenario(
+            rng, num_heads=int(rng.choice([4, 16, 32])), page_size=int(rng.choice([1, 3, 16, 48])), max_seq=260
+        )
+        self.run(sc, "bfloat16", seed=seed)
+
+    def test_block_table_padding_is_never_read(self):
+        """Entries past each request's last page hold garbage ids (out of range, negative):
+        the result must not change."""
+        batch, ref_out, ref_lse = _batch_and_reference(SCENARIOS["spec_decode_page_16"], "bfloat16")
+        P = batch.config.page_size
+        bt = np.asarray(batch.metadata.block_table)
+        garbage = np.full((bt.shape[0], bt.shape[1] + 3), 10**9, np.int32)
+        garbage[:, 1::2] = -12345
+        for r, seq_len in enumerate(batch.scenario.seq_lens):
+            used = -(-seq_len // P)
+            assert used < garbage.shape[1]  # every row has padding to misread
+            garbage[r, :used] = bt[r, :used]
+        md = batch.metadata.replace(block_table=garbage)
+        md.validate(batch.config, num_blocks=batch.kv_cache.shape[0])  # padding is legal
+        q_nope, q_pe, kv_cache, _ = _device_inputs(batch, "bfloat16")
+        out, lse = pallas_triton.mla_decode(
+            q_nope, q_pe, kv_cache, mla_jax.to_jax_metadata(md), batch.config,
+            tuning=TritonConfig(block_h=16, block_kv=32, num_splits=2, block_q=4), interpret=self.interpret,
+        )
+        _assert_matches(out, lse, ref_out, ref_lse, "bfloat16", "garbage block-table padding")
+
+    def test_jit_through_api(self):
+        """mla_jax.mla_decode(impl="pallas_triton") under jax.jit, packed q, traced metadata."""
+        batch, ref_out, ref_lse = _batch_and_reference(SCENARIOS["spec_decode"], "bfloat16")
+        cfg = batch.config
+        q = jnp.asarray(batch.q, jnp.bfloat16)
+        kv_cache = jnp.asarray(batch.kv_cache, jnp.bfloat16)
+        md = mla_jax.to_jax_metadata(batch.metadata)
+        fn = jax.jit(
+            functools.partial(mla_jax.mla_decode, config=cfg, impl="pallas_triton", interpret=self.interpret)
+        )
+        out, lse = fn(q, kv_cache, md)
+        _assert_matches(out, lse, ref_out, ref_lse, "bfloat16", "jit api")
+        # A second call with new values (same shapes) reuses the compiled function.
+        out2, _ = fn(q * 2, kv_cache, md)
+        assert not np.array_equal(np.asarray(out2, np.float32), np.asarray(out, np.float32))
+        assert fn._cache_size() == 1
+
+    def test_api_with_numpy_metadata_and_tuple_q(self):
+        batch, ref_out, ref_lse = _batch_and_reference(SCENARIOS["decode_mixed_lengths"], "float16")
+        q_nope, q_pe, kv_cache, _ = _device_inputs(batch, "float16")
+        out, lse, impl = mla_jax.mla_decode(
+            (q_nope, q_pe), kv_cache, batch.metadata, batch.config, impl="pallas_triton",
+            interpret=self.interpret, tuning=TritonConfig(num_splits=2), return_impl=True,
+        )
+        assert impl == "pallas_triton"
+        _assert_matches(out, lse, ref_out, ref_lse, "float16", "api numpy metadata")
+
+
+class TestInterpret(_KernelCases):
+    interpret = True
+
+
+@pytest.mark.gpu
+class TestGPU(_KernelCases):
+    interpret = False
+
+    @pytest.fixture(autouse=True)
+    def _needs_jax_gpu(self):
+        if jax.default_backend() != "gpu":
+            pytest.skip(f"JAX has no GPU (default backend {jax.default_backend()!r})")
+        reason = unsupported_reason(MLAConfig(num_heads=16), jax.devices()[0])
+        if reason is not None:
+            pytest.skip(reason)
+
+    @pytest.mark.parametrize(
+        "scenario",
+        [
+            Scenario("long_h16", seq_lens=(4096, 2500, 17, 8192), query_lens=(1, 2, 1, 2), num_heads=16),
+            Scenario("long_h128", seq_lens=(4096, 1030, 3000), query_lens=(1, 2, 1), num_heads=128),
+        ],
+        ids=lambda s: s.name,
+    )
+    def test_long_sequences_heuristic(self, scenario):
+        self.run(scenario, "bfloat16")
+
+
+# ----------------------------------------------------------------------------- Triton lowering on the CPU
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize(
+    "scenario, dtype, tuning",
+    [
+        (SCENARIOS["decode_mixed_lengths"], "bfloat16", None),
+        (SCENARIOS["heads_128_spec"], "bfloat16", TritonConfig(block_h=64, block_kv=32, num_splits=2, num_warps=8)),
+        (ODD_PAGE_SCENARIOS["page_size_3"], "float16", TritonConfig(block_h=16, block_kv=32, block_q=4)),
+    ],
+    ids=["h16", "h128", "page3"],
+)
+def test_lowers_to_triton_for_an_abstract_h200(scenario, dtype, tuning):
+    """The kernel goes through the Pallas Triton lowering (every array a power of two,
+    every primitive supported) for an abstract H200, without a GPU. It does not compile
+    the Triton IR to PTX: resource limits (registers, shared memory) need the GPU suite."""
+    batch = make_batch(scenario, dtype)
+    args = _device_inputs(batch, dtype)
+    tc = tuning or heuristic_config(
+        batch.config, batch.q.shape[0], batch.metadata.max_blocks,
+        max_query_len=batch.metadata.max_query_len, num_reqs=batch.metadata.num_reqs,
+    )
+    fn = jax.jit(lambda q_nope, q_pe, kv, md: pallas_triton.mla_decode(q_nope, q_pe, kv, md, batch.config, tuning=tc))
+    h200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=h200)):
+        text = fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert "__gpu$xla.gpu.triton" in text
+    assert f"num_warps = {tc.num_warps} : i32" in text and f"num_stages = {tc.num_stages} : i32" in text
+
+
+# ----------------------------------------------------------------------------- config, heuristic, support
+
+
+def test_default_triton_config_is_valid_and_frozen():
+    cfg = TritonConfig()
+    assert cfg.rows == cfg.block_q * cfg.block_h >= 16
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.num_splits = 4  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(block_h=24), "block_h=24"),
+        (dict(block_h=16.0), "block_h=16.0"),
+        (dict(block_kv=48), "block_kv=48"),
+        (dict(block_kv=8), "block_kv=8"),
+        (dict(block_q=0), "block_q=0"),
+        (dict(block_h=4, block_q=2), "block_h=4, block_q=2"),
+        (dict(num_splits=0), "num_splits=0"),
+        (dict(num_splits=True), "num_splits=True"),
+        (dict(num_warps=3), "num_warps=3"),
+        (dict(num_stages=0), "num_stages=0"),
+    ],
+)
+def test_triton_config_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        TritonConfig(**kwargs)
+
+
+def _check_heuristic(tc: TritonConfig, config: MLAConfig, max_blocks: int):
+    assert 16 <= tc.rows <= pallas_triton.MAX_ROWS
+    assert tc.block_h <= max(16, 1 << (config.num_heads - 1).bit_length())
+    num_kv_blocks = -(-max_blocks * config.page_size // tc.block_kv)
+    assert 1 <= tc.num_splits <= max(1, num_kv_blocks)
+
+
+def test_heuristic_config_h16():
+    cfg = MLAConfig(num_heads=16)
+    big = heuristic_config(cfg, num_tokens=128, max_blocks=256)  # B=128, S=16384: fills the GPU
+    assert (big.block_h, big.block_q, big.num_splits) == (16, 1, 1)
+    small = heuristic_config(cfg, num_tokens=1, max_blocks=16)  # B=1, S=1024: split the KV
+    assert small.num_splits > 1
+    mid = heuristic_config(cfg, num_tokens=8, max_blocks=256)
+    assert big.num_splits <= mid.num_splits and 1 < mid.num_splits
+    for tc, mb in ((big, 256), (small, 16), (mid, 256)):
+        _check_heuristic(tc, cfg, mb)
+    # speculative decode: tokens of a request share KV loads, up to 64 rows
+    spec2 = heuristic_config(cfg, num_tokens=64, max_blocks=64, max_query_len=2, num_reqs=32)
+    assert (spec2.block_h, spec2.block_q) == (16, 2)
+    spec8 = heuristic_config(cfg, num_tokens=64, max_blocks=64, max_query_len=8, num_reqs=8)
+    assert spec8.rows == 64 and spec8.block_q == 4
+
+
+def test_heuristic_config_h128():
+    cfg = MLAConfig(num_heads=128)
+    tc = heuristic_config(cfg, num_tokens=64, max_blocks=256)
+    assert (tc.block_h, tc.block_q, tc.num_splits) == (64, 1, 1)  # 128 programs: one wave
+    one = heuristic_config(cfg, num_tokens=1, max_blocks=256, max_query_len=1)
+    assert one.num_splits > 1
+    spec = heuristic_config(cfg, num_tokens=8, max_blocks=64, max_query_len=2, num_reqs=4)
+    assert spec.block_q == 1  # 64 heads already fill the rows
+    for t in (tc, one, spec):
+        _check_heuristic(t, cfg, 256)
+
+
+def test_heuristic_config_bounds():
+    few_heads = heuristic_config(MLAConfig(num_heads=2), num_tokens=4, max_blocks=4)
+    assert few_heads.block_h == 16  # padded up to the 16 rows Triton's dot needs
+    bounded = heuristic_config(MLAConfig(num_heads=16), num_tokens=1, max_blocks=256, max_num_splits=2)
+    assert bounded.num_splits <= 2
+    short = heuristic_config(MLAConfig(num_heads=16, page_size=1), num_tokens=1, max_blocks=1)
+    assert short.num_splits == 1  # one KV block: nothing to split
+
+
+def test_unsupported_reason():
+    assert unsupported_reason(MLAConfig(num_heads=16)) is None
+    assert unsupported_reason(MLAConfig(num_heads=128, dtype="float16", page_size=3)) is None
+    assert unsupported_reason(MLAConfig(num_heads=16, dtype="float32")) is None
+    assert "kv_lora_rank=384" in unsupported_reason(MLAConfig(num_heads=16, kv_lora_rank=384))
+    assert "qk_rope_head_dim=48" in unsupported_reason(MLAConfig(num_heads=16, qk_rope_head_dim=48))
+    assert "fp8" in unsupported_reason(MLAConfig(num_heads=16, kv_cache_dtype="fp8_e4m3"))
+    assert "cpu" in unsupported_reason(MLAConfig(num_heads=16), jax.devices("cpu")[0])
+    hopper = types.SimpleNamespace(platform="gpu", compute_capability="9.0")
+    turing = types.SimpleNamespace(platform="gpu", compute_capability="7.5")
+    assert unsupported_reason(MLAConfig(num_heads=16), hopper) is None
+    assert "7.5" in unsupported_reason(MLAConfig(num_heads=16), turing)
+    assert unsupported_reason(MLAConfig(num_heads=16, dtype="float16"), turing) is None
+    # through the api
+    assert mla_jax.unsupported_reason("pallas_triton", MLAConfig(num_heads=16)) is None
+    assert "kv_lora_rank" in mla_jax.unsupported_reason("pallas_triton", MLAConfig(num_heads=16, kv_lora_rank=384))
+
+
+def test_api_refuses_unsupported_config():
+    cfg = MLAConfig(num_heads=16, kv_lora_rank=384)
+    md = mla_jax.to_jax_metadata(build_decode_metadata(seq_lens=[5], query_lens=[1], block_table=[[0]], config=cfg))
+    q = jnp.zeros((1, 16, cfg.head_dim), jnp.bfloat16)
+    kv_cache = jnp.zeros((1, cfg.page_size, cfg.head_dim), jnp.bfloat16)
+    with pytest.raises(NotImplementedError, match="kv_lora_rank=384"):
+        mla_jax.mla_decode(q, kv_cache, md, cfg, impl="pallas_triton", interpret=True)
+
+
+def test_tuning_must_be_a_triton_config():
+    batch, _, _ = _batch_and_reference(SCENARIOS["single_token"], "bfloat16")
+    with pytest.raises(ValueError, match="tuning"):
+        pallas_triton.mla_decode(*_device_inputs(batch, "bfloat16"), batch.config, tuning={"block_h": 16}, interpret=True)
