@@ -157,12 +157,11 @@ def heuristic_config(
     - block_q: the query tokens of a request, as long as block_q * block_h <= MAX_ROWS.
     - num_splits: FlashAttention's wave-efficiency heuristic over programs = requests x
       query tiles x head blocks against 132 SMs; 1 when the batch fills the GPU.
-    - block_kv 64 for M <= 32 (memory bound: big loads in flight), 32 for M = 64;
-      num_stages 2. Shared memory holds q (M x 576) and num_stages KV tiles
-      (block_kv x 576): 36 + 2 x 72 KiB at M = 32, 72 + 2 x 36 KiB at M = 64, under
-      the 227 KiB of an H100/H200 SM.
-    - num_warps 4 for M <= 32, 8 for M = 64 (the 64 x 512 float32 accumulator is
-      128 registers a thread over 256 threads).
+    - block_kv / num_stages / num_warps from the H200 sweep (parity/results/
+      h200-sweep-triton-v1.json; NOTES_pallas_triton.md, v2): M = 16: 128 / 2 / 4
+      (the biggest loads in flight: 3.6 TB/s vs 2.7 at block_kv 64); M = 32: 64 / 3 / 4
+      (1.4x over 2 stages); M = 64: 64 / 2 / 8 (1.35x over block_kv 32; 128 exceeds
+      shared memory, 4 warps spill the 64 x 512 float32 accumulator).
     """
     num_tokens = max(1, int(num_tokens))
     max_query_len = max(1, int(max_query_len))
@@ -173,13 +172,13 @@ def heuristic_config(
     rows = block_q * block_h
     head_blocks = _cdiv(config.num_heads, block_h)
     q_tiles = _cdiv(max_query_len, block_q)
-    block_kv = 64 if rows <= 32 else 32
+    block_kv = 128 if rows <= 16 else 64
     num_kv_blocks = max(1, _cdiv(max(1, max_blocks) * config.page_size, block_kv))
     work = num_reqs * q_tiles * head_blocks
     max_splits = 64 if max_num_splits <= 0 else max_num_splits
     num_splits = _num_splits_heuristic(work, num_kv_blocks, num_sms, max_splits)
     num_warps = 4 if rows <= 32 else 8
-    num_stages = 2
+    num_stages = 3 if rows == 32 else 2
     return TritonConfig(
         block_h=block_h, block_kv=block_kv, num_splits=num_splits, num_warps=num_warps,
         num_stages=num_stages, block_q=block_q,
