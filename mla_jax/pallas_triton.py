@@ -179,6 +179,8 @@ def heuristic_config(
     num_splits = _num_splits_heuristic(work, num_kv_blocks, num_sms, max_splits)
     num_warps = 4 if rows <= 32 else 8
     num_stages = 3 if rows == 32 else 2
+    if config.dtype == "float32":  # 4-byte tiles: v1's smaller steps (v2's exceed shared memory on the H200)
+        block_kv, num_stages = (64 if rows <= 32 else 32), 2
     return TritonConfig(
         block_h=block_h, block_kv=block_kv, num_splits=num_splits, num_warps=num_warps,
         num_stages=num_stages, block_q=block_q,

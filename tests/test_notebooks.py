@@ -2,9 +2,10 @@
 
 import pathlib
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
+
+nbformat = pytest.importorskip("nbformat", reason="the notebooks extra is not installed")
+NotebookClient = pytest.importorskip("nbclient", reason="the notebooks extra is not installed").NotebookClient
 
 NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
