@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import mla_torch
-from mla_spec import DecodeMetadata, MLAConfig, build_decode_metadata
+from mla_spec import MLAConfig, build_decode_metadata
 from mla_spec import reference as np_reference
 from mla_spec.config import FP8_KV_CACHE_MSG, NON_DECODER_MSG, UNSUPPORTED_FEATURES_MSG
 from mla_torch import fa3

@@ -9,7 +9,6 @@ any leak shows up as a NaN-position mismatch in the comparator.
 
 from __future__ import annotations
 
-import functools
 import types
 
 import jax
@@ -20,13 +19,12 @@ import pytest
 import mla_jax
 from mla_jax import pallas_mosaic_gpu as mgpu_mla
 from mla_jax.pallas_mosaic_gpu import MosaicConfig, heuristic_config, unsupported_reason
-from mla_spec import MLAConfig, reference
-from parity.compare import compare_out_lse
-from parity.scenarios import SCENARIOS, Scenario, make_batch
+from mla_spec import MLAConfig
+from parity.scenarios import SCENARIOS, Scenario
+from kernel_checks import assert_matches, batch_and_reference, device_inputs
 
 pytest.importorskip("absl", reason="Mosaic GPU interpret mode needs absl-py")
 
-_JNP = {"bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 # Small interpret-mode cases: (scenario, dtype, tuning). They cover pages smaller than,
 # equal to and larger than the 64-token KV step (16, 64, 128; 8 and 32 too), several
@@ -56,74 +54,48 @@ CASES = [
 ]
 
 
-@functools.lru_cache(maxsize=None)
-def _batch_and_reference(scenario: Scenario, dtype: str, seed: int = 0):
-    batch = make_batch(scenario, dtype, seed=seed)
-    ref_out, ref_lse = reference.mla_decode(batch.q, batch.kv_cache, batch.metadata, batch.config)
-    return batch, ref_out, ref_lse
-
-
-def _device_inputs(batch, dtype: str):
-    jd = _JNP[dtype]
-    return (
-        jnp.asarray(batch.q_nope, jd),
-        jnp.asarray(batch.q_pe, jd),
-        jnp.asarray(batch.kv_cache, jd),
-        mla_jax.to_jax_metadata(batch.metadata),
-    )
-
-
-def _assert_matches(out, lse, ref_out, ref_lse, dtype: str, what: str):
-    T, H, L = ref_out.shape
-    assert out.shape == (T, H, L) and out.dtype == _JNP[dtype], (out.shape, out.dtype)
-    assert lse.shape == (T, H) and lse.dtype == jnp.float32, (lse.shape, lse.dtype)
-    c_out, c_lse = compare_out_lse(np.asarray(out.astype(jnp.float32)), np.asarray(lse), ref_out, ref_lse, dtype)
-    assert c_out.ok, f"{what}: {c_out.message}"
-    assert c_lse.ok, f"{what}: {c_lse.message}"
-
-
 def _run(batch, dtype, tuning, interpret):
-    q_nope, q_pe, kv, md = _device_inputs(batch, dtype)
+    q_nope, q_pe, kv, md = device_inputs(batch, dtype)
     return mgpu_mla.mla_decode(q_nope, q_pe, kv, md, batch.config, tuning=tuning, interpret=interpret)
 
 
 class TestInterpret:
     @pytest.mark.parametrize("scenario,dtype,tuning", CASES, ids=[c[0].name for c in CASES])
     def test_matches_reference(self, scenario, dtype, tuning):
-        batch, ref_out, ref_lse = _batch_and_reference(scenario, dtype)
+        batch, ref_out, ref_lse = batch_and_reference(scenario, dtype)
         out, lse = _run(batch, dtype, tuning, interpret=True)
-        _assert_matches(out, lse, ref_out, ref_lse, dtype, f"{scenario.name} {tuning}")
+        assert_matches(out, lse, ref_out, ref_lse, dtype, f"{scenario.name} {tuning}")
 
     def test_deterministic_and_split_invariant(self):
         """Same inputs twice: bitwise-identical out and lse. Split counts agree to rounding."""
         scenario = Scenario("det", seq_lens=(100, 17), query_lens=(2, 1), page_size=16)
-        batch, ref_out, ref_lse = _batch_and_reference(scenario, "bfloat16")
+        batch, ref_out, ref_lse = batch_and_reference(scenario, "bfloat16")
         runs = [_run(batch, "bfloat16", MosaicConfig(num_splits=2), interpret=True) for _ in range(2)]
         (o1, l1), (o2, l2) = [(np.asarray(o.astype(jnp.float32)), np.asarray(l)) for o, l in runs]
         assert np.array_equal(o1, o2), "out differs between two identical calls"
         assert np.array_equal(l1, l2), "lse differs between two identical calls"
         o3, l3 = _run(batch, "bfloat16", MosaicConfig(num_splits=1), interpret=True)
-        _assert_matches(o3, l3, ref_out, ref_lse, "bfloat16", "num_splits=1")
+        assert_matches(o3, l3, ref_out, ref_lse, "bfloat16", "num_splits=1")
         assert np.abs(np.asarray(l3) - l1).max() < 1e-4
 
     def test_through_api_jit_and_packed_q(self):
         """mla_jax.mla_decode(impl="pallas_mosaic_gpu") with a packed q, and under an outer jax.jit."""
         scenario = Scenario("api", seq_lens=(20, 66), query_lens=(1, 3), page_size=64)
-        batch, ref_out, ref_lse = _batch_and_reference(scenario, "bfloat16")
+        batch, ref_out, ref_lse = batch_and_reference(scenario, "bfloat16")
         q = jnp.asarray(batch.q, jnp.bfloat16)
         kv = jnp.asarray(batch.kv_cache, jnp.bfloat16)
         out, lse, impl = mla_jax.mla_decode(
             q, kv, batch.metadata, batch.config, impl="pallas_mosaic_gpu", interpret=True, return_impl=True
         )
         assert impl == "pallas_mosaic_gpu"
-        _assert_matches(out, lse, ref_out, ref_lse, "bfloat16", "api")
+        assert_matches(out, lse, ref_out, ref_lse, "bfloat16", "api")
 
         @jax.jit
         def step(q, kv, md):
             return mla_jax.mla_decode(q, kv, md, batch.config, impl="pallas_mosaic_gpu", interpret=True)
 
         out2, lse2 = step(q, kv, mla_jax.to_jax_metadata(batch.metadata))
-        _assert_matches(out2, lse2, ref_out, ref_lse, "bfloat16", "api under jit")
+        assert_matches(out2, lse2, ref_out, ref_lse, "bfloat16", "api under jit")
 
 
 class TestGPULowering:
@@ -142,8 +114,8 @@ class TestGPULowering:
     )
     def test_lowers_for_cuda(self, num_heads, page_size, tuning):
         scenario = Scenario("lower", seq_lens=(17, 300), query_lens=(1, 2), num_heads=num_heads, page_size=page_size)
-        batch, _, _ = _batch_and_reference(scenario, "bfloat16")
-        args = _device_inputs(batch, "bfloat16")
+        batch, _, _ = batch_and_reference(scenario, "bfloat16")
+        args = device_inputs(batch, "bfloat16")
 
         def f(q_nope, q_pe, kv, md):
             return mgpu_mla.mla_decode(q_nope, q_pe, kv, md, batch.config, tuning=tuning, interpret=False)
@@ -190,12 +162,12 @@ class TestConfig:
 
     def test_metadata_caps_splits(self):
         scenario = Scenario("cap", seq_lens=(150,), query_lens=(1,), page_size=16)
-        batch, ref_out, ref_lse = _batch_and_reference(scenario, "bfloat16")
-        q_nope, q_pe, kv, md = _device_inputs(batch, "bfloat16")
+        batch, ref_out, ref_lse = batch_and_reference(scenario, "bfloat16")
+        q_nope, q_pe, kv, md = device_inputs(batch, "bfloat16")
         md = md.replace(max_num_splits=1)
         out, lse = mgpu_mla.mla_decode(q_nope, q_pe, kv, md, batch.config, tuning=MosaicConfig(num_splits=4),
                                        interpret=True)
-        _assert_matches(out, lse, ref_out, ref_lse, "bfloat16", "max_num_splits=1")
+        assert_matches(out, lse, ref_out, ref_lse, "bfloat16", "max_num_splits=1")
 
 
 class TestUnsupported:
@@ -228,15 +200,15 @@ class TestUnsupported:
 
     def test_mla_decode_refuses_unsupported(self):
         scenario = SCENARIOS["page_size_1"]
-        batch, _, _ = _batch_and_reference(scenario, "bfloat16")
-        q_nope, q_pe, kv, md = _device_inputs(batch, "bfloat16")
+        batch, _, _ = batch_and_reference(scenario, "bfloat16")
+        q_nope, q_pe, kv, md = device_inputs(batch, "bfloat16")
         with pytest.raises(NotImplementedError, match="page_size=1"):
             mgpu_mla.mla_decode(q_nope, q_pe, kv, md, batch.config, interpret=True)
 
     def test_bad_tuning_type(self):
         scenario = Scenario("t", seq_lens=(5,), query_lens=(1,), page_size=16)
-        batch, _, _ = _batch_and_reference(scenario, "bfloat16")
-        q_nope, q_pe, kv, md = _device_inputs(batch, "bfloat16")
+        batch, _, _ = batch_and_reference(scenario, "bfloat16")
+        q_nope, q_pe, kv, md = device_inputs(batch, "bfloat16")
         with pytest.raises(ValueError, match="tuning"):
             mgpu_mla.mla_decode(q_nope, q_pe, kv, md, batch.config, tuning={"num_splits": 2}, interpret=True)
 
@@ -269,19 +241,19 @@ class TestGPU:
         reason = unsupported_reason(scenario.config(dtype))
         if reason is not None:
             pytest.skip(reason)
-        batch, ref_out, ref_lse = _batch_and_reference(scenario, dtype)
+        batch, ref_out, ref_lse = batch_and_reference(scenario, dtype)
         tuning = None if splits is None else MosaicConfig(num_splits=splits)
         out, lse = _run(batch, dtype, tuning, interpret=False)
-        _assert_matches(out, lse, ref_out, ref_lse, dtype, f"{name} splits={splits}")
+        assert_matches(out, lse, ref_out, ref_lse, dtype, f"{name} splits={splits}")
 
     @pytest.mark.parametrize("scenario,dtype,tuning", CASES, ids=[c[0].name for c in CASES])
     def test_interpret_cases_on_gpu(self, scenario, dtype, tuning):
-        batch, ref_out, ref_lse = _batch_and_reference(scenario, dtype)
+        batch, ref_out, ref_lse = batch_and_reference(scenario, dtype)
         out, lse = _run(batch, dtype, tuning, interpret=False)
-        _assert_matches(out, lse, ref_out, ref_lse, dtype, f"{scenario.name} {tuning}")
+        assert_matches(out, lse, ref_out, ref_lse, dtype, f"{scenario.name} {tuning}")
 
     def test_deterministic(self):
-        batch, _, _ = _batch_and_reference(SCENARIOS["spec_decode"], "bfloat16")
+        batch, _, _ = batch_and_reference(SCENARIOS["spec_decode"], "bfloat16")
         (o1, l1), (o2, l2) = [_run(batch, "bfloat16", MosaicConfig(num_splits=3), False) for _ in range(2)]
         assert np.array_equal(np.asarray(o1.astype(jnp.float32)), np.asarray(o2.astype(jnp.float32)))
         assert np.array_equal(np.asarray(l1), np.asarray(l2))

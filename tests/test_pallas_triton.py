@@ -20,11 +20,10 @@ import pytest
 import mla_jax
 from mla_jax import pallas_triton
 from mla_jax.pallas_triton import TritonConfig, heuristic_config, unsupported_reason
-from mla_spec import MLAConfig, build_decode_metadata, reference
-from parity.compare import compare_out_lse
+from mla_spec import MLAConfig, build_decode_metadata
 from parity.scenarios import SCENARIOS, Scenario, make_batch, random_scenario
+from kernel_checks import assert_matches, batch_and_reference, device_inputs
 
-_JNP = {"bfloat16": jnp.bfloat16, "float16": jnp.float16, "float32": jnp.float32}
 
 # Page sizes that are not powers of two: rows are gathered one by one through the block table.
 ODD_PAGE_SCENARIOS = {
@@ -49,47 +48,19 @@ TUNING_VARIANTS = [
 ]
 
 
-@functools.lru_cache(maxsize=None)
-def _batch_and_reference(scenario: Scenario, dtype: str, seed: int = 0):
-    batch = make_batch(scenario, dtype, seed=seed)
-    ref_out, ref_lse = reference.mla_decode(batch.q, batch.kv_cache, batch.metadata, batch.config)
-    return batch, ref_out, ref_lse
-
-
-def _device_inputs(batch, dtype: str):
-    jd = _JNP[dtype]
-    return (
-        jnp.asarray(batch.q_nope, jd),
-        jnp.asarray(batch.q_pe, jd),
-        jnp.asarray(batch.kv_cache, jd),
-        mla_jax.to_jax_metadata(batch.metadata),
-    )
-
-
-def _assert_matches(out, lse, ref_out, ref_lse, dtype: str, what: str):
-    T, H, L = ref_out.shape
-    assert out.shape == (T, H, L) and out.dtype == _JNP[dtype], (out.shape, out.dtype)
-    assert lse.shape == (T, H) and lse.dtype == jnp.float32, (lse.shape, lse.dtype)
-    c_out, c_lse = compare_out_lse(
-        np.asarray(out.astype(jnp.float32)), np.asarray(lse), ref_out, ref_lse, dtype
-    )
-    assert c_out.ok, f"{what}: {c_out.message}"
-    assert c_lse.ok, f"{what}: {c_lse.message}"
-
-
 class _KernelCases:
     """Cases shared by interpret mode (CPU) and the compiled kernel (GPU)."""
 
     interpret: bool
 
     def run(self, scenario: Scenario, dtype: str, tuning: TritonConfig | None = None, seed: int = 0):
-        batch, ref_out, ref_lse = _batch_and_reference(scenario, dtype, seed)
+        batch, ref_out, ref_lse = batch_and_reference(scenario, dtype, seed)
         assert np.isnan(batch.kv_cache).any()  # the poison is there to be leaked
-        q_nope, q_pe, kv_cache, md = _device_inputs(batch, dtype)
+        q_nope, q_pe, kv_cache, md = device_inputs(batch, dtype)
         out, lse = pallas_triton.mla_decode(
             q_nope, q_pe, kv_cache, md, batch.config, tuning=tuning, interpret=self.interpret
         )
-        _assert_matches(out, lse, ref_out, ref_lse, dtype, f"{scenario.name} {dtype} {tuning}")
+        assert_matches(out, lse, ref_out, ref_lse, dtype, f"{scenario.name} {dtype} {tuning}")
 
     @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
     @pytest.mark.parametrize("name", list(SCENARIOS))
@@ -124,7 +95,7 @@ class _KernelCases:
     def test_block_table_padding_is_never_read(self):
         """Entries past each request's last page hold garbage ids (out of range, negative):
         the result must not change."""
-        batch, ref_out, ref_lse = _batch_and_reference(SCENARIOS["spec_decode_page_16"], "bfloat16")
+        batch, ref_out, ref_lse = batch_and_reference(SCENARIOS["spec_decode_page_16"], "bfloat16")
         P = batch.config.page_size
         bt = np.asarray(batch.metadata.block_table)
         garbage = np.full((bt.shape[0], bt.shape[1] + 3), 10**9, np.int32)
@@ -135,16 +106,16 @@ class _KernelCases:
             garbage[r, :used] = bt[r, :used]
         md = batch.metadata.replace(block_table=garbage)
         md.validate(batch.config, num_blocks=batch.kv_cache.shape[0])  # padding is legal
-        q_nope, q_pe, kv_cache, _ = _device_inputs(batch, "bfloat16")
+        q_nope, q_pe, kv_cache, _ = device_inputs(batch, "bfloat16")
         out, lse = pallas_triton.mla_decode(
             q_nope, q_pe, kv_cache, mla_jax.to_jax_metadata(md), batch.config,
             tuning=TritonConfig(block_h=16, block_kv=32, num_splits=2, block_q=4), interpret=self.interpret,
         )
-        _assert_matches(out, lse, ref_out, ref_lse, "bfloat16", "garbage block-table padding")
+        assert_matches(out, lse, ref_out, ref_lse, "bfloat16", "garbage block-table padding")
 
     def test_jit_through_api(self):
         """mla_jax.mla_decode(impl="pallas_triton") under jax.jit, packed q, traced metadata."""
-        batch, ref_out, ref_lse = _batch_and_reference(SCENARIOS["spec_decode"], "bfloat16")
+        batch, ref_out, ref_lse = batch_and_reference(SCENARIOS["spec_decode"], "bfloat16")
         cfg = batch.config
         q = jnp.asarray(batch.q, jnp.bfloat16)
         kv_cache = jnp.asarray(batch.kv_cache, jnp.bfloat16)
@@ -153,21 +124,21 @@ class _KernelCases:
             functools.partial(mla_jax.mla_decode, config=cfg, impl="pallas_triton", interpret=self.interpret)
         )
         out, lse = fn(q, kv_cache, md)
-        _assert_matches(out, lse, ref_out, ref_lse, "bfloat16", "jit api")
+        assert_matches(out, lse, ref_out, ref_lse, "bfloat16", "jit api")
         # A second call with new values (same shapes) reuses the compiled function.
         out2, _ = fn(q * 2, kv_cache, md)
         assert not np.array_equal(np.asarray(out2, np.float32), np.asarray(out, np.float32))
         assert fn._cache_size() == 1
 
     def test_api_with_numpy_metadata_and_tuple_q(self):
-        batch, ref_out, ref_lse = _batch_and_reference(SCENARIOS["decode_mixed_lengths"], "float16")
-        q_nope, q_pe, kv_cache, _ = _device_inputs(batch, "float16")
+        batch, ref_out, ref_lse = batch_and_reference(SCENARIOS["decode_mixed_lengths"], "float16")
+        q_nope, q_pe, kv_cache, _ = device_inputs(batch, "float16")
         out, lse, impl = mla_jax.mla_decode(
             (q_nope, q_pe), kv_cache, batch.metadata, batch.config, impl="pallas_triton",
             interpret=self.interpret, tuning=TritonConfig(num_splits=2), return_impl=True,
         )
         assert impl == "pallas_triton"
-        _assert_matches(out, lse, ref_out, ref_lse, "float16", "api numpy metadata")
+        assert_matches(out, lse, ref_out, ref_lse, "float16", "api numpy metadata")
 
 
 class TestInterpret(_KernelCases):
@@ -216,7 +187,7 @@ def test_lowers_to_triton_for_an_abstract_h200(scenario, dtype, tuning):
     every primitive supported) for an abstract H200, without a GPU. It does not compile
     the Triton IR to PTX: resource limits (registers, shared memory) need the GPU suite."""
     batch = make_batch(scenario, dtype)
-    args = _device_inputs(batch, dtype)
+    args = device_inputs(batch, dtype)
     tc = tuning or heuristic_config(
         batch.config, batch.q.shape[0], batch.metadata.max_blocks,
         max_query_len=batch.metadata.max_query_len, num_reqs=batch.metadata.num_reqs,
@@ -332,6 +303,6 @@ def test_api_refuses_unsupported_config():
 
 
 def test_tuning_must_be_a_triton_config():
-    batch, _, _ = _batch_and_reference(SCENARIOS["single_token"], "bfloat16")
+    batch, _, _ = batch_and_reference(SCENARIOS["single_token"], "bfloat16")
     with pytest.raises(ValueError, match="tuning"):
-        pallas_triton.mla_decode(*_device_inputs(batch, "bfloat16"), batch.config, tuning={"block_h": 16}, interpret=True)
+        pallas_triton.mla_decode(*device_inputs(batch, "bfloat16"), batch.config, tuning={"block_h": 16}, interpret=True)
