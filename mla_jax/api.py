@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mla_spec import DecodeMetadata, MLAConfig, dtype_name, validate_inputs
+from mla_spec import DecodeMetadata, MLAConfig, dtype_name, validate_inputs, validate_k_scale
 
 jax.tree_util.register_dataclass(
     DecodeMetadata,
@@ -52,7 +52,11 @@ def unsupported_reason(impl: str, config: MLAConfig, device=None) -> str | None:
     if impl == "xla":
         return None
     mod = _module(impl)
-    return mod.unsupported_reason(config, device)
+    reason = mod.unsupported_reason(config, device)
+    if reason is None and impl == "pallas_mosaic_gpu" and config.batch_invariant:
+        # Its split count comes from the batch (wave-efficiency heuristic over all requests).
+        return "batch_invariant=True is not supported: the kernel's split-KV count depends on the batch"
+    return reason
 
 
 def select_impl(config: MLAConfig, device=None) -> tuple[str, dict[str, str]]:
@@ -107,13 +111,17 @@ def mla_decode(
     impl: str = "xla",
     interpret: bool | None = None,
     tuning=None,
+    k_scale=1.0,
     return_impl: bool = False,
 ):
     """Paged MLA decode. Returns `(out [T, H, L] in q's dtype, lse [T, H] float32)`,
     or `(out, lse, impl_used)` with `return_impl=True`.
 
-    q: `[T, H, L+R]` or `(q_nope [T,H,L], q_pe [T,H,R])`; kv_cache: `[num_blocks, P, L+R]`.
-    Validates shapes and dtypes always, metadata values when they are concrete (not
+    q: `[T, H, L+R]` or `(q_nope [T,H,L], q_pe [T,H,R])`; kv_cache: `[num_blocks, P, L+R]`
+    (float8_e4m3fn with kv_cache_dtype="fp8_e4m3"). k_scale: the fp8 cache's per-tensor scale
+    (real value = fp8 value * k_scale): a float or a 0-d float array, finite and > 0; it is a
+    traced value under jax.jit (a new scale does not recompile); 1.0 for other caches.
+    Validates shapes and dtypes always, metadata and k_scale values when they are concrete (not
     traced), so bad input raises ValueError/NotImplementedError before any kernel runs.
     """
     parts = q if isinstance(q, tuple) else (q,)
@@ -130,11 +138,13 @@ def mla_decode(
         kv_cache_dtype=dtype_name(kv_cache.dtype),
         check_values=concrete,
     )
+    validate_k_scale(k_scale, config, concrete=not isinstance(k_scale, jax.core.Tracer))
+    k_scale = jnp.asarray(k_scale, jnp.float32)
     if impl == "auto":
         impl, _ = select_impl(config)
     mod = _module(impl)
     if impl != "xla":
-        reason = mod.unsupported_reason(config, None)
+        reason = unsupported_reason(impl, config, None)
         if reason is not None:
             raise NotImplementedError(f"impl={impl!r} cannot run this problem: {reason}")
     q_nope, q_pe = split_q(q, config)
@@ -144,9 +154,12 @@ def mla_decode(
     else:
         md = md.replace(scheduler_metadata=None)
     if impl == "xla":
-        out, lse = mod.mla_decode_jit(q_nope, q_pe, kv_cache, md, config)
+        out, lse = mod.mla_decode_jit(q_nope, q_pe, kv_cache, md, config, k_scale)
     else:
         if interpret is None:
             interpret = default_interpret()
-        out, lse = mod.mla_decode(q_nope, q_pe, kv_cache, md, config, tuning=tuning, interpret=interpret)
+        # k_scale is validated to be 1.0 for a non-fp8 cache, and only the fp8 paths read it; the
+        # Mosaic GPU kernel refuses fp8 (unsupported_reason), so it is not given one.
+        extra = dict(k_scale=k_scale) if config.is_fp8_kv_cache else {}
+        out, lse = mod.mla_decode(q_nope, q_pe, kv_cache, md, config, tuning=tuning, interpret=interpret, **extra)
     return (out, lse, impl) if return_impl else (out, lse)

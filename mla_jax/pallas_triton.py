@@ -27,6 +27,18 @@ entries past a request's last page are never read (the page index is clamped).
 
 Causality (q_len > 1): query token i of a request sits at position
 pos = seq_len - q_len + i and attends KV positions <= pos (bottom-right causal).
+
+FP8 KV cache (kv_cache_dtype="fp8_e4m3"): the cache is float8_e4m3fn and real values are
+`fp8 value * k_scale` (one float32 scale, an input of the kernel: a new scale does not
+recompile). The kernel loads fp8 rows (half the bytes of bf16) and converts them to q's dtype
+for the dots; the conversion is exact (every e4m3 value is a bf16 and an fp16 value). The
+scale is never applied to the rows: it is folded into the score scale,
+s = softmax_scale * k_scale * (q . kv), and into the output, out = k_scale * (p @ kv_c) / l.
+
+Batch-invariant mode (config.batch_invariant): the heuristic fixes num_splits = 1 and
+block_q = 1 (both depend on the batch otherwise), and takes block_h, block_kv, num_warps and
+num_stages from the config alone, so a program's work for a request does not depend on the
+other requests; a given tuning with num_splits > 1 or block_q > 1 is refused.
 """
 
 from __future__ import annotations
@@ -152,6 +164,7 @@ def heuristic_config(
     page_size); max_query_len / num_reqs: when known (the kernel knows them), tokens
     of one request are grouped (block_q) and the program count is exact.
     max_num_splits > 0 bounds the split count (metadata.max_num_splits).
+    With config.batch_invariant: block_q = 1 and num_splits = 1 whatever the batch.
 
     - block_h: all heads up to 64 (num_heads rounded up to a power of two, at least 16).
     - block_q: the query tokens of a request, as long as block_q * block_h <= MAX_ROWS.
@@ -169,6 +182,8 @@ def heuristic_config(
         num_reqs = max(1, _cdiv(num_tokens, max_query_len))
     block_h = min(max(_next_pow2(config.num_heads), 16), MAX_ROWS)
     block_q = max(1, min(_next_pow2(max_query_len), MAX_ROWS // block_h))
+    if config.batch_invariant:
+        block_q = 1  # tokens of a request never share a tile whose size depends on the batch
     rows = block_q * block_h
     head_blocks = _cdiv(config.num_heads, block_h)
     q_tiles = _cdiv(max_query_len, block_q)
@@ -177,6 +192,8 @@ def heuristic_config(
     work = num_reqs * q_tiles * head_blocks
     max_splits = 64 if max_num_splits <= 0 else max_num_splits
     num_splits = _num_splits_heuristic(work, num_kv_blocks, num_sms, max_splits)
+    if config.batch_invariant:
+        num_splits = 1  # the wave-efficiency split count depends on the whole batch
     num_warps = 4 if rows <= 32 else 8
     num_stages = 3 if rows == 32 else 2
     if config.dtype == "float32":  # 4-byte tiles: v1's smaller steps (v2's exceed shared memory on the H200)
@@ -197,8 +214,6 @@ def unsupported_reason(config: MLAConfig, device=None) -> str | None:
         return f"qk_rope_head_dim must be a power of two >= 16 for the Triton lowering, got qk_rope_head_dim={R}"
     if config.dtype not in _SUPPORTED_DTYPES:
         return f"dtype={config.dtype!r} is not supported; expected one of {_SUPPORTED_DTYPES}"
-    if config.is_fp8_kv_cache:
-        return f"fp8 KV cache is not supported by the Pallas Triton kernel (kv_cache_dtype={config.kv_cache_dtype!r})"
     if device is not None:
         platform = getattr(device, "platform", None)
         if platform != "gpu":
@@ -210,6 +225,13 @@ def unsupported_reason(config: MLAConfig, device=None) -> str | None:
             major = None
         if major is not None and major < 8 and config.dtype == "bfloat16":
             return f"bfloat16 dots need compute capability >= 8.0 (Ampere), got compute_capability={cc!r}"
+        if major is not None and config.is_fp8_kv_cache:
+            minor = str(cc).split(".")[1] if "." in str(cc) else "0"
+            if (major, int(minor) if minor.isdigit() else 0) < (8, 9):
+                return (
+                    f"an fp8 KV cache (kv_cache_dtype={config.kv_cache_dtype!r}) needs float8_e4m3fn conversions, "
+                    f"compute capability >= 8.9, got compute_capability={cc!r}"
+                )
     return None
 
 
@@ -220,7 +242,8 @@ def _mla_decode_kernel(
     block_table_ref,  # [R * max_blocks] int32 (flattened)
     q_nope_ref,  # [T, H, L]
     q_pe_ref,  # [T, H, Rr]
-    kv_cache_ref,  # [num_blocks, P, L + Rr]
+    kv_cache_ref,  # [num_blocks, P, L + Rr] (q's dtype, or float8_e4m3fn)
+    k_scale_ref,  # [1] float32, the fp8 cache's scale (read only for an fp8 cache)
     # outputs
     o_ref,  # [num_splits, T, H, L] (float32 partials; q's dtype when num_splits == 1)
     lse_ref,  # [num_splits, T, H] float32
@@ -231,6 +254,7 @@ def _mla_decode_kernel(
     kv_lora_rank: int,
     rope_dim: int,
     softmax_scale: float,
+    fp8: bool,
     tuning: TritonConfig,
 ):
     L, Rr, P = kv_lora_rank, rope_dim, page_size
@@ -274,12 +298,18 @@ def _mla_decode_kernel(
     )  # [M, L]
     q_pe = plgpu_triton.load(q_pe_ref.at[tok[:, None], head[:, None], col_r], mask=row_ok[:, None], other=0)  # [M, Rr]
 
-    kv_dtype = kv_cache_ref.dtype
+    kv_dtype = q_nope_ref.dtype  # the dots' operand dtype (an fp8 cache is converted to it)
     precision = lax.Precision.HIGHEST if kv_dtype == jnp.float32 else None
     qk_scale = softmax_scale * _LOG2E  # scores in log2 units: exp2 instead of exp
+    if fp8:
+        k_scale = k_scale_ref[0]
+        qk_scale = qk_scale * k_scale  # s = softmax_scale * k_scale * (q . kv_fp8)
     last_page = lax.div(jnp.maximum(seq_len - 1, 0), P)
     bt_row = r * max_blocks
     kv_iota = lax.broadcasted_iota(jnp.int32, (block_kv,), 0)
+    # The value of masked-out cache rows: the Triton lowering casts an int `other` to the
+    # cache dtype, and has no int -> float8 cast; a float 0 goes through fp_to_fp.
+    kv_zero = 0.0 if fp8 else 0
 
     def body(step, carry):
         acc, m_i, l_i = carry
@@ -292,11 +322,14 @@ def _mla_decode_kernel(
         # Rows outside the KV range are not loaded: they read as 0, so NaN in unused
         # slots cannot leak through p @ kv_c (0 * NaN = NaN).
         kv_c = plgpu_triton.load(
-            kv_cache_ref.at[page[:, None], slot[:, None], col_l], mask=kv_ok[:, None], other=0
+            kv_cache_ref.at[page[:, None], slot[:, None], col_l], mask=kv_ok[:, None], other=kv_zero
         )  # [block_kv, L]
         k_pe = plgpu_triton.load(
-            kv_cache_ref.at[page[:, None], slot[:, None], L + col_r], mask=kv_ok[:, None], other=0
+            kv_cache_ref.at[page[:, None], slot[:, None], L + col_r], mask=kv_ok[:, None], other=kv_zero
         )  # [block_kv, Rr]
+        if fp8:  # exact: every float8_e4m3fn value is a bf16 / fp16 value; k_scale is applied outside
+            kv_c = kv_c.astype(kv_dtype)
+            k_pe = k_pe.astype(kv_dtype)
         s = plgpu_triton.dot(q_nope, kv_c, trans_b=True, precision=precision)
         s += plgpu_triton.dot(q_pe, k_pe, trans_b=True, precision=precision)
         s *= qk_scale  # [M, block_kv] float32, log2 units
@@ -318,6 +351,8 @@ def _mla_decode_kernel(
     # and lse = -inf, so that the combine gives them zero weight.
     has_kv = l_i > 0
     inv_l = jnp.where(has_kv, 1.0 / jnp.where(has_kv, l_i, 1.0), 0.0)
+    if fp8:
+        inv_l = inv_l * k_scale  # out = k_scale * (p @ kv_c_fp8) / l
     out = acc * inv_l[:, None]
     lse = jnp.where(has_kv, (m_i + jnp.log2(jnp.where(has_kv, l_i, 1.0))) * _LN2, -jnp.inf)
     plgpu_triton.store(
@@ -340,7 +375,7 @@ def _combine_splits(o_part, lse_part, dtype):
 
 
 @functools.partial(jax.jit, static_argnames=("config", "tuning", "interpret"))
-def _mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConfig, tuning: TritonConfig,
+def _mla_decode(q_nope, q_pe, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfig, tuning: TritonConfig,
                 interpret: bool):
     T, H, L = q_nope.shape
     Rr = q_pe.shape[-1]
@@ -358,6 +393,7 @@ def _mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLACon
         kv_lora_rank=L,
         rope_dim=Rr,
         softmax_scale=config.softmax_scale,
+        fp8=config.is_fp8_kv_cache,
         tuning=tuning,
     )
     # No BlockSpecs: every ref is the whole array; the kernel computes its own
@@ -379,6 +415,7 @@ def _mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLACon
         q_nope,
         q_pe,
         kv_cache,
+        jnp.asarray(k_scale, jnp.float32).reshape(1),
     )
     if S == 1:
         return o_part[0], lse_part[0]
@@ -386,11 +423,13 @@ def _mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLACon
 
 
 def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConfig, *, tuning: TritonConfig | None = None,
-               interpret: bool = False):
+               interpret: bool = False, k_scale=1.0):
     """Paged MLA decode with the Pallas Triton kernel.
 
-    q_nope [T, H, L], q_pe [T, H, R], kv_cache [num_blocks, P, L + R] (all config.dtype);
-    metadata with int32 jax arrays (inputs already validated by mla_jax.api).
+    q_nope [T, H, L], q_pe [T, H, R] (config.dtype), kv_cache [num_blocks, P, L + R]
+    (config.dtype, or float8_e4m3fn with kv_cache_dtype="fp8_e4m3"); metadata with int32 jax
+    arrays (inputs already validated by mla_jax.api). k_scale: the fp8 cache's scale, a float or
+    a 0-d float32 array, traced under jit (read only for an fp8 cache).
     Returns `(out [T, H, L] in q's dtype, lse [T, H] float32, natural log)`.
     `tuning=None` picks `heuristic_config(...)`; `metadata.max_num_splits > 0` bounds
     its split count. Works under jax.jit (config and tuning static).
@@ -406,4 +445,10 @@ def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConf
         )
     elif not isinstance(tuning, TritonConfig):
         raise ValueError(f"tuning must be a TritonConfig or None, got tuning={tuning!r}")
-    return _mla_decode(q_nope, q_pe, kv_cache, metadata, config, tuning, bool(interpret))
+    elif config.batch_invariant and (tuning.num_splits > 1 or tuning.block_q > 1):
+        raise ValueError(
+            "batch_invariant=True needs num_splits=1 and block_q=1 (a split count or query tile that depends on "
+            f"the batch would change a request's bits), got tuning.num_splits={tuning.num_splits}, "
+            f"tuning.block_q={tuning.block_q}"
+        )
+    return _mla_decode(q_nope, q_pe, kv_cache, k_scale, metadata, config, tuning, bool(interpret))

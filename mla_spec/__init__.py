@@ -2,12 +2,12 @@
 
 `MLAConfig` (one layer), `DecodeMetadata` (one batch) with `validate`, the builder
 `build_decode_metadata`, the seed's `split_decodes_and_prefills`, the shared call
-checks `validate_inputs`, and `reference.mla_decode`, the float64 definition.
+checks `validate_inputs` (and `validate_k_scale` for an fp8 cache), and `reference.mla_decode`, the float64 definition.
 """
 
 from mla_spec import reference
 from mla_spec.config import MLAConfig
-from mla_spec.inputs import dtype_name, validate_inputs
+from mla_spec.inputs import dtype_name, expected_kv_cache_dtype, validate_inputs, validate_k_scale
 from mla_spec.metadata import BatchSplit, DecodeMetadata, build_decode_metadata, split_decodes_and_prefills
 
 __all__ = [
@@ -16,7 +16,9 @@ __all__ = [
     "MLAConfig",
     "build_decode_metadata",
     "dtype_name",
+    "expected_kv_cache_dtype",
     "reference",
     "split_decodes_and_prefills",
     "validate_inputs",
+    "validate_k_scale",
 ]

@@ -15,7 +15,13 @@ SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
 """Activation dtypes. Fast paths take bfloat16/float16; float32 is for references."""
 
 SUPPORTED_KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
-"""`"auto"`: the cache has the activation dtype. `"fp8_e4m3"`: see `unsupported_kv_cache_dtype`."""
+"""`"auto"`: the cache has the activation dtype. `"fp8_e4m3"`: the cache is float8_e4m3fn with one
+float32 per-tensor scale `k_scale` (vLLM's convention for the MLA latent cache: real value = fp8
+value * k_scale); q stays in `dtype`. FA3 (the seed) does not take it; the references and the
+Pallas Triton kernel do."""
+
+FP8_KV_CACHE_ARRAY_DTYPES = {"fp8_e4m3": "float8_e4m3fn"}
+"""The array dtype name (torch and JAX/NumPy alike) of the cache for each fp8 `kv_cache_dtype`."""
 
 ATTN_TYPE_DECODER = "decoder"
 
@@ -61,6 +67,11 @@ class MLAConfig:
     max_capture_size: int = 512
     max_num_splits_for_cuda_graph: int = 32
     dcp_world_size: int = 1
+    # Batch-invariant mode (vLLM's VLLM_BATCH_INVARIANT): a request's out and lse are bitwise
+    # identical whatever else is in the batch. Kernels then take no split-KV and no tile size
+    # that depends on the batch (num_splits = 1, block_q = 1 in the Triton kernel; FA3's
+    # max_num_splits = 1, as the newer seed does).
+    batch_invariant: bool = False
     # The seed's unsupported features: accepted as fields so that a config carried
     # over from a model raises the seed's error instead of being silently ignored.
     alibi_slopes: tuple[float, ...] | None = None
@@ -75,6 +86,8 @@ class MLAConfig:
             "max_num_splits_for_cuda_graph", "dcp_world_size",
         ):
             _check_positive_int(name, getattr(self, name))
+        if not isinstance(self.batch_invariant, bool):
+            raise ValueError(f"batch_invariant must be a bool, got batch_invariant={self.batch_invariant!r}")
         if self.dtype not in SUPPORTED_DTYPES:
             raise ValueError(f"unsupported dtype: dtype={self.dtype!r}; expected one of {SUPPORTED_DTYPES}")
         if self.kv_cache_dtype not in SUPPORTED_KV_CACHE_DTYPES:

@@ -6,16 +6,64 @@ function says the same thing on both stacks.
 
 from __future__ import annotations
 
-from mla_spec.config import FP8_KV_CACHE_MSG, MLAConfig
+import math
+
+import numpy as np
+
+from mla_spec.config import FP8_KV_CACHE_ARRAY_DTYPES, MLAConfig
 from mla_spec.metadata import DecodeMetadata
 
-FP8_DTYPE_NAMES = ("float8_e4m3fn",)
+FP8_DTYPE_NAMES = tuple(FP8_KV_CACHE_ARRAY_DTYPES.values())
+_FLOAT_DTYPE_NAMES = ("float32", "float64", "bfloat16", "float16")
 
 
 def dtype_name(dtype) -> str:
     """'bfloat16' for torch.bfloat16, jnp.bfloat16, np.dtype('float32')... ."""
+    if isinstance(dtype, type):  # a scalar type: jnp.bfloat16, np.float32, ml_dtypes.float8_e4m3fn
+        try:
+            return np.dtype(dtype).name
+        except TypeError:
+            pass
     name = getattr(dtype, "name", None) or str(dtype)
     return name.removeprefix("torch.")
+
+
+def expected_kv_cache_dtype(config: MLAConfig) -> str:
+    """The cache's array dtype name: config.dtype with kv_cache_dtype="auto", float8_e4m3fn with "fp8_e4m3"."""
+    if config.is_fp8_kv_cache:
+        return FP8_KV_CACHE_ARRAY_DTYPES[config.kv_cache_dtype]
+    return config.dtype
+
+
+def validate_k_scale(k_scale, config: MLAConfig, *, concrete: bool = True) -> float | None:
+    """Checks the fp8 cache scale (vLLM's `k_scale`: real value = fp8 value * k_scale) and returns
+    it as a float, or None when it is a traced value (`concrete=False`: under `jax.jit` only its
+    shape and dtype can be checked).
+
+    k_scale: a Python float (or int), or a 0-d float array (NumPy, torch, JAX); finite and > 0.
+    With kv_cache_dtype="auto" there is nothing to scale and k_scale must be 1.0 (a traced value
+    is refused there, since it cannot be checked)."""
+    if isinstance(k_scale, bool):
+        raise ValueError(f"k_scale must be a float or a 0-d float array, got k_scale={k_scale!r}")
+    if isinstance(k_scale, (int, float)):
+        value = float(k_scale)
+    elif hasattr(k_scale, "shape") and hasattr(k_scale, "dtype"):
+        if tuple(k_scale.shape) != ():
+            raise ValueError(f"k_scale must be a scalar (0-d), got k_scale.shape={tuple(k_scale.shape)}")
+        if dtype_name(k_scale.dtype) not in _FLOAT_DTYPE_NAMES:
+            raise ValueError(f"k_scale must have a float dtype, got k_scale.dtype={dtype_name(k_scale.dtype)}")
+        value = float(k_scale) if concrete else None
+    else:
+        raise ValueError(f"k_scale must be a float or a 0-d float array, got k_scale={k_scale!r}")
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise ValueError(f"k_scale must be finite and > 0, got k_scale={value!r}")
+    if not config.is_fp8_kv_cache and value != 1.0:
+        shown = "a traced value" if value is None else repr(value)
+        raise ValueError(
+            f"k_scale applies to an fp8 KV cache only; with kv_cache_dtype={config.kv_cache_dtype!r} it must be "
+            f"1.0, got k_scale={shown}"
+        )
+    return value
 
 
 def validate_inputs(
@@ -30,8 +78,6 @@ def validate_inputs(
 ) -> None:
     """Validates a call. `q_shapes`/`q_dtypes` hold one entry for the packed
     `q [T, H, L+R]`, or two for the `(q_nope [T,H,L], q_pe [T,H,R])` tuple."""
-    if config.is_fp8_kv_cache:
-        raise NotImplementedError(f"{FP8_KV_CACHE_MSG} (kv_cache_dtype={config.kv_cache_dtype!r})")
     L, R, H = config.kv_lora_rank, config.qk_rope_head_dim, config.num_heads
     if len(q_shapes) == 1:
         (shape,) = q_shapes
@@ -67,10 +113,17 @@ def validate_inputs(
         )
     if kv_cache_shape[0] < 1:
         raise ValueError(f"kv_cache needs at least one block, got kv_cache.shape={tuple(kv_cache_shape)}")
-    if kv_cache_dtype != config.dtype:
+    expected = expected_kv_cache_dtype(config)
+    if kv_cache_dtype != expected:
+        if config.is_fp8_kv_cache:
+            raise ValueError(
+                f"kv_cache dtype must be {expected} with kv_cache_dtype={config.kv_cache_dtype!r}, "
+                f"got kv_cache.dtype={kv_cache_dtype}"
+            )
+        hint = " (an fp8 cache needs kv_cache_dtype='fp8_e4m3')" if kv_cache_dtype in FP8_DTYPE_NAMES else ""
         raise ValueError(
             f"kv_cache dtype must be config.dtype={config.dtype!r} with kv_cache_dtype='auto', "
-            f"got kv_cache.dtype={kv_cache_dtype}"
+            f"got kv_cache.dtype={kv_cache_dtype}{hint}"
         )
     metadata.validate(config, num_blocks=int(kv_cache_shape[0]), check_values=check_values)
     if shape[0] != metadata.num_decode_tokens:

@@ -6,6 +6,10 @@ attends to KV positions <= it (bottom-right causal). KV position p lives at
 kv_cache[block_table[r, p // page_size], p % page_size] = [kv_c (L) | k_pe (R)].
 scores = softmax_scale * (q_nope . kv_c + q_pe . k_pe); out = softmax(scores) @ kv_c;
 lse = log(sum(exp(scores))) (natural log), [T, H].
+
+FP8 KV cache (config.kv_cache_dtype="fp8_e4m3"): the cache holds float8_e4m3fn values (any
+float array of such values is accepted here) and the rows above are `cache value * k_scale`
+(vLLM's per-tensor `k_scale` of the MLA latent cache).
 """
 
 from __future__ import annotations
@@ -13,12 +17,14 @@ from __future__ import annotations
 import numpy as np
 
 from mla_spec.config import MLAConfig
-from mla_spec.inputs import validate_inputs
+from mla_spec.inputs import expected_kv_cache_dtype, validate_inputs, validate_k_scale
 from mla_spec.metadata import DecodeMetadata
 
 
-def mla_decode(q, kv_cache: np.ndarray, metadata: DecodeMetadata, config: MLAConfig):
-    """Returns `(out [T, H, L] float64, lse [T, H] float64)`."""
+def mla_decode(q, kv_cache: np.ndarray, metadata: DecodeMetadata, config: MLAConfig, *, k_scale=1.0):
+    """Returns `(out [T, H, L] float64, lse [T, H] float64)`.
+
+    k_scale: the fp8 cache's scale (finite, > 0); must be 1.0 with kv_cache_dtype="auto"."""
     if isinstance(q, tuple):
         q_nope, q_pe = (np.asarray(x) for x in q)
         shapes = (q_nope.shape, q_pe.shape)
@@ -26,7 +32,7 @@ def mla_decode(q, kv_cache: np.ndarray, metadata: DecodeMetadata, config: MLACon
         q = np.asarray(q)
         shapes = (q.shape,)
     kv_cache = np.asarray(kv_cache)
-    # The float64 reference accepts inputs of any float dtype (bf16 rounding is
+    # The float64 reference accepts inputs of any float dtype (bf16 or fp8 rounding is
     # done by the caller), so dtypes are checked against themselves only.
     validate_inputs(
         config,
@@ -34,8 +40,9 @@ def mla_decode(q, kv_cache: np.ndarray, metadata: DecodeMetadata, config: MLACon
         q_shapes=shapes,
         q_dtypes=(config.dtype,) * len(shapes),
         kv_cache_shape=kv_cache.shape,
-        kv_cache_dtype=config.dtype,
+        kv_cache_dtype=expected_kv_cache_dtype(config),
     )
+    k_scale = validate_k_scale(k_scale, config)
     L = config.kv_lora_rank
     if not isinstance(q, tuple):
         q_nope, q_pe = q[..., :L], q[..., L:]
@@ -53,6 +60,8 @@ def mla_decode(q, kv_cache: np.ndarray, metadata: DecodeMetadata, config: MLACon
         q_len = end - start
         pos = np.arange(seq_len)
         rows = kv_cache[bt[r, pos // P], pos % P].astype(np.float64)  # [S, L+R], only valid slots
+        if config.is_fp8_kv_cache:
+            rows = rows * k_scale
         kv_c, k_pe = rows[:, :L], rows[:, L:]
         s = np.einsum("thl,sl->ths", q_nope[start:end], kv_c) + np.einsum("thr,sr->ths", q_pe[start:end], k_pe)
         s *= config.softmax_scale

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from mla_spec import DecodeMetadata, MLAConfig, dtype_name, validate_inputs
+from mla_spec import DecodeMetadata, MLAConfig, dtype_name, validate_inputs, validate_k_scale
 from mla_torch import reference
 
 IMPLS = ("reference", "fa3")
@@ -80,12 +80,16 @@ def select_impl(config: MLAConfig, device=None) -> tuple[str, dict[str, str]]:
     return "reference", {"fa3": reason}
 
 
-def mla_decode(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig, *, impl: str = "reference", return_impl=False):
+def mla_decode(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig, *, impl: str = "reference", k_scale=1.0,
+               return_impl=False):
     """Paged MLA decode. Returns `(out [T, H, L] in q's dtype, lse [T, H] float32)`,
     or `(out, lse, impl_used)` with `return_impl=True`.
 
-    q: `[T, H, L+R]` or `(q_nope [T,H,L], q_pe [T,H,R])`; kv_cache: `[num_blocks, P, L+R]`;
-    metadata: `mla_spec.DecodeMetadata` (NumPy arrays, or torch tensors).
+    q: `[T, H, L+R]` or `(q_nope [T,H,L], q_pe [T,H,R])`; kv_cache: `[num_blocks, P, L+R]`
+    (torch.float8_e4m3fn with kv_cache_dtype="fp8_e4m3"); metadata: `mla_spec.DecodeMetadata`
+    (NumPy arrays, or torch tensors). k_scale: the fp8 cache's per-tensor scale (real value =
+    fp8 value * k_scale; a float or a 0-d float tensor, finite, > 0), 1.0 otherwise. FP8 runs on
+    the reference only: impl="fa3" raises the seed's NotImplementedError.
     """
     if impl not in IMPLS + ("auto",):
         raise ValueError(f"unknown impl={impl!r}; expected one of {IMPLS + ('auto',)}")
@@ -95,6 +99,7 @@ def mla_decode(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig, *, impl
         block_table=_host(metadata.block_table).numpy(),
     )
     check_call(q, kv_cache, host_md, config)
+    k_scale = validate_k_scale(k_scale, config)
     device = kv_cache.device
     if impl == "auto":
         impl, _ = select_impl(config, device)
@@ -102,7 +107,7 @@ def mla_decode(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig, *, impl
     if impl == "reference":
         md = to_torch_metadata(host_md, "cpu")
         out, lse = reference.mla_decode(
-            q_nope, q_pe, kv_cache, md.query_start_loc, md.seq_lens, md.block_table, config
+            q_nope, q_pe, kv_cache, md.query_start_loc, md.seq_lens, md.block_table, config, k_scale=k_scale
         )
     else:
         from mla_torch import fa3

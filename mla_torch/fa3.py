@@ -487,7 +487,8 @@ class FlashAttnMLAMetadataBuilder:
         """The seed's `_build_decode`. Two keyword overrides, not in the seed:
         `max_query_len` (a pinned value for graph replays; default: computed from
         `query_start_loc_cpu` as the seed does) and `max_num_splits` (a requested split
-        count, as the seed's VLLM_BATCH_INVARIANT forces 1; default: the seed's rule)."""
+        count; default: the seed's rule). With `config.batch_invariant` the split count is 1,
+        whatever was requested, as the newer seed does under VLLM_BATCH_INVARIANT."""
         if max_query_len is None:
             query_lens_cpu = query_start_loc_cpu[1:] - query_start_loc_cpu[:-1]
             max_query_len = int(query_lens_cpu.max().item())
@@ -495,6 +496,10 @@ class FlashAttnMLAMetadataBuilder:
         # For Flash Attention MLA + full cudagraph
         if max_num_splits is None:
             max_num_splits = self._max_num_splits(num_decode_tokens)
+        if self.config.batch_invariant:
+            # The newer seed: `if vllm_is_batch_invariant(): max_num_splits = 1`. One split whatever
+            # the batch, so that a request's result does not depend on the others.
+            max_num_splits = 1
 
         scheduler_metadata = self._schedule_decode(
             num_reqs=seq_lens_device.shape[0],

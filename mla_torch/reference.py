@@ -1,7 +1,10 @@
 """torch reference for paged MLA decode: runs on CPU and GPU tensors, float32 compute.
 
 One request at a time, over exactly its `seq_len` valid slots (padding slots are
-never read, so NaN there cannot leak).
+never read, so NaN there cannot leak). The math of a request depends on that request
+alone, so the result is batch-invariant by construction (config.batch_invariant holds).
+An fp8 cache (kv_cache_dtype="fp8_e4m3", torch.float8_e4m3fn) is dequantized as
+`fp8 value * k_scale` in float32.
 """
 
 from __future__ import annotations
@@ -11,10 +14,12 @@ import torch
 from mla_spec import MLAConfig
 
 
-def mla_decode(q_nope, q_pe, kv_cache, query_start_loc, seq_lens, block_table, config: MLAConfig):
+def mla_decode(q_nope, q_pe, kv_cache, query_start_loc, seq_lens, block_table, config: MLAConfig, *,
+               k_scale: float = 1.0):
     """Returns `(out [T, H, L] in q's dtype, lse [T, H] float32)`.
 
     The metadata arguments are host-readable int tensors (they drive Python loops).
+    k_scale (a float, already validated) scales the rows of an fp8 cache.
     """
     L, P = config.kv_lora_rank, config.page_size
     T, H = q_nope.shape[:2]
@@ -29,6 +34,8 @@ def mla_decode(q_nope, q_pe, kv_cache, query_start_loc, seq_lens, block_table, c
         q_len = end - start
         pos = torch.arange(seq_len, device=device)
         rows = kv_cache[bt[r, pos // P], pos % P].float()  # [S, L+R]
+        if config.is_fp8_kv_cache:
+            rows = rows * k_scale
         kv_c, k_pe = rows[:, :L], rows[:, L:]
         s = q_nope[start:end].float() @ kv_c.T + q_pe[start:end].float() @ k_pe.T  # [q_len, H, S]
         s = s * config.softmax_scale

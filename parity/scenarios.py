@@ -128,3 +128,32 @@ def random_scenario(rng: np.random.Generator, *, num_heads=16, page_size=16, max
     return Scenario(
         f"random_{n}", tuple(int(x) for x in seq), tuple(int(x) for x in q), num_heads=num_heads, page_size=page_size
     )
+
+
+FP8_E4M3_MAX = 448.0
+"""The largest finite float8_e4m3fn value."""
+
+
+def make_fp8_batch(
+    scenario: Scenario, dtype: str = "bfloat16", seed: int = 0, *, page_tail: str = "nan", **config_overrides
+) -> tuple[Batch, float]:
+    """The scenario's batch with an fp8 KV cache (kv_cache_dtype="fp8_e4m3"), and its k_scale.
+
+    The cache of `make_batch` is quantized with one per-tensor scale, vLLM's convention
+    (real value = fp8 value * k_scale), k_scale = amax / 448 over the readable slots (a float32
+    value). `batch.kv_cache` holds the float8_e4m3fn values as float32 (exact; cast it to
+    float8_e4m3fn for the kernels), NaN where make_batch put NaN (float8_e4m3fn has NaN).
+    The float64 reference of the dequantized cache is `reference.mla_decode(q, kv_cache * k_scale,
+    metadata, config with kv_cache_dtype="auto")`, or the same call with the fp8 config and k_scale.
+    """
+    batch = make_batch(scenario, dtype, seed, page_tail=page_tail, kv_cache_dtype="fp8_e4m3", **config_overrides)
+    P = batch.config.page_size
+    kv = batch.kv_cache
+    bt = np.asarray(batch.metadata.block_table)
+    readable = np.concatenate(
+        [kv[bt[r, np.arange(s) // P], np.arange(s) % P] for r, s in enumerate(scenario.seq_lens)]
+    )
+    k_scale = float(np.float32(np.abs(readable).max() / FP8_E4M3_MAX))
+    scaled = np.clip(kv / np.float32(k_scale), -FP8_E4M3_MAX, FP8_E4M3_MAX)  # NaN stays NaN
+    fp8 = scaled.astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    return dataclasses.replace(batch, kv_cache=fp8), k_scale

@@ -37,4 +37,5 @@ def test_kernels_state_why_they_cannot_run_a_config():
     cfg = SCENARIOS["page_size_1"].config("bfloat16")
     assert "page_size" in mla_jax.unsupported_reason("pallas_mosaic_gpu", cfg)
     assert mla_jax.unsupported_reason("pallas_triton", cfg) is None  # any page size
-    assert "fp8" in mla_jax.unsupported_reason("pallas_triton", cfg.replace(kv_cache_dtype="fp8_e4m3")).lower()
+    assert mla_jax.unsupported_reason("pallas_triton", cfg.replace(kv_cache_dtype="fp8_e4m3")) is None
+    assert "fp8" in mla_jax.unsupported_reason("pallas_mosaic_gpu", cfg.replace(page_size=64, kv_cache_dtype="fp8_e4m3"))

@@ -75,8 +75,6 @@ CASES = {
     "q 2-D": (_case(q=BATCH.q[0]), ValueError, r"q must be \[T, num_heads, 576\]"),
     "kv page size != config": (_case(kv=BATCH.kv_cache[:, :8]), ValueError, "page_size=16"),
     "kv width != 576": (_case(kv=BATCH.kv_cache[..., :512]), ValueError, "kv_cache must be"),
-    "fp8 kv cache": (_case(cfg=BATCH.config.replace(kv_cache_dtype="fp8_e4m3")), NotImplementedError,
-                     "FP8 KV cache not yet supported"),
     "max_query_len 0": (_case(md=dict(max_query_len=0)), ValueError, "max_query_len=0"),
     "prefill in decode batch": (_case(cfg=BATCH.config.replace(reorder_batch_threshold=4)), ValueError,
                                 "reorder_batch_threshold=4"),
@@ -96,6 +94,17 @@ def test_the_valid_case_runs_on_every_entry():
     for entry in ENTRIES.values():
         out, lse = entry(BATCH.q, BATCH.kv_cache, BATCH.metadata, BATCH.config)
         assert np.isfinite(np.asarray(lse)).all()
+
+
+@pytest.mark.parametrize("entry", ["torch", "jax"])
+def test_fp8_config_needs_an_fp8_cache(entry):
+    """kv_cache_dtype="fp8_e4m3" takes a float8_e4m3fn cache (tests/test_fp8.py runs it); a float32
+    cache is a ValueError naming its dtype. The float64 NumPy reference takes any float array of
+    fp8 values, as it takes bf16 values in float32 arrays."""
+    cfg = BATCH.config.replace(kv_cache_dtype="fp8_e4m3")
+    with pytest.raises(ValueError, match="kv_cache dtype must be float8_e4m3fn with kv_cache_dtype='fp8_e4m3', "
+                                         "got kv_cache.dtype=float32"):
+        ENTRIES[entry](BATCH.q, BATCH.kv_cache, BATCH.metadata, cfg)
 
 
 @pytest.mark.parametrize("entry", ["torch", "jax"])

@@ -71,15 +71,22 @@ def test_config_rejects_non_decoder(attn_type):
     assert str(e.value) == NON_DECODER_MSG
 
 
-def test_fp8_config_is_accepted_but_rejected_by_entry_points():
+def test_fp8_config_takes_a_float8_e4m3fn_cache():
+    """The shared layer accepts an fp8 cache with kv_cache_dtype="fp8_e4m3" and names a mismatch
+    either way; FA3 alone refuses fp8, with the seed's message (tests/test_fp8.py, test_fa3.py)."""
     c = MLAConfig(num_heads=16, kv_cache_dtype="fp8_e4m3")
     assert c.is_fp8_kv_cache
     from mla_spec import validate_inputs
 
     md = build_decode_metadata(seq_lens=[4], query_lens=[1], block_table=[[0]], config=c)
-    with pytest.raises(NotImplementedError, match=FP8_KV_CACHE_MSG):
-        validate_inputs(c, md, q_shapes=((1, 16, 576),), q_dtypes=("bfloat16",), kv_cache_shape=(1, 64, 576),
-                        kv_cache_dtype="float8_e4m3fn")
+    shapes = dict(q_shapes=((1, 16, 576),), q_dtypes=("bfloat16",), kv_cache_shape=(1, 64, 576))
+    validate_inputs(c, md, kv_cache_dtype="float8_e4m3fn", **shapes)
+    with pytest.raises(ValueError, match="kv_cache dtype must be float8_e4m3fn with kv_cache_dtype='fp8_e4m3', "
+                                         "got kv_cache.dtype=bfloat16"):
+        validate_inputs(c, md, kv_cache_dtype="bfloat16", **shapes)
+    with pytest.raises(ValueError, match="kv_cache_dtype='auto', got kv_cache.dtype=float8_e4m3fn"):
+        validate_inputs(c.replace(kv_cache_dtype="auto"), md, kv_cache_dtype="float8_e4m3fn", **shapes)
+    assert FP8_KV_CACHE_MSG == "FlashAttnMLA V1 with FP8 KV cache not yet supported"
 
 
 # ----------------------------------------------------------------------------- builder

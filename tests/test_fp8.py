@@ -1,0 +1,335 @@
+"""FP8 KV cache (kv_cache_dtype="fp8_e4m3"): a float8_e4m3fn cache with vLLM's per-tensor
+`k_scale` (real value = fp8 value * k_scale), q in bf16/fp16.
+
+The jnp reference, the Pallas Triton kernel (interpret mode on the CPU; compiled in the `gpu`
+tests) and the torch reference, against the float64 reference run on the dequantized cache,
+within twice the harness tolerances of q's dtype. Unreadable cache slots hold fp8 NaN: they
+must not leak. Plus the validation of k_scale and of the cache dtype, k_scale traced under
+jit, and the backends that refuse fp8 (FA3, Mosaic GPU).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import mla_jax
+import mla_torch
+from mla_jax import pallas_triton
+from mla_jax.pallas_triton import TritonConfig
+from mla_spec import MLAConfig, reference, validate_inputs
+from mla_spec.config import FP8_KV_CACHE_MSG
+from parity.compare import TOLERANCES, compare
+from parity.scenarios import FP8_E4M3_MAX, SCENARIOS, Scenario, make_fp8_batch
+
+JNP_DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16}
+TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@functools.lru_cache(maxsize=None)
+def fp8_batch_and_reference(name: str, dtype: str = "bfloat16", seed: int = 0):
+    """(batch, k_scale, ref_out, ref_lse): the float64 reference on the dequantized cache."""
+    batch, k_scale = make_fp8_batch(SCENARIOS[name], dtype, seed=seed)
+    dequantized = batch.kv_cache.astype(np.float64) * k_scale
+    ref_out, ref_lse = reference.mla_decode(
+        batch.q, dequantized, batch.metadata, batch.config.replace(kv_cache_dtype="auto")
+    )
+    return batch, k_scale, ref_out, ref_lse
+
+
+def assert_close(out, lse, ref_out, ref_lse, dtype: str, what: str):
+    """Twice the harness tolerances of q's dtype; NaN/Inf positions must match (none expected)."""
+    tol = TOLERANCES[dtype]
+    out = np.asarray(out, np.float64)
+    assert out.shape == ref_out.shape and np.asarray(lse).shape == ref_lse.shape
+    c_out = compare(out, ref_out, name="out", rel_tol=2 * tol["out_rel"], cos_tol=1 - 2 * (1 - tol["out_cos"]))
+    c_lse = compare(lse, ref_lse, name="lse", abs_tol=2 * tol["lse_abs"])
+    assert c_out.ok, f"{what}: {c_out.message}"
+    assert c_lse.ok, f"{what}: {c_lse.message}"
+
+
+def jax_inputs(batch, dtype: str):
+    return (
+        jnp.asarray(batch.q, JNP_DTYPES[dtype]),
+        jnp.asarray(batch.kv_cache, jnp.float8_e4m3fn),
+        mla_jax.to_jax_metadata(batch.metadata),
+    )
+
+
+# ----------------------------------------------------------------------------- the test batches
+
+
+def test_make_fp8_batch():
+    batch, k_scale = make_fp8_batch(SCENARIOS["spec_decode_page_16"])
+    kv = batch.kv_cache
+    assert batch.config.kv_cache_dtype == "fp8_e4m3" and batch.config.is_fp8_kv_cache
+    assert kv.dtype == np.float32 and np.isnan(kv).any()  # unreadable slots stay NaN
+    as_fp8 = kv.astype(ml_dtypes.float8_e4m3fn)
+    np.testing.assert_array_equal(as_fp8.astype(np.float32), kv)  # exactly fp8 values (NaN == NaN here)
+    assert np.nanmax(np.abs(kv)) == FP8_E4M3_MAX  # amax / k_scale lands on 448
+    assert k_scale == float(np.float32(k_scale)) and 0 < k_scale < 1
+    # the NaN pattern is make_batch's: unused blocks and the tails of the last pages
+    P = batch.config.page_size
+    for r, seq_len in enumerate(batch.scenario.seq_lens):
+        last = batch.metadata.block_table[r, (seq_len - 1) // P]
+        assert not np.isnan(kv[last, (seq_len - 1) % P]).any()
+        if seq_len % P:
+            assert np.isnan(kv[last, seq_len % P :]).all()
+
+
+def test_numpy_reference_fp8_is_the_reference_on_the_dequantized_cache():
+    batch, k_scale, ref_out, ref_lse = fp8_batch_and_reference("spec_decode")
+    for kv in (batch.kv_cache, batch.kv_cache.astype(ml_dtypes.float8_e4m3fn)):
+        out, lse = reference.mla_decode(batch.q, kv, batch.metadata, batch.config, k_scale=k_scale)
+        np.testing.assert_array_equal(out, ref_out)
+        np.testing.assert_array_equal(lse, ref_lse)
+    out, _ = reference.mla_decode(batch.q, batch.kv_cache, batch.metadata, batch.config, k_scale=np.float32(k_scale))
+    np.testing.assert_array_equal(out, ref_out)
+
+
+# ----------------------------------------------------------------------------- JAX: reference and Triton kernel
+
+TRITON_CASES = [
+    ("decode_mixed_lengths", "bfloat16", None),
+    ("spec_decode_page_16", "bfloat16", None),
+    ("page_size_1", "float16", None),
+    ("heads_128_spec", "bfloat16", None),
+    ("spec_decode_page_16", "bfloat16", TritonConfig(block_h=16, block_kv=32, num_splits=3, block_q=2)),
+    ("single_token", "float16", TritonConfig(block_h=16, block_kv=16, num_splits=2)),  # an empty split
+]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_xla_reference_fp8(name, dtype):
+    batch, k_scale, ref_out, ref_lse = fp8_batch_and_reference(name, dtype)
+    q, kv, md = jax_inputs(batch, dtype)
+    out, lse = mla_jax.mla_decode(q, kv, md, batch.config, impl="xla", k_scale=k_scale)
+    assert out.dtype == JNP_DTYPES[dtype] and lse.dtype == jnp.float32
+    assert_close(out.astype(jnp.float32), lse, ref_out, ref_lse, dtype, f"xla fp8 {name} {dtype}")
+
+
+def test_xla_reference_fp8_batch_invariant_path():
+    batch, k_scale, ref_out, ref_lse = fp8_batch_and_reference("spec_decode_page_16")
+    q, kv, md = jax_inputs(batch, "bfloat16")
+    out, lse = mla_jax.mla_decode(q, kv, md, batch.config.replace(batch_invariant=True), impl="xla", k_scale=k_scale)
+    assert_close(out.astype(jnp.float32), lse, ref_out, ref_lse, "bfloat16", "xla fp8 batch_invariant")
+
+
+class _TritonFP8Cases:
+    interpret: bool
+
+    @pytest.mark.parametrize(
+        "name, dtype, tuning", TRITON_CASES, ids=[f"{n}-{d}-{i}" for i, (n, d, _) in enumerate(TRITON_CASES)]
+    )
+    def test_triton_fp8(self, name, dtype, tuning):
+        batch, k_scale, ref_out, ref_lse = fp8_batch_and_reference(name, dtype)
+        assert np.isnan(batch.kv_cache).any()  # fp8 NaN in the unreadable slots, to be leaked
+        q, kv, md = jax_inputs(batch, dtype)
+        q_nope, q_pe = mla_jax.split_q(q, batch.config)
+        out, lse = pallas_triton.mla_decode(
+            q_nope, q_pe, kv, md, batch.config, tuning=tuning, interpret=self.interpret, k_scale=k_scale
+        )
+        assert out.dtype == JNP_DTYPES[dtype] and lse.dtype == jnp.float32
+        assert_close(out.astype(jnp.float32), lse, ref_out, ref_lse, dtype, f"triton fp8 {name} {dtype} {tuning}")
+
+    def test_traced_k_scale_under_jit(self):
+        """k_scale is a traced argument: a new scale reuses the compiled function, and is applied."""
+        batch, k_scale, ref_out, ref_lse = fp8_batch_and_reference("spec_decode")
+        ref2_out, ref2_lse = reference.mla_decode(batch.q, batch.kv_cache, batch.metadata, batch.config,
+                                                  k_scale=2 * k_scale)
+        q, kv, md = jax_inputs(batch, "bfloat16")
+        for impl in ("xla", "pallas_triton"):
+            fn = jax.jit(
+                functools.partial(mla_jax.mla_decode, config=batch.config, impl=impl, interpret=self.interpret)
+            )
+            out, lse = fn(q, kv, md, k_scale=jnp.float32(k_scale))
+            assert_close(out.astype(jnp.float32), lse, ref_out, ref_lse, "bfloat16", f"{impl} jit")
+            # (a fresh process may trace twice: interpret mode's first run changes JAX's tracing
+            # context, as it does for the seed's test_jit_through_api; count from the second run)
+            out, lse = fn(q, kv, md, k_scale=jnp.float32(k_scale))
+            compiled = fn._cache_size()
+            out2, lse2 = fn(q, kv, md, k_scale=jnp.float32(2 * k_scale))
+            assert_close(out2.astype(jnp.float32), lse2, ref2_out, ref2_lse, "bfloat16", f"{impl} jit, 2x k_scale")
+            assert fn._cache_size() == compiled, f"{impl}: a new k_scale recompiled"
+
+
+class TestInterpret(_TritonFP8Cases):
+    interpret = True
+
+
+@pytest.mark.gpu
+class TestGPU(_TritonFP8Cases):
+    interpret = False
+
+    @pytest.fixture(autouse=True)
+    def _needs_jax_gpu(self):
+        if jax.default_backend() != "gpu":
+            pytest.skip(f"JAX has no GPU (default backend {jax.default_backend()!r})")
+        reason = pallas_triton.unsupported_reason(MLAConfig(num_heads=16, kv_cache_dtype="fp8_e4m3"), jax.devices()[0])
+        if reason is not None:
+            pytest.skip(reason)
+
+    def test_long_sequences_heuristic(self):
+        sc = Scenario("long_h16_fp8", seq_lens=(4096, 2500, 17, 8192), query_lens=(1, 2, 1, 2), num_heads=16)
+        batch, k_scale = make_fp8_batch(sc, "bfloat16")
+        ref_out, ref_lse = reference.mla_decode(batch.q, batch.kv_cache, batch.metadata, batch.config, k_scale=k_scale)
+        q, kv, md = jax_inputs(batch, "bfloat16")
+        out, lse = mla_jax.mla_decode(q, kv, md, batch.config, impl="pallas_triton", interpret=False, k_scale=k_scale)
+        assert_close(out.astype(jnp.float32), lse, ref_out, ref_lse, "bfloat16", "triton fp8 long")
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_fp8_triton_kernel_lowers_for_an_abstract_h200():
+    """The fp8 loads and the float8_e4m3fn -> bf16 conversion go through the Triton lowering."""
+    batch, k_scale, _, _ = fp8_batch_and_reference("spec_decode_page_16")
+    q, kv, md = jax_inputs(batch, "bfloat16")
+    q_nope, q_pe = mla_jax.split_q(q, batch.config)
+    fn = jax.jit(lambda qn, qp, kv, md, s: pallas_triton.mla_decode(qn, qp, kv, md, batch.config, k_scale=s))
+    scale = jnp.float32(k_scale)
+    h200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=h200)):
+        text = fn.trace(q_nope, q_pe, kv, md, scale).lower(lowering_platforms=("cuda",)).as_text()
+    assert "__gpu$xla.gpu.triton" in text
+    assert "f8E4M3FN" in text
+
+
+# ----------------------------------------------------------------------------- torch
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name", ["decode_mixed_lengths", "spec_decode_page_16", "page_size_1", "heads_128_spec"])
+def test_torch_reference_fp8(name, dtype):
+    batch, k_scale, ref_out, ref_lse = fp8_batch_and_reference(name, dtype)
+    q = torch.from_numpy(batch.q).to(TORCH_DTYPES[dtype])
+    kv = torch.from_numpy(batch.kv_cache).to(torch.float8_e4m3fn)
+    for scale in (k_scale, torch.tensor(k_scale, dtype=torch.float32)):
+        out, lse = mla_torch.mla_decode(q, kv, batch.metadata, batch.config, k_scale=scale)
+        assert out.dtype == TORCH_DTYPES[dtype] and lse.dtype == torch.float32
+        assert_close(out.float().numpy(), lse.numpy(), ref_out, ref_lse, dtype, f"torch fp8 {name} {dtype}")
+
+
+def test_fa3_still_refuses_fp8_with_the_seed_message():
+    batch, k_scale, _, _ = fp8_batch_and_reference("single_token")
+    q = torch.from_numpy(batch.q).bfloat16()
+    kv = torch.from_numpy(batch.kv_cache).to(torch.float8_e4m3fn)
+    with pytest.raises(NotImplementedError, match=FP8_KV_CACHE_MSG):
+        mla_torch.mla_decode(q, kv, batch.metadata, batch.config, impl="fa3", k_scale=k_scale)
+    # "auto" falls back to the reference, saying why
+    impl, skipped = mla_torch.select_impl(batch.config)
+    assert impl == "reference" and FP8_KV_CACHE_MSG in skipped["fa3"]
+
+
+def test_mosaic_gpu_refuses_fp8():
+    batch, k_scale, _, _ = fp8_batch_and_reference("single_token")
+    reason = mla_jax.unsupported_reason("pallas_mosaic_gpu", batch.config)
+    assert reason is not None and "fp8" in reason and "kv_cache_dtype='fp8_e4m3'" in reason
+    q, kv, md = jax_inputs(batch, "bfloat16")
+    with pytest.raises(NotImplementedError, match="fp8"):
+        mla_jax.mla_decode(q, kv, md, batch.config, impl="pallas_mosaic_gpu", interpret=True, k_scale=k_scale)
+
+
+def test_triton_unsupported_reason_for_fp8_devices():
+    import types
+
+    cfg = MLAConfig(num_heads=16, kv_cache_dtype="fp8_e4m3")
+    assert pallas_triton.unsupported_reason(cfg) is None
+    assert pallas_triton.unsupported_reason(cfg, types.SimpleNamespace(platform="gpu", compute_capability="9.0")) is None
+    ampere = types.SimpleNamespace(platform="gpu", compute_capability="8.0")
+    assert "8.9" in pallas_triton.unsupported_reason(cfg, ampere)
+    assert pallas_triton.unsupported_reason(cfg.replace(kv_cache_dtype="auto"), ampere) is None
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _entries(batch, k_scale_cast=lambda x: x):
+    """name -> fn(k_scale, config, kv_dtype) calling each entry point on the batch."""
+
+    def numpy_entry(k_scale, cfg, kv_dtype):
+        return reference.mla_decode(batch.q, batch.kv_cache, batch.metadata, cfg, k_scale=k_scale)
+
+    def torch_entry(k_scale, cfg, kv_dtype):
+        kv = torch.from_numpy(batch.kv_cache).to(getattr(torch, kv_dtype))
+        return mla_torch.mla_decode(torch.from_numpy(batch.q).bfloat16(), kv, batch.metadata, cfg, k_scale=k_scale)
+
+    def jax_entry(k_scale, cfg, kv_dtype, impl="xla"):
+        kv = jnp.asarray(batch.kv_cache, getattr(jnp, kv_dtype))
+        return mla_jax.mla_decode(jnp.asarray(batch.q, jnp.bfloat16), kv, batch.metadata, cfg, impl=impl,
+                                  interpret=True, k_scale=k_scale)
+
+    return {
+        "numpy": numpy_entry,
+        "torch": torch_entry,
+        "jax_xla": jax_entry,
+        "jax_triton": functools.partial(jax_entry, impl="pallas_triton"),
+    }
+
+
+BAD_K_SCALES = [
+    (0.0, "k_scale=0.0"),
+    (-1.5, "k_scale=-1.5"),
+    (float("nan"), "k_scale=nan"),
+    (float("inf"), "k_scale=inf"),
+    (True, "k_scale=True"),
+    ("0.5", "k_scale='0.5'"),
+    (np.array([0.5, 0.5], np.float32), r"k_scale.shape=\(2,\)"),
+    (np.array(2, np.int32), "k_scale.dtype=int32"),
+]
+
+
+@pytest.mark.parametrize("entry", ["numpy", "torch", "jax_xla", "jax_triton"])
+@pytest.mark.parametrize("k_scale, match", BAD_K_SCALES, ids=[m for _, m in BAD_K_SCALES])
+def test_bad_k_scale_is_a_value_error_naming_it(entry, k_scale, match):
+    batch, _, _, _ = fp8_batch_and_reference("single_token")
+    with pytest.raises(ValueError, match=match):
+        _entries(batch)[entry](k_scale, batch.config, "float8_e4m3fn")
+
+
+@pytest.mark.parametrize("entry", ["numpy", "torch", "jax_xla"])
+def test_k_scale_needs_an_fp8_cache(entry):
+    batch, _, _, _ = fp8_batch_and_reference("single_token")
+    auto = batch.config.replace(kv_cache_dtype="auto")
+    kv_dtype = "bfloat16"
+    with pytest.raises(ValueError, match=r"k_scale applies to an fp8 KV cache only.*k_scale=0.5"):
+        _entries(batch)[entry](0.5, auto, kv_dtype)
+    _entries(batch)[entry](1.0, auto, kv_dtype)  # the default is fine
+
+
+def test_traced_k_scale_needs_an_fp8_cache():
+    batch, _, _, _ = fp8_batch_and_reference("single_token")
+    auto = batch.config.replace(kv_cache_dtype="auto")
+    fn = jax.jit(lambda q, kv, s: mla_jax.mla_decode(q, kv, batch.metadata, auto, k_scale=s))
+    with pytest.raises(ValueError, match="k_scale=a traced value"):
+        fn(jnp.asarray(batch.q, jnp.bfloat16), jnp.asarray(batch.kv_cache, jnp.bfloat16), jnp.float32(1.0))
+
+
+@pytest.mark.parametrize("entry", ["torch", "jax_xla", "jax_triton"])
+def test_cache_dtype_must_match_kv_cache_dtype(entry):
+    batch, k_scale, _, _ = fp8_batch_and_reference("single_token")
+    run = _entries(batch)[entry]
+    with pytest.raises(ValueError, match=r"kv_cache dtype must be float8_e4m3fn with kv_cache_dtype='fp8_e4m3', "
+                                         r"got kv_cache.dtype=bfloat16"):
+        run(k_scale, batch.config, "bfloat16")
+    auto = batch.config.replace(kv_cache_dtype="auto")
+    with pytest.raises(ValueError, match=r"got kv_cache.dtype=float8_e4m3fn \(an fp8 cache needs kv_cache_dtype"):
+        run(1.0, auto, "float8_e4m3fn")
+
+
+def test_validate_inputs_accepts_fp8_cache_names_of_both_stacks():
+    from mla_spec import build_decode_metadata, dtype_name
+
+    c = MLAConfig(num_heads=16, kv_cache_dtype="fp8_e4m3")
+    md = build_decode_metadata(seq_lens=[4], query_lens=[1], block_table=[[0]], config=c)
+    for dt in (torch.float8_e4m3fn, jnp.float8_e4m3fn, np.dtype(ml_dtypes.float8_e4m3fn)):
+        validate_inputs(c, md, q_shapes=((1, 16, 576),), q_dtypes=("bfloat16",), kv_cache_shape=(1, 64, 576),
+                        kv_cache_dtype=dtype_name(dt))
+    with pytest.raises(ValueError, match="got kv_cache.dtype=float8_e5m2"):
+        validate_inputs(c, md, q_shapes=((1, 16, 576),), q_dtypes=("bfloat16",), kv_cache_shape=(1, 64, 576),
+                        kv_cache_dtype=dtype_name(torch.float8_e5m2))
