@@ -4,10 +4,13 @@
 """
 
 from mla_jax.api import IMPLS, default_interpret, mla_decode, select_impl, split_q, to_jax_metadata, unsupported_reason
+from mla_jax.dcp import dcp_mla_decode, merge_partials
 
 __all__ = [
     "IMPLS",
+    "dcp_mla_decode",
     "default_interpret",
+    "merge_partials",
     "mla_decode",
     "select_impl",
     "split_q",

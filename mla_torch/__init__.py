@@ -7,6 +7,7 @@ a torch reference that runs anywhere (`mla_torch.reference`).
 """
 
 from mla_torch.api import IMPLS, check_call, mla_decode, select_impl, split_q, to_torch_metadata, unsupported_reason
+from mla_torch.dcp import dcp_mla_decode_local, merge_attn_states
 from mla_torch.fa3 import (
     CAPTURE_SIZE_MSG,
     FA3DecodeGraph,
@@ -36,8 +37,10 @@ __all__ = [
     "IMPLS",
     "MultipleOf",
     "check_call",
+    "dcp_mla_decode_local",
     "fa3_unavailable_reason",
     "find_fa3",
+    "merge_attn_states",
     "mla_decode",
     "scheduler_metadata_buffer_size",
     "select_impl",

@@ -1,0 +1,244 @@
+"""Decode context parallelism (DCP) in JAX: `dcp_mla_decode`, a `jax.shard_map` over a 1-D
+mesh axis, each device running the single-device kernel on its KV shard, the partials
+merged exactly through the LSE with collectives.
+
+Layout (`mla_spec.dcp`): interleaved as vLLM (`cp_kv_cache_interleave_size = 1`): global
+KV position p of a request lives on shard `p % W` at local position `p // W`. Per-shard
+data is stacked on a leading axis of size W: `kv_cache_shards [W, num_blocks_local, P, L+R]`
+and a `DecodeMetadata` with `query_start_loc [W, R+1]`, `seq_lens [W, R]` (local lengths,
+0 for an empty shard), `block_table [W, R, max_blocks_local]` (one width for all shards).
+`shard_batch` builds both from a global batch. Shard s of the stacks goes to device s of
+the mesh axis; `q` is replicated; `out` and `lse` come back replicated.
+
+One query token per request (q_len == 1, vLLM's restriction under DCP): it sees every KV
+position, so each shard attends to all its local tokens. q_len > 1 raises ValueError.
+
+Empty shards (seq_len <= s): the kernels validate `seq_len >= 1`, so the kernel runs them
+with a dummy length 1 and their partial is then overwritten with `lse = -inf`, `out = 0`.
+
+Merge on device s, with (o_s, lse_s) its partial:
+    m = pmax(lse_s);  w_s = exp(lse_s - m);  W = psum(w_s);  out = psum(w_s * o_s) / W;
+    lse = m + log(W)
+in float32 (exact up to rounding), out cast to q's dtype. `merge_partials` does the same
+on stacked partials without a mesh.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from mla_jax import api as _api  # registers DecodeMetadata as a pytree
+from mla_spec import DecodeMetadata, MLAConfig, dtype_name, validate_inputs
+from mla_spec.dcp import (
+    DCPShards,
+    check_world_size,
+    local_config,
+    local_len,
+    local_seq_lens,
+    shard_batch,
+    shard_metadata,
+    validate_shards,
+)
+
+__all__ = [
+    "DCPShards",
+    "DCP_IMPLS",
+    "dcp_mla_decode",
+    "local_len",
+    "local_seq_lens",
+    "make_dcp_mesh",
+    "merge_partials",
+    "shard_batch",
+    "shard_metadata",
+]
+
+DCP_IMPLS = ("xla", "pallas_triton")
+
+
+def merge_partials(outs, lses, out_dtype=None):
+    """Exact LSE merge of stacked partials, no mesh needed.
+
+    outs `[W, T, H, L]` (each normalized over its shard), lses `[W, T, H]` float32 (-inf for
+    an empty shard) -> `(out [T, H, L] in out_dtype (default outs' dtype), lse [T, H] float32)`:
+    lse = logsumexp over shards, out = sum_s exp(lse_s - lse) * out_s, computed in float32.
+    A row with every shard empty gives out 0, lse -inf (no NaN)."""
+    out_dtype = outs.dtype if out_dtype is None else out_dtype
+    lses = jnp.asarray(lses, jnp.float32)
+    outs = jnp.asarray(outs).astype(jnp.float32)
+    m = jnp.max(lses, axis=0)
+    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+    w = jnp.exp(lses - m_safe[None])  # 0 for empty shards
+    w_sum = jnp.sum(w, axis=0)
+    out = jnp.sum(jnp.where(w[..., None] > 0, w[..., None] * outs, 0.0), axis=0)
+    out = out / jnp.where(w_sum > 0, w_sum, 1.0)[..., None]
+    return out.astype(out_dtype), m_safe + jnp.log(w_sum)
+
+
+def _local_partial(q_nope, q_pe, kv_cache, md: DecodeMetadata, config: MLAConfig, impl: str, interpret: bool,
+                   k_scale=None):
+    """One shard's `(out float32 [T,H,L], lse [T,H])`, empty shards (md.seq_lens == 0) set to
+    (0, -inf). One token per request, so token t is request t. k_scale: the fp8 cache's scale
+    (None for other caches, where the kernels take none)."""
+    empty = md.seq_lens == 0  # [T]
+    kmd = md.replace(seq_lens=jnp.maximum(md.seq_lens, 1))
+    lc = local_config(config)
+    if impl == "xla":
+        from mla_jax import reference
+
+        extra = () if k_scale is None else (k_scale,)
+        out, lse = reference.mla_decode(q_nope, q_pe, kv_cache, kmd, lc, *extra)
+    else:
+        from mla_jax import pallas_triton
+
+        extra = {} if k_scale is None else dict(k_scale=k_scale)
+        out, lse = pallas_triton.mla_decode(q_nope, q_pe, kv_cache, kmd, lc, interpret=interpret, **extra)
+    out = jnp.where(empty[:, None, None], 0.0, out.astype(jnp.float32))
+    lse = jnp.where(empty[:, None], -jnp.inf, lse)
+    return out, lse
+
+
+@functools.lru_cache(maxsize=64)
+def _build(mesh: Mesh, axis_name: str, config: MLAConfig, impl: str, interpret: bool,
+           max_seq_len: int, num_decode_tokens: int, max_num_splits: int):
+    spec = PartitionSpec(axis_name)
+
+    def body(q_nope, q_pe, kv_cache, qsl, seq_lens, block_table, k_scale):
+        md = DecodeMetadata(
+            query_start_loc=qsl[0], seq_lens=seq_lens[0], block_table=block_table[0], max_query_len=1,
+            max_seq_len=max_seq_len, num_decode_tokens=num_decode_tokens, max_num_splits=max_num_splits,
+        )
+        o, lse = _local_partial(q_nope, q_pe, kv_cache[0], md, config, impl, interpret,
+                                k_scale if config.is_fp8_kv_cache else None)
+        m = jax.lax.pmax(lse, axis_name)
+        m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+        w = jnp.exp(lse - m_safe)  # 0 on an empty shard
+        w_sum = jax.lax.psum(w, axis_name)
+        acc = jax.lax.psum(jnp.where(w[..., None] > 0, w[..., None] * o, 0.0), axis_name)
+        out = acc / jnp.where(w_sum > 0, w_sum, 1.0)[..., None]
+        return out.astype(q_nope.dtype), m_safe + jnp.log(w_sum)
+
+    replicated = PartitionSpec()
+    mapped = jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=(replicated, replicated, spec, spec, spec, spec, replicated),
+        out_specs=(replicated, replicated),
+        # The Pallas kernel's out_shape carries no vma (jax 0.11.2 asks for manual_axis_type on
+        # its ShapeDtypeStruct under check_vma=True, and the kernel is not ours to change here);
+        # the outputs are psum/pmax results, replicated by construction.
+        check_vma=impl == "xla",
+    )
+    return jax.jit(mapped)
+
+
+def dcp_mla_decode(
+    q,
+    kv_cache_shards,
+    metadata_shards: DecodeMetadata,
+    config: MLAConfig,
+    *,
+    mesh: Mesh,
+    axis_name: str = "dcp",
+    impl: str = "xla",
+    interpret: bool | None = None,
+    k_scale=1.0,
+):
+    """Paged MLA decode with the KV sharded across the `axis_name` axis of `mesh`.
+
+    q: `[T, H, L+R]` or `(q_nope, q_pe)`, replicated; kv_cache_shards: `[W, num_blocks_local,
+    P, L+R]`; metadata_shards: the stacked `DecodeMetadata` (see the module docstring; from
+    `shard_batch`). `config.dcp_world_size` must equal the mesh axis size W. impl: "xla" or
+    "pallas_triton" (interpret: None = on CPU). k_scale: the fp8 cache's per-tensor scale (one
+    for all shards; kv_cache_dtype="fp8_e4m3"), 1.0 otherwise, as in `mla_jax.mla_decode`.
+    Returns `(out [T, H, L] in q's dtype, lse [T, H] float32)`, replicated over the mesh; equal
+    to the single-device result on the unsharded batch up to rounding.
+
+    Shard s of the stacks runs on device s of the mesh axis (other mesh axes, if any, see the
+    same data). Per-shard values (block ids in range, one token per request) are checked when
+    the metadata is concrete; under an outer `jax.jit` only shapes and dtypes are.
+    """
+    if impl not in DCP_IMPLS:
+        raise ValueError(f"unknown DCP impl={impl!r}; expected one of {DCP_IMPLS}")
+    if not isinstance(mesh, Mesh):
+        raise ValueError(f"mesh must be a jax.sharding.Mesh, got mesh={type(mesh).__name__}")
+    if axis_name not in mesh.shape:
+        raise ValueError(f"axis_name={axis_name!r} is not an axis of the mesh, mesh.shape={dict(mesh.shape)}")
+    world_size = int(mesh.shape[axis_name])
+    check_world_size(config, world_size)
+    parts = q if isinstance(q, tuple) else (q,)
+    for x in parts + (kv_cache_shards,):
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            raise ValueError(f"q and kv_cache_shards must be arrays, got {type(x).__name__}")
+    if len(kv_cache_shards.shape) != 4 or kv_cache_shards.shape[0] != world_size:
+        raise ValueError(
+            f"kv_cache_shards must be [world_size={world_size}, num_blocks_local, page_size, "
+            f"{config.head_dim}], got kv_cache_shards.shape={tuple(kv_cache_shards.shape)}"
+        )
+    concrete = all(
+        _api._is_concrete(x)
+        for x in (metadata_shards.query_start_loc, metadata_shards.seq_lens, metadata_shards.block_table)
+    )
+    num_blocks_local = int(kv_cache_shards.shape[1])
+    validate_shards(
+        config, metadata_shards, world_size=world_size, num_blocks_local=num_blocks_local, check_values=concrete
+    )
+    lc = local_config(config)
+    # Shapes and dtypes of one shard's call (values: validate_shards above, per shard).
+    md0 = metadata_shards.replace(
+        query_start_loc=metadata_shards.query_start_loc[0],
+        seq_lens=metadata_shards.seq_lens[0],
+        block_table=metadata_shards.block_table[0],
+    )
+    validate_inputs(
+        lc,
+        md0,
+        q_shapes=tuple(tuple(x.shape) for x in parts),
+        q_dtypes=tuple(dtype_name(x.dtype) for x in parts),
+        kv_cache_shape=tuple(kv_cache_shards.shape[1:]),
+        kv_cache_dtype=dtype_name(kv_cache_shards.dtype),
+        check_values=False,
+    )
+    if config.is_fp8_kv_cache or not (isinstance(k_scale, (int, float)) and k_scale == 1.0):
+        from mla_spec import validate_k_scale  # the fp8 KV cache's scale check
+
+        validate_k_scale(k_scale, config, concrete=not isinstance(k_scale, jax.core.Tracer))
+    if impl != "xla":
+        reason = _api.unsupported_reason(impl, lc, None)
+        if reason is not None:
+            raise NotImplementedError(f"impl={impl!r} cannot run this problem: {reason}")
+    if interpret is None:
+        interpret = _api.default_interpret()
+    q_nope, q_pe = _api.split_q(q, config)
+    sharded = NamedSharding(mesh, PartitionSpec(axis_name))
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def put(x, dtype=None, sharding=sharded):
+        x = jnp.asarray(x, dtype) if dtype is not None else x
+        return jax.device_put(x, sharding)
+
+    fn = _build(
+        mesh, axis_name, config, impl, bool(interpret) if impl != "xla" else False,
+        int(metadata_shards.max_seq_len), int(metadata_shards.num_decode_tokens), int(metadata_shards.max_num_splits),
+    )
+    return fn(
+        put(q_nope, sharding=replicated),
+        put(q_pe, sharding=replicated),
+        put(kv_cache_shards),
+        put(metadata_shards.query_start_loc, jnp.int32),
+        put(metadata_shards.seq_lens, jnp.int32),
+        put(metadata_shards.block_table, jnp.int32),
+        put(k_scale, jnp.float32, sharding=replicated),
+    )
+
+
+def make_dcp_mesh(world_size: int, axis_name: str = "dcp", devices=None) -> Mesh:
+    """A 1-D mesh of the first `world_size` devices (of `devices`, default `jax.devices()`)."""
+    devices = jax.devices() if devices is None else list(devices)
+    if len(devices) < world_size:
+        raise ValueError(f"need {world_size=} devices, got {len(devices)} ({devices[0].platform})")
+    return Mesh(np.array(devices[:world_size]), (axis_name,))

@@ -1,0 +1,127 @@
+"""Decode context parallelism (DCP) on the torch side: the exact LSE merge of per-shard
+partials (`merge_attn_states`, vLLM's name), and `dcp_mla_decode_local`, which runs each
+DCP rank's share on one device, one shard after the other, and merges them.
+
+Layout (`mla_spec.dcp`): interleaved as vLLM (`cp_kv_cache_interleave_size = 1`): global
+KV position p of a request lives on shard `p % W` at local position `p // W`; per-shard
+caches and metadata are stacked on a leading W axis (`mla_spec.dcp.shard_batch` builds
+them from a global batch). One query token per request (vLLM's restriction under DCP).
+
+Each shard runs the normal single-device call (`mla_torch.mla_decode`, impl "reference"
+or "fa3") with `dcp_world_size=1`: the kernel sees one local KV shard. (vLLM's DCP runs FA3
+with `num_heads * dcp_world_size` heads after an all-gather of q over the DCP group; here
+every rank has all heads already, so the plain call is the same computation.) Empty shards
+run at a dummy length 1 and their partial is overwritten with `lse = -inf`, `out = 0`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+
+from mla_spec import DecodeMetadata, MLAConfig
+from mla_spec.dcp import check_world_size, local_config, shard_batch, shard_metadata, validate_shards
+
+__all__ = ["dcp_mla_decode_local", "merge_attn_states", "shard_batch"]
+
+IMPLS = ("reference", "fa3")
+
+
+def merge_attn_states(outs, lses, out_dtype: torch.dtype | None = None):
+    """Exact LSE merge of stacked partials.
+
+    outs `[W, T, H, L]` (or a sequence of W `[T, H, L]`), each normalized over its shard;
+    lses `[W, T, H]` float32 (-inf for an empty shard). Returns `(out [T, H, L] in out_dtype
+    (default outs' dtype), lse [T, H] float32)`: lse = logsumexp over shards,
+    out = sum_s exp(lse_s - lse) * out_s, computed in float32. A row with every shard empty
+    gives out 0, lse -inf (no NaN)."""
+    if not isinstance(outs, torch.Tensor):
+        outs = torch.stack(list(outs))
+    if not isinstance(lses, torch.Tensor):
+        lses = torch.stack(list(lses))
+    if outs.dim() != 4 or lses.dim() != 3 or tuple(outs.shape[:3]) != tuple(lses.shape):
+        raise ValueError(
+            f"merge_attn_states takes outs [W, T, H, L] and lses [W, T, H], got outs.shape={tuple(outs.shape)}, "
+            f"lses.shape={tuple(lses.shape)}"
+        )
+    out_dtype = outs.dtype if out_dtype is None else out_dtype
+    lses = lses.float()
+    m = lses.amax(dim=0)
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    w = torch.exp(lses - m_safe)  # 0 for empty shards
+    w_sum = w.sum(dim=0)
+    weighted = torch.where(w[..., None] > 0, w[..., None] * outs.float(), torch.zeros((), device=outs.device))
+    out = weighted.sum(dim=0) / torch.where(w_sum > 0, w_sum, torch.ones_like(w_sum))[..., None]
+    return out.to(out_dtype), m_safe + torch.log(w_sum)
+
+
+def dcp_mla_decode_local(
+    q,
+    kv_cache_shards,
+    metadata_shards: DecodeMetadata,
+    config: MLAConfig,
+    *,
+    impl: str = "reference",
+    k_scale=1.0,
+    return_partials: bool = False,
+):
+    """DCP decode with every rank's share computed in this process, then merged.
+
+    q: `[T, H, L+R]` or `(q_nope, q_pe)`; kv_cache_shards: `[W, num_blocks_local, P, L+R]` (a
+    tensor, or a sequence of W caches; a cache may sit on its own device: q is copied there
+    and the partials come back to q's device for the merge); metadata_shards: the stacked
+    `DecodeMetadata` (`mla_spec.dcp`), NumPy arrays or torch tensors. `config.dcp_world_size`
+    is W. impl: "reference" or "fa3". k_scale: the fp8 cache's per-tensor scale (one for all
+    shards), passed to each shard's call when kv_cache_dtype="fp8_e4m3", 1.0 otherwise.
+    Returns `(out [T, H, L] in q's dtype, lse [T, H] float32)`, and with
+    `return_partials=True` also the stacked partials `(outs [W,T,H,L] float32, lses [W,T,H])`.
+    """
+    from mla_torch.api import mla_decode  # the package's entry point, with its checks
+
+    if impl not in IMPLS:
+        raise ValueError(f"unknown DCP impl={impl!r}; expected one of {IMPLS}")
+    world_size = len(kv_cache_shards)
+    check_world_size(config, world_size)
+
+    def host(x):
+        return x.cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+    host_md = metadata_shards.replace(
+        query_start_loc=host(metadata_shards.query_start_loc),
+        seq_lens=host(metadata_shards.seq_lens),
+        block_table=host(metadata_shards.block_table),
+        scheduler_metadata=None,
+    )
+    num_blocks_local = int(kv_cache_shards[0].shape[0])
+    for s in range(world_size):
+        if tuple(kv_cache_shards[s].shape) != tuple(kv_cache_shards[0].shape):
+            raise ValueError(
+                f"every shard's cache must have one shape, got kv_cache_shards[{s}].shape="
+                f"{tuple(kv_cache_shards[s].shape)} != {tuple(kv_cache_shards[0].shape)}"
+            )
+    validate_shards(config, host_md, world_size=world_size, num_blocks_local=num_blocks_local)
+    lc = local_config(config)
+    extra = dict(k_scale=k_scale) if config.is_fp8_kv_cache else {}
+    if not extra and not (isinstance(k_scale, (int, float)) and k_scale == 1.0):
+        raise ValueError(
+            f"k_scale applies to an fp8 KV cache only; with kv_cache_dtype={config.kv_cache_dtype!r} it must be "
+            f"1.0, got k_scale={k_scale!r}"
+        )
+    q_device = (q[0] if isinstance(q, tuple) else q).device
+    outs, lses = [], []
+    for s in range(world_size):
+        md = shard_metadata(host_md, s, for_kernel=True)
+        cache = kv_cache_shards[s]
+        q_s = tuple(x.to(cache.device) for x in q) if isinstance(q, tuple) else q.to(cache.device)
+        with torch.cuda.device(cache.device) if cache.device.type == "cuda" else contextlib.nullcontext():
+            out, lse = mla_decode(q_s, cache, md, lc, impl=impl, **extra)
+        out, lse = out.to(q_device), lse.to(q_device)
+        empty = torch.as_tensor(host_md.seq_lens[s] == 0, device=out.device)  # token t is request t
+        outs.append(torch.where(empty[:, None, None], torch.zeros((), device=out.device), out.float()))
+        lses.append(torch.where(empty[:, None], torch.full((), float("-inf"), device=lse.device), lse.float()))
+    outs, lses = torch.stack(outs), torch.stack(lses)
+    q_dtype = (q[0] if isinstance(q, tuple) else q).dtype
+    out, lse = merge_attn_states(outs, lses, out_dtype=q_dtype)
+    return (out, lse, (outs, lses)) if return_partials else (out, lse)
