@@ -103,49 +103,68 @@ PERFORMANCE = [
     md("""
 # 02 · Performance on the H200
 
-Loads the committed H200 results (`parity/results/h200-*.json`) and plots the Pallas kernels against FA3
-and FlashMLA. Nothing is measured here: these are the numbers the bench printed on the GPU.
+The committed H200 results (`parity/results/h200-bench-*.json`, written by `python -m parity bench`)
+against FA3 and FlashMLA: the time ratio per shape, and the roofline. Nothing is measured here: these are
+the numbers the bench printed on the GPU, drawn with `parity.plots` (the same code as
+`python -m parity plot RESULTS.json --png out.png`).
 """),
     code("""
-import json, pathlib, math
-import matplotlib
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-results = sorted(pathlib.Path("../parity/results").glob("h200-bench-*.json"))
-print("\\n".join(p.name for p in results) or "no committed bench results yet")
+import json, pathlib
+from IPython.display import Image, display
+import parity
+from parity import plots
+RESULTS = pathlib.Path(parity.__file__).parent / "results"
+benches = {p.name: json.loads(p.read_text()) for p in sorted(RESULTS.glob("h200-bench-*.json"))}
+def show(fig):
+    display(Image(plots.png_bytes(fig, dpi=60)))   # small outputs
+for name, b in benches.items():
+    print(f"{name}: grid {b['grid']!r}, {len({r['name'] for r in b['rows']})} shapes, impls {b['impls']}")
+"""),
+    md("""
+## Time ratio per shape
+`FA3 time / impl time` for every shape of a bench (> 1: faster than FA3), and the same against FlashMLA
+where the bench timed it. The dashed lines are each impl's geomean.
 """),
     code("""
-rows = []
-for p in results:
-    d = json.loads(p.read_text())
-    rows += [dict(r, source=p.name) for r in d["rows"] if "seconds" in r]
-impls = sorted({r["impl"] for r in rows})
-print(len(rows), "timed rows;", impls)
+for name, b in benches.items():
+    for base in ("torch.fa3", "torch.flashmla"):
+        for impl, pts in plots.speed_ratios(b, base).items():
+            v = [x for _, x in pts]
+            print(f"{name:38s} {base:15s}/ {impl:22s} geomean {plots.geomean(v):.3f}  "
+                  f"min {min(v):.2f}  max {max(v):.2f}  ({len(v)} shapes)")
 """),
     code("""
-fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
-for ax, heads, metric, unit in ((axes[0], 16, "TBps", "TB/s"), (axes[1], 128, "TFLOPps", "TFLOP/s")):
-    for impl in impls:
-        pts = sorted((r["bytes"], r[metric]) for r in rows
-                     if r["impl"] == impl and r["shape"]["num_heads"] == heads and r["shape"]["q_len"] == 1)
-        if pts:
-            ax.plot([x for x, _ in pts], [y for _, y in pts], "o-", ms=3, label=impl)
-    ax.set_xscale("log"); ax.set_xlabel("bytes moved"); ax.set_ylabel(unit); ax.set_title(f"H={heads}, q_len=1")
-    ax.legend(fontsize=7)
-fig.tight_layout()
+show(plots.speedup_figure(benches["h200-bench-triton-2026-11-30.json"], against=("torch.fa3", "torch.flashmla")))
 """),
     code("""
-for impl in impls:
-    r = [x for x in rows if x["impl"] == impl and any(k.startswith("speedup_vs_") for k in x)]
-    if r:
-        key = next(k for k in r[0] if k.startswith("speedup_vs_"))
-        gm = math.exp(sum(math.log(x[key]) for x in r) / len(r))
-        print(f"{impl:24s} geomean {key}: {gm:.3f} over {len(r)} shapes")
+show(plots.speedup_figure(benches["h200-bench-headline-2026-11-30.json"], against=("torch.fa3",)))
+"""),
+    md("""
+## Roofline
+Achieved TFLOP/s against arithmetic intensity (FLOPs / byte; bytes = the KV cache read once + q + out),
+under the machine's copy and bf16 matmul ceilings. These benches predate `measure_ceilings`, so the
+plot says it uses the anchors' numbers (4.26 TB/s, 788 TFLOP/s); a bench run now stores its own.
+"""),
+    code("""
+for b in benches.values():
+    print(b["grid"], "ceilings:", plots.ceilings(b))
+    show(plots.roofline_figure(b))
+"""),
+    md("## The headline shapes"),
+    code("""
+b = benches["h200-bench-headline-2026-11-30.json"]
+for shape in ("H16_B128_S16384_q1", "H128_B64_S16384_q1", "H16_B1_S1024_q1"):
+    for r in plots.timed_rows(b):
+        if r["name"] == shape:
+            print(f"{shape:20s} {r['impl']:22s} {r['seconds'] * 1e6:8.1f} us {r['TBps']:5.2f} TB/s "
+                  f"{r['TFLOPps']:6.1f} TFLOP/s")
 """),
 ]
 
 
 def write(name, cells):
+    for i, cell in enumerate(cells):  # stable ids: regenerating an unchanged notebook changes nothing
+        cell["id"] = f"{name.split('_')[0]}-{i:02d}"
     nb = nbformat.v4.new_notebook(cells=cells)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, HERE / name)

@@ -1,12 +1,18 @@
 """python -m parity: cross-check paged MLA decode across stacks, or benchmark it.
 
-  python -m parity [check] [--scenarios A,B] [--impls X,Y] [--dtypes bfloat16,float16] [--json PATH]
-  python -m parity bench [--grid NAME] [--impls X,Y] [--json PATH]
+  python -m parity [check] [--scenarios A,B] [--impls X,Y] [--dtypes bfloat16,float16] [--json PATH] [--png PATH]
+  python -m parity bench [--grid NAME] [--impls X,Y] [--json PATH] [--png PATH]
+  python -m parity plot RESULTS_JSON --png PATH
   python -m parity list
 
 `check` (the default) runs every implementation that can run here on each scenario
-against the torch reference and prints a table; the exit code is 1 on any failure
-or error (skips, with their reason, are not failures).
+against the torch reference, and FA3 against each Pallas kernel and FlashMLA where both
+run, and prints a table; the exit code is 1 on any failure or error (skips, with their
+reason, are not failures). `--png` draws the error distributions (matplotlib, the
+`notebooks` extra; without it the JSON is still written). `bench` times every available
+implementation side by side and draws a roofline against the machine's measured copy
+and matmul rates. `plot` redraws either PNG from a JSON written earlier (e.g. the
+committed results in parity/results/).
 """
 
 from __future__ import annotations
@@ -35,20 +41,15 @@ def _check(args) -> int:
     env = runner.environment()
     print(f"parity check on {env['device']} (torch {env['torch']}, jax {env['jax']} on {env['jax_backend']}); "
           f"baseline {runner.BASELINE}", flush=True)
-    total = len(names) * len(dtypes) * (len(impls) - 1)
-    count = [0]
     t0 = time.perf_counter()
-
-    def progress(what: str):
-        count[0] += 1
-        if not args.quiet:
-            print(f"  [{count[0]:>3}/{total}] {what} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
-
+    progress = runner.Progress(runner.num_items(names, dtypes, impls), enabled=not args.quiet)
     try:
         rows = runner.run_parity([SCENARIOS[n] for n in names], dtypes, impls, seed=args.seed, progress=progress)
     except ValueError as e:
+        progress.close()
         print(f"error: {e}", file=sys.stderr)
         return 2
+    progress.close()
     print(runner.format_table(rows))
     bad = [r for r in rows if r.status in ("FAIL", "ERROR")]
     ran = sum(r.status == "pass" for r in rows)
@@ -56,11 +57,33 @@ def _check(args) -> int:
     known = sum(r.status == "known" for r in rows)
     print(f"\n{ran} passed, {len(bad)} failed, {skipped} skipped" + (f", {known} known limitations" if known else "")
           + f" in {time.perf_counter() - t0:.1f} s")
+    report = {"environment": env, "rows": [r.as_dict() for r in rows]}
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"environment": env, "rows": [r.as_dict() for r in rows]}, f, indent=1)
+            json.dump(report, f, indent=1)
         print(f"wrote {args.json}")
+    if args.png:
+        from parity import plots
+
+        plots.write_png_or_say_why(report, args.png)  # a missing matplotlib is said, not a failure of the check
     return 1 if bad else 0
+
+
+def _plot(args) -> int:
+    from parity import plots
+
+    try:
+        with open(args.results) as f:
+            results = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        print(f"cannot read {args.results}: {e}", file=sys.stderr)
+        return 2
+    try:
+        plots.report_kind(results)
+    except ValueError as e:
+        print(f"{args.results}: {e}", file=sys.stderr)
+        return 2
+    return 0 if plots.write_png_or_say_why(results, args.png) else 2
 
 
 def _bench(args) -> int:
@@ -90,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--dtypes", type=_csv, help="comma-separated dtypes (default: bfloat16,float16)")
         q.add_argument("--seed", type=int, default=0)
         q.add_argument("--json", help="write the report here")
-        q.add_argument("--quiet", action="store_true", help="no progress lines")
+        q.add_argument("--png", help="draw the error distributions here (needs matplotlib)")
+        q.add_argument("--quiet", action="store_true", help="no progress bar or lines")
 
     check_args(p)
     check_args(sub.add_parser("check", help="cross-check implementations (the default)"))
@@ -98,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     from parity import bench
 
     bench.add_arguments(b)
+    pl = sub.add_parser("plot", help="draw a PNG from a parity or bench JSON (e.g. parity/results/*.json)")
+    pl.add_argument("results", help="a JSON written by `python -m parity --json` or `python -m parity bench --json`")
+    pl.add_argument("--png", required=True, help="where to write the PNG")
     sub.add_parser("list", help="list scenarios and implementations")
     return p
 
@@ -108,6 +135,8 @@ def main(argv=None) -> int:
         return _bench(args)
     if args.command == "list":
         return _list(args)
+    if args.command == "plot":
+        return _plot(args)
     return _check(args)
 
 

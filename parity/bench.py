@@ -13,6 +13,11 @@ count is static (a traced one makes XLA read the loop predicate back every itera
 
 Bytes = KV read once (sum of seq_lens x 576 x 2) + q + out; FLOPs = 2 x H x T x S x (576 + 512)
 (the causal savings of q_len > 1 are not subtracted, as for the FA3 anchors).
+
+Ceilings (`measure_ceilings`, before the shapes, unless --no-ceilings): the machine's copy
+rate (a 2 GiB device-to-device copy, bytes read + written) and bf16 matmul rate (8192^3),
+each the median of 10 runs timed with CUDA events, stored in the JSON as copy_TBps and
+matmul_TFLOPps; the roofline (`--png`, parity/plots.py) is drawn under them.
 """
 
 from __future__ import annotations
@@ -81,10 +86,94 @@ DEFAULT_IMPLS = ["torch.fa3", "torch.flashmla", "jax.pallas_triton", "jax.pallas
 def add_arguments(p):
     p.add_argument("--grid", default="headline", choices=sorted(GRIDS), help="named grid (default: headline)")
     p.add_argument("--impls", type=lambda s: [x for x in s.split(",") if x], default=None,
-                   help=f"comma-separated (default: {','.join(DEFAULT_IMPLS)}); the first is the ratio's baseline")
+                   help=f"comma-separated (default: {','.join(DEFAULT_IMPLS)}); those that cannot run here are "
+                        "left out, saying why; the first that runs is the ratio's baseline")
     p.add_argument("--reps", type=int, default=7, help="timed launches per shape (median taken)")
     p.add_argument("--check", action="store_true", help="also compare each impl's out/lse with the first impl")
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--png", help="draw the roofline here (needs matplotlib)")
+    p.add_argument("--no-ceilings", action="store_true",
+                   help="do not measure the copy/matmul ceilings (the roofline then uses the anchors' numbers)")
+
+
+# ----------------------------------------------------------------------------- ceilings
+
+
+def measure_ceilings(copy_bytes: int = 2 << 30, matmul_n: int = 8192, reps: int = 10, warmup: int = 3) -> dict:
+    """The machine's roofline ceilings, measured on the current CUDA device:
+    copy_TBps: a `copy_bytes` device-to-device copy, counting bytes read + written;
+    matmul_TFLOPps: a bf16 [n, n] @ [n, n] matmul, 2 n^3 FLOPs.
+    Each is the median of `reps` runs (after `warmup`), timed with CUDA events.
+    Raises RuntimeError, saying so, where torch sees no CUDA GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("measure_ceilings needs a CUDA GPU (it times a device-to-device copy and a bf16 matmul "
+                           "on it); torch sees none")
+    for name, v in (("copy_bytes", copy_bytes), ("matmul_n", matmul_n), ("reps", reps)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {name}={v!r}")
+
+    def median_ms(fn, *args):
+        for _ in range(warmup):
+            fn(*args)
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(*args)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return statistics.median(times)
+
+    src = torch.empty(copy_bytes, dtype=torch.uint8, device="cuda")
+    src.fill_(1)
+    dst = torch.empty_like(src)
+    copy_ms = median_ms(dst.copy_, src)
+    del src, dst
+    n = matmul_n
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+    mm_ms = median_ms(functools.partial(torch.matmul, out=c), a, b)
+    del a, b, c
+    torch.cuda.empty_cache()
+    return {
+        "copy_TBps": 2 * copy_bytes / (copy_ms * 1e-3) / 1e12,
+        "matmul_TFLOPps": 2 * n**3 / (mm_ms * 1e-3) / 1e12,
+        "ceilings": {
+            "method": f"median of {reps} runs after {warmup} warm-up, CUDA events; copy: Tensor.copy_ of "
+                      f"{copy_bytes} bytes device to device, read + written counted; matmul: bf16 "
+                      f"[{n}, {n}] @ [{n}, {n}], 2 n^3 FLOPs",
+            "copy_bytes": copy_bytes, "copy_ms": copy_ms, "matmul_n": n, "matmul_ms": mm_ms,
+            "device": torch.cuda.get_device_name(),
+        },
+    }
+
+
+def unavailable_reason(impl: str) -> str | None:
+    """Why `impl` cannot be timed on this machine at all (None: it can; a shape it does not
+    take is reported per row instead)."""
+    if impl == "torch.fa3":
+        from mla_torch import fa3
+
+        return fa3.fa3_unavailable_reason()
+    if impl == "torch.flashmla":
+        from parity import runner
+
+        try:
+            runner.flashmla_interface()
+        except ImportError as e:
+            return str(e)
+        return None
+    if impl.startswith("jax."):
+        import jax
+
+        if jax.default_backend() != "gpu":
+            return f"JAX has no GPU here (default backend {jax.default_backend()!r})"
+    return None
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -265,7 +354,7 @@ def _to_np(x):
     return np.asarray(x, np.float32)
 
 
-def run_bench(shapes, impls, reps=7, check=False, log=print, checkpoint=None):
+def run_bench(shapes, impls, reps=7, check=False, log=print, checkpoint=None, progress=None):
     import torch
 
     from parity.compare import compare_out_lse
@@ -275,6 +364,8 @@ def run_bench(shapes, impls, reps=7, check=False, log=print, checkpoint=None):
         inp = make_inputs(shape)
         base = None
         for name in impls:
+            if progress:
+                progress(f"{shape.name} {name}")
             row = {"shape": dataclasses.asdict(shape), "name": shape.name, "impl": name,
                    "bytes": shape.bytes(), "flops": shape.flops()}
             try:
@@ -337,32 +428,70 @@ def main(args) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("python -m parity bench needs a CUDA GPU (FA3 and the Pallas kernels are timed on it); none here.")
+        print("python -m parity bench needs a CUDA GPU (FA3 and the Pallas kernels are timed on it, and the "
+              "roofline's ceilings measured there); none here. To draw committed results: "
+              "python -m parity plot parity/results/<bench>.json --png out.png")
         return 2
     import jax
 
-    impls = args.impls or DEFAULT_IMPLS
-    unknown = [i for i in impls if i not in RUNNERS]
+    from parity import runner
+
+    requested = args.impls or DEFAULT_IMPLS
+    unknown = [i for i in requested if i not in RUNNERS]
     if unknown:
         print(f"unknown impls {unknown}; known: {sorted(RUNNERS)}", file=sys.stderr)
         return 2
+    unavailable = {}
+    for name in requested:
+        reason = unavailable_reason(name)
+        if reason is not None:
+            unavailable[name] = reason
+    impls = [i for i in requested if i not in unavailable]
     shapes = GRIDS[args.grid]
     print(f"bench grid={args.grid} ({len(shapes)} shapes) on {torch.cuda.get_device_name()}; "
-          f"torch {torch.__version__}, jax {jax.__version__}; baseline {impls[0]}", flush=True)
+          f"torch {torch.__version__}, jax {jax.__version__}; baseline {impls[0] if impls else '-'}", flush=True)
+    for name, reason in unavailable.items():
+        print(f"  not timed: {name}: {reason}", flush=True)
+    if not impls:
+        print("nothing to time here", file=sys.stderr)
+        return 2
+    ceilings = {}
+    if not args.no_ceilings:
+        try:
+            ceilings = measure_ceilings()
+            print(f"ceilings: copy {ceilings['copy_TBps']:.2f} TB/s, bf16 matmul {ceilings['matmul_TFLOPps']:.0f} "
+                  f"TFLOP/s (measured now)", flush=True)
+        except Exception as e:  # the bench goes on; the roofline then uses the anchors' ceilings
+            ceilings = {"ceilings_error": f"{type(e).__name__}: {e}"[:400]}
+            print(f"ceilings not measured ({ceilings['ceilings_error']}); the roofline uses the anchors'", flush=True)
+
+    def result(rows, summ=None):
+        return {"grid": args.grid, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                "jax": jax.__version__, "method": __doc__.split("Method")[1].split("Bytes")[0].strip(),
+                **ceilings, "complete": summ is not None, "impls": impls, "unavailable": unavailable,
+                "summary": summ, "rows": rows}
+
     def write(rows, summ=None):
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"grid": args.grid, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                           "jax": jax.__version__, "method": __doc__.split("Method")[1].split("Bytes")[0].strip(),
-                           "complete": summ is not None, "impls": impls, "summary": summ, "rows": rows}, f, indent=1)
+                json.dump(result(rows, summ), f, indent=1)
 
-    rows = run_bench(shapes, impls, reps=args.reps, check=args.check, log=lambda s: print(s, flush=True),
-                     checkpoint=write)
+    # On a terminal, a progress bar on stderr under the row lines; elsewhere the row lines alone.
+    progress = runner.Progress(len(shapes) * len(impls), enabled=runner._is_tty(sys.stderr))
+    try:
+        rows = run_bench(shapes, impls, reps=args.reps, check=args.check, log=progress.log, checkpoint=write,
+                         progress=progress)
+    finally:
+        progress.close()
     text, summ = summary(rows, impls)
     print("\n" + text)
     write(rows, summ)
     if args.json:
         print(f"wrote {args.json}")
+    if args.png:
+        from parity import plots
+
+        plots.write_png_or_say_why(result(rows, summ), args.png)
     errors = [r for r in rows if "error" in r and not r["error"].startswith("NotImplementedError")]
     bad = [r for r in rows if r.get("check_ok") is False]
     return 1 if errors or bad else 0

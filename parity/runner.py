@@ -8,9 +8,14 @@ if present) and shared with JAX through DLPack (zero-copy on the GPU).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
+import inspect
 import os
+import shutil
+import sys
 import time
-from typing import Callable
+from typing import Callable, TextIO
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch and JAX share the GPU
 
@@ -105,11 +110,18 @@ def _jax_impl(impl: str) -> Impl:
 
     def unsupported(batch: Batch):
         try:
-            return mla_jax.unsupported_reason(impl, batch.config)
+            return mla_jax.unsupported_reason(impl, batch.config, jax_device())
         except ImportError as e:  # a kernel module not in this checkout
             return f"not importable: {e}"
 
     return Impl(f"jax.{impl}", run, unsupported)
+
+
+def jax_device():
+    """The GPU the Pallas kernels run on, or None off a GPU (interpret mode, which counts as running)."""
+    import jax
+
+    return jax.devices()[0] if jax_on_gpu() else None
 
 
 def _numpy_reference() -> Impl:
@@ -122,10 +134,95 @@ def _numpy_reference() -> Impl:
     return Impl("numpy.reference", run, lambda batch: None)
 
 
+FLASHMLA_MODULES = ("vllm.third_party.flashmla.flash_mla_interface", "flash_mla")
+
+
+def flashmla_interface():
+    """FlashMLA's Python interface: vLLM's build (`vllm.third_party.flashmla`), else the
+    upstream `flash_mla` package. Raises ImportError saying why each was passed over."""
+    mod, reason = _find_flashmla()
+    if mod is None:
+        raise ImportError(reason)
+    return mod
+
+
+@functools.lru_cache(maxsize=1)
+def _find_flashmla():  # once per process: a failing `import vllm...` is slow to repeat
+    reasons = []
+    for name in FLASHMLA_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - any import failure means "not here"
+            reasons.append(f"{name}: {type(e).__name__}: {e}"[:300])
+            continue
+        if hasattr(mod, "flash_mla_with_kvcache") and hasattr(mod, "get_mla_metadata"):
+            return mod, None
+        reasons.append(f"{name}: no flash_mla_with_kvcache / get_mla_metadata")
+    return None, "FlashMLA does not import: " + "; ".join(reasons)
+
+
+def flashmla_unsupported_reason(config, query_lens=None) -> str | None:
+    """Why FlashMLA cannot run this problem here (None: it can). FlashMLA takes page size
+    64 only and one q_len for every request (q as [B, q_len, H, 576])."""
+    if config.dtype not in ("bfloat16", "float16"):
+        return f"FlashMLA takes bfloat16 or float16, got dtype={config.dtype!r}"
+    if config.is_fp8_kv_cache:
+        return f"the FlashMLA path here has no fp8 KV cache, got kv_cache_dtype={config.kv_cache_dtype!r}"
+    if config.page_size != 64:
+        return f"FlashMLA takes page_size 64 only, got page_size={config.page_size}"
+    if (config.kv_lora_rank, config.qk_rope_head_dim) != (512, 64):
+        return f"FlashMLA takes kv_lora_rank=512, qk_rope_head_dim=64, got {config.kv_lora_rank}, {config.qk_rope_head_dim}"
+    if query_lens is not None and len(set(int(x) for x in query_lens)) > 1:
+        return f"FlashMLA takes one q_len for every request (q as [B, q_len, H, 576]), got query_lens={tuple(query_lens)}"
+    if not torch.cuda.is_available():
+        return "FlashMLA needs a CUDA GPU; torch sees none"
+    cap = torch.cuda.get_device_capability()
+    if cap < (9, 0):
+        return f"FlashMLA needs Hopper (sm90) or newer, got compute capability {cap}"
+    try:
+        flashmla_interface()
+    except ImportError as e:
+        return str(e)
+    return None
+
+
+def flashmla_decode(q: torch.Tensor, kv_cache: torch.Tensor, metadata, config):
+    """One FlashMLA decode on the runner's inputs: q [T, H, 576] with one q_len per request,
+    kv_cache [num_blocks, 64, 576]. Returns (out [T, H, 512], lse [T, H] float32)."""
+    fm = flashmla_interface()
+    qsl = np.asarray(metadata.query_start_loc)
+    B, q_len = len(qsl) - 1, int(qsl[1] - qsl[0])
+    T, H = int(q.shape[0]), int(q.shape[1])
+    seq_lens = torch.as_tensor(np.asarray(metadata.seq_lens), dtype=torch.int32, device=q.device)
+    block_table = torch.as_tensor(np.asarray(metadata.block_table), dtype=torch.int32, device=q.device)
+    q4 = q.reshape(B, q_len, H, q.shape[-1])
+    k4 = kv_cache.unsqueeze(2)  # [num_blocks, P, 1, 576]
+    if "cache_seqlens" in inspect.signature(fm.get_mla_metadata).parameters:  # the older interface
+        sched, splits = fm.get_mla_metadata(seq_lens, q_len * H, 1)
+    else:  # the newer one fills its schedule on the first call
+        sched, splits = fm.get_mla_metadata()
+    out, lse = fm.flash_mla_with_kvcache(q4, k4, block_table, seq_lens, config.kv_lora_rank, sched, splits,
+                                         softmax_scale=config.softmax_scale, causal=True)
+    return out.reshape(T, H, config.kv_lora_rank), lse.permute(0, 2, 1).reshape(T, H)  # lse: [B, H, q_len]
+
+
+def _flashmla_impl() -> Impl:
+    def run(x: Inputs):
+        return flashmla_decode(x.q, x.kv_cache, x.batch.metadata, x.batch.config)
+
+    def unsupported(batch: Batch):
+        return flashmla_unsupported_reason(batch.config, batch.scenario.query_lens)
+
+    # Fed finite page tails as FA3 (a kernel that multiplies masked zeros by V rows); the
+    # strict batch runs too and is recorded as for FA3.
+    return Impl("torch.flashmla", run, unsupported, page_tail="finite")
+
+
 def all_impls() -> dict[str, Impl]:
     impls = [
         _torch_impl("reference"),
         _torch_impl("fa3"),
+        _flashmla_impl(),
         _numpy_reference(),
         _jax_impl("xla"),
         _jax_impl("pallas_triton"),
@@ -135,10 +232,11 @@ def all_impls() -> dict[str, Impl]:
 
 
 def default_impls() -> list[str]:
-    """What `python -m parity` runs by default: on a GPU machine FA3 and the Pallas
-    kernels against the torch reference; on a CPU the Pallas kernels in interpret
-    mode against the torch reference (plus the jnp reference)."""
-    return [BASELINE, "torch.fa3", "jax.xla", "jax.pallas_triton", "jax.pallas_mosaic_gpu"]
+    """What `python -m parity` runs by default: on a GPU machine FA3, FlashMLA (where it
+    imports) and the Pallas kernels against the torch reference, and FA3 against the others;
+    on a CPU the Pallas kernels in interpret mode against the torch reference (plus the jnp
+    reference)."""
+    return [BASELINE, "torch.fa3", "torch.flashmla", "jax.xla", "jax.pallas_triton", "jax.pallas_mosaic_gpu"]
 
 
 @dataclasses.dataclass
@@ -161,7 +259,13 @@ class Row:
 
 
 # Cross-stack pairs checked directly (the two stacks agreeing is the point).
-CROSS_PAIRS = [("torch.fa3", "jax.pallas_triton"), ("torch.fa3", "jax.pallas_mosaic_gpu")]
+CROSS_PAIRS = [("torch.fa3", "jax.pallas_triton"), ("torch.fa3", "jax.pallas_mosaic_gpu"),
+               ("torch.fa3", "torch.flashmla")]
+
+
+def num_items(scenarios, dtypes, impl_names) -> int:
+    """How many times `run_parity` calls `progress` (one per scenario, dtype and non-baseline impl)."""
+    return len(scenarios) * len(dtypes) * sum(n != BASELINE for n in impl_names)
 
 
 def run_parity(
@@ -236,6 +340,90 @@ def _strict_tail_row(impl: Impl, inputs: Inputs, ref_out, ref_lse, scenario: str
                    note=f"NaN page tails propagate to out of {tokens}/{out.shape[0]} tokens (0*NaN in P@V); lse clean")
     status = "pass" if c_out.ok and c_lse.ok else "FAIL"
     return Row(scenario, dtype, impl.name, BASELINE, status, c_out, c_lse, note="NaN page tails")
+
+
+def format_progress(done: int, total: int, what: str, elapsed: float, width: int = 0) -> str:
+    """One line of the progress bar, e.g.
+    `[##########--------------]  15/36  42%  61 s, ~84 s left  heads_128 bfloat16 jax.pallas_triton`
+    (done: items finished; what: the one running), cut to `width` characters when width > 0."""
+    total = max(int(total), 1)
+    done = min(max(int(done), 0), total)
+    frac = done / total
+    filled = int(frac * _BAR_WIDTH)
+    eta = f", ~{elapsed / done * (total - done):.0f} s left" if 0 < done < total else ""
+    line = f"[{'#' * filled}{'-' * (_BAR_WIDTH - filled)}] {done:>{len(str(total))}}/{total} {frac:4.0%}  {elapsed:.0f} s{eta}"
+    if what:
+        line += f"  {what}"
+    return line[:width] if width > 0 else line
+
+
+_BAR_WIDTH = 24
+
+
+class Progress:
+    """Progress of a long run, on `stream` (stderr by default).
+
+    When the stream is a terminal: one bar redrawn in place (`\\r`), cleared by `close()`.
+    Otherwise (a log file, a pipe, CI): one line per item as it starts, `  [  3/36] what (12 s)`.
+    Call it with each item as the item starts; `log(line)` prints a report line to stdout
+    without breaking the bar; `enabled=False` (--quiet) prints no progress at all.
+    """
+
+    def __init__(self, total: int, stream: TextIO | None = None, *, bar: bool | None = None, enabled: bool = True,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.total = max(int(total), 0)
+        self.stream = stream if stream is not None else sys.stderr
+        self.bar = _is_tty(self.stream) if bar is None else bool(bar)
+        self.enabled = enabled
+        self.clock = clock
+        self.t0 = clock()
+        self.count = 0
+        self.what = ""
+        self._drawn = 0  # characters of the bar on screen
+
+    def __call__(self, what: str) -> None:
+        self.count += 1
+        self.what = what
+        if not self.enabled:
+            return
+        if self.bar:
+            self._draw(self.count - 1)
+        else:
+            print(f"  [{self.count:>{len(str(self.total))}}/{self.total}] {what} ({self.clock() - self.t0:.0f} s)",
+                  file=self.stream, flush=True)
+
+    def _draw(self, done: int) -> None:
+        width = shutil.get_terminal_size((100, 24)).columns - 1
+        line = format_progress(done, self.total, self.what, self.clock() - self.t0, width)
+        self.stream.write("\r" + line + " " * max(0, self._drawn - len(line)))
+        self.stream.flush()
+        self._drawn = len(line)
+
+    def _clear(self) -> None:
+        if self._drawn:
+            self.stream.write("\r" + " " * self._drawn + "\r")
+            self.stream.flush()
+            self._drawn = 0
+
+    def log(self, line: str, file: TextIO | None = None) -> None:
+        """Prints a line (stdout by default) with the bar out of its way."""
+        if self.enabled and self.bar:
+            self._clear()
+        print(line, file=file if file is not None else sys.stdout, flush=True)
+        if self.enabled and self.bar and self.count:
+            self.what = ""  # the item that logged is done; the next call names the next one
+            self._draw(self.count)
+
+    def close(self) -> None:
+        if self.enabled and self.bar:
+            self._clear()
+
+
+def _is_tty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
 
 
 def format_table(rows: list[Row]) -> str:

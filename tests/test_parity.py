@@ -1,6 +1,9 @@
 """The parity harness: comparator, scenarios, runner and CLI."""
 
+import io
 import json
+import pathlib
+import sys
 
 import numpy as np
 import pytest
@@ -140,3 +143,212 @@ def test_bench_without_gpu_says_so(capsys):
         pytest.skip("this checks the CPU-only message")
     assert main(["bench", "--grid", "smoke"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- progress
+
+
+def test_progress_bar_line():
+    from parity.runner import format_progress
+
+    line = format_progress(9, 36, "heads_128 bfloat16 jax.pallas_triton", elapsed=30.0)
+    assert line.startswith("[######------------------]  9/36  25%  30 s, ~90 s left  heads_128 bfloat16")
+    assert format_progress(0, 36, "x", 0.0).startswith("[------------------------]  0/36   0%  0 s  x")
+    done = format_progress(36, 36, "", 12.0)
+    assert done == "[########################] 36/36 100%  12 s"  # no "left" once finished
+    assert len(format_progress(1, 3, "a very long item name " * 10, 1.0, width=60)) == 60
+    assert format_progress(5, 0, "", 1.0).startswith("[########################] 1/1")  # no division by zero
+
+
+class _Stream(io.StringIO):
+    def __init__(self, tty):
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self):
+        return self.tty
+
+
+def _clock(times):
+    it = iter(times)
+    return lambda: next(it)
+
+
+def test_progress_on_a_terminal_redraws_one_line_and_clears_it(capsys):
+    from parity.runner import Progress
+
+    err = _Stream(tty=True)
+    p = Progress(3, err, clock=_clock([0.0, 1.0, 2.0, 3.0, 4.0, 5.0]))
+    assert p.bar
+    p("a")
+    p("b")
+    p.log("a finished row")
+    p("c")
+    p.close()
+    text = err.getvalue()
+    assert "\n" not in text  # one line, redrawn in place
+    frames = [f for f in text.split("\r") if f.strip()]
+    assert frames[0].startswith("[------------------------] 0/3   0%  1 s  a")
+    assert frames[1].startswith("[########----------------] 1/3  33%  2 s, ~4 s left  b")
+    assert frames[2] == "[################--------] 2/3  67%  3 s, ~2 s left"  # redrawn under the logged row
+    assert frames[3] == "[################--------] 2/3  67%  4 s, ~2 s left  c"
+    assert text.endswith("\r") and text.rstrip("\r").endswith(" ")  # close() blanks the bar out
+    assert capsys.readouterr().out == "a finished row\n"  # report lines go to stdout
+
+
+def test_progress_elsewhere_prints_one_line_per_item():
+    from parity.runner import Progress
+
+    err = _Stream(tty=False)
+    p = Progress(12, err, clock=_clock([0.0, 0.4, 7.6]))
+    assert not p.bar
+    p("single_token bfloat16 torch.fa3")
+    p("single_token bfloat16 jax.pallas_triton")
+    p.close()
+    assert err.getvalue() == ("  [ 1/12] single_token bfloat16 torch.fa3 (0 s)\n"
+                              "  [ 2/12] single_token bfloat16 jax.pallas_triton (8 s)\n")
+    quiet = _Stream(tty=True)
+    q = Progress(2, quiet, enabled=False)
+    q("x")
+    q.close()
+    assert quiet.getvalue() == ""
+
+
+def test_num_items_counts_the_non_baseline_impls():
+    from parity.runner import BASELINE, num_items
+
+    assert num_items(["a", "b"], ["bfloat16", "float16"], [BASELINE, "torch.fa3", "jax.xla"]) == 8
+    assert num_items(["a"], ["bfloat16"], ["jax.xla"]) == 1
+
+
+# ----------------------------------------------------------------------------- PNGs
+
+RESULTS = pathlib.Path(__file__).parent.parent / "parity" / "results"
+BENCH_JSON = RESULTS / "h200-bench-triton-2026-11-30.json"
+PARITY_JSON = RESULTS / "h200-parity-run1-strict-2026-11-30.json"
+
+
+def _assert_png(path, min_bytes=20_000):
+    data = pathlib.Path(path).read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    assert len(data) > min_bytes, f"{path} is only {len(data)} bytes"
+
+
+def test_cli_writes_the_error_distribution_png(tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="the notebooks extra (matplotlib) is not installed")
+    png, js = tmp_path / "errors.png", tmp_path / "report.json"
+    rc = main(["--scenarios", "single_token,spec_decode_page_16,heads_128_spec", "--impls",
+               "torch.reference,numpy.reference,jax.xla", "--dtypes", "bfloat16,float16", "--json", str(js),
+               "--png", str(png), "--quiet"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert f"wrote {png} (error distributions)" in out
+    _assert_png(png)
+    assert json.loads(js.read_text())["rows"]
+
+
+def test_cli_without_matplotlib_says_so_and_still_writes_the_json(tmp_path, capsys, monkeypatch):
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib...` now raises ImportError
+    png, js = tmp_path / "errors.png", tmp_path / "report.json"
+    rc = main(["--scenarios", "single_token", "--impls", "torch.reference,jax.xla", "--dtypes", "bfloat16",
+               "--json", str(js), "--png", str(png), "--quiet"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.out
+    assert "matplotlib is not installed" in captured.err and str(png) in captured.err
+    assert not png.exists()
+    assert json.loads(js.read_text())["rows"][0]["status"] == "pass"
+    assert main(["plot", str(BENCH_JSON), "--png", str(png)]) == 2  # nothing else to do: a failure
+    assert "matplotlib is not installed" in capsys.readouterr().err
+
+
+def test_roofline_from_the_committed_bench_uses_the_anchor_ceilings(tmp_path):
+    pytest.importorskip("matplotlib", reason="the notebooks extra (matplotlib) is not installed")
+    from parity import plots
+
+    bench = json.loads(BENCH_JSON.read_text())
+    assert "copy_TBps" not in bench  # written before the bench measured its own ceilings
+    assert plots.report_kind(bench) == "bench"
+    copy, mm, source = plots.ceilings(bench)
+    assert (copy, mm) == (4.26, 788.0) and "anchors" in source
+    fig = plots.roofline_figure(bench)
+    assert "anchors" in fig.get_suptitle() and "4.26 TB/s" in fig.get_suptitle()
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    assert "arithmetic intensity" in ax.get_xlabel() and "TFLOP/s" in ax.get_ylabel()
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "copy 4.26 TB/s" in labels and "bf16 matmul 788 TFLOP/s" in labels
+    assert any(s.startswith("torch.fa3 (60 shapes)") for s in labels)
+    assert sum(len(c.get_offsets()) for c in ax.collections) == 180  # one marker per (impl, shape)
+    path = tmp_path / "roofline.png"
+    assert "anchors" in plots.write_png(bench, path)
+    _assert_png(path)
+
+
+def test_roofline_uses_measured_ceilings_when_the_bench_has_them():
+    pytest.importorskip("matplotlib", reason="the notebooks extra (matplotlib) is not installed")
+    from parity import plots
+
+    bench = dict(json.loads(BENCH_JSON.read_text()), copy_TBps=4.0, matmul_TFLOPps=700.0)
+    assert plots.ceilings(bench) == (4.0, 700.0, "measured in this run")
+    title = plots.roofline_figure(bench).get_suptitle()
+    assert "copy 4.00 TB/s, matmul 700 TFLOP/s (measured in this run)" in title
+
+
+def test_speed_ratios_from_the_committed_bench():
+    from parity import plots
+
+    bench = json.loads(BENCH_JSON.read_text())
+    ratios = plots.speed_ratios(bench, "torch.fa3")
+    assert set(ratios) == {"torch.flashmla", "jax.pallas_triton"} and len(ratios["jax.pallas_triton"]) == 60
+    gm = plots.geomean(v for _, v in ratios["jax.pallas_triton"])
+    assert gm == pytest.approx(bench["summary"]["jax.pallas_triton"]["geomean_speedup"])  # the bench's own summary
+    vs_flashmla = plots.speed_ratios(bench, "torch.flashmla")
+    assert set(vs_flashmla) == {"torch.fa3", "jax.pallas_triton"}
+
+
+def test_plot_subcommand_draws_committed_results(tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="the notebooks extra (matplotlib) is not installed")
+    roof, err = tmp_path / "roofline.png", tmp_path / "errors.png"
+    assert main(["plot", str(BENCH_JSON), "--png", str(roof)]) == 0
+    assert main(["plot", str(PARITY_JSON), "--png", str(err)]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {roof} (roofline; ceilings anchors'" in out and f"wrote {err} (error distributions)" in out
+    _assert_png(roof)
+    _assert_png(err)
+
+
+def test_plot_subcommand_refuses_what_it_cannot_draw(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"rows": [{"something": 1}]}))
+    assert main(["plot", str(bad), "--png", str(tmp_path / "x.png")]) == 2
+    assert "neither a parity report nor a bench result" in capsys.readouterr().err
+    assert main(["plot", str(tmp_path / "missing.json"), "--png", str(tmp_path / "x.png")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # --png is required
+        main(["plot", str(BENCH_JSON)])
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_bench_ceilings_refuse_cleanly_without_a_gpu(tmp_path, capsys):
+    import torch
+
+    from parity import bench
+
+    if torch.cuda.is_available():
+        pytest.skip("this checks the CPU-only refusal")
+    with pytest.raises(RuntimeError, match="measure_ceilings needs a CUDA GPU"):
+        bench.measure_ceilings()
+    png, js = tmp_path / "roofline.png", tmp_path / "bench.json"
+    assert main(["bench", "--grid", "smoke", "--png", str(png), "--json", str(js)]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().out
+    assert not png.exists() and not js.exists()
+
+
+def test_bench_arguments():
+    from parity.__main__ import build_parser
+
+    args = build_parser().parse_args(["bench", "--grid", "smoke", "--png", "r.png", "--no-ceilings"])
+    assert (args.grid, args.png, args.no_ceilings) == ("smoke", "r.png", True)
+    assert build_parser().parse_args(["bench"]).no_ceilings is False
