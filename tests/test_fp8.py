@@ -133,6 +133,13 @@ class _TritonFP8Cases:
         assert np.isnan(batch.kv_cache).any()  # fp8 NaN in the unreadable slots, to be leaked
         q, kv, md = jax_inputs(batch, dtype)
         q_nope, q_pe = mla_jax.split_q(q, batch.config)
+        effective = tuning or pallas_triton.heuristic_config(
+            batch.config, md.num_decode_tokens, md.max_blocks, max_query_len=md.max_query_len, num_reqs=md.num_reqs)
+        if not self.interpret and pallas_triton.fp8_gpu_reason(effective) is not None:
+            # tiles that gave wrong fp8 results on the H200 are refused when compiled, never run
+            with pytest.raises(NotImplementedError, match="fp8 KV cache on a GPU runs tiles of at most 32 rows"):
+                pallas_triton.mla_decode(q_nope, q_pe, kv, md, batch.config, tuning=tuning, k_scale=k_scale)
+            return
         out, lse = pallas_triton.mla_decode(
             q_nope, q_pe, kv, md, batch.config, tuning=tuning, interpret=self.interpret, k_scale=k_scale
         )
@@ -333,3 +340,18 @@ def test_validate_inputs_accepts_fp8_cache_names_of_both_stacks():
     with pytest.raises(ValueError, match="got kv_cache.dtype=float8_e5m2"):
         validate_inputs(c, md, q_shapes=((1, 16, 576),), q_dtypes=("bfloat16",), kv_cache_shape=(1, 64, 576),
                         kv_cache_dtype=dtype_name(torch.float8_e5m2))
+
+
+def test_fp8_gpu_guard_names_the_tile():
+    """Compiled fp8 runs only the tiles seen right on the H200; the heuristic keeps to them at H <= 32."""
+    assert pallas_triton.fp8_gpu_reason(TritonConfig(block_h=16, block_q=2, num_warps=4)) is None
+    assert "got block_h * block_q = 64 rows" in pallas_triton.fp8_gpu_reason(TritonConfig(block_h=64, num_warps=8))
+    assert "num_warps=8" in pallas_triton.fp8_gpu_reason(TritonConfig(block_h=16, block_q=2, num_warps=8))
+    cfg = MLAConfig(num_heads=16, kv_cache_dtype="fp8_e4m3")
+    t = pallas_triton.heuristic_config(cfg, 8 * 4, 16, max_query_len=8, num_reqs=4)
+    assert t.block_h * t.block_q <= 32 and pallas_triton.fp8_gpu_reason(t) is None
+    batch, k_scale, _, _ = fp8_batch_and_reference("heads_128_spec")
+    q, kv, md = jax_inputs(batch, "bfloat16")
+    q_nope, q_pe = mla_jax.split_q(q, batch.config)
+    with pytest.raises(NotImplementedError, match="64 rows"):
+        pallas_triton.mla_decode(q_nope, q_pe, kv, md, batch.config, interpret=False, k_scale=k_scale)
