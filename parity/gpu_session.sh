@@ -10,8 +10,8 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, jax; print('torch', torch.__version__, 'jax', jax.__version__, jax.devices())"
 python3 -m pytest -m gpu -q -p no:cacheprovider -x "$@" 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25
-python3 -m parity --quiet --json "$OUT/h200-parity.json" > "$OUT/parity.log" 2>&1; echo "parity rc=$?"
+python3 -m parity --quiet --json "$OUT/h200-parity.json" --png "$OUT/h200-parity-errors.png" > "$OUT/parity.log" 2>&1; echo "parity rc=$?"
 grep -E "FAIL|ERROR" "$OUT/parity.log" | head -20; tail -2 "$OUT/parity.log"
 if [ "$grid" != "none" ]; then
-  python3 -m parity bench --grid "$grid" --check --json "$OUT/h200-bench-$grid.json" 2>&1 | tee "$OUT/bench.log" | tail -80
+  python3 -m parity bench --grid "$grid" --check --json "$OUT/h200-bench-$grid.json" --png "$OUT/h200-roofline-$grid.png" 2>&1 | tee "$OUT/bench.log" | tail -80
 fi
