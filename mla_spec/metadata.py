@@ -121,15 +121,16 @@ def validate_metadata(
 
 
 def _validate_values(md: DecodeMetadata, config: MLAConfig, num_blocks: int | None) -> None:
-    num_reqs = md.seq_lens.shape[0]
-
     qsl = np.asarray(md.query_start_loc).astype(np.int64)
     seq_lens = np.asarray(md.seq_lens).astype(np.int64)
     bt = np.asarray(md.block_table).astype(np.int64)
     if qsl[0] != 0:
         raise ValueError(f"query_start_loc must start at 0, got query_start_loc[0]={qsl[0]}")
     query_lens = np.diff(qsl)
-    for r in range(num_reqs):
+    # Vectorized screen, then the first offending request's message (per-call cost stays
+    # flat in the batch size; the checks and their order per request are the same).
+    bad = (seq_lens < 1) | (query_lens < 1) | (query_lens > seq_lens)
+    for r in np.flatnonzero(bad)[:1]:
         q_len, seq_len = int(query_lens[r]), int(seq_lens[r])
         if seq_len < 1:
             raise ValueError(f"seq_lens must be >= 1, got seq_lens[{r}]={seq_len}")
@@ -159,7 +160,11 @@ def _validate_values(md: DecodeMetadata, config: MLAConfig, num_blocks: int | No
     page = config.page_size
     blocks_needed = (seq_lens + page - 1) // page
     max_blocks = bt.shape[1]
-    for r in range(num_reqs):
+    used = np.arange(max_blocks)[None, :] < blocks_needed[:, None]
+    bad = (blocks_needed > max_blocks) | (used & (bt < 0)).any(axis=1)
+    if num_blocks is not None:
+        bad |= (used & (bt >= num_blocks)).any(axis=1)
+    for r in np.flatnonzero(bad)[:1]:
         need = int(blocks_needed[r])
         if need > max_blocks:
             raise ValueError(

@@ -33,8 +33,6 @@ import time
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-import numpy as np
-
 PAGE_SIZE = 64
 
 
@@ -346,18 +344,11 @@ def time_impl(make, inp: BenchInputs, reps: int):
     return per_call, n, result
 
 
-def _to_np(x):
-    import torch
-
-    if isinstance(x, torch.Tensor):
-        return x.float().cpu().numpy()
-    return np.asarray(x, np.float32)
-
-
 def run_bench(shapes, impls, reps=7, check=False, log=print, checkpoint=None, progress=None):
     import torch
 
     from parity.compare import compare_out_lse
+    from parity.runner import _to_np
 
     rows = []
     for shape in shapes:
