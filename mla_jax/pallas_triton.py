@@ -34,6 +34,10 @@ recompile). The kernel loads fp8 rows (half the bytes of bf16) and converts them
 for the dots; the conversion is exact (every e4m3 value is a bf16 and an fp16 value). The
 scale is never applied to the rows: it is folded into the score scale,
 s = softmax_scale * k_scale * (q . kv), and into the output, out = k_scale * (p @ kv_c) / l.
+Compiled on a GPU, fp8 tiles of 64 rows x 64 KV rows do not fit Triton's shared memory on the H200
+(RESOURCE_EXHAUSTED; `python -m parity.fp8_tiles`), so fp8_gpu_reason refuses tiles with
+block_q * block_h * block_kv > 32 * 64, and the heuristic uses head blocks of up to 32 rows with an fp8
+cache (H = 128: 4 head blocks), so every head count runs compiled.
 
 Batch-invariant mode (config.batch_invariant): the heuristic fixes num_splits = 1 and
 block_q = 1 (both depend on the batch otherwise), and takes block_h, block_kv, num_warps and
@@ -165,10 +169,14 @@ def heuristic_config(
     of one request are grouped (block_q) and the program count is exact.
     max_num_splits > 0 bounds the split count (metadata.max_num_splits).
     With config.batch_invariant: block_q = 1 and num_splits = 1 whatever the batch.
-    With an fp8 cache: block_q * block_h <= FP8_GPU_MAX_ROWS where block_h allows it.
+    With an fp8 cache: tiles of at most FP8_GPU_MAX_ROWS (32) rows, which fit the shared memory
+    with block_kv 64 (fp8_gpu_reason): block_h = all heads up to 32 (H = 128: 4 head blocks of
+    32 rows), block_q * block_h <= 32.
 
-    - block_h: all heads up to 64 (num_heads rounded up to a power of two, at least 16).
-    - block_q: the query tokens of a request, as long as block_q * block_h <= MAX_ROWS.
+    - block_h: all heads up to 64 (num_heads rounded up to a power of two, at least 16); up to
+      32 with an fp8 cache.
+    - block_q: the query tokens of a request, as long as block_q * block_h <= MAX_ROWS
+      (FP8_GPU_MAX_ROWS with an fp8 cache).
     - num_splits: FlashAttention's wave-efficiency heuristic over programs = requests x
       query tiles x head blocks against 132 SMs; 1 when the batch fills the GPU.
     - block_kv / num_stages / num_warps from the H200 sweep (parity/results/
@@ -181,10 +189,10 @@ def heuristic_config(
     max_query_len = max(1, int(max_query_len))
     if num_reqs is None:
         num_reqs = max(1, _cdiv(num_tokens, max_query_len))
-    block_h = min(max(_next_pow2(config.num_heads), 16), MAX_ROWS)
-    block_q = max(1, min(_next_pow2(max_query_len), MAX_ROWS // block_h))
-    if config.is_fp8_kv_cache:  # the tiles seen right on a GPU (fp8_gpu_reason)
-        block_q = max(1, min(block_q, FP8_GPU_MAX_ROWS // block_h))
+    # fp8: M <= 32 rows (64 x 64-row KV steps exceed the shared memory: fp8_gpu_reason), hence 4 warps below
+    max_rows = FP8_GPU_MAX_ROWS if config.is_fp8_kv_cache else MAX_ROWS
+    block_h = min(max(_next_pow2(config.num_heads), 16), max_rows)
+    block_q = max(1, min(_next_pow2(max_query_len), max_rows // block_h))
     if config.batch_invariant:
         block_q = 1  # tokens of a request never share a tile whose size depends on the batch
     rows = block_q * block_h
@@ -461,20 +469,22 @@ def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConf
     return _mla_decode(q_nope, q_pe, kv_cache, k_scale, metadata, config, tuning, bool(interpret))
 
 
-# fp8 compiled on a GPU: the H200 run of 2026-11-30 passed every tile of M <= 32 rows with 4 warps
-# (block_h 16, block_q 1 or 2) and failed every fp8 case that ran M = 64 rows with 8 warps
-# (spec_decode_page_16 and heads_128_spec at the heuristic, the jit test on spec_decode). Until that is
-# understood (parity/results/NOTES.md), only the tiles seen right run compiled; interpret mode runs all.
+# fp8 compiled on a GPU (`python -m parity.fp8_tiles` on the H200, 2026-11-30, parity/results/
+# h200-fp8-tiles-2026-11-30.json): every fp8 tile of 64 rows with 64-row KV steps stopped with
+# RESOURCE_EXHAUSTED (shared memory), with 4 or 8 warps; 64 rows with 32- or 16-row steps, and every
+# tile of <= 32 rows (4 or 8 warps), ran and matched the reference. (An earlier run that lost the
+# messages had read those errors as wrong results.) The bf16 kernel runs the same tiles.
 FP8_GPU_MAX_ROWS = 32
 
 
 def fp8_gpu_reason(tuning: TritonConfig) -> str | None:
     """Why this tuning may not run an fp8 cache compiled on a GPU (None: it may)."""
     rows = tuning.block_h * tuning.block_q
-    if rows > FP8_GPU_MAX_ROWS or tuning.num_warps != 4:
+    if rows * tuning.block_kv > FP8_GPU_MAX_ROWS * 64:
         return (
-            f"fp8 KV cache on a GPU runs tiles of at most {FP8_GPU_MAX_ROWS} rows with 4 warps (larger ones gave "
-            f"wrong results on the H200, 2026-11-30), got block_h * block_q = {rows} rows, "
-            f"num_warps={tuning.num_warps}; num_heads > {FP8_GPU_MAX_ROWS} with fp8 runs in interpret mode only"
+            f"fp8 KV cache on a GPU: a tile of block_h * block_q = {rows} rows x block_kv={tuning.block_kv} "
+            f"exceeds Triton's shared memory on the H200 (RESOURCE_EXHAUSTED); rows * block_kv must be <= "
+            f"{FP8_GPU_MAX_ROWS * 64} (e.g. 32 rows x 64, or 64 rows x 32); the heuristic (tuning=None) keeps fp8 "
+            f"to head blocks of at most {FP8_GPU_MAX_ROWS} rows"
         )
     return None

@@ -5,14 +5,25 @@ Method (the same for both stacks, so host dispatch cannot decide a ratio): N
 back-to-back calls per launch, timed with a host clock around launch + device
 synchronize, median of several launches, divided by N.
   - torch (FA3, FlashMLA): N calls captured once in a CUDA graph, the graph replayed.
-  - JAX (Pallas kernels): N calls inside one jitted `lax.fori_loop`; each iteration
-    picks one of 4 query buffers by the loop index (so nothing is loop-invariant) and
-    carries out and lse (so nothing is dead).
+  - JAX (Pallas kernels): N calls inside one jitted `lax.fori_loop`, 4 per iteration, one
+    per query buffer (4 separate arrays, each passed through an optimization barrier with
+    the loop index, so nothing is loop-invariant and nothing is copied), all 4 results
+    carried (so nothing is dead). N is a multiple of 4.
 N is chosen per shape so that one launch lasts about 3 ms (20 <= N <= 400); the JAX loop's trip
 count is static (a traced one makes XLA read the loop predicate back every iteration).
 
 Bytes = KV read once (sum of seq_lens x 576 x 2) + q + out; FLOPs = 2 x H x T x S x (576 + 512)
-(the causal savings of q_len > 1 are not subtracted, as for the FA3 anchors).
+(the causal savings of q_len > 1 are not subtracted, as for the FA3 anchors). An fp8 row
+(`jax.pallas_triton.fp8`, opted into with --impls) counts its KV at 1 byte per element (q and out
+stay bf16), and its TB/s comes from those bytes (the row's own `bytes`, which the roofline uses).
+
+FP8 (`jax.pallas_triton.fp8`): the same bf16 inputs, the cache quantized once per shape to
+float8_e4m3fn with one float32 scale k_scale = amax(|kv|) / 448 (vLLM's convention: real value =
+fp8 value x k_scale; `quantize_fp8`), timed with k_scale traced. With --check its out/lse gap to
+the first bf16 impl is recorded (`out_rel_vs_first`, `lse_abs_vs_first`, `fp8_gap: true`), not
+judged: fp8 is not expected to match bf16 within bf16's tolerance, so it sets no `check_ok`. The
+summary adds `fp8_speedup_vs_bf16`: the geomean of time(jax.pallas_triton) / time(the fp8 row)
+over the shapes where both were timed.
 
 Ceilings (`measure_ceilings`, before the shapes, unless --no-ceilings): the machine's copy
 rate (a 2 GiB device-to-device copy, bytes read + written) and bf16 matmul rate (8192^3),
@@ -53,8 +64,9 @@ class Shape:
     def num_tokens(self) -> int:
         return self.batch * self.q_len
 
-    def bytes(self, L=512, R=64, itemsize=2) -> int:
-        kv = self.batch * self.seq_len * (L + R) * itemsize
+    def bytes(self, L=512, R=64, itemsize=2, kv_itemsize=None) -> int:
+        """KV read once + q + out; kv_itemsize (default itemsize) for the cache: 1 for fp8."""
+        kv = self.batch * self.seq_len * (L + R) * (itemsize if kv_itemsize is None else kv_itemsize)
         q = self.num_tokens * self.num_heads * (L + R) * itemsize
         out = self.num_tokens * self.num_heads * L * itemsize
         return kv + q + out
@@ -76,9 +88,17 @@ GRIDS = {
     "headline": [Shape(16, 128, 16384), Shape(128, 64, 16384), Shape(16, 1, 1024), Shape(128, 1, 1024),
                  Shape(16, 64, 4096, 2), Shape(128, 32, 4096)],
     "smoke": [Shape(16, 4, 1024), Shape(128, 2, 2048, 2)],
+    # fp8 KV cache against bf16 (--impls torch.fa3,jax.pallas_triton,jax.pallas_triton.fp8): memory-bound and mid
+    "fp8": [Shape(16, 128, 16384), Shape(16, 64, 4096, 2), Shape(16, 32, 16384), Shape(128, 64, 16384),
+            Shape(128, 32, 4096), Shape(16, 1, 1024), Shape(128, 1, 1024)],
 }
 
 DEFAULT_IMPLS = ["torch.fa3", "torch.flashmla", "jax.pallas_triton", "jax.pallas_mosaic_gpu"]
+
+FP8_IMPLS = {"jax.pallas_triton.fp8"}
+"""Impls that read an fp8 copy of the bf16 cache: 1-byte KV in their bytes, a recorded gap under --check."""
+
+FP8_E4M3_MAX = 448.0  # the largest finite float8_e4m3fn value
 
 
 def add_arguments(p):
@@ -206,6 +226,23 @@ def make_inputs(shape: Shape, seed: int = 0) -> BenchInputs:
     return BenchInputs(shape, config, md, q, kv)
 
 
+def quantize_fp8(kv_cache):
+    """(kv_fp8, k_scale): a torch cache (finite values, any float dtype and device) quantized to
+    float8_e4m3fn with one per-tensor scale k_scale = amax(|kv|) / 448 (a float32 value, returned as a
+    Python float; 1.0 for an all-zero cache), vLLM's convention: real value = fp8 value * k_scale."""
+    import torch
+
+    amax = float(kv_cache.abs().amax().float())
+    k_scale = float(torch.tensor(amax / FP8_E4M3_MAX if amax > 0 else 1.0, dtype=torch.float32))
+    scaled = kv_cache.to(torch.float32, copy=True).div_(k_scale).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX)
+    return scaled.to(torch.float8_e4m3fn), k_scale
+
+
+def row_bytes(shape: Shape, impl: str) -> int:
+    """The bytes of one row: Shape.bytes, with the KV at 1 byte per element for an fp8 impl."""
+    return shape.bytes(kv_itemsize=1 if impl in FP8_IMPLS else None)
+
+
 # ----------------------------------------------------------------------------- runners
 # Each returns (call_once() -> (out, lse), time_n(n) -> a callable that runs n calls and syncs).
 
@@ -269,7 +306,11 @@ def torch_flashmla(inp: BenchInputs):
     return (lambda: fn(inp.q[0])), _torch_graph_timer(fn, inp.q)
 
 
-def _jax_kernel(impl: str, tuning=None):
+def _jax_kernel(impl: str, tuning=None, fp8: bool = False, interpret: bool = False):
+    """A runner for mla_jax.<impl>.mla_decode; with fp8, on the cache quantized by quantize_fp8
+    (kv_cache_dtype="fp8_e4m3") and its k_scale passed traced. interpret: Pallas interpret mode, on
+    any device (the CPU tests of this runner; never timed)."""
+
     def make(inp: BenchInputs):
         import importlib
 
@@ -280,36 +321,58 @@ def _jax_kernel(impl: str, tuning=None):
         import mla_jax
 
         mod = importlib.import_module(f"mla_jax.{impl}")
-        reason = mod.unsupported_reason(inp.config, jax.devices()[0])
+        config = inp.config.replace(kv_cache_dtype="fp8_e4m3") if fp8 else inp.config
+        reason = mod.unsupported_reason(config, None if interpret else jax.devices()[0])
         if reason is not None:
             raise NotImplementedError(reason)
         md = mla_jax.to_jax_metadata(inp.metadata)
         q = jax.dlpack.from_dlpack(inp.q)
-        kv = jax.dlpack.from_dlpack(inp.kv_cache)
-        config = inp.config
-        L = config.kv_lora_rank
+        if fp8:
+            import torch
 
-        def call(qi, kv, md):
-            return mod.mla_decode(qi[..., :L], qi[..., L:], kv, md, config, tuning=tuning)
+            kv_fp8, k_scale = quantize_fp8(inp.kv_cache)
+            # through uint8: DLPack's float8 codes are newer than some torch / JAX pairs
+            kv = lax.bitcast_convert_type(jax.dlpack.from_dlpack(kv_fp8.view(torch.uint8)), jnp.float8_e4m3fn)
+        else:
+            kv, k_scale = jax.dlpack.from_dlpack(inp.kv_cache), 1.0
+        scale = jnp.float32(k_scale)  # a jit argument: traced (read only with fp8)
+        L = config.kv_lora_rank
+        extra = {"interpret": True} if interpret else {}
+
+        def call(qi, kv, md, scale):
+            if fp8:
+                return mod.mla_decode(qi[..., :L], qi[..., L:], kv, md, config, tuning=tuning, k_scale=scale, **extra)
+            return mod.mla_decode(qi[..., :L], qi[..., L:], kv, md, config, tuning=tuning, **extra)
 
         # N is static: a loop of known trip count. (A traced N cost ~15 us a call on the
         # H200 here: XLA then reads the loop predicate back to the host every iteration.)
+        # Each iteration makes 4 calls, one per query buffer. The buffers are separate
+        # arguments (q[i % 4] of one array is a dynamic-slice copy of q per call: 8.7 us at
+        # H128 B64 in the profile, a cost FA3's graph does not pay), made loop-variant through
+        # an optimization barrier with the loop index (no copy; else XLA could hoist them).
         @functools.partial(jax.jit, static_argnums=0)
-        def loop(n, q, kv, md):
-            out0, lse0 = jax.eval_shape(call, q[0], kv, md)
+        def loop(n, qs, kv, md, scale):
+            out0, lse0 = jax.eval_shape(call, qs[0], kv, md, scale)
 
             def body(i, carry):
-                return call(q[i % 4], kv, md)
+                results = ()
+                for qk in qs:
+                    qk, _ = lax.optimization_barrier((qk, i))
+                    results += tuple(call(qk, kv, md, scale))
+                return results  # all 4 results carried: none is dead
 
-            init = (jnp.zeros(out0.shape, out0.dtype), jnp.zeros(lse0.shape, lse0.dtype))
-            return lax.fori_loop(0, n, body, init)
+            init = (jnp.zeros(out0.shape, out0.dtype), jnp.zeros(lse0.shape, lse0.dtype)) * len(qs)
+            return lax.fori_loop(0, n // len(qs), body, init)[-2:]
 
         once = jax.jit(call)
+        qs = tuple(q[k] for k in range(q.shape[0]))  # 4 separate buffers (sliced once, outside the loop)
 
         def time_n(n):
-            return lambda: jax.block_until_ready(loop(n, q, kv, md))
+            if n % len(qs):
+                raise ValueError(f"n must be a multiple of {len(qs)}, got {n=}")
+            return lambda: jax.block_until_ready(loop(n, qs, kv, md, scale))
 
-        return (lambda: jax.block_until_ready(once(q[0], kv, md))), time_n
+        return (lambda: jax.block_until_ready(once(qs[0], kv, md, scale))), time_n
 
     return make
 
@@ -319,6 +382,7 @@ RUNNERS = {
     "torch.flashmla": torch_flashmla,
     "jax.pallas_triton": _jax_kernel("pallas_triton"),
     "jax.pallas_mosaic_gpu": _jax_kernel("pallas_mosaic_gpu"),
+    "jax.pallas_triton.fp8": _jax_kernel("pallas_triton", fp8=True),
 }
 
 
@@ -338,6 +402,7 @@ def time_impl(make, inp: BenchInputs, reps: int):
     run = time_n(20)
     t_est = _median_seconds(run, 3) / 20
     n = int(min(400, max(20, math.ceil(3e-3 / max(t_est, 1e-7)))))
+    n = -(-n // 4) * 4  # the JAX loop makes 4 calls per iteration
     if n != 20:
         run = time_n(n)
     per_call = _median_seconds(run, reps) / n
@@ -353,23 +418,30 @@ def run_bench(shapes, impls, reps=7, check=False, log=print, checkpoint=None, pr
     rows = []
     for shape in shapes:
         inp = make_inputs(shape)
-        base = None
+        base = None  # the first bf16 impl's (out, lse): what --check compares the others with
         for name in impls:
             if progress:
                 progress(f"{shape.name} {name}")
+            fp8 = name in FP8_IMPLS
+            nbytes = row_bytes(shape, name)
             row = {"shape": dataclasses.asdict(shape), "name": shape.name, "impl": name,
-                   "bytes": shape.bytes(), "flops": shape.flops()}
+                   "bytes": nbytes, "flops": shape.flops()}
+            if fp8:
+                row["kv_cache_dtype"] = "fp8_e4m3"
             try:
                 sec, n, (out, lse) = time_impl(RUNNERS[name], inp, reps)
-                row.update(seconds=sec, n_calls=n, TBps=shape.bytes() / sec / 1e12, TFLOPps=shape.flops() / sec / 1e12)
+                row.update(seconds=sec, n_calls=n, TBps=nbytes / sec / 1e12, TFLOPps=shape.flops() / sec / 1e12)
                 if check:
                     o, l = _to_np(out), _to_np(lse)
-                    if base is None:
+                    if base is None and not fp8:
                         base = (o, l)
-                    else:
+                    elif base is not None:
                         c_out, c_lse = compare_out_lse(o, l, *base, shape.dtype)
-                        row.update(out_rel_vs_first=c_out.rel_err, lse_abs_vs_first=c_lse.max_abs_err,
-                                   check_ok=bool(c_out.ok and c_lse.ok))
+                        row.update(out_rel_vs_first=c_out.rel_err, lse_abs_vs_first=c_lse.max_abs_err)
+                        if fp8:  # a measured gap, not judged against bf16's tolerance
+                            row.update(fp8_gap=True, out_cos_vs_first=c_out.cos_sim)
+                        else:
+                            row.update(check_ok=bool(c_out.ok and c_lse.ok))
             except Exception as e:  # reported per row; the bench goes on
                 row.update(error=f"{type(e).__name__}: {e}"[:400])
             rows.append(row)
@@ -395,6 +467,8 @@ def _fmt_row(r):
     extra = ""
     if "check_ok" in r:
         extra = f"  check {'ok' if r['check_ok'] else 'FAIL'} (out {r['out_rel_vs_first']:.1e}, lse {r['lse_abs_vs_first']:.1e})"
+    elif r.get("fp8_gap"):
+        extra = f"  fp8 gap vs first (out rel {r['out_rel_vs_first']:.1e}, lse abs {r['lse_abs_vs_first']:.1e})"
     return (f"{r['name']:<24} {r['impl']:<22} {r['seconds'] * 1e6:>9.1f} us {r['TBps']:>6.2f} TB/s "
             f"{r['TFLOPps']:>6.1f} TFLOP/s  (N={r['n_calls']}){extra}")
 
@@ -412,6 +486,23 @@ def summary(rows, impls):
         gm = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
         out[name] = {"shapes": len(ratios), "geomean_speedup": gm, "min": min(ratios), "max": max(ratios)}
         lines.append(f"{name:<22} {len(ratios):>6} {gm:>28.3f} {min(ratios):>6.2f} {max(ratios):>6.2f}")
+    bf16, fp8 = "jax.pallas_triton", "jax.pallas_triton.fp8"
+    t_bf16 = {r["name"]: r["seconds"] for r in rows if r["impl"] == bf16 and "seconds" in r}
+    ratios = [t_bf16[r["name"]] / r["seconds"] for r in rows
+              if r["impl"] == fp8 and "seconds" in r and r["name"] in t_bf16]
+    if ratios:
+        gm = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        out["fp8_speedup_vs_bf16"] = {"bf16": bf16, "fp8": fp8, "shapes": len(ratios), "geomean_speedup": gm,
+                                      "min": min(ratios), "max": max(ratios)}
+        lines.append(f"{'fp8 vs bf16 Triton':<22} {len(ratios):>6} {gm:>28.3f} {min(ratios):>6.2f} "
+                     f"{max(ratios):>6.2f}  (time {bf16} / time {fp8})")
+    gaps = [r for r in rows if r.get("fp8_gap")]
+    if gaps:
+        worst_out = max(r["out_rel_vs_first"] for r in gaps)
+        worst_lse = max(r["lse_abs_vs_first"] for r in gaps)
+        out["fp8_gap_vs_first"] = {"shapes": len(gaps), "max_out_rel": worst_out, "max_lse_abs": worst_lse}
+        lines.append(f"fp8 gap vs the first bf16 impl (measured, not judged): out rel <= {worst_out:.1e}, "
+                     f"lse abs <= {worst_lse:.1e} over {len(gaps)} shapes")
     return "\n".join(lines), out
 
 

@@ -99,8 +99,11 @@ TRITON_CASES = [
     ("decode_mixed_lengths", "bfloat16", None),
     ("spec_decode_page_16", "bfloat16", None),
     ("page_size_1", "float16", None),
-    ("heads_128_spec", "bfloat16", None),
+    ("heads_128_spec", "bfloat16", None),  # the heuristic: 4 head blocks of 32 rows, runs compiled too
+    ("heads_128", "float16", None),
     ("spec_decode_page_16", "bfloat16", TritonConfig(block_h=16, block_kv=32, num_splits=3, block_q=2)),
+    # M = 64 rows x 64-row KV steps: right in interpret mode, refused compiled (shared memory: fp8_gpu_reason)
+    ("heads_128_spec", "bfloat16", TritonConfig(block_h=64, num_warps=8)),
     ("single_token", "float16", TritonConfig(block_h=16, block_kv=16, num_splits=2)),  # an empty split
 ]
 
@@ -135,9 +138,11 @@ class _TritonFP8Cases:
         q_nope, q_pe = mla_jax.split_q(q, batch.config)
         effective = tuning or pallas_triton.heuristic_config(
             batch.config, md.num_decode_tokens, md.max_blocks, max_query_len=md.max_query_len, num_reqs=md.num_reqs)
+        if tuning is None:  # the heuristic's fp8 tiles are the ones that run compiled (H = 128: 4 blocks of 32)
+            assert pallas_triton.fp8_gpu_reason(effective) is None and effective.block_h <= 32
         if not self.interpret and pallas_triton.fp8_gpu_reason(effective) is not None:
-            # tiles that gave wrong fp8 results on the H200 are refused when compiled, never run
-            with pytest.raises(NotImplementedError, match="fp8 KV cache on a GPU runs tiles of at most 32 rows"):
+            # tiles that exceed Triton's shared memory with fp8 on the H200 are refused when compiled
+            with pytest.raises(NotImplementedError, match="exceeds Triton's shared memory"):
                 pallas_triton.mla_decode(q_nope, q_pe, kv, md, batch.config, tuning=tuning, k_scale=k_scale)
             return
         out, lse = pallas_triton.mla_decode(
@@ -343,15 +348,37 @@ def test_validate_inputs_accepts_fp8_cache_names_of_both_stacks():
 
 
 def test_fp8_gpu_guard_names_the_tile():
-    """Compiled fp8 runs only the tiles seen right on the H200; the heuristic keeps to them at H <= 32."""
+    """Compiled fp8 runs the tiles that fit Triton's shared memory on the H200 (parity.fp8_tiles):
+    64 rows x 64-row KV steps are refused, naming the tile; 64 x 32 and 32 x 64 run."""
     assert pallas_triton.fp8_gpu_reason(TritonConfig(block_h=16, block_q=2, num_warps=4)) is None
-    assert "got block_h * block_q = 64 rows" in pallas_triton.fp8_gpu_reason(TritonConfig(block_h=64, num_warps=8))
-    assert "num_warps=8" in pallas_triton.fp8_gpu_reason(TritonConfig(block_h=16, block_q=2, num_warps=8))
-    cfg = MLAConfig(num_heads=16, kv_cache_dtype="fp8_e4m3")
-    t = pallas_triton.heuristic_config(cfg, 8 * 4, 16, max_query_len=8, num_reqs=4)
-    assert t.block_h * t.block_q <= 32 and pallas_triton.fp8_gpu_reason(t) is None
+    assert pallas_triton.fp8_gpu_reason(TritonConfig(block_h=32, block_q=1, num_warps=8)) is None
+    assert pallas_triton.fp8_gpu_reason(TritonConfig(block_h=64, block_kv=32, num_warps=8)) is None
+    reason = pallas_triton.fp8_gpu_reason(TritonConfig(block_h=64, num_warps=8))
+    assert "block_h * block_q = 64 rows x block_kv=64" in reason and "head blocks of at most 32 rows" in reason
+    assert "interpret mode only" not in reason  # the heuristic runs every head count compiled
+    assert "64 rows x block_kv=64" in pallas_triton.fp8_gpu_reason(TritonConfig(block_h=16, block_q=4, num_warps=4))
     batch, k_scale, _, _ = fp8_batch_and_reference("heads_128_spec")
     q, kv, md = jax_inputs(batch, "bfloat16")
     q_nope, q_pe = mla_jax.split_q(q, batch.config)
     with pytest.raises(NotImplementedError, match="64 rows"):
-        pallas_triton.mla_decode(q_nope, q_pe, kv, md, batch.config, interpret=False, k_scale=k_scale)
+        pallas_triton.mla_decode(q_nope, q_pe, kv, md, batch.config, tuning=TritonConfig(block_h=64, num_warps=8),
+                                 interpret=False, k_scale=k_scale)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("batch_invariant", [False, True])
+@pytest.mark.parametrize("num_heads", [16, 32, 64, 128])
+def test_fp8_heuristic_tiles_run_compiled(num_heads, batch_invariant, dtype):
+    """Every tile the heuristic picks for an fp8 cache passes fp8_gpu_reason: head blocks of at most
+    32 rows (H = 128: 4 of 32), 4 warps, at any q_len and batch."""
+    cfg = MLAConfig(num_heads=num_heads, dtype=dtype, kv_cache_dtype="fp8_e4m3", batch_invariant=batch_invariant)
+    for q_len in range(1, 9):
+        for num_reqs, max_blocks in ((1, 16), (4, 16), (128, 256)):
+            t = pallas_triton.heuristic_config(cfg, q_len * num_reqs, max_blocks, max_query_len=q_len,
+                                               num_reqs=num_reqs)
+            assert pallas_triton.fp8_gpu_reason(t) is None, (q_len, num_reqs, t)
+            assert t.block_h == min(max(num_heads, 16), 32) and t.num_warps == 4
+            assert t.block_q == (1 if batch_invariant else min(pallas_triton._next_pow2(q_len), 32 // t.block_h))
+    # bf16 keeps its head blocks of 64 (8 warps) at H >= 64
+    bf16 = pallas_triton.heuristic_config(cfg.replace(kv_cache_dtype="auto"), 4, 16)
+    assert bf16.block_h == min(max(num_heads, 16), 64)

@@ -1,0 +1,57 @@
+"""python -m parity.profile: one call of an implementation on a bench shape, inside a CUDA
+profiler range, for Nsight Compute:
+
+    ncu --clock-control none --profile-from-start off --section SpeedOfLight ... \\
+        python -m parity.profile --impl jax.pallas_mosaic_gpu --shape H128_B64_S16384_q1
+
+The implementation runs once to compile and warm up (outside the range), then once inside
+`cudaProfilerStart` / `cudaProfilerStop`, so ncu sees the kernels of exactly one call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+
+def parse_shape(name: str):
+    from parity.bench import Shape
+
+    m = re.fullmatch(r"H(\d+)_B(\d+)_S(\d+)(?:_q(\d+))?(?:_P(\d+))?", name)
+    if not m:
+        raise ValueError(f"shape must look like H128_B64_S16384_q1 (optionally _P64), got {name!r}")
+    h, b, s, q, p = m.groups()
+    kw = {"page_size": int(p)} if p else {}
+    return Shape(int(h), int(b), int(s), int(q or 1), **kw)
+
+
+def main(argv=None) -> int:
+    from parity import bench
+
+    p = argparse.ArgumentParser(prog="python -m parity.profile", description=__doc__.split("\n\n")[0])
+    p.add_argument("--impl", required=True, choices=sorted(bench.RUNNERS))
+    p.add_argument("--shape", required=True, type=parse_shape)
+    p.add_argument("--warmup", type=int, default=2)
+    args = p.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    inp = bench.make_inputs(args.shape)
+    once, _ = bench.RUNNERS[args.impl](inp)
+    for _ in range(max(1, args.warmup)):
+        once()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    once()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    print(f"profiled one call of {args.impl} on {args.shape.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

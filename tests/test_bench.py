@@ -1,0 +1,175 @@
+"""parity.bench on the CPU: the fp8 row (quantize_fp8, 1-byte KV bytes, the grid, the runner in
+interpret mode), --check recording the fp8 gap without judging it, and the summary's
+fp8_speedup_vs_bf16. The timing itself needs a GPU (`python -m parity bench`)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from mla_spec import MLAConfig, build_decode_metadata, reference
+from parity import bench
+from parity.bench import GRIDS, RUNNERS, Shape
+from parity.compare import TOLERANCES, compare
+from parity.scenarios import FP8_E4M3_MAX
+
+FP8 = "jax.pallas_triton.fp8"
+
+
+# ----------------------------------------------------------------------------- quantize_fp8
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_quantize_fp8_scale_dtype_and_round_trip(dtype):
+    g = torch.Generator().manual_seed(0)
+    kv = (torch.randn(3, 16, 576, generator=g) * 3).to(dtype)
+    before = kv.clone()
+    kv_fp8, k_scale = bench.quantize_fp8(kv)
+    assert kv_fp8.dtype == torch.float8_e4m3fn and kv_fp8.shape == kv.shape
+    assert torch.equal(kv, before)  # the input is not touched
+    amax = float(kv.abs().max().float())
+    assert isinstance(k_scale, float) and k_scale == float(np.float32(amax / FP8_E4M3_MAX))
+    assert float(kv_fp8.float().abs().max()) == FP8_E4M3_MAX  # amax lands on 448
+    # e4m3: 3 mantissa bits, a relative rounding error <= 2^-4; subnormals (< 2^-6) at most half their step 2^-9
+    back = kv_fp8.float() * k_scale
+    err = (back - kv.float()).abs()
+    bound = torch.maximum(kv.float().abs() * 2.0**-4, torch.full_like(err, 2.0**-10 * k_scale)) * (1 + 1e-6)
+    assert bool((err <= bound).all()), float((err / bound).max())
+    assert float(err.max()) > 0  # it is a quantization
+
+
+def test_quantize_fp8_of_zeros_has_scale_one():
+    kv_fp8, k_scale = bench.quantize_fp8(torch.zeros(2, 4, 576, dtype=torch.bfloat16))
+    assert k_scale == 1.0 and not kv_fp8.float().any()
+
+
+# ----------------------------------------------------------------------------- bytes, grid, runners
+
+
+def test_shape_bytes_with_a_one_byte_kv_cache():
+    s = Shape(16, 128, 16384)
+    kv2 = 128 * 16384 * 576 * 2
+    q_out = 128 * 16 * (576 + 512) * 2
+    assert s.bytes() == kv2 + q_out
+    assert s.bytes(kv_itemsize=1) == kv2 // 2 + q_out
+    assert bench.row_bytes(s, FP8) == s.bytes(kv_itemsize=1)
+    assert bench.row_bytes(s, "jax.pallas_triton") == bench.row_bytes(s, "torch.fa3") == s.bytes()
+
+
+def test_fp8_grid_and_runner_are_opt_in():
+    assert GRIDS["fp8"] == [Shape(16, 128, 16384), Shape(16, 64, 4096, 2), Shape(16, 32, 16384),
+                            Shape(128, 64, 16384), Shape(128, 32, 4096), Shape(16, 1, 1024), Shape(128, 1, 1024)]
+    assert FP8 in RUNNERS and bench.FP8_IMPLS <= set(RUNNERS)
+    assert FP8 not in bench.DEFAULT_IMPLS
+    assert "Bytes" in bench.__doc__.split("Method")[1]  # main() cuts the method text at the Bytes paragraph
+
+
+def _tiny_inputs(seed=0) -> bench.BenchInputs:
+    """A BenchInputs on the CPU (make_inputs draws on the GPU): H=16, 2 requests, q_len 2, page 16."""
+    shape = Shape(16, 2, 70, q_len=2, page_size=16)
+    config = MLAConfig(num_heads=16, page_size=16, dtype="bfloat16")
+    g = torch.Generator().manual_seed(seed)
+    pages = -(-shape.seq_len // shape.page_size)
+    num_blocks = shape.batch * pages + 1
+    block_table = (torch.randperm(num_blocks - 1, generator=g) + 1).view(shape.batch, pages).numpy()
+    md = build_decode_metadata(seq_lens=[shape.seq_len] * shape.batch, query_lens=[shape.q_len] * shape.batch,
+                               block_table=block_table, config=config, num_blocks=num_blocks)
+    kv = torch.randn(num_blocks, 16, 576, generator=g).bfloat16()
+    q = torch.randn(4, shape.num_tokens, 16, 576, generator=g).bfloat16()
+    return bench.BenchInputs(shape, config, md, q, kv)
+
+
+def test_fp8_runner_in_interpret_mode_is_the_reference_on_the_dequantized_cache():
+    """The fp8 runner's one code path (quantize, the cache through DLPack, k_scale traced, the timed
+    fori_loop), in interpret mode: right against the float64 reference on fp8 x k_scale."""
+    inp = _tiny_inputs()
+    once, time_n = bench._jax_kernel("pallas_triton", fp8=True, interpret=True)(inp)
+    out, lse = once()
+    assert str(out.dtype) == "bfloat16" and out.shape == (4, 16, 512)
+    kv_fp8, k_scale = bench.quantize_fp8(inp.kv_cache)
+    deq = kv_fp8.float().numpy().astype(np.float64) * k_scale
+    ref_out, ref_lse = reference.mla_decode(inp.q[0].float().numpy(), deq, inp.metadata, inp.config)
+    tol = TOLERANCES["bfloat16"]
+    c_out = compare(np.asarray(out, np.float64), ref_out, rel_tol=2 * tol["out_rel"])
+    c_lse = compare(np.asarray(lse), ref_lse, name="lse", abs_tol=2 * tol["lse_abs"])
+    assert c_out.ok and c_lse.ok, (c_out.message, c_lse.message)
+    time_n(2)()  # the timed loop runs too
+    # the bf16 runner on the same inputs: a measurable gap, not zero
+    out16, _ = bench._jax_kernel("pallas_triton", interpret=True)(inp)[0]()
+    gap = compare(np.asarray(out, np.float64), np.asarray(out16, np.float64)).rel_err
+    assert 0 < gap < 0.1
+
+
+# ----------------------------------------------------------------------------- run_bench --check and summary
+
+
+def _fake_runner(out, lse):
+    def make(inp):
+        return (lambda: (out, lse)), (lambda n: (lambda: None))
+
+    return make
+
+
+def test_check_records_the_fp8_gap_without_judging_it(monkeypatch):
+    rng = np.random.default_rng(0)
+    out = rng.standard_normal((4, 16, 512)).astype(np.float32)
+    lse = rng.standard_normal((4, 16)).astype(np.float32)
+    monkeypatch.setattr(bench, "make_inputs", lambda shape: None)
+    monkeypatch.setitem(RUNNERS, "torch.fa3", _fake_runner(out, lse))
+    monkeypatch.setitem(RUNNERS, "jax.pallas_triton", _fake_runner(out, lse))
+    monkeypatch.setitem(RUNNERS, FP8, _fake_runner(out * 1.05, lse + 0.02))  # far outside bf16's tolerance
+    logged = []
+    shape = Shape(16, 4, 1024)
+    rows = bench.run_bench([shape], ["torch.fa3", "jax.pallas_triton", FP8], reps=1, check=True, log=logged.append)
+    fa3, tri, fp8 = rows
+    assert "check_ok" not in fa3 and tri["check_ok"] is True and tri["out_rel_vs_first"] == 0
+    assert "check_ok" not in fp8 and fp8["fp8_gap"] is True and fp8["kv_cache_dtype"] == "fp8_e4m3"
+    assert fp8["out_rel_vs_first"] == pytest.approx(0.05, rel=1e-3)
+    assert fp8["lse_abs_vs_first"] == pytest.approx(0.02, rel=1e-3)
+    assert fp8["bytes"] == shape.bytes(kv_itemsize=1) < tri["bytes"] == shape.bytes()
+    assert fp8["TBps"] == pytest.approx(fp8["bytes"] / fp8["seconds"] / 1e12)
+    assert "fp8 gap vs first (out rel 5.0e-02, lse abs 2.0e-02)" in logged[2]
+    assert "speedup_vs_torch.fa3" in fp8
+
+
+def test_summary_has_fp8_speedup_vs_bf16():
+    def row(name, impl, seconds, fa3_seconds, **extra):
+        return {"name": name, "impl": impl, "seconds": seconds, "speedup_vs_torch.fa3": fa3_seconds / seconds,
+                **extra}
+
+    rows = [
+        row("a", "torch.fa3", 10.0, 10.0), row("a", "jax.pallas_triton", 8.0, 10.0),
+        row("a", FP8, 4.0, 10.0, fp8_gap=True, out_rel_vs_first=0.03, lse_abs_vs_first=0.01),
+        row("b", "torch.fa3", 10.0, 10.0), row("b", "jax.pallas_triton", 10.0, 10.0),
+        row("b", FP8, 8.0, 10.0, fp8_gap=True, out_rel_vs_first=0.02, lse_abs_vs_first=0.04),
+        row("c", "torch.fa3", 10.0, 10.0), {"name": "c", "impl": FP8, "error": "NotImplementedError: x"},
+    ]
+    text, out = bench.summary(rows, ["torch.fa3", "jax.pallas_triton", FP8])
+    assert out[FP8]["geomean_speedup"] == pytest.approx(math.sqrt(2.5 * 1.25))  # vs FA3, like the others
+    s = out["fp8_speedup_vs_bf16"]
+    assert s["shapes"] == 2 and s["geomean_speedup"] == pytest.approx(math.sqrt(2.0 * 1.25))
+    assert (s["min"], s["max"]) == (1.25, 2.0)
+    assert out["fp8_gap_vs_first"] == {"shapes": 2, "max_out_rel": 0.03, "max_lse_abs": 0.04}
+    assert "fp8 vs bf16 Triton" in text and "fp8 gap" in text
+    # without the bf16 Triton row there is no fp8 speedup entry
+    _, out = bench.summary([r for r in rows if r["impl"] != "jax.pallas_triton"], ["torch.fa3", FP8])
+    assert "fp8_speedup_vs_bf16" not in out
+
+
+def test_roofline_draws_fp8_rows_at_their_own_bytes():
+    plots = pytest.importorskip("parity.plots")
+    pytest.importorskip("matplotlib")
+    s = Shape(16, 128, 16384)
+    rows = []
+    for impl, seconds in (("jax.pallas_triton", 1e-3), (FP8, 6e-4)):
+        nbytes = bench.row_bytes(s, impl)
+        rows.append({"shape": {"num_heads": 16, "q_len": 1}, "name": s.name, "impl": impl, "bytes": nbytes,
+                     "flops": s.flops(), "seconds": seconds, "TBps": nbytes / seconds / 1e12,
+                     "TFLOPps": s.flops() / seconds / 1e12})
+    fig = plots.roofline_figure({"rows": rows, "impls": ["jax.pallas_triton", FP8]})
+    ax_f, ax_b = fig.axes[:2]
+    xs = sorted(float(c.get_offsets()[0][0]) for c in ax_b.collections if len(c.get_offsets()))
+    assert xs == pytest.approx(sorted(s.flops() / r["bytes"] for r in rows))  # fp8: twice the intensity, nearly
