@@ -92,6 +92,9 @@ class MosaicConfig:
         up to this many steps ahead). Q (72 KiB) + 2 stages (144 KiB) fill the 227 KiB.
     block_h: rows of a query tile (the wgmma M dimension); only 64.
     bt_chunk: block-table entries staged in SMEM at a time (multiple of 32).
+    overlap_qk: issue the scores wgmma of step k + 1 before the softmax of step k (the tensor
+        cores work while the warpgroup exponentiates); needs max_concurrent_steps >= 2 (with 1
+        stage the step k + 1 is not loaded yet, and it is ignored).
     """
 
     block_kv: int = 64
@@ -99,8 +102,11 @@ class MosaicConfig:
     max_concurrent_steps: int = 2
     block_h: int = BLOCK_H
     bt_chunk: int = 224
+    overlap_qk: bool = True
 
     def __post_init__(self):
+        if not isinstance(self.overlap_qk, bool):
+            raise ValueError(f"overlap_qk must be a bool, got overlap_qk={self.overlap_qk!r}")
         for name in ("block_kv", "num_splits", "max_concurrent_steps", "block_h", "bt_chunk"):
             x = getattr(self, name)
             if isinstance(x, bool) or not isinstance(x, int):
@@ -141,17 +147,11 @@ class MosaicConfig:
         return q + kv + p + f32_misc + i32_misc + barriers
 
 
-def _padded_heads(num_heads: int) -> int:
-    if num_heads <= BLOCK_H:
-        return 1 << (num_heads - 1).bit_length()
-    return -(-num_heads // BLOCK_H) * BLOCK_H
-
-
 def _tile_geometry(num_heads: int) -> tuple[int, int, int]:
-    """(padded heads, heads per tile Hp, tokens per tile)."""
-    h_pad = _padded_heads(num_heads)
-    hp = min(h_pad, BLOCK_H)
-    return h_pad, hp, BLOCK_H // hp
+    """(heads the kernel runs, heads per tile hp, tokens per tile)."""
+    heads = _kernel_heads(num_heads)
+    hp = min(heads, BLOCK_H)
+    return heads, hp, BLOCK_H // hp
 
 
 def _num_tiles_bound(num_tokens: int, num_reqs: int, tokens_per_tile: int) -> int:
@@ -162,14 +162,15 @@ def _num_tiles_bound(num_tokens: int, num_reqs: int, tokens_per_tile: int) -> in
 def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_reqs: int | None = None,
                      num_sms: int = NUM_SMS_H200) -> MosaicConfig:
     """Picks the split count that fills the GPU (FlashAttention's wave-efficiency rule)."""
-    _, _, tpt = _tile_geometry(config.num_heads)
+    heads, hp, tpt = _tile_geometry(config.num_heads)
     num_reqs = num_tokens if num_reqs is None else num_reqs
-    h_tiles = _padded_heads(config.num_heads) // min(_padded_heads(config.num_heads), BLOCK_H)
+    h_tiles = heads // hp
     ctas = _num_tiles_bound(num_tokens, num_reqs, tpt) * h_tiles
     block_kv = 64
     max_steps = max(1, -(-max_blocks * config.page_size // block_kv))
-    # At least 4 KV steps per split, at most 32 splits.
-    max_splits = max(1, min(32, max_steps // 4))
+    # At least 2 KV steps per split (H200 sweep, v1: 8 splits of 2 steps beat 4 of 4 at
+    # H16 B1 S1024, 25 vs 37 us), at most 32 splits.
+    max_splits = max(1, min(32, max_steps // 2))
     effs = []
     for s in range(1, max_splits + 1):
         waves = -(-ctas * s // num_sms)
@@ -215,9 +216,17 @@ def unsupported_reason(config: MLAConfig, device=None) -> str | None:
 # The kernel.
 
 
-def _build_kernel(*, dtype, page_size: int, hp: int, num_h_tiles: int, num_tiles: int, num_splits: int,
-                  block_kv: int, stages: int, bt_chunk: int, scale_log2: float, interpret: bool):
+def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int, num_h_tiles: int, q_tiles: int,
+                  num_reqs: int, num_splits: int, block_kv: int, stages: int, bt_chunk: int, scale_log2: float,
+                  overlap: bool, interpret: bool):
+    """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
+
+    Grid (head tile, split, request x query tile): CTA (hb, split, g) takes request g // q_tiles,
+    its query tokens [lt * tpt, lt * tpt + tpt) for lt = g % q_tiles (none: the CTA returns), heads
+    [hb * 64, hb * 64 + 64) (or all `heads` x tpt tokens when heads < 64), and its split of the KV.
+    """
     half = block_kv // 2  # KV rows of a step whose scores one compute warpgroup computes
+    tpt = BLOCK_H // hp  # query tokens per tile
     if page_size >= block_kv:
         pages_per_step, steps_per_page = 1, page_size // block_kv
     else:
@@ -226,84 +235,112 @@ def _build_kernel(*, dtype, page_size: int, hp: int, num_h_tiles: int, num_tiles
         raise ValueError(f"bt_chunk={bt_chunk} must be a multiple of pages_per_step={pages_per_step}")
     split_out = num_splits > 1
 
-    def body(q_ref, kv_ref, info_ref, bt_ref, out_ref, lse_ref,
+    def body(q_ref, kv_ref, sched_ref, out_ref, lse_ref,
              q_smem, kv_smem, p_smem, x_smem, i_smem,
              q_bar, info_bar, bt_bar, kv_ready, kv_consumed, sync_a, sync_b):
         hb = lax.axis_index("h")
         split = lax.axis_index("split")
-        tile = lax.axis_index("tile")
+        g = lax.axis_index("tile")
         wg = lax.axis_index("wg")
+        req = lax.div(g, jnp.int32(q_tiles))
+        lt = lax.rem(g, jnp.int32(q_tiles))
         info_smem = i_smem.at[pl.ds(0, INFO_WORDS)]
         bt_smem = i_smem.at[pl.ds(INFO_WORDS, bt_chunk)]
 
         def tile_info():
+            """(first token, tokens in the tile, first position, KV length seen, last page, step range)."""
             plgpu.barrier_wait(info_bar)
-            req = info_smem[0]
-            kv_len = info_smem[1]
-            first_pos = info_smem[2]
+            q_start = info_smem[0]
+            q_len = info_smem[1]
+            seq_len = info_smem[2]
+            first_qi = lt * tpt
+            ntok = jnp.clip(q_len - first_qi, 0, tpt)
+            first_tok = q_start + first_qi
+            first_pos = seq_len - q_len + first_qi
+            kv_len = jnp.where(ntok > 0, first_pos + ntok, 0)  # KV the tile's last token sees
+            last_page = lax.div(jnp.maximum(seq_len - 1, 0), jnp.int32(page_size))
             n_steps = lax.div(kv_len + (block_kv - 1), jnp.int32(block_kv))
             per_split = lax.div(n_steps + (num_splits - 1), jnp.int32(num_splits))
             begin = jnp.minimum(split * per_split, n_steps)
             end = jnp.minimum(begin + per_split, n_steps)
-            return req, kv_len, first_pos, begin, end
+            return first_tok, ntok, first_pos, kv_len, last_page, begin, end
 
         # ---------------------------------------------------------------- memory warpgroup
         @pl.when(wg == NUM_COMPUTE_WGS)
         def _memory_wg():
             plgpu.set_max_registers(40, action="decrease")
-            plgpu.copy_gmem_to_smem(info_ref.at[tile], info_smem, info_bar)
-            plgpu.copy_gmem_to_smem(q_ref.at[tile, hb], q_smem, q_bar)
-            req, _, _, begin, end = tile_info()
+            plgpu.copy_gmem_to_smem(sched_ref.at[req, pl.ds(0, INFO_WORDS)], info_smem, info_bar)
+            first_tok, ntok, _, _, last_page, begin, end = tile_info()
 
-            def step(i, cur_chunk):
-                k = begin + i
-                slot = lax.rem(i, jnp.int32(stages))
-
-                @pl.when(i >= stages)
-                def _():
-                    plgpu.barrier_wait(kv_consumed.at[slot])
-
-                if pages_per_step == 1:
-                    lp0 = lax.div(k, jnp.int32(steps_per_page))
+            @pl.when(ntok > 0)
+            def _():
+                # The query tile, straight from q [T, H, 576].
+                if tpt == 1:
+                    plgpu.copy_gmem_to_smem(q_ref.at[first_tok, pl.ds(hb * BLOCK_H, BLOCK_H)], q_smem, q_bar)
                 else:
-                    lp0 = k * pages_per_step
-                chunk = lax.div(lp0, jnp.int32(bt_chunk))
+                    for j in range(tpt):  # rows of tokens past the tile's last repeat a valid token: never written
+                        tok = jnp.minimum(first_tok + j, num_tokens - 1)
+                        plgpu.copy_gmem_to_smem(q_ref.at[tok], q_smem.at[pl.ds(j * hp, hp)], q_bar)
 
-                @pl.when(chunk != cur_chunk)
-                def _():
-                    plgpu.copy_gmem_to_smem(bt_ref.at[req, pl.ds(chunk * bt_chunk, bt_chunk)], bt_smem, bt_bar)
-                    plgpu.barrier_wait(bt_bar)
+                def step(i, cur_chunk):
+                    k = begin + i
+                    slot = lax.rem(i, jnp.int32(stages))
 
-                base = lp0 - chunk * bt_chunk
-                if pages_per_step == 1:
-                    page = bt_smem[base]
-                    if steps_per_page == 1:
-                        src = kv_ref.at[page]
+                    @pl.when(i >= stages)
+                    def _():
+                        plgpu.barrier_wait(kv_consumed.at[slot])
+
+                    if pages_per_step == 1:
+                        lp0 = lax.div(k, jnp.int32(steps_per_page))
                     else:
-                        off = lax.rem(k, jnp.int32(steps_per_page)) * block_kv
-                        src = kv_ref.at[page, pl.ds(off, block_kv)]
-                    plgpu.copy_gmem_to_smem(src, kv_smem.at[slot], kv_ready.at[slot])
-                else:
-                    for j in range(pages_per_step):
-                        page = bt_smem[base + j]
-                        plgpu.copy_gmem_to_smem(
-                            kv_ref.at[page], kv_smem.at[slot, pl.ds(j * page_size, page_size)], kv_ready.at[slot]
-                        )
-                return chunk
+                        lp0 = k * pages_per_step
+                    chunk = lax.div(lp0, jnp.int32(bt_chunk))
 
-            n = end - begin
-            lax.fori_loop(0, n, step, jnp.int32(-1))
+                    @pl.when(chunk != cur_chunk)
+                    def _():
+                        src = sched_ref.at[req, pl.ds(INFO_WORDS + chunk * bt_chunk, bt_chunk)]
+                        plgpu.copy_gmem_to_smem(src, bt_smem, bt_bar)
+                        plgpu.barrier_wait(bt_bar)
 
-            # Drain: observe the last releases of every slot, so that each barrier
-            # phase is awaited by its consumer (the interpreter checks this).
-            @pl.loop(jnp.maximum(n - stages, 0), n)
-            def _drain(i):
-                plgpu.barrier_wait(kv_consumed.at[lax.rem(i, jnp.int32(stages))])
+                    base = chunk * bt_chunk
+                    if pages_per_step == 1:
+                        page = bt_smem[lp0 - base]
+                        if steps_per_page == 1:
+                            src = kv_ref.at[page]
+                        else:
+                            off = lax.rem(k, jnp.int32(steps_per_page)) * block_kv
+                            src = kv_ref.at[page, pl.ds(off, block_kv)]
+                        plgpu.copy_gmem_to_smem(src, kv_smem.at[slot], kv_ready.at[slot])
+                    else:
+                        for j in range(pages_per_step):
+                            # Pages past the request's last one are never dereferenced (their
+                            # rows are past kv_len): the last page stands in for them.
+                            page = bt_smem[jnp.minimum(lp0 + j, last_page) - base]
+                            plgpu.copy_gmem_to_smem(
+                                kv_ref.at[page], kv_smem.at[slot, pl.ds(j * page_size, page_size)],
+                                kv_ready.at[slot]
+                            )
+                    return chunk
+
+                n = end - begin
+                lax.fori_loop(0, n, step, jnp.int32(-1))
+
+                # Drain: observe the last releases of every slot, so that each barrier
+                # phase is awaited by its consumer (the interpreter checks this).
+                @pl.loop(jnp.maximum(n - stages, 0), n)
+                def _drain(i):
+                    plgpu.barrier_wait(kv_consumed.at[lax.rem(i, jnp.int32(stages))])
 
         # ---------------------------------------------------------------- compute warpgroups
         def compute_wg(w: int):  # w is static: all SMEM slices below are static
             plgpu.set_max_registers(232, action="increase")
-            _, kv_len, first_pos, begin, end = tile_info()
+            first_tok, ntok, first_pos, kv_len, _, begin, end = tile_info()
+
+            @pl.when(ntok > 0)
+            def _():
+                compute_tile(w, first_tok, ntok, first_pos, kv_len, begin, end)
+
+        def compute_tile(w, first_tok, ntok, first_pos, kv_len, begin, end):
             plgpu.barrier_wait(q_bar)
             v_cols = pl.ds(w * V_HALF, V_HALF)
 
@@ -311,17 +348,17 @@ def _build_kernel(*, dtype, page_size: int, hp: int, num_h_tiles: int, num_tiles
             l_i = plgpu.layout_cast(jnp.full((BLOCK_H,), 0.0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
             acc = plgpu.layout_cast(jnp.full((BLOCK_H, V_HALF), 0.0, jnp.float32), plgpu.Layout.WGMMA)
 
-            def kv_step(k, carry):
+            def issue_qk(s_ref, k):
+                """Waits step k's KV and issues S = Q @ K^T of this warpgroup's half (async wgmma)."""
+                slot = lax.rem(k - begin, jnp.int32(stages))
+                plgpu.barrier_wait(kv_ready.at[slot])
+                plgpu.wgmma(s_ref, q_smem, kv_smem.at[slot, pl.ds(w * half, half)].transpose((1, 0)))
+
+            def softmax_pv(k, s, carry):
+                """Step k given its raw scores s: mask, online softmax, P @ V, release the slot."""
                 acc, m_i, l_i = carry
                 slot = lax.rem(k - begin, jnp.int32(stages))
                 kv_start = k * block_kv
-                plgpu.barrier_wait(kv_ready.at[slot])
-
-                def qk(s_ref):
-                    plgpu.wgmma(s_ref, q_smem, kv_smem.at[slot, pl.ds(w * half, half)].transpose((1, 0)))
-                    return s_ref[...]
-
-                s = pl.run_scoped(qk, plgpu.ACC((BLOCK_H, half), jnp.float32))
                 row = plgpu.broadcasted_iota(jnp.int32, (BLOCK_H, half), 0, layout=plgpu.Layout.WGMMA)
                 col = plgpu.broadcasted_iota(jnp.int32, (BLOCK_H, half), 1, layout=plgpu.Layout.WGMMA)
                 kv_pos = col + (kv_start + w * half)
@@ -343,8 +380,8 @@ def _build_kernel(*, dtype, page_size: int, hp: int, num_h_tiles: int, num_tiles
                 acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
                 p_smem[w] = p.astype(dtype)
 
-                # The step that runs past kv_len: zero this warpgroup's V half of the
-                # invalid rows (their cache slots may hold NaN; 0 * NaN = NaN).
+                # The step that runs past kv_len (the last of the tile): zero this warpgroup's
+                # V half of the invalid rows (their cache slots may hold NaN; 0 * NaN = NaN).
                 # Both warpgroups finished reading K of this slot before sync_a.
                 @pl.when(kv_start + block_kv > kv_len)
                 def _zero_tail():
@@ -376,7 +413,41 @@ def _build_kernel(*, dtype, page_size: int, hp: int, num_h_tiles: int, num_tiles
                 plgpu.barrier_arrive(kv_consumed.at[slot])
                 return acc, m_new, l_i
 
-            acc, m_i, l_i = lax.fori_loop(begin, end, kv_step, (acc, m_i, l_i))
+            s_acc = plgpu.ACC((BLOCK_H, half), jnp.float32)
+            if overlap:
+                # S of step k + 1 is issued before the softmax of step k: the tensor cores
+                # compute it while this warpgroup exchanges maxima and exponentiates.
+                def first_qk(s_ref):
+                    @pl.when(begin < end)
+                    def _():
+                        issue_qk(s_ref, begin)
+
+                    return s_ref[...]
+
+                def kv_step(k, carry):
+                    *carry, s = carry
+
+                    def scoped(s_next_ref):
+                        @pl.when(k + 1 < end)
+                        def _():
+                            issue_qk(s_next_ref, k + 1)
+
+                        new = softmax_pv(k, s, carry)
+                        return (*new, s_next_ref[...])
+
+                    return pl.run_scoped(scoped, s_acc)
+
+                s0 = pl.run_scoped(first_qk, s_acc)
+                acc, m_i, l_i, _ = lax.fori_loop(begin, end, kv_step, (acc, m_i, l_i, s0))
+            else:
+                def kv_step(k, carry):
+                    def qk(s_ref):
+                        issue_qk(s_ref, k)
+                        return s_ref[...]
+
+                    return softmax_pv(k, pl.run_scoped(qk, s_acc), carry)
+
+                acc, m_i, l_i = lax.fori_loop(begin, end, kv_step, (acc, m_i, l_i))
 
             # Row sums: each warpgroup summed its own columns.
             x_smem[w] = l_i
@@ -387,21 +458,36 @@ def _build_kernel(*, dtype, page_size: int, hp: int, num_h_tiles: int, num_tiles
             plgpu.barrier_wait(sync_b)  # both read x_smem before it is reused for lse
             out = acc * lax.broadcast_in_dim(1.0 / jnp.maximum(l_tot, 1e-30), acc.shape, [0])
             if split_out:
-                out_ref.at[split, tile, hb, :, v_cols][...] = out
+                # fp32 partials of the CTA's 64 rows, indexed by CTA (the combine maps tokens to them)
+                out_ref.at[split, g, hb, :, v_cols][...] = out
             else:
                 q_smem.at[:, v_cols][...] = out.astype(dtype)
             if w == 0:
                 x_smem[0] = (m_i + jnp.log(l_tot) * (1.0 / LN2)) * LN2
             plgpu.commit_smem()
-            if not split_out:
+            if split_out:
+                if w == 0:
+                    plgpu.copy_smem_to_gmem(x_smem.at[0], lse_ref.at[split, g, hb])
+            elif tpt == 1:
                 # One TMA per 8-row tile: a column half of the tiled SMEM is only
                 # contiguous within a row of tiles.
                 for r in range(BLOCK_H // 8):
-                    rows = pl.ds(r * 8, 8)
-                    plgpu.copy_smem_to_gmem(q_smem.at[rows, v_cols], out_ref.at[tile, hb, rows, v_cols])
-            if w == 0:
-                lse_dst = lse_ref.at[split, tile, hb] if split_out else lse_ref.at[tile, hb]
-                plgpu.copy_smem_to_gmem(x_smem.at[0], lse_dst)
+                    plgpu.copy_smem_to_gmem(
+                        q_smem.at[pl.ds(r * 8, 8), v_cols], out_ref.at[first_tok, pl.ds(hb * BLOCK_H + r * 8, 8), v_cols]
+                    )
+                if w == 0:
+                    plgpu.copy_smem_to_gmem(x_smem.at[0], lse_ref.at[first_tok, pl.ds(hb * BLOCK_H, BLOCK_H)])
+            else:
+                for j in range(tpt):  # the tile's tokens, straight into out [T, H, 512] and lse [T, H]
+
+                    @pl.when(j < ntok)
+                    def _():
+                        for r in range(hp // 8):
+                            plgpu.copy_smem_to_gmem(
+                                q_smem.at[pl.ds(j * hp + r * 8, 8), v_cols], out_ref.at[first_tok + j, pl.ds(r * 8, 8), v_cols]
+                            )
+                        if w == 0:
+                            plgpu.copy_smem_to_gmem(x_smem.at[0, pl.ds(j * hp, hp)], lse_ref.at[first_tok + j])
             plgpu.wait_smem_to_gmem(0)
 
         for w in range(NUM_COMPUTE_WGS):
@@ -416,8 +502,8 @@ def _build_kernel(*, dtype, page_size: int, hp: int, num_h_tiles: int, num_tiles
         plgpu.SMEM((stages, block_kv, HEAD_DIM), dtype, transforms=transforms),  # KV ring
         plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, half), dtype, transforms=transforms),  # P halves
         plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H), jnp.float32),  # row max / row sum exchange, lse
-        plgpu.SMEM((INFO_WORDS + bt_chunk,), jnp.int32),  # tile info + block-table chunk
-        plgpu.Barrier(),  # q_bar
+        plgpu.SMEM((INFO_WORDS + bt_chunk,), jnp.int32),  # request info + block-table chunk
+        plgpu.Barrier(num_arrivals=tpt),  # q_bar: one TMA per token of the tile (one for H >= 64)
         plgpu.Barrier(),  # info_bar
         plgpu.Barrier(),  # bt_bar
         plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=stages),  # kv_ready
@@ -425,75 +511,94 @@ def _build_kernel(*, dtype, page_size: int, hp: int, num_h_tiles: int, num_tiles
         plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS),  # sync_a
         plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS),  # sync_b
     ]
+    num_ctas_tiles = num_reqs * q_tiles
     if split_out:
         out_type = (
-            jax.ShapeDtypeStruct((num_splits, num_tiles, num_h_tiles, BLOCK_H, KV_LORA_RANK), jnp.float32),
-            jax.ShapeDtypeStruct((num_splits, num_tiles, num_h_tiles, BLOCK_H), jnp.float32),
+            jax.ShapeDtypeStruct((num_splits, num_ctas_tiles, num_h_tiles, BLOCK_H, KV_LORA_RANK), jnp.float32),
+            jax.ShapeDtypeStruct((num_splits, num_ctas_tiles, num_h_tiles, BLOCK_H), jnp.float32),
         )
     else:
         out_type = (
-            jax.ShapeDtypeStruct((num_tiles, num_h_tiles, BLOCK_H, KV_LORA_RANK), dtype),
-            jax.ShapeDtypeStruct((num_tiles, num_h_tiles, BLOCK_H), jnp.float32),
+            jax.ShapeDtypeStruct((num_tokens, heads, KV_LORA_RANK), dtype),
+            jax.ShapeDtypeStruct((num_tokens, heads), jnp.float32),
         )
     return plgpu.kernel(
         body,
         out_type=out_type,
         scratch_types=scratch,
-        grid=(num_h_tiles, num_splits, num_tiles),
+        grid=(num_h_tiles, num_splits, num_ctas_tiles),
         grid_names=("h", "split", "tile"),
         num_threads=NUM_COMPUTE_WGS + 1,
         thread_name="wg",
-        compiler_params=plgpu.CompilerParams(approx_math=True, reduction_scratch_bytes=0, lowering_semantics=plgpu.LoweringSemantics.Lane),
+        compiler_params=plgpu.CompilerParams(approx_math=True, reduction_scratch_bytes=0,
+                                             lowering_semantics=plgpu.LoweringSemantics.Lane),
     )
 
 
 # --------------------------------------------------------------------------------------
-# The wrapper: tile schedule, q packing, output unpacking, split combine.
+# The wrapper: one small schedule array, the kernel, and (split-KV only) the combine.
 
 
-def _schedule(metadata: DecodeMetadata, num_tokens: int, tpt: int, num_tiles: int):
+def _kernel_heads(num_heads: int) -> int:
+    """Heads the kernel runs: 8, 16, 32 or a multiple of 64 (q is padded to it otherwise)."""
+    if num_heads <= BLOCK_H:
+        return max(8, 1 << (num_heads - 1).bit_length())
+    return -(-num_heads // BLOCK_H) * BLOCK_H
+
+
+def _sched(metadata: DecodeMetadata, width: int):
+    """[R, INFO_WORDS + width] int32: per request (q_start, q_len, seq_len, 0...) then its block
+    table, padded with zeros to `width` columns (never read: pages past the last are clamped
+    in the kernel). One small XLA fusion."""
     qsl = metadata.query_start_loc.astype(jnp.int32)
     seq = metadata.seq_lens.astype(jnp.int32)
-    num_reqs = seq.shape[0]
-    q_len = qsl[1:] - qsl[:-1]
-    tiles_per_req = (q_len + tpt - 1) // tpt
-    tile_end = jnp.cumsum(tiles_per_req).astype(jnp.int32)
-    tile_start = tile_end - tiles_per_req
-    j = jnp.arange(num_tiles, dtype=jnp.int32)
-    r = jnp.minimum(jnp.searchsorted(tile_end, j, side="right").astype(jnp.int32), num_reqs - 1)
-    valid = j < tile_end[-1]
-    local = j - tile_start[r]
-    first_tok = qsl[r] + local * tpt
-    ntok = jnp.clip(q_len[r] - local * tpt, 0, tpt)
-    first_pos = seq[r] - q_len[r] + local * tpt
-    kv_len = jnp.where(valid, first_pos + ntok, 0)  # KV the tile's last token sees
-    info = jnp.zeros((num_tiles, INFO_WORDS), jnp.int32)
-    info = info.at[:, 0].set(r).at[:, 1].set(kv_len).at[:, 2].set(first_pos)
-    tok_idx = jnp.clip(first_tok[:, None] + jnp.arange(tpt, dtype=jnp.int32)[None, :], 0, num_tokens - 1)
-    # Where each query token lands: (tile, slot within the tile).
-    t = jnp.arange(num_tokens, dtype=jnp.int32)
-    rt = jnp.searchsorted(qsl[1:], t, side="right").astype(jnp.int32)
-    li = t - qsl[rt]
-    return info, tok_idx, tile_start[rt] + li // tpt, li % tpt
-
-
-def _clamped_block_table(metadata: DecodeMetadata, page_size: int, width: int):
-    """Block table padded to `width` columns; entries past a request's last page repeat it."""
     bt = metadata.block_table.astype(jnp.int32)
-    n_pages = jnp.maximum((metadata.seq_lens.astype(jnp.int32) + page_size - 1) // page_size, 1)
-    cols = jnp.minimum(jnp.arange(width, dtype=jnp.int32)[None, :], n_pages[:, None] - 1)
-    cols = jnp.minimum(cols, bt.shape[1] - 1)
-    return jnp.take_along_axis(bt, cols, axis=1)
+    num_reqs = seq.shape[0]
+    info = jnp.zeros((num_reqs, INFO_WORDS), jnp.int32)
+    info = info.at[:, 0].set(qsl[:-1]).at[:, 1].set(qsl[1:] - qsl[:-1]).at[:, 2].set(seq)
+    return jnp.concatenate([info, jnp.pad(bt, ((0, 0), (0, width - bt.shape[1])))], axis=1)
 
 
-def _mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConfig, tuning: MosaicConfig,
-                interpret: bool):
-    num_tokens, num_heads, _ = q_nope.shape
-    dtype = q_nope.dtype
+def _combine(out_p, lse_p, metadata: DecodeMetadata, num_tokens: int, heads: int, hp: int, q_tiles: int, dtype):
+    """Split partials indexed by CTA ([S, R * q_tiles, h_tiles, 64, *]) -> out [T, heads, 512], lse [T, heads]."""
+    num_splits, num_ctas, num_h_tiles = out_p.shape[:3]
+    tpt = BLOCK_H // hp
+    num_reqs = metadata.seq_lens.shape[0]
+    o = out_p.reshape(num_splits, num_ctas, num_h_tiles, tpt, hp, KV_LORA_RANK)
+    l = lse_p.reshape(num_splits, num_ctas, num_h_tiles, tpt, hp)
+    if q_tiles == 1 and num_tokens == num_reqs:  # one token per request (decode): token r = CTA r, slot 0
+        o, l = o[:, :, :, 0], l[:, :, :, 0]
+    else:  # token t of request r(t) at slot li % tpt of CTA r * q_tiles + li // tpt (li: its index in r)
+        qsl = metadata.query_start_loc.astype(jnp.int32)
+        t = jnp.arange(num_tokens, dtype=jnp.int32)
+        r = jnp.sum((qsl[None, 1:] <= t[:, None]).astype(jnp.int32), axis=1)
+        li = t - qsl[r]
+        cta, slot = r * q_tiles + li // tpt, li % tpt
+        # (the two index arrays adjacent and first: [T, S, h_tiles, hp, ...], then S first)
+        o = jnp.moveaxis(jnp.moveaxis(o, (1, 3), (0, 1))[cta, slot], 1, 0)
+        l = jnp.moveaxis(jnp.moveaxis(l, (1, 3), (0, 1))[cta, slot], 1, 0)
+    o = o.reshape(num_splits, num_tokens, num_h_tiles * hp, KV_LORA_RANK)
+    l = l.reshape(num_splits, num_tokens, num_h_tiles * hp)
+    m = jnp.max(l, axis=0)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    w = jnp.exp(l - m[None])
+    denom = jnp.sum(w, axis=0)
+    out = jnp.sum(w[..., None] * o, axis=0) / jnp.maximum(denom, 1e-30)[..., None]
+    return out.astype(dtype), m + jnp.log(denom)
+
+
+def _mla_decode(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig, tuning: MosaicConfig, interpret: bool):
+    num_tokens, num_heads, _ = q.shape
+    dtype = q.dtype
     page_size = config.page_size
-    h_pad, hp, tpt = _tile_geometry(num_heads)
-    num_h_tiles = h_pad // hp
-    num_tiles = _num_tiles_bound(num_tokens, metadata.num_reqs, tpt)
+    heads = _kernel_heads(num_heads)
+    if heads != num_heads:
+        q = jnp.pad(q, ((0, 0), (0, heads - num_heads), (0, 0)))
+    hp = min(heads, BLOCK_H)
+    tpt = BLOCK_H // hp
+    num_h_tiles = heads // hp
+    num_reqs = metadata.seq_lens.shape[0]
+    q_tiles = -(-max(1, metadata.max_query_len) // tpt)
     block_kv = tuning.block_kv
     if not supported_page_size(page_size, block_kv):
         raise NotImplementedError(f"page_size={page_size} is not supported with block_kv={block_kv}")
@@ -501,64 +606,38 @@ def _mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLACon
     if metadata.max_num_splits > 0:
         num_splits = min(num_splits, metadata.max_num_splits)
 
-    info, tok_idx, tile_of_tok, slot_of_tok = _schedule(metadata, num_tokens, tpt, num_tiles)
-
-    q = jnp.concatenate([q_nope, q_pe.astype(dtype)], axis=-1)
-    if h_pad != num_heads:
-        q = jnp.pad(q, ((0, 0), (0, h_pad - num_heads), (0, 0)))
-    q = q.reshape(num_tokens, num_h_tiles, hp, HEAD_DIM)[tok_idx]  # [N, tpt, nh, hp, D]
-    q_tiles = q.transpose(0, 2, 1, 3, 4).reshape(num_tiles, num_h_tiles, BLOCK_H, HEAD_DIM)
-
     pages_per_step = max(1, block_kv // page_size)
     bt_chunk = tuning.bt_chunk - tuning.bt_chunk % pages_per_step
-    width = -(-metadata.max_blocks // bt_chunk) * bt_chunk
-    bt = _clamped_block_table(metadata, page_size, width)
-
+    width = -(-metadata.block_table.shape[1] // bt_chunk) * bt_chunk
     kernel = _build_kernel(
-        dtype=dtype, page_size=page_size, hp=hp, num_h_tiles=num_h_tiles, num_tiles=num_tiles,
-        num_splits=num_splits, block_kv=block_kv, stages=tuning.max_concurrent_steps, bt_chunk=bt_chunk,
-        scale_log2=config.softmax_scale * LOG2E, interpret=interpret,
+        dtype=dtype, page_size=page_size, num_tokens=num_tokens, heads=heads, hp=hp, num_h_tiles=num_h_tiles,
+        q_tiles=q_tiles, num_reqs=num_reqs, num_splits=num_splits, block_kv=block_kv,
+        stages=tuning.max_concurrent_steps, bt_chunk=bt_chunk, scale_log2=config.softmax_scale * LOG2E,
+        overlap=tuning.overlap_qk and tuning.max_concurrent_steps >= 2, interpret=interpret,
     )
-    out_t, lse_t = kernel(q_tiles, kv_cache, info, bt)
-
-    if num_splits == 1:
-        out = _unpack(out_t, num_tiles, num_h_tiles, tpt, hp, tile_of_tok, slot_of_tok)
-        lse = _unpack(lse_t, num_tiles, num_h_tiles, tpt, hp, tile_of_tok, slot_of_tok)
-    else:
-        o = jax.vmap(lambda x: _unpack(x, num_tiles, num_h_tiles, tpt, hp, tile_of_tok, slot_of_tok))(out_t)
-        l = jax.vmap(lambda x: _unpack(x, num_tiles, num_h_tiles, tpt, hp, tile_of_tok, slot_of_tok))(lse_t)
-        m = jnp.max(l, axis=0)
-        m = jnp.where(jnp.isfinite(m), m, 0.0)
-        w = jnp.exp(l - m[None])
-        denom = jnp.sum(w, axis=0)
-        out = jnp.sum(w[..., None] * o, axis=0) / jnp.maximum(denom, 1e-30)[..., None]
-        lse = m + jnp.log(denom)
-    return out[:, :num_heads].astype(dtype), lse[:, :num_heads].astype(jnp.float32)
-
-
-def _unpack(x, num_tiles, num_h_tiles, tpt, hp, tile_of_tok, slot_of_tok):
-    """[N, nh, 64, *rest] -> [T, nh * hp, *rest]."""
-    rest = x.shape[3:]
-    x = x.reshape(num_tiles, num_h_tiles, tpt, hp, *rest)
-    x = x[tile_of_tok, :, slot_of_tok]  # [T, nh, hp, *rest]
-    return x.reshape(x.shape[0], num_h_tiles * hp, *rest)
+    out, lse = kernel(q, kv_cache, _sched(metadata, width))
+    if num_splits > 1:
+        out, lse = _combine(out, lse, metadata, num_tokens, heads, hp, q_tiles, dtype)
+    return out[:, :num_heads], lse[:, :num_heads]
 
 
 @functools.partial(jax.jit, static_argnames=("config", "tuning", "interpret"))
-def _mla_decode_jit(q_nope, q_pe, kv_cache, metadata, config, tuning, interpret):
+def _mla_decode_jit(q, kv_cache, metadata, config, tuning, interpret):
     if interpret:
         # The context manager must be active while the kernel is traced (it sets a
         # trace-context config); inside this jitted function it is.
         params = interpret if isinstance(interpret, plgpu.InterpretGPUParams) else plgpu.InterpretGPUParams()
         with plgpu.force_gpu_interpret_mode(params):
-            return _mla_decode(q_nope, q_pe, kv_cache, metadata, config, tuning, True)
-    return _mla_decode(q_nope, q_pe, kv_cache, metadata, config, tuning, False)
+            return _mla_decode(q, kv_cache, metadata, config, tuning, True)
+    return _mla_decode(q, kv_cache, metadata, config, tuning, False)
 
 
 def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConfig, *,
                tuning: MosaicConfig | None = None, interpret=False):
     """Returns `(out [T, H, 512] in q's dtype, lse [T, H] float32)`.
 
+    q_nope [T, H, 512] and q_pe [T, H, 64]; or q_nope the packed q [T, H, 576] and q_pe None
+    (the kernel reads q [T, H, 576] by TMA: a packed q is not copied, a pair is concatenated).
     `metadata` holds jnp int32 arrays (a pytree, see mla_jax.api). jit-compatible.
     `interpret=True` (or a `plgpu.InterpretGPUParams`, e.g. with `detect_races=True`)
     runs the kernel in Mosaic GPU interpret mode (CPU).
@@ -566,10 +645,13 @@ def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConf
     reason = unsupported_reason(config)
     if reason is not None:
         raise NotImplementedError(f"pallas_mosaic_gpu cannot run this problem: {reason}")
+    q = q_nope if q_pe is None else jnp.concatenate([q_nope, q_pe.astype(q_nope.dtype)], axis=-1)
+    if q.ndim != 3 or q.shape[-1] != HEAD_DIM:
+        raise ValueError(f"q must be [T, H, {HEAD_DIM}] (or q_nope, q_pe), got q.shape={tuple(q.shape)}")
     if tuning is None:
-        tuning = heuristic_config(config, q_nope.shape[0], metadata.max_blocks, metadata.num_reqs)
+        tuning = heuristic_config(config, q.shape[0], metadata.max_blocks, metadata.num_reqs)
     elif not isinstance(tuning, MosaicConfig):
         raise ValueError(f"tuning must be a MosaicConfig, got tuning={tuning!r}")
     if not isinstance(interpret, plgpu.InterpretGPUParams):
         interpret = bool(interpret)
-    return _mla_decode_jit(q_nope, q_pe, kv_cache, metadata, config, tuning, interpret)
+    return _mla_decode_jit(q, kv_cache, metadata, config, tuning, interpret)

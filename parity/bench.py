@@ -340,6 +340,8 @@ def _jax_kernel(impl: str, tuning=None, fp8: bool = False, interpret: bool = Fal
         extra = {"interpret": True} if interpret else {}
 
         def call(qi, kv, md, scale):
+            if impl == "pallas_mosaic_gpu":  # takes the packed q (as mla_jax.mla_decode gives it)
+                return mod.mla_decode(qi, None, kv, md, config, tuning=tuning, **extra)
             if fp8:
                 return mod.mla_decode(qi[..., :L], qi[..., L:], kv, md, config, tuning=tuning, k_scale=scale, **extra)
             return mod.mla_decode(qi[..., :L], qi[..., L:], kv, md, config, tuning=tuning, **extra)
