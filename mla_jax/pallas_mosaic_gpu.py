@@ -92,9 +92,6 @@ class MosaicConfig:
         up to this many steps ahead). Q (72 KiB) + 2 stages (144 KiB) fill the 227 KiB.
     block_h: rows of a query tile (the wgmma M dimension); only 64.
     bt_chunk: block-table entries staged in SMEM at a time (multiple of 32).
-    overlap_qk: issue the scores wgmma of step k + 1 before the softmax of step k (the tensor
-        cores work while the warpgroup exponentiates); needs max_concurrent_steps >= 2 (with 1
-        stage the step k + 1 is not loaded yet, and it is ignored).
     """
 
     block_kv: int = 64
@@ -102,11 +99,8 @@ class MosaicConfig:
     max_concurrent_steps: int = 2
     block_h: int = BLOCK_H
     bt_chunk: int = 224
-    overlap_qk: bool = True
 
     def __post_init__(self):
-        if not isinstance(self.overlap_qk, bool):
-            raise ValueError(f"overlap_qk must be a bool, got overlap_qk={self.overlap_qk!r}")
         for name in ("block_kv", "num_splits", "max_concurrent_steps", "block_h", "bt_chunk"):
             x = getattr(self, name)
             if isinstance(x, bool) or not isinstance(x, int):
@@ -218,7 +212,7 @@ def unsupported_reason(config: MLAConfig, device=None) -> str | None:
 
 def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int, num_h_tiles: int, q_tiles: int,
                   num_reqs: int, num_splits: int, block_kv: int, stages: int, bt_chunk: int, scale_log2: float,
-                  overlap: bool, interpret: bool):
+                  interpret: bool):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile): CTA (hb, split, g) takes request g // q_tiles,
@@ -354,18 +348,21 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 plgpu.barrier_wait(kv_ready.at[slot])
                 plgpu.wgmma(s_ref, q_smem, kv_smem.at[slot, pl.ds(w * half, half)].transpose((1, 0)))
 
-            def softmax_pv(k, s, carry):
-                """Step k given its raw scores s: mask, online softmax, P @ V, release the slot."""
+            def softmax_pv(k, s, carry, masked: bool):
+                """Step k given its raw scores s: (mask,) online softmax, P @ V, release the slot."""
                 acc, m_i, l_i = carry
                 slot = lax.rem(k - begin, jnp.int32(stages))
                 kv_start = k * block_kv
-                row = plgpu.broadcasted_iota(jnp.int32, (BLOCK_H, half), 0, layout=plgpu.Layout.WGMMA)
-                col = plgpu.broadcasted_iota(jnp.int32, (BLOCK_H, half), 1, layout=plgpu.Layout.WGMMA)
-                kv_pos = col + (kv_start + w * half)
-                # Row i holds token i // hp of the tile, at position first_pos + i // hp:
-                # kv_pos <= first_pos + i // hp  <=>  (kv_pos - first_pos) * hp <= i.
-                visible = ((kv_pos - first_pos) * hp <= row) & (kv_pos < kv_len)
-                s = jnp.where(visible, s * scale_log2, MASK_VALUE)
+                if masked:
+                    row = plgpu.broadcasted_iota(jnp.int32, (BLOCK_H, half), 0, layout=plgpu.Layout.WGMMA)
+                    col = plgpu.broadcasted_iota(jnp.int32, (BLOCK_H, half), 1, layout=plgpu.Layout.WGMMA)
+                    kv_pos = col + (kv_start + w * half)
+                    # Row i holds token i // hp of the tile, at position first_pos + i // hp:
+                    # kv_pos <= first_pos + i // hp  <=>  (kv_pos - first_pos) * hp <= i.
+                    visible = ((kv_pos - first_pos) * hp <= row) & (kv_pos < kv_len)
+                    s = jnp.where(visible, s * scale_log2, MASK_VALUE)
+                else:
+                    s = s * scale_log2
 
                 # Row max shared by the two compute warpgroups.
                 m_own = s.max(axis=1)
@@ -380,16 +377,17 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
                 p_smem[w] = p.astype(dtype)
 
-                # The step that runs past kv_len (the last of the tile): zero this warpgroup's
-                # V half of the invalid rows (their cache slots may hold NaN; 0 * NaN = NaN).
-                # Both warpgroups finished reading K of this slot before sync_a.
-                @pl.when(kv_start + block_kv > kv_len)
-                def _zero_tail():
-                    n_valid = kv_len - kv_start
-                    for c in range(V_HALF // 64):
-                        ref = kv_smem.at[slot, :, pl.ds(w * V_HALF + c * 64, 64)]
-                        rows = plgpu.broadcasted_iota(jnp.int32, (block_kv, 64), 0, layout=plgpu.Layout.WGMMA)
-                        ref[...] = jnp.where(rows < n_valid, ref[...], jnp.zeros((), dtype))
+                # The step that runs past kv_len (the last of the tile, always a masked one):
+                # zero this warpgroup's V half of the invalid rows (their cache slots may hold
+                # NaN; 0 * NaN = NaN). Both warpgroups finished reading K of this slot before sync_a.
+                if masked:
+                    @pl.when(kv_start + block_kv > kv_len)
+                    def _zero_tail():
+                        n_valid = kv_len - kv_start
+                        for c in range(V_HALF // 64):
+                            ref = kv_smem.at[slot, :, pl.ds(w * V_HALF + c * 64, 64)]
+                            rows = plgpu.broadcasted_iota(jnp.int32, (block_kv, 64), 0, layout=plgpu.Layout.WGMMA)
+                            ref[...] = jnp.where(rows < n_valid, ref[...], jnp.zeros((), dtype))
 
                 plgpu.commit_smem()
                 plgpu.barrier_arrive(sync_b)
@@ -414,40 +412,19 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 return acc, m_new, l_i
 
             s_acc = plgpu.ACC((BLOCK_H, half), jnp.float32)
-            if overlap:
-                # S of step k + 1 is issued before the softmax of step k: the tensor cores
-                # compute it while this warpgroup exchanges maxima and exponentiates.
-                def first_qk(s_ref):
-                    @pl.when(begin < end)
-                    def _():
-                        issue_qk(s_ref, begin)
 
+            def kv_step(k, carry, masked):
+                def qk(s_ref):
+                    issue_qk(s_ref, k)
                     return s_ref[...]
 
-                def kv_step(k, carry):
-                    *carry, s = carry
+                return softmax_pv(k, pl.run_scoped(qk, s_acc), carry, masked)
 
-                    def scoped(s_next_ref):
-                        @pl.when(k + 1 < end)
-                        def _():
-                            issue_qk(s_next_ref, k + 1)
-
-                        new = softmax_pv(k, s, carry)
-                        return (*new, s_next_ref[...])
-
-                    return pl.run_scoped(scoped, s_acc)
-
-                s0 = pl.run_scoped(first_qk, s_acc)
-                acc, m_i, l_i, _ = lax.fori_loop(begin, end, kv_step, (acc, m_i, l_i, s0))
-            else:
-                def kv_step(k, carry):
-                    def qk(s_ref):
-                        issue_qk(s_ref, k)
-                        return s_ref[...]
-
-                    return softmax_pv(k, pl.run_scoped(qk, s_acc), carry)
-
-                acc, m_i, l_i = lax.fori_loop(begin, end, kv_step, (acc, m_i, l_i))
+            # Steps whose every position is visible to every row (all <= first_pos, the tile's
+            # first token) skip the mask: no iota / compare / select registers in the main loop.
+            mid = jnp.clip(lax.div(first_pos + 1, jnp.int32(block_kv)), begin, end)
+            carry = lax.fori_loop(begin, mid, functools.partial(kv_step, masked=False), (acc, m_i, l_i))
+            acc, m_i, l_i = lax.fori_loop(mid, end, functools.partial(kv_step, masked=True), carry)
 
             # Row sums: each warpgroup summed its own columns.
             x_smem[w] = l_i
@@ -613,7 +590,7 @@ def _mla_decode(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig, tuning
         dtype=dtype, page_size=page_size, num_tokens=num_tokens, heads=heads, hp=hp, num_h_tiles=num_h_tiles,
         q_tiles=q_tiles, num_reqs=num_reqs, num_splits=num_splits, block_kv=block_kv,
         stages=tuning.max_concurrent_steps, bt_chunk=bt_chunk, scale_log2=config.softmax_scale * LOG2E,
-        overlap=tuning.overlap_qk and tuning.max_concurrent_steps >= 2, interpret=interpret,
+        interpret=interpret,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width))
     if num_splits > 1:

@@ -306,6 +306,36 @@ def torch_flashmla(inp: BenchInputs):
     return (lambda: fn(inp.q[0])), _torch_graph_timer(fn, inp.q)
 
 
+def timed_loop(call, n, qs, *args):
+    """n calls of call(q, *args) -> (out, lse) in one `lax.fori_loop` of static trip count (jit it
+    with call and n static), 4 per iteration, one per query buffer of qs.
+
+    (A traced n cost ~15 us a call on the H200 here: XLA then reads the loop predicate back to
+    the host every iteration.) The buffers are separate arrays (q[i % 4] of one array is a
+    dynamic-slice copy of q per call: 8.7 us at H128 B64 in the profile, a cost FA3's graph does
+    not pay), made loop-variant through an optimization barrier with the loop index (no copy;
+    else XLA could hoist the calls out of the loop). All results are carried and returned: a
+    carried value the jit does not return is dead, and XLA drops the calls that make it
+    (returning only the last pair timed 1 call in 4, seen on the H200)."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    if n % len(qs):
+        raise ValueError(f"n must be a multiple of {len(qs)}, got {n=}")
+    out0 = jax.eval_shape(call, qs[0], *args)
+
+    def body(i, carry):
+        results = ()
+        for qk in qs:
+            qk, _ = lax.optimization_barrier((qk, i))
+            results += tuple(call(qk, *args))
+        return results
+
+    init = tuple(jnp.zeros(x.shape, x.dtype) for x in out0) * len(qs)
+    return lax.fori_loop(0, n // len(qs), body, init)
+
+
 def _jax_kernel(impl: str, tuning=None, fp8: bool = False, interpret: bool = False):
     """A runner for mla_jax.<impl>.mla_decode; with fp8, on the cache quantized by quantize_fp8
     (kv_cache_dtype="fp8_e4m3") and its k_scale passed traced. interpret: Pallas interpret mode, on
@@ -346,33 +376,14 @@ def _jax_kernel(impl: str, tuning=None, fp8: bool = False, interpret: bool = Fal
                 return mod.mla_decode(qi[..., :L], qi[..., L:], kv, md, config, tuning=tuning, k_scale=scale, **extra)
             return mod.mla_decode(qi[..., :L], qi[..., L:], kv, md, config, tuning=tuning, **extra)
 
-        # N is static: a loop of known trip count. (A traced N cost ~15 us a call on the
-        # H200 here: XLA then reads the loop predicate back to the host every iteration.)
-        # Each iteration makes 4 calls, one per query buffer. The buffers are separate
-        # arguments (q[i % 4] of one array is a dynamic-slice copy of q per call: 8.7 us at
-        # H128 B64 in the profile, a cost FA3's graph does not pay), made loop-variant through
-        # an optimization barrier with the loop index (no copy; else XLA could hoist them).
-        @functools.partial(jax.jit, static_argnums=0)
-        def loop(n, qs, kv, md, scale):
-            out0, lse0 = jax.eval_shape(call, qs[0], kv, md, scale)
-
-            def body(i, carry):
-                results = ()
-                for qk in qs:
-                    qk, _ = lax.optimization_barrier((qk, i))
-                    results += tuple(call(qk, kv, md, scale))
-                return results  # all 4 results carried: none is dead
-
-            init = (jnp.zeros(out0.shape, out0.dtype), jnp.zeros(lse0.shape, lse0.dtype)) * len(qs)
-            return lax.fori_loop(0, n // len(qs), body, init)[-2:]
-
+        loop = functools.partial(jax.jit, static_argnums=(0, 1))(timed_loop)
         once = jax.jit(call)
         qs = tuple(q[k] for k in range(q.shape[0]))  # 4 separate buffers (sliced once, outside the loop)
 
         def time_n(n):
             if n % len(qs):
                 raise ValueError(f"n must be a multiple of {len(qs)}, got {n=}")
-            return lambda: jax.block_until_ready(loop(n, qs, kv, md, scale))
+            return lambda: jax.block_until_ready(loop(call, n, qs, kv, md, scale))
 
         return (lambda: jax.block_until_ready(once(qs[0], kv, md, scale))), time_n
 

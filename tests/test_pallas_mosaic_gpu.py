@@ -51,8 +51,8 @@ CASES = [
      MosaicConfig(num_splits=2)),
     (Scenario("one_stage", seq_lens=(150, 9), query_lens=(2, 1), page_size=32), "bfloat16",
      MosaicConfig(max_concurrent_steps=1, num_splits=1)),
-    (Scenario("no_overlap_split2", seq_lens=(150, 9, 64), query_lens=(2, 1, 1), page_size=16), "bfloat16",
-     MosaicConfig(overlap_qk=False, num_splits=2)),
+    (Scenario("unmasked_steps_split2", seq_lens=(300, 9, 64, 129), query_lens=(2, 1, 1, 3), page_size=16),
+     "bfloat16", MosaicConfig(num_splits=2)),
     (Scenario("heads64_decode", seq_lens=(70, 130, 1), query_lens=(1, 1, 1), num_heads=64, page_size=64), "float16",
      MosaicConfig(num_splits=2)),
 ]
@@ -114,7 +114,7 @@ class TestGPULowering:
             (16, 128, MosaicConfig(num_splits=3)),
             (8, 8, MosaicConfig(num_splits=2)),
             (16, 32, MosaicConfig(max_concurrent_steps=1)),
-            (128, 64, MosaicConfig(num_splits=1, overlap_qk=False)),
+            (128, 64, MosaicConfig(num_splits=1)),
             (32, 64, MosaicConfig(num_splits=1)),
         ],
     )
@@ -142,7 +142,6 @@ class TestConfig:
             (dict(block_h=128), "block_h=128"),
             (dict(bt_chunk=40), "bt_chunk=40"),
             (dict(num_splits=2.0), "num_splits=2.0"),
-            (dict(overlap_qk=1), "overlap_qk=1"),
             (dict(max_concurrent_steps=3), "shared memory"),  # 3 x 72 KiB stages + Q do not fit
         ],
     )
