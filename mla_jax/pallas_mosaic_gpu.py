@@ -1,22 +1,29 @@
 """Paged MLA decode on Hopper: a Pallas Mosaic GPU (`plgpu`) kernel.
 
-Design (one CTA = one 64-row query tile x one KV split; 3 warpgroups):
+Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
 
-* Query tiles. The wgmma M dimension is 64 rows. Heads are padded to `Hp`, a power
-  of two <= 64 or a multiple of 64. For `H <= 64`, a tile packs `64 // Hp`
-  consecutive query tokens *of one request* x `Hp` heads (row = token * Hp + head);
-  for `H >= 64`, one token's heads fill `H // 64` tiles. The tile schedule is
-  computed on device from `query_start_loc` (static upper bound on the number of
-  tiles), and the wrapper gathers q into `[num_tiles, H // 64 or 1, 64, 576]`.
-  Every row of a tile sees the same KV (the request's), with bottom-right causal
-  masking per row: row i of a tile whose first token sits at position `first_pos`
-  sees KV positions `p <= first_pos + i // Hp`.
-* Warp specialization. Warpgroup 2 is the memory warpgroup: it TMA-loads the
-  query tile and, per KV step of `block_kv` (64) tokens, the pages of that step
-  from `kv_cache.at[page]` (page ids read as scalars from a chunk of the block
-  table staged in SMEM) into a `max_concurrent_steps`-deep ring of swizzled SMEM
-  stages, signalling `kv_ready[slot]` and waiting `kv_consumed[slot]` before it
-  reuses a slot. Warpgroups 0 and 1 compute.
+* Query tiles. The wgmma M dimension is 64 rows. The kernel runs 8, 16, 32 or a
+  multiple of 64 heads (the wrapper pads q to that otherwise). For `H < 64` a tile
+  packs `64 // H` consecutive query tokens *of one request* x H heads (row = token
+  * H + head); for `H >= 64`, one token's heads fill `H // 64` tiles. Grid = (head
+  tile, split, request x query tile of the request): CTA (hb, split, g) takes request
+  g // q_tiles and its tokens [lt * tpt, (lt + 1) * tpt) for lt = g % q_tiles
+  (q_tiles = ceil(max_query_len / tpt)); a CTA with no tokens returns. The kernel
+  reads the request's (q_start, q_len, seq_len) and block table from one small
+  int32 schedule array (one XLA fusion per call), TMA-loads its q rows straight from
+  q [T, H, 576], and writes out [T, H, 512] / lse [T, H] straight from SMEM per
+  token (split-KV: fp32 partials indexed by CTA, combined in jnp). Every row of a
+  tile sees the same KV (the request's), with bottom-right causal masking per row:
+  row i of a tile whose first token sits at position `first_pos` sees KV positions
+  `p <= first_pos + i // Hp`; steps every row sees entirely skip the mask.
+* Producer. Warpgroup 0 also issues the TMAs: the query tile, and per KV step of
+  `block_kv` (64) tokens the pages of that step from `kv_cache.at[page]` (page ids
+  read as scalars from a chunk of the block table staged in SMEM) into a
+  `max_concurrent_steps`-deep ring of swizzled SMEM stages (`kv_ready[slot]`); at
+  the end of step k it waits `kv_consumed[slot]` (both warpgroups released it) and
+  issues step k + stages. (`MosaicConfig(memory_warpgroup=True)`: a third, memory
+  warpgroup does this instead, FA3 / attention_mgpu-style warp specialization; its
+  threads cap every thread at 168 registers, and the compute warpgroups spilled.)
 * Compute split (FlashMLA-style: each compute warpgroup owns a 256-wide half of
   the 512-wide latent output, so its fp32 accumulator is 64x256 = 128 registers
   per thread). Per step, warpgroup w computes the scores of its half of the KV
@@ -32,9 +39,9 @@ Design (one CTA = one 64-row query tile x one KV split; 3 warpgroups):
   `where` (so NaN scores never propagate), and on the (single) step of a split
   that runs past the tile's KV end, each compute warpgroup zeroes the invalid
   rows of its own V half in SMEM before its P @ V (P = 0 times V = NaN would be
-  NaN). Pages past the last page of a request are never fetched: the wrapper
-  clamps the block table to the request's last page.
-* Split-KV. Grid = (head tiles, num_splits, query tiles). Each split takes a
+  NaN). Pages past the last page of a request are never fetched: the producer
+  clamps the page index to the request's last page.
+* Split-KV. Each split takes a
   contiguous range of KV steps; with num_splits > 1 the kernel writes fp32
   partial outputs and per-split lse, and a jnp combine produces out and lse.
   With num_splits == 1 the kernel writes the final output (in q's dtype) and lse.
@@ -92,6 +99,10 @@ class MosaicConfig:
         up to this many steps ahead). Q (72 KiB) + 2 stages (144 KiB) fill the 227 KiB.
     block_h: rows of a query tile (the wgmma M dimension); only 64.
     bt_chunk: block-table entries staged in SMEM at a time (multiple of 32).
+    memory_warpgroup: a third warpgroup issues the TMAs (warp specialization). Its 128 threads
+        cap every thread at 168 registers (65536 / 384), and the compute warpgroups (a 64 x 256
+        fp32 accumulator each) spilled there on the H200 (ptxas: 252 bytes spill stores); False:
+        compute warpgroup 0 issues them between its steps, and 256 threads may use 255 registers.
     """
 
     block_kv: int = 64
@@ -99,6 +110,7 @@ class MosaicConfig:
     max_concurrent_steps: int = 2
     block_h: int = BLOCK_H
     bt_chunk: int = 224
+    memory_warpgroup: bool = False
 
     def __post_init__(self):
         for name in ("block_kv", "num_splits", "max_concurrent_steps", "block_h", "bt_chunk"):
@@ -107,6 +119,8 @@ class MosaicConfig:
                 raise ValueError(f"{name} must be an int, got {name}={x!r}")
         block_kv, num_splits = self.block_kv, self.num_splits
         max_concurrent_steps, block_h, bt_chunk = self.max_concurrent_steps, self.block_h, self.bt_chunk
+        if not isinstance(self.memory_warpgroup, bool):
+            raise ValueError(f"memory_warpgroup must be a bool, got memory_warpgroup={self.memory_warpgroup!r}")
         if block_kv != 64:
             # 64 = two 32-row score tiles, one per compute warpgroup. (32 would need
             # a zero-fill of 16-row V tiles, which the WGMMA register layout cannot hold.)
@@ -212,7 +226,7 @@ def unsupported_reason(config: MLAConfig, device=None) -> str | None:
 
 def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int, num_h_tiles: int, q_tiles: int,
                   num_reqs: int, num_splits: int, block_kv: int, stages: int, bt_chunk: int, scale_log2: float,
-                  interpret: bool):
+                  memory_wg: bool, interpret: bool):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile): CTA (hb, split, g) takes request g // q_tiles,
@@ -259,82 +273,121 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             end = jnp.minimum(begin + per_split, n_steps)
             return first_tok, ntok, first_pos, kv_len, last_page, begin, end
 
-        # ---------------------------------------------------------------- memory warpgroup
-        @pl.when(wg == NUM_COMPUTE_WGS)
-        def _memory_wg():
-            plgpu.set_max_registers(40, action="decrease")
+        # ---------------------------------------------------------------- the producer
+        def load_info():
             plgpu.copy_gmem_to_smem(sched_ref.at[req, pl.ds(0, INFO_WORDS)], info_smem, info_bar)
-            first_tok, ntok, _, _, last_page, begin, end = tile_info()
 
-            @pl.when(ntok > 0)
+        def load_q(first_tok):
+            """The query tile, straight from q [T, H, 576]."""
+            if tpt == 1:
+                plgpu.copy_gmem_to_smem(q_ref.at[first_tok, pl.ds(hb * BLOCK_H, BLOCK_H)], q_smem, q_bar)
+            else:
+                for j in range(tpt):  # rows of tokens past the tile's last repeat a valid token: never written
+                    tok = jnp.minimum(first_tok + j, num_tokens - 1)
+                    plgpu.copy_gmem_to_smem(q_ref.at[tok], q_smem.at[pl.ds(j * hp, hp)], q_bar)
+
+        def first_page(k):
+            return lax.div(k, jnp.int32(steps_per_page)) if pages_per_step == 1 else k * pages_per_step
+
+        def issue_step(i, begin, last_page):
+            """TMA of KV step begin + i into slot i % stages (the slot is free), signalling
+            kv_ready[slot]; stages the block-table chunk it needs when it differs from the
+            previous step's (steps are issued in order, so that one is in SMEM)."""
+            k = begin + i
+            slot = lax.rem(i, jnp.int32(stages))
+            lp0 = first_page(k)
+            chunk = lax.div(lp0, jnp.int32(bt_chunk))
+            prev_chunk = lax.div(first_page(k - 1), jnp.int32(bt_chunk))
+
+            @pl.when((i == 0) | (chunk != prev_chunk))
             def _():
-                # The query tile, straight from q [T, H, 576].
-                if tpt == 1:
-                    plgpu.copy_gmem_to_smem(q_ref.at[first_tok, pl.ds(hb * BLOCK_H, BLOCK_H)], q_smem, q_bar)
+                src = sched_ref.at[req, pl.ds(INFO_WORDS + chunk * bt_chunk, bt_chunk)]
+                plgpu.copy_gmem_to_smem(src, bt_smem, bt_bar)
+                plgpu.barrier_wait(bt_bar)
+
+            base = chunk * bt_chunk
+            if pages_per_step == 1:
+                page = bt_smem[lp0 - base]
+                if steps_per_page == 1:
+                    src = kv_ref.at[page]
                 else:
-                    for j in range(tpt):  # rows of tokens past the tile's last repeat a valid token: never written
-                        tok = jnp.minimum(first_tok + j, num_tokens - 1)
-                        plgpu.copy_gmem_to_smem(q_ref.at[tok], q_smem.at[pl.ds(j * hp, hp)], q_bar)
+                    off = lax.rem(k, jnp.int32(steps_per_page)) * block_kv
+                    src = kv_ref.at[page, pl.ds(off, block_kv)]
+                plgpu.copy_gmem_to_smem(src, kv_smem.at[slot], kv_ready.at[slot])
+            else:
+                for j in range(pages_per_step):
+                    # Pages past the request's last one are never dereferenced (their
+                    # rows are past kv_len): the last page stands in for them.
+                    page = bt_smem[jnp.minimum(lp0 + j, last_page) - base]
+                    plgpu.copy_gmem_to_smem(
+                        kv_ref.at[page], kv_smem.at[slot, pl.ds(j * page_size, page_size)], kv_ready.at[slot]
+                    )
 
-                def step(i, cur_chunk):
-                    k = begin + i
-                    slot = lax.rem(i, jnp.int32(stages))
+        def drain(n):
+            """Observe the last releases of every slot, so that each barrier phase is awaited
+            by its consumer (the interpreter checks this)."""
 
-                    @pl.when(i >= stages)
-                    def _():
-                        plgpu.barrier_wait(kv_consumed.at[slot])
+            @pl.loop(jnp.maximum(n - stages, 0), n)
+            def _drain(i):
+                plgpu.barrier_wait(kv_consumed.at[lax.rem(i, jnp.int32(stages))])
 
-                    if pages_per_step == 1:
-                        lp0 = lax.div(k, jnp.int32(steps_per_page))
-                    else:
-                        lp0 = k * pages_per_step
-                    chunk = lax.div(lp0, jnp.int32(bt_chunk))
+        if memory_wg:
+            @pl.when(wg == NUM_COMPUTE_WGS)
+            def _memory_wg():
+                plgpu.set_max_registers(40, action="decrease")
+                load_info()
+                first_tok, ntok, _, _, last_page, begin, end = tile_info()
 
-                    @pl.when(chunk != cur_chunk)
-                    def _():
-                        src = sched_ref.at[req, pl.ds(INFO_WORDS + chunk * bt_chunk, bt_chunk)]
-                        plgpu.copy_gmem_to_smem(src, bt_smem, bt_bar)
-                        plgpu.barrier_wait(bt_bar)
+                @pl.when(ntok > 0)
+                def _():
+                    load_q(first_tok)
+                    n = end - begin
 
-                    base = chunk * bt_chunk
-                    if pages_per_step == 1:
-                        page = bt_smem[lp0 - base]
-                        if steps_per_page == 1:
-                            src = kv_ref.at[page]
-                        else:
-                            off = lax.rem(k, jnp.int32(steps_per_page)) * block_kv
-                            src = kv_ref.at[page, pl.ds(off, block_kv)]
-                        plgpu.copy_gmem_to_smem(src, kv_smem.at[slot], kv_ready.at[slot])
-                    else:
-                        for j in range(pages_per_step):
-                            # Pages past the request's last one are never dereferenced (their
-                            # rows are past kv_len): the last page stands in for them.
-                            page = bt_smem[jnp.minimum(lp0 + j, last_page) - base]
-                            plgpu.copy_gmem_to_smem(
-                                kv_ref.at[page], kv_smem.at[slot, pl.ds(j * page_size, page_size)],
-                                kv_ready.at[slot]
-                            )
-                    return chunk
+                    @pl.loop(0, n)
+                    def _step(i):
+                        @pl.when(i >= stages)
+                        def _():
+                            plgpu.barrier_wait(kv_consumed.at[lax.rem(i, jnp.int32(stages))])
 
-                n = end - begin
-                lax.fori_loop(0, n, step, jnp.int32(-1))
+                        issue_step(i, begin, last_page)
 
-                # Drain: observe the last releases of every slot, so that each barrier
-                # phase is awaited by its consumer (the interpreter checks this).
-                @pl.loop(jnp.maximum(n - stages, 0), n)
-                def _drain(i):
-                    plgpu.barrier_wait(kv_consumed.at[lax.rem(i, jnp.int32(stages))])
+                    drain(n)
 
         # ---------------------------------------------------------------- compute warpgroups
         def compute_wg(w: int):  # w is static: all SMEM slices below are static
-            plgpu.set_max_registers(232, action="increase")
-            first_tok, ntok, first_pos, kv_len, _, begin, end = tile_info()
+            if memory_wg:
+                plgpu.set_max_registers(232, action="increase")
+            elif w == 0:
+                load_info()
+            first_tok, ntok, first_pos, kv_len, last_page, begin, end = tile_info()
 
             @pl.when(ntok > 0)
             def _():
-                compute_tile(w, first_tok, ntok, first_pos, kv_len, begin, end)
+                producer = not memory_wg and w == 0
+                n = end - begin
+                if producer:
+                    # Warpgroup 0 is also the producer: the query tile and the first
+                    # `stages` steps now, then step k + stages once both warpgroups released
+                    # step k's slot (kv_consumed), at the end of step k.
+                    load_q(first_tok)
 
-        def compute_tile(w, first_tok, ntok, first_pos, kv_len, begin, end):
+                    @pl.loop(0, jnp.minimum(n, stages))
+                    def _prologue(i):
+                        issue_step(i, begin, last_page)
+
+                def refill(k):
+                    i = k - begin + stages
+
+                    @pl.when(i < n)
+                    def _():
+                        plgpu.barrier_wait(kv_consumed.at[lax.rem(k - begin, jnp.int32(stages))])
+                        issue_step(i, begin, last_page)
+
+                compute_tile(w, first_tok, ntok, first_pos, kv_len, begin, end, refill if producer else None)
+                if producer:
+                    drain(n)
+
+        def compute_tile(w, first_tok, ntok, first_pos, kv_len, begin, end, refill):
             plgpu.barrier_wait(q_bar)
             v_cols = pl.ds(w * V_HALF, V_HALF)
 
@@ -418,7 +471,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     issue_qk(s_ref, k)
                     return s_ref[...]
 
-                return softmax_pv(k, pl.run_scoped(qk, s_acc), carry, masked)
+                carry = softmax_pv(k, pl.run_scoped(qk, s_acc), carry, masked)
+                if refill is not None:
+                    refill(k)
+                return carry
 
             # Steps whose every position is visible to every row (all <= first_pos, the tile's
             # first token) skip the mask: no iota / compare / select registers in the main loop.
@@ -505,7 +561,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         scratch_types=scratch,
         grid=(num_h_tiles, num_splits, num_ctas_tiles),
         grid_names=("h", "split", "tile"),
-        num_threads=NUM_COMPUTE_WGS + 1,
+        num_threads=NUM_COMPUTE_WGS + int(memory_wg),
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True, reduction_scratch_bytes=0,
                                              lowering_semantics=plgpu.LoweringSemantics.Lane),
@@ -590,7 +646,7 @@ def _mla_decode(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig, tuning
         dtype=dtype, page_size=page_size, num_tokens=num_tokens, heads=heads, hp=hp, num_h_tiles=num_h_tiles,
         q_tiles=q_tiles, num_reqs=num_reqs, num_splits=num_splits, block_kv=block_kv,
         stages=tuning.max_concurrent_steps, bt_chunk=bt_chunk, scale_log2=config.softmax_scale * LOG2E,
-        interpret=interpret,
+        memory_wg=tuning.memory_warpgroup, interpret=interpret,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width))
     if num_splits > 1:

@@ -26,7 +26,7 @@ SHAPES = [
 VARIANTS = {
     "pallas_triton": dict(block_kv=(16, 32, 64, 128), num_warps=(4, 8), num_stages=(1, 2, 3, 4), num_splits="x0.5,x2",
                           block_h=(32, 64), block_q=(1, 2)),
-    "pallas_mosaic_gpu": dict(max_concurrent_steps=(1,), num_splits="x0.5,x2,=1"),
+    "pallas_mosaic_gpu": dict(memory_warpgroup=(True, False), max_concurrent_steps=(1,), num_splits="x0.5,x2,=1"),
 }
 
 
@@ -52,6 +52,7 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--impl", default="pallas_triton", choices=sorted(VARIANTS))
     p.add_argument("--shapes", help="comma-separated shape names (default: all of SHAPES)")
+    p.add_argument("--fields", help="comma-separated tuning fields to vary (default: all of the impl's)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--json")
     args = p.parse_args(argv)
@@ -73,7 +74,8 @@ def main(argv=None) -> int:
             fa3_s, _, _ = bench.time_impl(bench.torch_fa3, inp, args.reps)
         except Exception as e:  # FA3 missing: the sweep still ranks the variants
             print(f"{shape.name}: no FA3 ({type(e).__name__}: {e})", file=sys.stderr)
-        for label, tuning in variants(base, VARIANTS[args.impl]):
+        spec = {f: v for f, v in VARIANTS[args.impl].items() if not args.fields or f in args.fields.split(",")}
+        for label, tuning in variants(base, spec):
             row = dict(shape=shape.name, variant=label, tuning=dataclasses.asdict(tuning), fa3_s=fa3_s)
             try:
                 sec, n, _ = bench.time_impl(bench._jax_kernel(args.impl, tuning), inp, args.reps)

@@ -55,6 +55,11 @@ CASES = [
      "bfloat16", MosaicConfig(num_splits=2)),
     (Scenario("heads64_decode", seq_lens=(70, 130, 1), query_lens=(1, 1, 1), num_heads=64, page_size=64), "float16",
      MosaicConfig(num_splits=2)),
+    # the warp-specialized variant (a third warpgroup issues the TMAs)
+    (Scenario("memory_wg_p16", seq_lens=(8, 300, 200), query_lens=(3, 6, 2), page_size=16), "bfloat16",
+     MosaicConfig(num_splits=2, memory_warpgroup=True)),
+    (Scenario("memory_wg_h128_p128", seq_lens=(65, 200), query_lens=(1, 1), num_heads=128, page_size=128), "float16",
+     MosaicConfig(num_splits=1, memory_warpgroup=True)),
 ]
 
 
@@ -81,6 +86,20 @@ class TestInterpret:
         o3, l3 = _run(batch, "bfloat16", MosaicConfig(num_splits=1), interpret=True)
         assert_matches(o3, l3, ref_out, ref_lse, "bfloat16", "num_splits=1")
         assert np.abs(np.asarray(l3) - l1).max() < 1e-4
+
+    @pytest.mark.parametrize("memory_warpgroup", [False, True])
+    def test_no_data_races(self, memory_warpgroup):
+        """The interpreter's race detector: the producer (warpgroup 0, or the memory warpgroup),
+        the KV ring, P and the row-max exchange are ordered by their barriers."""
+        scenario = Scenario("races", seq_lens=(150, 9), query_lens=(2, 1), page_size=16)
+        batch, ref_out, ref_lse = batch_and_reference(scenario, "bfloat16")
+        params = mgpu_mla.plgpu.InterpretGPUParams(detect_races=True)
+        tuning = MosaicConfig(num_splits=2, memory_warpgroup=memory_warpgroup)
+        out, lse = _run(batch, "bfloat16", tuning, interpret=params)
+        assert_matches(out, lse, ref_out, ref_lse, "bfloat16", f"races {tuning}")
+        from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as ipc  # no public accessor
+
+        assert not ipc.get_races().races_found
 
     def test_through_api_jit_and_packed_q(self):
         """mla_jax.mla_decode(impl="pallas_mosaic_gpu") with a packed q, and under an outer jax.jit."""
@@ -116,6 +135,8 @@ class TestGPULowering:
             (16, 32, MosaicConfig(max_concurrent_steps=1)),
             (128, 64, MosaicConfig(num_splits=1)),
             (32, 64, MosaicConfig(num_splits=1)),
+            (16, 16, MosaicConfig(num_splits=2, memory_warpgroup=True)),
+            (128, 64, MosaicConfig(num_splits=1, memory_warpgroup=True)),
         ],
     )
     def test_lowers_for_cuda(self, num_heads, page_size, tuning):
@@ -142,6 +163,7 @@ class TestConfig:
             (dict(block_h=128), "block_h=128"),
             (dict(bt_chunk=40), "bt_chunk=40"),
             (dict(num_splits=2.0), "num_splits=2.0"),
+            (dict(memory_warpgroup=1), "memory_warpgroup=1"),
             (dict(max_concurrent_steps=3), "shared memory"),  # 3 x 72 KiB stages + Q do not fit
         ],
     )
