@@ -137,22 +137,36 @@ for name, b in benches.items():
 show(plots.speedup_figure(benches["h200-bench-triton-2026-11-30.json"], against=("torch.fa3", "torch.flashmla")))
 """),
     code("""
-show(plots.speedup_figure(benches["h200-bench-headline-2026-11-30.json"], against=("torch.fa3",)))
+LATEST = "h200-bench-headline-mosaic-v2-2026-11-30.json"   # FA3, FlashMLA, Triton, Mosaic GPU in one run
+show(plots.speedup_figure(benches[LATEST], against=("torch.fa3",)))
+"""),
+    code("""
+# The issue grid for the Mosaic GPU kernel (v3); that run was cut after 27 of 61 shapes
+show(plots.speedup_figure(benches["h200-bench-mosaic-grid-v3-2026-11-30.json"], against=("torch.fa3",)))
 """),
     md("""
 ## Roofline
 Achieved TFLOP/s against arithmetic intensity (FLOPs / byte; bytes = the KV cache read once + q + out),
-under the machine's copy and bf16 matmul ceilings. These benches predate `measure_ceilings`, so the
-plot says it uses the anchors' numbers (4.26 TB/s, 788 TFLOP/s); a bench run now stores its own.
+under the machine's copy and bf16 matmul ceilings, which the bench measured in the same run.
 """),
     code("""
-for b in benches.values():
-    print(b["grid"], "ceilings:", plots.ceilings(b))
-    show(plots.roofline_figure(b))
+b = benches[LATEST]
+print(b["grid"], "ceilings:", plots.ceilings(b))
+show(plots.roofline_figure(b))
+"""),
+    md("""
+## FP8 KV cache
+The Triton kernel on an fp8 copy of the cache (KV bytes counted at 1 byte) against bf16 Triton and FA3:
+its speed ratio, and its measured gap to FA3 on the original bf16 values (recorded, not judged).
+"""),
+    code("""
+s = benches["h200-bench-fp8-2026-11-30.json"]["summary"]
+print("time bf16 Triton / time fp8 Triton, geomean:", round(s["fp8_speedup_vs_bf16"]["geomean_speedup"], 3))
+print("gap to FA3 (bf16):", {k: round(v, 4) for k, v in s["fp8_gap_vs_first"].items() if k != "shapes"})
 """),
     md("## The headline shapes"),
     code("""
-b = benches["h200-bench-headline-2026-11-30.json"]
+b = benches[LATEST]
 for shape in ("H16_B128_S16384_q1", "H128_B64_S16384_q1", "H16_B1_S1024_q1"):
     for r in plots.timed_rows(b):
         if r["name"] == shape:

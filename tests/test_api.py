@@ -39,3 +39,4 @@ def test_kernels_state_why_they_cannot_run_a_config():
     assert mla_jax.unsupported_reason("pallas_triton", cfg) is None  # any page size
     assert mla_jax.unsupported_reason("pallas_triton", cfg.replace(kv_cache_dtype="fp8_e4m3")) is None
     assert "fp8" in mla_jax.unsupported_reason("pallas_mosaic_gpu", cfg.replace(page_size=64, kv_cache_dtype="fp8_e4m3"))
+

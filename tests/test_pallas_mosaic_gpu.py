@@ -285,3 +285,24 @@ class TestGPU:
         (o1, l1), (o2, l2) = [_run(batch, "bfloat16", MosaicConfig(num_splits=3), False) for _ in range(2)]
         assert np.array_equal(np.asarray(o1.astype(jnp.float32)), np.asarray(o2.astype(jnp.float32)))
         assert np.array_equal(np.asarray(l1), np.asarray(l2))
+
+
+@pytest.mark.parametrize(
+    "config, expected, why",
+    [
+        (MLAConfig(num_heads=128, page_size=64), "pallas_mosaic_gpu", None),
+        (MLAConfig(num_heads=16, page_size=1), "pallas_triton", "page_size=1"),
+        (MLAConfig(num_heads=16, kv_cache_dtype="fp8_e4m3"), "pallas_triton", "fp8"),
+        (MLAConfig(num_heads=16, batch_invariant=True), "pallas_triton", "batch_invariant"),
+        (MLAConfig(num_heads=16, dtype="float32"), "pallas_triton", "float32"),
+    ],
+)
+def test_jax_auto_on_hopper_prefers_mosaic_then_triton_and_says_why(config, expected, why):
+    hopper = types.SimpleNamespace(platform="gpu", compute_capability="9.0")
+    impl, skipped = mla_jax.select_impl(config, hopper)
+    assert impl == expected
+    if why is not None:
+        assert why in skipped["pallas_mosaic_gpu"]
+    ampere = types.SimpleNamespace(platform="gpu", compute_capability="8.0")
+    impl, skipped = mla_jax.select_impl(MLAConfig(num_heads=16), ampere)
+    assert impl == "pallas_triton" and "9.x" in skipped["pallas_mosaic_gpu"]
