@@ -34,6 +34,12 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
   `acc_w += P_0 @ V[rows of half 0, cols of w] + P_1 @ V[rows of half 1, cols of w]`
   (two wgmmas, K = 32 each). No QK^T work is duplicated. Online softmax in fp32
   with exp2 (scores pre-scaled by softmax_scale * log2(e)).
+* FlashMLA schedule (`MosaicConfig(schedule="flashmla")`, opt-in until timed on the H200):
+  warpgroup 0 computes all the scores of a step (`S = Q @ K^T`, wgmma N = 64, 128-byte
+  swizzle), the online softmax and P, writes P and the rescale factor to SMEM (`p_ready`)
+  and does P @ V for columns [0, 256); warpgroup 1 rescales, does P @ V for [256, 512),
+  releases P (`p_free`) and issues the TMAs. One hand-off a step instead of two lock-step
+  barriers, and warpgroup 1's P @ V overlaps warpgroup 0's next scores.
 * Rows past seq_len. The cache slots past a request's `seq_len` may hold anything
   (NaN in tests). Scores of masked positions are replaced by a finite -1e30 with
   `where` (so NaN scores never propagate), and on the (single) step of a split
@@ -82,6 +88,7 @@ MASK_VALUE = -1e30  # finite: a fully masked row stays NaN-free
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 SUPPORTED_DTYPES = ("bfloat16", "float16")
+SCHEDULES = ("split", "flashmla")
 
 
 def _is_pow2(x: int) -> bool:
@@ -103,6 +110,11 @@ class MosaicConfig:
         cap every thread at 168 registers (65536 / 384), and the compute warpgroups (a 64 x 256
         fp32 accumulator each) spilled there on the H200 (ptxas: 252 bytes spill stores); False:
         compute warpgroup 0 issues them between its steps, and 256 threads may use 255 registers.
+    schedule: how the two compute warpgroups share a step. "split": each computes the scores of
+        half the step's tokens (wgmma N = 32), they exchange row maxima, and each does P @ V for
+        its 256 output columns (two barriers a step, in lock-step). "flashmla": FlashMLA's split,
+        warpgroup 0 computes all the scores (N = 64) and the softmax, warpgroup 1 only its P @ V
+        half and the TMAs, so its P @ V overlaps warpgroup 0's next scores; 128-byte swizzle.
     """
 
     block_kv: int = 64
@@ -111,6 +123,7 @@ class MosaicConfig:
     block_h: int = BLOCK_H
     bt_chunk: int = 224
     memory_warpgroup: bool = False
+    schedule: str = "split"
 
     def __post_init__(self):
         for name in ("block_kv", "num_splits", "max_concurrent_steps", "block_h", "bt_chunk"):
@@ -119,6 +132,11 @@ class MosaicConfig:
                 raise ValueError(f"{name} must be an int, got {name}={x!r}")
         block_kv, num_splits = self.block_kv, self.num_splits
         max_concurrent_steps, block_h, bt_chunk = self.max_concurrent_steps, self.block_h, self.bt_chunk
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got schedule={self.schedule!r}")
+        if self.schedule == "flashmla" and self.memory_warpgroup is True:
+            raise ValueError("schedule='flashmla' has warpgroup 1 issue the TMAs: it needs memory_warpgroup=False, "
+                             "got memory_warpgroup=True")
         if not isinstance(self.memory_warpgroup, bool):
             raise ValueError(f"memory_warpgroup must be a bool, got memory_warpgroup={self.memory_warpgroup!r}")
         if block_kv != 64:
@@ -226,7 +244,7 @@ def unsupported_reason(config: MLAConfig, device=None) -> str | None:
 
 def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int, num_h_tiles: int, q_tiles: int,
                   num_reqs: int, num_splits: int, block_kv: int, stages: int, bt_chunk: int, scale_log2: float,
-                  memory_wg: bool, interpret: bool):
+                  memory_wg: bool, schedule: str, interpret: bool):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile): CTA (hb, split, g) takes request g // q_tiles,
@@ -242,6 +260,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     if bt_chunk % pages_per_step:
         raise ValueError(f"bt_chunk={bt_chunk} must be a multiple of pages_per_step={pages_per_step}")
     split_out = num_splits > 1
+    flashmla = schedule == "flashmla"
+    producer_wg = 1 if flashmla else 0  # FlashMLA: warpgroup 1 has the lighter step
 
     def body(q_ref, kv_ref, sched_ref, out_ref, lse_ref,
              q_smem, kv_smem, p_smem, x_smem, i_smem,
@@ -357,13 +377,13 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         def compute_wg(w: int):  # w is static: all SMEM slices below are static
             if memory_wg:
                 plgpu.set_max_registers(232, action="increase")
-            elif w == 0:
+            elif w == producer_wg:
                 load_info()
             first_tok, ntok, first_pos, kv_len, last_page, begin, end = tile_info()
 
             @pl.when(ntok > 0)
             def _():
-                producer = not memory_wg and w == 0
+                producer = not memory_wg and w == producer_wg
                 n = end - begin
                 if producer:
                     # Warpgroup 0 is also the producer: the query tile and the first
@@ -383,7 +403,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         plgpu.barrier_wait(kv_consumed.at[lax.rem(k - begin, jnp.int32(stages))])
                         issue_step(i, begin, last_page)
 
-                compute_tile(w, first_tok, ntok, first_pos, kv_len, begin, end, refill if producer else None)
+                tile = compute_tile_flashmla if flashmla else compute_tile
+                tile(w, first_tok, ntok, first_pos, kv_len, begin, end, refill if producer else None)
                 if producer:
                     drain(n)
 
@@ -489,6 +510,122 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             l_tot = l_i + plgpu.load(x_smem.at[1 - w], layout=plgpu.Layout.WGMMA.reduce(1))
             plgpu.barrier_arrive(sync_b)
             plgpu.barrier_wait(sync_b)  # both read x_smem before it is reused for lse
+            lse = (m_i + jnp.log(l_tot) * (1.0 / LN2)) * LN2 if w == 0 else None
+            finish(w, acc, l_tot, lse, first_tok, ntok)
+
+        def compute_tile_flashmla(w, first_tok, ntok, first_pos, kv_len, begin, end, refill):
+            """FlashMLA's split of a step: warpgroup 0 computes all the scores S = Q K^T of the
+            64-token step (wgmma N = 64), the online softmax and P, hands P (SMEM, `p_ready`) and
+            the rescale factor alpha (x_smem[0]) to warpgroup 1, and does P @ V for output columns
+            [0, 256); warpgroup 1 rescales and does P @ V for columns
+            [256, 512) with P from SMEM, releases P (`p_free`), and issues the TMAs. So warpgroup
+            1's P @ V of step k runs while warpgroup 0 computes the scores of step k + 1."""
+            v_cols = pl.ds(w * V_HALF, V_HALF)
+            acc = plgpu.layout_cast(jnp.full((BLOCK_H, V_HALF), 0.0, jnp.float32), plgpu.Layout.WGMMA)
+            row_layout = plgpu.Layout.WGMMA.reduce(1)
+
+            def pv(acc, p_operand, slot):
+                def body(acc_ref):
+                    plgpu.wgmma(acc_ref, p_operand, kv_smem.at[slot, :, v_cols])
+
+                if interpret:  # see compute_tile: no run_state over an accumulator in the interpreter
+                    def fresh(acc_ref):
+                        body(acc_ref)
+                        return acc_ref[...]
+
+                    return acc + pl.run_scoped(fresh, plgpu.ACC((BLOCK_H, V_HALF), jnp.float32))
+                return pl.run_state(body)(plgpu.ACC.init(acc))
+
+            if w == 0:
+                plgpu.barrier_wait(q_bar)
+                m_i = plgpu.layout_cast(jnp.full((BLOCK_H,), -jnp.inf, jnp.float32), row_layout)
+                l_i = plgpu.layout_cast(jnp.full((BLOCK_H,), 0.0, jnp.float32), row_layout)
+
+                def step(k, carry, masked):
+                    acc, m_i, l_i = carry
+                    slot = lax.rem(k - begin, jnp.int32(stages))
+                    kv_start = k * block_kv
+                    plgpu.barrier_wait(kv_ready.at[slot])
+
+                    def qk(s_ref):
+                        plgpu.wgmma(s_ref, q_smem, kv_smem.at[slot].transpose((1, 0)))
+                        return s_ref[...]
+
+                    s = pl.run_scoped(qk, plgpu.ACC((BLOCK_H, block_kv), jnp.float32))
+                    if masked:
+                        row = plgpu.broadcasted_iota(jnp.int32, (BLOCK_H, block_kv), 0, layout=plgpu.Layout.WGMMA)
+                        col = plgpu.broadcasted_iota(jnp.int32, (BLOCK_H, block_kv), 1, layout=plgpu.Layout.WGMMA)
+                        kv_pos = col + kv_start
+                        visible = ((kv_pos - first_pos) * hp <= row) & (kv_pos < kv_len)
+                        s = jnp.where(visible, s * scale_log2, MASK_VALUE)
+                    else:
+                        s = s * scale_log2
+                    m_new = jnp.maximum(m_i, s.max(axis=1))
+                    alpha = jnp.exp2(m_i - m_new)
+                    p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
+                    l_i = l_i * alpha + p.sum(axis=1)
+                    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+
+                    @pl.when(k > begin)
+                    def _():
+                        plgpu.barrier_wait(sync_b)  # p_free: warpgroup 1 is done with P and alpha of step k - 1
+
+                    p_smem[...] = p.astype(dtype)
+                    x_smem[0] = alpha
+                    if masked:
+                        # The step past kv_len: zero V's invalid rows (all 512 columns) before
+                        # either P @ V reads them (their slots may hold NaN; 0 * NaN = NaN).
+                        # The scores of this step, the only reader of K, are done.
+                        @pl.when(kv_start + block_kv > kv_len)
+                        def _zero_tail():
+                            n_valid = kv_len - kv_start
+                            rows = plgpu.broadcasted_iota(jnp.int32, (block_kv, 64), 0, layout=plgpu.Layout.WGMMA)
+                            for c in range(KV_LORA_RANK // 64):
+                                ref = kv_smem.at[slot, :, pl.ds(c * 64, 64)]
+                                ref[...] = jnp.where(rows < n_valid, ref[...], jnp.zeros((), dtype))
+
+                    plgpu.commit_smem()
+                    plgpu.barrier_arrive(sync_a)  # p_ready
+                    # P from SMEM here too (the interpreter's wgmma takes only SMEM left operands)
+                    acc = pv(acc, p_smem, slot)
+                    plgpu.barrier_arrive(kv_consumed.at[slot])
+                    return acc, m_new, l_i
+
+                mid = jnp.clip(lax.div(first_pos + 1, jnp.int32(block_kv)), begin, end)
+                carry = lax.fori_loop(begin, mid, functools.partial(step, masked=False), (acc, m_i, l_i))
+                acc, m_i, l_i = lax.fori_loop(mid, end, functools.partial(step, masked=True), carry)
+
+                # Hand the row sums to warpgroup 1 once it is done with the last alpha.
+                @pl.when(end > begin)
+                def _():
+                    plgpu.barrier_wait(sync_b)
+
+                x_smem[1] = l_i
+                plgpu.commit_smem()
+                plgpu.barrier_arrive(sync_a)
+                lse = (m_i + jnp.log(l_i) * (1.0 / LN2)) * LN2
+                finish(w, acc, l_i, lse, first_tok, ntok)
+            else:
+                def step(k, acc):
+                    slot = lax.rem(k - begin, jnp.int32(stages))
+                    plgpu.barrier_wait(sync_a)  # p_ready
+                    alpha = plgpu.load(x_smem.at[0], layout=row_layout)
+                    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+                    acc = pv(acc, p_smem, slot)
+                    plgpu.barrier_arrive(sync_b)  # p_free
+                    plgpu.barrier_arrive(kv_consumed.at[slot])
+                    if refill is not None:
+                        refill(k)
+                    return acc
+
+                acc = lax.fori_loop(begin, end, step, acc)
+                plgpu.barrier_wait(sync_a)
+                l_tot = plgpu.load(x_smem.at[1], layout=row_layout)
+                finish(w, acc, l_tot, None, first_tok, ntok)
+
+        def finish(w, acc, l_tot, lse, first_tok, ntok):
+            """Normalizes this warpgroup's output half and writes it (and, warpgroup 0, the lse)."""
+            v_cols = pl.ds(w * V_HALF, V_HALF)
             out = acc * lax.broadcast_in_dim(1.0 / jnp.maximum(l_tot, 1e-30), acc.shape, [0])
             if split_out:
                 # fp32 partials of the CTA's 64 rows, indexed by CTA (the combine maps tokens to them)
@@ -496,7 +633,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             else:
                 q_smem.at[:, v_cols][...] = out.astype(dtype)
             if w == 0:
-                x_smem[0] = (m_i + jnp.log(l_tot) * (1.0 / LN2)) * LN2
+                x_smem[0] = lse
             plgpu.commit_smem()
             if split_out:
                 if w == 0:
@@ -526,14 +663,16 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         for w in range(NUM_COMPUTE_WGS):
             pl.when(wg == w)(functools.partial(compute_wg, w))
 
-    # wgmma needs one swizzle for both operands, and a P half is `half` columns
-    # wide: every wgmma operand (Q, the KV ring, P) is tiled (8, half) with a
-    # (half * 2)-byte swizzle (64 bytes for block_kv=64).
-    transforms = (plgpu.TilingTransform((8, half)), plgpu.SwizzleTransform(half * 2))
+    # wgmma needs one swizzle for both operands. Split schedule: a P half is `half` columns
+    # wide, so every wgmma operand (Q, the KV ring, P) is tiled (8, half) with a (half * 2)-byte
+    # swizzle (64 bytes for block_kv=64). FlashMLA schedule: P is [64, block_kv], 128 bytes.
+    p_cols = block_kv if flashmla else half
+    transforms = (plgpu.TilingTransform((8, p_cols)), plgpu.SwizzleTransform(p_cols * 2))
     scratch = [
         plgpu.SMEM((BLOCK_H, HEAD_DIM), dtype, transforms=transforms),  # q (and the output stage)
         plgpu.SMEM((stages, block_kv, HEAD_DIM), dtype, transforms=transforms),  # KV ring
-        plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, half), dtype, transforms=transforms),  # P halves
+        plgpu.SMEM((BLOCK_H, block_kv) if flashmla else (NUM_COMPUTE_WGS, BLOCK_H, half), dtype,
+                   transforms=transforms),  # P (split: the two halves)
         plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H), jnp.float32),  # row max / row sum exchange, lse
         plgpu.SMEM((INFO_WORDS + bt_chunk,), jnp.int32),  # request info + block-table chunk
         plgpu.Barrier(num_arrivals=tpt),  # q_bar: one TMA per token of the tile (one for H >= 64)
@@ -541,8 +680,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         plgpu.Barrier(),  # bt_bar
         plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=stages),  # kv_ready
         plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS, num_barriers=stages),  # kv_consumed
-        plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS),  # sync_a
-        plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS),  # sync_b
+        plgpu.Barrier(num_arrivals=1 if flashmla else NUM_COMPUTE_WGS),  # sync_a (FlashMLA: p_ready)
+        plgpu.Barrier(num_arrivals=1 if flashmla else NUM_COMPUTE_WGS),  # sync_b (FlashMLA: p_free)
     ]
     num_ctas_tiles = num_reqs * q_tiles
     if split_out:
@@ -646,7 +785,7 @@ def _mla_decode(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig, tuning
         dtype=dtype, page_size=page_size, num_tokens=num_tokens, heads=heads, hp=hp, num_h_tiles=num_h_tiles,
         q_tiles=q_tiles, num_reqs=num_reqs, num_splits=num_splits, block_kv=block_kv,
         stages=tuning.max_concurrent_steps, bt_chunk=bt_chunk, scale_log2=config.softmax_scale * LOG2E,
-        memory_wg=tuning.memory_warpgroup, interpret=interpret,
+        memory_wg=tuning.memory_warpgroup, schedule=tuning.schedule, interpret=interpret,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width))
     if num_splits > 1:

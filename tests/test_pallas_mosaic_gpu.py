@@ -55,6 +55,15 @@ CASES = [
      "bfloat16", MosaicConfig(num_splits=2)),
     (Scenario("heads64_decode", seq_lens=(70, 130, 1), query_lens=(1, 1, 1), num_heads=64, page_size=64), "float16",
      MosaicConfig(num_splits=2)),
+    # FlashMLA's schedule (warpgroup 0: all scores + softmax; warpgroup 1: its P @ V half + TMAs)
+    (Scenario("flashmla_p16_spec", seq_lens=(8, 100, 200), query_lens=(3, 6, 2), page_size=16), "bfloat16",
+     MosaicConfig(schedule="flashmla", num_splits=2)),
+    (Scenario("flashmla_h128_p64", seq_lens=(33, 97, 520), query_lens=(1, 2, 1), num_heads=128, page_size=64),
+     "float16", MosaicConfig(schedule="flashmla", num_splits=3)),
+    (Scenario("flashmla_p8_h8", seq_lens=(30, 110), query_lens=(1, 3), num_heads=8, page_size=8), "bfloat16",
+     MosaicConfig(schedule="flashmla", num_splits=1)),
+    (Scenario("flashmla_one_stage", seq_lens=(150, 9), query_lens=(2, 1), page_size=32), "bfloat16",
+     MosaicConfig(schedule="flashmla", max_concurrent_steps=1)),
     # the warp-specialized variant (a third warpgroup issues the TMAs)
     (Scenario("memory_wg_p16", seq_lens=(8, 300, 200), query_lens=(3, 6, 2), page_size=16), "bfloat16",
      MosaicConfig(num_splits=2, memory_warpgroup=True)),
@@ -87,14 +96,14 @@ class TestInterpret:
         assert_matches(o3, l3, ref_out, ref_lse, "bfloat16", "num_splits=1")
         assert np.abs(np.asarray(l3) - l1).max() < 1e-4
 
-    @pytest.mark.parametrize("memory_warpgroup", [False, True])
-    def test_no_data_races(self, memory_warpgroup):
+    @pytest.mark.parametrize("memory_warpgroup, schedule", [(False, "split"), (True, "split"), (False, "flashmla")])
+    def test_no_data_races(self, memory_warpgroup, schedule):
         """The interpreter's race detector: the producer (warpgroup 0, or the memory warpgroup),
         the KV ring, P and the row-max exchange are ordered by their barriers."""
         scenario = Scenario("races", seq_lens=(150, 9), query_lens=(2, 1), page_size=16)
         batch, ref_out, ref_lse = batch_and_reference(scenario, "bfloat16")
         params = mgpu_mla.plgpu.InterpretGPUParams(detect_races=True)
-        tuning = MosaicConfig(num_splits=2, memory_warpgroup=memory_warpgroup)
+        tuning = MosaicConfig(num_splits=2, memory_warpgroup=memory_warpgroup, schedule=schedule)
         out, lse = _run(batch, "bfloat16", tuning, interpret=params)
         assert_matches(out, lse, ref_out, ref_lse, "bfloat16", f"races {tuning}")
         from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as ipc  # no public accessor
@@ -136,6 +145,9 @@ class TestGPULowering:
             (128, 64, MosaicConfig(num_splits=1)),
             (32, 64, MosaicConfig(num_splits=1)),
             (16, 16, MosaicConfig(num_splits=2, memory_warpgroup=True)),
+            (16, 16, MosaicConfig(num_splits=2, schedule="flashmla")),
+            (128, 64, MosaicConfig(num_splits=1, schedule="flashmla")),
+            (8, 128, MosaicConfig(num_splits=3, schedule="flashmla")),
             (128, 64, MosaicConfig(num_splits=1, memory_warpgroup=True)),
         ],
     )
@@ -164,6 +176,8 @@ class TestConfig:
             (dict(bt_chunk=40), "bt_chunk=40"),
             (dict(num_splits=2.0), "num_splits=2.0"),
             (dict(memory_warpgroup=1), "memory_warpgroup=1"),
+            (dict(schedule="pingpong"), "schedule='pingpong'"),
+            (dict(schedule="flashmla", memory_warpgroup=True), "memory_warpgroup=True"),
             (dict(max_concurrent_steps=3), "shared memory"),  # 3 x 72 KiB stages + Q do not fit
         ],
     )
@@ -280,9 +294,21 @@ class TestGPU:
         out, lse = _run(batch, dtype, tuning, interpret=False)
         assert_matches(out, lse, ref_out, ref_lse, dtype, f"{scenario.name} {tuning}")
 
-    def test_deterministic(self):
+    @pytest.mark.parametrize("name", sorted(SCENARIOS))
+    def test_scenario_flashmla_schedule(self, name):
+        scenario = SCENARIOS[name]
+        reason = unsupported_reason(scenario.config("bfloat16"))
+        if reason is not None:
+            pytest.skip(reason)
+        batch, ref_out, ref_lse = batch_and_reference(scenario, "bfloat16")
+        out, lse = _run(batch, "bfloat16", MosaicConfig(num_splits=3, schedule="flashmla"), interpret=False)
+        assert_matches(out, lse, ref_out, ref_lse, "bfloat16", f"{name} flashmla")
+
+    @pytest.mark.parametrize("schedule", ["split", "flashmla"])
+    def test_deterministic(self, schedule):
         batch, _, _ = batch_and_reference(SCENARIOS["spec_decode"], "bfloat16")
-        (o1, l1), (o2, l2) = [_run(batch, "bfloat16", MosaicConfig(num_splits=3), False) for _ in range(2)]
+        tuning = MosaicConfig(num_splits=3, schedule=schedule)
+        (o1, l1), (o2, l2) = [_run(batch, "bfloat16", tuning, False) for _ in range(2)]
         assert np.array_equal(np.asarray(o1.astype(jnp.float32)), np.asarray(o2.astype(jnp.float32)))
         assert np.array_equal(np.asarray(l1), np.asarray(l2))
 
