@@ -95,7 +95,7 @@ GRIDS = {
 
 DEFAULT_IMPLS = ["torch.fa3", "torch.flashmla", "jax.pallas_triton", "jax.pallas_mosaic_gpu"]
 
-FP8_IMPLS = {"jax.pallas_triton.fp8"}
+FP8_IMPLS = {"jax.pallas_triton.fp8", "jax.pallas_triton.fp8.kv_lhs"}
 """Impls that read an fp8 copy of the bf16 cache: 1-byte KV in their bytes, a recorded gap under --check."""
 
 FP8_E4M3_MAX = 448.0  # the largest finite float8_e4m3fn value
@@ -336,10 +336,11 @@ def timed_loop(call, n, qs, *args):
     return lax.fori_loop(0, n // len(qs), body, init)
 
 
-def _jax_kernel(impl: str, tuning=None, fp8: bool = False, interpret: bool = False):
+def _jax_kernel(impl: str, tuning=None, fp8: bool = False, interpret: bool = False, overrides=None):
     """A runner for mla_jax.<impl>.mla_decode; with fp8, on the cache quantized by quantize_fp8
     (kv_cache_dtype="fp8_e4m3") and its k_scale passed traced. interpret: Pallas interpret mode, on
-    any device (the CPU tests of this runner; never timed)."""
+    any device (the CPU tests of this runner; never timed). overrides (Triton only): fields replaced
+    in the heuristic's pick for each shape (e.g. kv_lhs=True)."""
 
     def make(inp: BenchInputs):
         import importlib
@@ -357,6 +358,12 @@ def _jax_kernel(impl: str, tuning=None, fp8: bool = False, interpret: bool = Fal
             raise NotImplementedError(reason)
         md = mla_jax.to_jax_metadata(inp.metadata)
         q = jax.dlpack.from_dlpack(inp.q)
+        run_tuning = tuning
+        if overrides:
+            h = inp.metadata
+            base = mod.heuristic_config(config, h.num_decode_tokens, h.max_blocks, max_query_len=h.max_query_len,
+                                        num_reqs=h.num_reqs, max_num_splits=h.max_num_splits)
+            run_tuning = dataclasses.replace(base, **overrides)
         if fp8:
             import torch
 
@@ -371,10 +378,10 @@ def _jax_kernel(impl: str, tuning=None, fp8: bool = False, interpret: bool = Fal
 
         def call(qi, kv, md, scale):
             if impl == "pallas_mosaic_gpu":  # takes the packed q (as mla_jax.mla_decode gives it)
-                return mod.mla_decode(qi, None, kv, md, config, tuning=tuning, **extra)
+                return mod.mla_decode(qi, None, kv, md, config, tuning=run_tuning, **extra)
             if fp8:
-                return mod.mla_decode(qi[..., :L], qi[..., L:], kv, md, config, tuning=tuning, k_scale=scale, **extra)
-            return mod.mla_decode(qi[..., :L], qi[..., L:], kv, md, config, tuning=tuning, **extra)
+                return mod.mla_decode(qi[..., :L], qi[..., L:], kv, md, config, tuning=run_tuning, k_scale=scale, **extra)
+            return mod.mla_decode(qi[..., :L], qi[..., L:], kv, md, config, tuning=run_tuning, **extra)
 
         loop = functools.partial(jax.jit, static_argnums=(0, 1))(timed_loop)
         once = jax.jit(call)
@@ -396,6 +403,8 @@ RUNNERS = {
     "jax.pallas_triton": _jax_kernel("pallas_triton"),
     "jax.pallas_mosaic_gpu": _jax_kernel("pallas_mosaic_gpu"),
     "jax.pallas_triton.fp8": _jax_kernel("pallas_triton", fp8=True),
+    # the fp8 tile as the left operand of both dots (TritonConfig.kv_lhs), against the default above
+    "jax.pallas_triton.fp8.kv_lhs": _jax_kernel("pallas_triton", fp8=True, overrides={"kv_lhs": True}),
 }
 
 

@@ -82,11 +82,12 @@ def _tiny_inputs(seed=0) -> bench.BenchInputs:
     return bench.BenchInputs(shape, config, md, q, kv)
 
 
-def test_fp8_runner_in_interpret_mode_is_the_reference_on_the_dequantized_cache():
+@pytest.mark.parametrize("overrides", [None, {"kv_lhs": True}], ids=["heuristic", "kv_lhs"])
+def test_fp8_runner_in_interpret_mode_is_the_reference_on_the_dequantized_cache(overrides):
     """The fp8 runner's one code path (quantize, the cache through DLPack, k_scale traced, the timed
     fori_loop), in interpret mode: right against the float64 reference on fp8 x k_scale."""
     inp = _tiny_inputs()
-    once, time_n = bench._jax_kernel("pallas_triton", fp8=True, interpret=True)(inp)
+    once, time_n = bench._jax_kernel("pallas_triton", fp8=True, interpret=True, overrides=overrides)(inp)
     out, lse = once()
     assert str(out.dtype) == "bfloat16" and out.shape == (4, 16, 512)
     kv_fp8, k_scale = bench.quantize_fp8(inp.kv_cache)

@@ -45,6 +45,9 @@ TUNING_VARIANTS = [
     ("page_size_1", TritonConfig(block_h=16, block_kv=32, num_splits=4, block_q=2)),
     ("heads_128", TritonConfig(block_h=64, block_kv=32, num_splits=3, num_warps=8)),
     ("single_token", TritonConfig(block_h=16, block_kv=16, num_splits=2)),  # the second split is empty
+    # the cache tile as the left operand of both dots (kv_lhs)
+    ("spec_decode_page_16", TritonConfig(block_h=16, block_kv=64, num_splits=2, block_q=2, kv_lhs=True)),
+    ("heads_128", TritonConfig(block_h=32, block_kv=64, num_splits=1, kv_lhs=True)),
 ]
 
 
@@ -223,6 +226,7 @@ def test_default_triton_config_is_valid_and_frozen():
         (dict(num_splits=True), "num_splits=True"),
         (dict(num_warps=3), "num_warps=3"),
         (dict(num_stages=0), "num_stages=0"),
+        (dict(kv_lhs=1), "kv_lhs=1"),
     ],
 )
 def test_triton_config_validation(kwargs, match):
