@@ -162,7 +162,7 @@ def mla_decode(
         # k_scale is validated to be 1.0 for a non-fp8 cache, and only the fp8 paths read it; the
         # Mosaic GPU kernel refuses fp8 (unsupported_reason), so it is not given one.
         extra = dict(k_scale=k_scale) if config.is_fp8_kv_cache else {}
-        if impl == "pallas_mosaic_gpu" and not isinstance(q, tuple):
-            q_nope, q_pe = q, None  # the kernel reads the packed q itself (no slice + concat copies)
+        if not isinstance(q, tuple):
+            q_nope, q_pe = q, None  # both kernels read the packed q themselves (no slice copies)
         out, lse = mod.mla_decode(q_nope, q_pe, kv_cache, md, config, tuning=tuning, interpret=interpret, **extra)
     return (out, lse, impl) if return_impl else (out, lse)

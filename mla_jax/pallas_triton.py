@@ -259,8 +259,8 @@ def _mla_decode_kernel(
     qsl_ref,  # [R+1] int32 query_start_loc
     seq_lens_ref,  # [R] int32
     block_table_ref,  # [R * max_blocks] int32 (flattened)
-    q_nope_ref,  # [T, H, L]
-    q_pe_ref,  # [T, H, Rr]
+    q_nope_ref,  # [T, H, L] (or the packed q [T, H, L + Rr])
+    q_pe_ref,  # [T, H, Rr] (or the packed q again, read from column rope_offset = L)
     kv_cache_ref,  # [num_blocks, P, L + Rr] (q's dtype, or float8_e4m3fn)
     k_scale_ref,  # [1] float32, the fp8 cache's scale (read only for an fp8 cache)
     # outputs
@@ -275,6 +275,7 @@ def _mla_decode_kernel(
     softmax_scale: float,
     fp8: bool,
     tuning: TritonConfig,
+    rope_offset: int = 0,
 ):
     L, Rr, P = kv_lora_rank, rope_dim, page_size
     block_h, block_q, block_kv, num_splits = tuning.block_h, tuning.block_q, tuning.block_kv, tuning.num_splits
@@ -315,7 +316,9 @@ def _mla_decode_kernel(
     q_nope = plgpu_triton.load(
         q_nope_ref.at[tok[:, None], head[:, None], col_l], mask=row_ok[:, None], other=0
     )  # [M, L]
-    q_pe = plgpu_triton.load(q_pe_ref.at[tok[:, None], head[:, None], col_r], mask=row_ok[:, None], other=0)  # [M, Rr]
+    q_pe = plgpu_triton.load(
+        q_pe_ref.at[tok[:, None], head[:, None], rope_offset + col_r], mask=row_ok[:, None], other=0
+    )  # [M, Rr]
 
     kv_dtype = q_nope_ref.dtype  # the dots' operand dtype (an fp8 cache is converted to it)
     precision = lax.Precision.HIGHEST if kv_dtype == jnp.float32 else None
@@ -442,8 +445,11 @@ def _combine_splits(o_part, lse_part, dtype):
 @functools.partial(jax.jit, static_argnames=("config", "tuning", "interpret"))
 def _mla_decode(q_nope, q_pe, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfig, tuning: TritonConfig,
                 interpret: bool):
-    T, H, L = q_nope.shape
-    Rr = q_pe.shape[-1]
+    T, H = q_nope.shape[:2]
+    L, Rr = config.kv_lora_rank, config.qk_rope_head_dim
+    rope_offset = 0
+    if q_pe is None:  # the packed q [T, H, L + Rr]: both refs are q, q_pe read from column L
+        q_pe, rope_offset = q_nope, L
     num_reqs, max_blocks = metadata.block_table.shape
     S = tuning.num_splits
     q_tiles = _cdiv(metadata.max_query_len, tuning.block_q)
@@ -460,6 +466,7 @@ def _mla_decode(q_nope, q_pe, kv_cache, k_scale, metadata: DecodeMetadata, confi
         softmax_scale=config.softmax_scale,
         fp8=config.is_fp8_kv_cache,
         tuning=tuning,
+        rope_offset=rope_offset,
     )
     # No BlockSpecs: every ref is the whole array; the kernel computes its own
     # (gathered) addresses from the metadata.
@@ -491,7 +498,8 @@ def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConf
                interpret: bool = False, k_scale=1.0):
     """Paged MLA decode with the Pallas Triton kernel.
 
-    q_nope [T, H, L], q_pe [T, H, R] (config.dtype), kv_cache [num_blocks, P, L + R]
+    q_nope [T, H, L], q_pe [T, H, R] (config.dtype); or q_nope the packed q [T, H, L + R] and
+    q_pe None (the kernel reads both parts from it: no slice copies). kv_cache [num_blocks, P, L + R]
     (config.dtype, or float8_e4m3fn with kv_cache_dtype="fp8_e4m3"); metadata with int32 jax
     arrays (inputs already validated by mla_jax.api). k_scale: the fp8 cache's scale, a float or
     a 0-d float32 array, traced under jit (read only for an fp8 cache).

@@ -373,15 +373,13 @@ def _jax_kernel(impl: str, tuning=None, fp8: bool = False, interpret: bool = Fal
         else:
             kv, k_scale = jax.dlpack.from_dlpack(inp.kv_cache), 1.0
         scale = jnp.float32(k_scale)  # a jit argument: traced (read only with fp8)
-        L = config.kv_lora_rank
         extra = {"interpret": True} if interpret else {}
 
         def call(qi, kv, md, scale):
-            if impl == "pallas_mosaic_gpu":  # takes the packed q (as mla_jax.mla_decode gives it)
-                return mod.mla_decode(qi, None, kv, md, config, tuning=run_tuning, **extra)
+            # the packed q, as mla_jax.mla_decode gives it to both kernels
             if fp8:
-                return mod.mla_decode(qi[..., :L], qi[..., L:], kv, md, config, tuning=run_tuning, k_scale=scale, **extra)
-            return mod.mla_decode(qi[..., :L], qi[..., L:], kv, md, config, tuning=run_tuning, **extra)
+                return mod.mla_decode(qi, None, kv, md, config, tuning=run_tuning, k_scale=scale, **extra)
+            return mod.mla_decode(qi, None, kv, md, config, tuning=run_tuning, **extra)
 
         loop = functools.partial(jax.jit, static_argnums=(0, 1))(timed_loop)
         once = jax.jit(call)

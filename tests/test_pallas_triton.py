@@ -133,6 +133,20 @@ class _KernelCases:
         assert not np.array_equal(np.asarray(out2, np.float32), np.asarray(out, np.float32))
         assert fn._cache_size() == 1
 
+    @pytest.mark.parametrize("kv_lhs", [False, True])
+    def test_packed_q_is_the_pair_bitwise(self, kv_lhs):
+        """q [T, H, 576] read in place (q_pe=None) gives the same bits as the (q_nope, q_pe) pair."""
+        batch, ref_out, ref_lse = batch_and_reference(SCENARIOS["heads_128_spec"], "bfloat16")
+        q_nope, q_pe, kv_cache, md = device_inputs(batch, "bfloat16")
+        q = jnp.concatenate([q_nope, q_pe], axis=-1)
+        tuning = TritonConfig(block_h=32, block_kv=32, num_splits=2, kv_lhs=kv_lhs)
+        out, lse = pallas_triton.mla_decode(q, None, kv_cache, md, batch.config, tuning=tuning, interpret=self.interpret)
+        out2, lse2 = pallas_triton.mla_decode(q_nope, q_pe, kv_cache, md, batch.config, tuning=tuning,
+                                              interpret=self.interpret)
+        assert_matches(out, lse, ref_out, ref_lse, "bfloat16", "packed q")
+        assert np.array_equal(np.asarray(out, np.float32), np.asarray(out2, np.float32))
+        assert np.array_equal(np.asarray(lse), np.asarray(lse2))
+
     def test_api_with_numpy_metadata_and_tuple_q(self):
         batch, ref_out, ref_lse = batch_and_reference(SCENARIOS["decode_mixed_lengths"], "float16")
         q_nope, q_pe, kv_cache, _ = device_inputs(batch, "float16")
