@@ -2,6 +2,9 @@
 # One call on the lent H200: GPU tests, the parity report and the side-by-side bench, logs and JSON under $OUT.
 #   run(command="bash parity/gpu_session.sh [GRID] [PYTEST_ARGS...]", carry=[".fa3"])
 # GRID: a `python -m parity bench` grid (default: headline); "none" skips the bench.
+# PYTEST_ARGS: which GPU tests (e.g. tests/test_gpu_suite.py). The whole `pytest -m gpu` suite takes more
+# than one 10-minute call on one H200 (compiles dominate): split it over calls, or over the two GPUs of
+# nvidia-h200-x2 as parity/sessions/2026-11-30-s2-*.sh do. A call returns at most 8 files: tar the logs.
 set -uo pipefail
 grid="${1:-headline}"; shift || true
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
