@@ -148,7 +148,8 @@ def mla_decode(
         reason = unsupported_reason(impl, config, None)
         if reason is not None:
             raise NotImplementedError(f"impl={impl!r} cannot run this problem: {reason}")
-    q_nope, q_pe = split_q(q, config)
+    # The Pallas kernels read a packed q themselves (no slice copies); the jnp reference takes the parts.
+    q_nope, q_pe = split_q(q, config) if impl == "xla" or isinstance(q, tuple) else (q, None)
     md = metadata
     if any(isinstance(x, np.ndarray) for x in (md.query_start_loc, md.seq_lens, md.block_table)):
         md = to_jax_metadata(md)
@@ -162,7 +163,5 @@ def mla_decode(
         # k_scale is validated to be 1.0 for a non-fp8 cache, and only the fp8 paths read it; the
         # Mosaic GPU kernel refuses fp8 (unsupported_reason), so it is not given one.
         extra = dict(k_scale=k_scale) if config.is_fp8_kv_cache else {}
-        if not isinstance(q, tuple):
-            q_nope, q_pe = q, None  # both kernels read the packed q themselves (no slice copies)
         out, lse = mod.mla_decode(q_nope, q_pe, kv_cache, md, config, tuning=tuning, interpret=interpret, **extra)
     return (out, lse, impl) if return_impl else (out, lse)

@@ -293,6 +293,27 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             end = jnp.minimum(begin + per_split, n_steps)
             return first_tok, ntok, first_pos, kv_len, last_page, begin, end
 
+        def accumulate(acc, issue):
+            """acc + the wgmmas `issue(acc_ref)` makes (acc: a [64, 256] fp32 WGMMA-layout value)."""
+            if interpret:
+                # The interpreter has no rule for run_state over an accumulator (nor for
+                # storing into one): compute into a fresh accumulator and add it. Same math,
+                # one more fp32 add per element.
+                def fresh(acc_ref):
+                    issue(acc_ref)
+                    return acc_ref[...]
+
+                return acc + pl.run_scoped(fresh, plgpu.ACC((BLOCK_H, V_HALF), jnp.float32))
+            return pl.run_state(issue)(plgpu.ACC.init(acc))  # accumulates in the tensor core
+
+        def zero_v_tail(slot, n_valid, col0: int, ncols: int):
+            """Zeroes rows >= n_valid of KV slot `slot`, columns [col0, col0 + ncols) (64 at a time):
+            their cache slots may hold NaN, and P = 0 times NaN is NaN."""
+            rows = plgpu.broadcasted_iota(jnp.int32, (block_kv, 64), 0, layout=plgpu.Layout.WGMMA)
+            for c in range(ncols // 64):
+                ref = kv_smem.at[slot, :, pl.ds(col0 + c * 64, 64)]
+                ref[...] = jnp.where(rows < n_valid, ref[...], jnp.zeros((), dtype))
+
         # ---------------------------------------------------------------- the producer
         def load_info():
             plgpu.copy_gmem_to_smem(sched_ref.at[req, pl.ds(0, INFO_WORDS)], info_smem, info_bar)
@@ -457,11 +478,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 if masked:
                     @pl.when(kv_start + block_kv > kv_len)
                     def _zero_tail():
-                        n_valid = kv_len - kv_start
-                        for c in range(V_HALF // 64):
-                            ref = kv_smem.at[slot, :, pl.ds(w * V_HALF + c * 64, 64)]
-                            rows = plgpu.broadcasted_iota(jnp.int32, (block_kv, 64), 0, layout=plgpu.Layout.WGMMA)
-                            ref[...] = jnp.where(rows < n_valid, ref[...], jnp.zeros((), dtype))
+                        zero_v_tail(slot, kv_len - kv_start, w * V_HALF, V_HALF)
 
                 plgpu.commit_smem()
                 plgpu.barrier_arrive(sync_b)
@@ -471,17 +488,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     for h in range(NUM_COMPUTE_WGS):
                         plgpu.wgmma(acc_ref, p_smem.at[h], kv_smem.at[slot, pl.ds(h * half, half), v_cols])
 
-                if interpret:
-                    # The interpreter has no rule for run_state over an accumulator
-                    # (nor for storing into one): compute P @ V into a fresh
-                    # accumulator and add it. Same math, one more fp32 add per element.
-                    def pv_fresh(acc_ref):
-                        pv(acc_ref)
-                        return acc_ref[...]
-
-                    acc = acc + pl.run_scoped(pv_fresh, plgpu.ACC((BLOCK_H, V_HALF), jnp.float32))
-                else:
-                    acc = pl.run_state(pv)(plgpu.ACC.init(acc))  # accumulates in the tensor core
+                acc = accumulate(acc, pv)
                 plgpu.barrier_arrive(kv_consumed.at[slot])
                 return acc, m_new, l_i
 
@@ -525,16 +532,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             row_layout = plgpu.Layout.WGMMA.reduce(1)
 
             def pv(acc, p_operand, slot):
-                def body(acc_ref):
-                    plgpu.wgmma(acc_ref, p_operand, kv_smem.at[slot, :, v_cols])
-
-                if interpret:  # see compute_tile: no run_state over an accumulator in the interpreter
-                    def fresh(acc_ref):
-                        body(acc_ref)
-                        return acc_ref[...]
-
-                    return acc + pl.run_scoped(fresh, plgpu.ACC((BLOCK_H, V_HALF), jnp.float32))
-                return pl.run_state(body)(plgpu.ACC.init(acc))
+                return accumulate(acc, lambda acc_ref: plgpu.wgmma(acc_ref, p_operand, kv_smem.at[slot, :, v_cols]))
 
             if w == 0:
                 plgpu.barrier_wait(q_bar)
@@ -578,11 +576,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         # The scores of this step, the only reader of K, are done.
                         @pl.when(kv_start + block_kv > kv_len)
                         def _zero_tail():
-                            n_valid = kv_len - kv_start
-                            rows = plgpu.broadcasted_iota(jnp.int32, (block_kv, 64), 0, layout=plgpu.Layout.WGMMA)
-                            for c in range(KV_LORA_RANK // 64):
-                                ref = kv_smem.at[slot, :, pl.ds(c * 64, 64)]
-                                ref[...] = jnp.where(rows < n_valid, ref[...], jnp.zeros((), dtype))
+                            zero_v_tail(slot, kv_len - kv_start, 0, KV_LORA_RANK)
 
                     plgpu.commit_smem()
                     plgpu.barrier_arrive(sync_a)  # p_ready
@@ -763,11 +757,9 @@ def _mla_decode(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig, tuning
     num_tokens, num_heads, _ = q.shape
     dtype = q.dtype
     page_size = config.page_size
-    heads = _kernel_heads(num_heads)
+    heads, hp, tpt = _tile_geometry(num_heads)
     if heads != num_heads:
         q = jnp.pad(q, ((0, 0), (0, heads - num_heads), (0, 0)))
-    hp = min(heads, BLOCK_H)
-    tpt = BLOCK_H // hp
     num_h_tiles = heads // hp
     num_reqs = metadata.seq_lens.shape[0]
     q_tiles = -(-max(1, metadata.max_query_len) // tpt)

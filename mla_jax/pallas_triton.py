@@ -333,8 +333,8 @@ def _mla_decode_kernel(
     # cache dtype, and has no int -> float8 cast; a float 0 goes through fp_to_fp.
     kv_zero = 0.0 if fp8 else 0
 
-    def body(step, carry):
-        acc, m_i, l_i = carry
+    def load_step(step):
+        """KV positions, their validity and the cache rows of step `step` (in the dots' dtype)."""
         kv_pos = kv_lo + step * block_kv + kv_iota  # [block_kv]
         kv_ok = kv_pos < kv_hi
         # Page of each KV row; clamped so padding entries of the block table are never read.
@@ -352,6 +352,11 @@ def _mla_decode_kernel(
         if fp8:  # exact: every float8_e4m3fn value is a bf16 / fp16 value; k_scale is applied outside
             kv_c = kv_c.astype(kv_dtype)
             k_pe = k_pe.astype(kv_dtype)
+        return kv_pos, kv_ok, page, slot, kv_c, k_pe
+
+    def body(step, carry):
+        acc, m_i, l_i = carry
+        kv_pos, kv_ok, _, _, kv_c, k_pe = load_step(step)
         s = plgpu_triton.dot(q_nope, kv_c, trans_b=True, precision=precision)
         s += plgpu_triton.dot(q_pe, k_pe, trans_b=True, precision=precision)
         s *= qk_scale  # [M, block_kv] float32, log2 units
@@ -364,31 +369,18 @@ def _mla_decode_kernel(
         acc = acc * alpha[:, None] + plgpu_triton.dot(p.astype(kv_dtype), kv_c, precision=precision)
         return acc, m_new, l_new
 
-    def load_page_rows(step):
-        kv_pos = kv_lo + step * block_kv + kv_iota  # [block_kv]
-        kv_ok = kv_pos < kv_hi
-        page_col = jnp.minimum(lax.div(kv_pos, P), last_page)
-        page = plgpu_triton.load(block_table_ref.at[bt_row + page_col], mask=kv_ok, other=0)
-        return kv_pos, kv_ok, page, lax.rem(kv_pos, P)
-
     def body_kv_lhs(step, carry):
         """The same step with the cache tile as the left operand of both dots (S^T = K Q^T,
         O^T += V^T P^T): Hopper's wgmma takes its left operand from registers, so a converted
         fp8 tile goes there directly instead of back through shared memory (the right operand)."""
         acc_t, m_i, l_i = carry  # acc_t [L, M]
-        kv_pos, kv_ok, page, slot = load_page_rows(step)
-        kv_c = plgpu_triton.load(
-            kv_cache_ref.at[page[:, None], slot[:, None], col_l], mask=kv_ok[:, None], other=kv_zero
-        )  # [block_kv, L]
-        k_pe = plgpu_triton.load(
-            kv_cache_ref.at[page[:, None], slot[:, None], L + col_r], mask=kv_ok[:, None], other=kv_zero
-        )  # [block_kv, Rr]
+        kv_pos, kv_ok, page, slot, kv_c, k_pe = load_step(step)
         # V^T: the same rows loaded transposed (from L1/L2), rows outside the range as 0
         v_t = plgpu_triton.load(
             kv_cache_ref.at[page[None, :], slot[None, :], col_l.T], mask=kv_ok[None, :], other=kv_zero
         )  # [L, block_kv]
         if fp8:
-            kv_c, k_pe, v_t = kv_c.astype(kv_dtype), k_pe.astype(kv_dtype), v_t.astype(kv_dtype)
+            v_t = v_t.astype(kv_dtype)
         s_t = plgpu_triton.dot(kv_c, q_nope_t, precision=precision)
         s_t += plgpu_triton.dot(k_pe, q_pe_t, precision=precision)
         s_t *= qk_scale  # [block_kv, M]
