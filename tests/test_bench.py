@@ -199,3 +199,12 @@ def test_timed_loop_runs_every_call():
         assert float(results[2 * k][0, 0]) == 16.0 * (k + 1)
     with pytest.raises(ValueError, match="multiple of 4"):
         bench.timed_loop(call, 6, qs, w)
+
+
+def test_profile_shape_names():
+    from parity.profile import parse_shape
+
+    assert parse_shape("H128_B64_S16384_q1") == Shape(128, 64, 16384, 1)
+    assert parse_shape("H16_B1_S1024_P16") == Shape(16, 1, 1024, 1, page_size=16)
+    with pytest.raises(ValueError, match="H128_B64_S16384_q1.*got 'B64'"):
+        parse_shape("B64")

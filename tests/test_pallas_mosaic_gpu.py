@@ -332,3 +332,10 @@ def test_jax_auto_on_hopper_prefers_mosaic_then_triton_and_says_why(config, expe
     ampere = types.SimpleNamespace(platform="gpu", compute_capability="8.0")
     impl, skipped = mla_jax.select_impl(MLAConfig(num_heads=16), ampere)
     assert impl == "pallas_triton" and "9.x" in skipped["pallas_mosaic_gpu"]
+
+
+def test_direct_call_rejects_a_q_that_is_not_576_wide():
+    batch, _, _ = batch_and_reference(SCENARIOS["single_token"], "bfloat16")
+    q_nope, q_pe, kv, md = device_inputs(batch, "bfloat16")
+    with pytest.raises(ValueError, match=r"q must be \[T, H, 576\].*q.shape=\(1, 16, 512\)"):
+        mgpu_mla.mla_decode(q_nope, None, kv, md, batch.config, interpret=True)
