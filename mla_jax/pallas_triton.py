@@ -95,11 +95,6 @@ class TritonConfig:
     block_q: query tokens of one request per program (power of two). Tokens of one
         request share each KV load; rows per program are M = block_q * block_h,
         which must be >= 16 (Triton's dot).
-    kv_lhs: the cache tile is the left operand of both dots (S^T = K Q^T, O^T += V^T P^T,
-        V^T loaded a second time, transposed). Meant for an fp8 cache: Hopper's wgmma takes its
-        left operand from registers, so the converted tile need not go back through shared
-        memory (upstream Triton measured bf16 x fp8 about 3x slower than fp8 x bf16 on the H100,
-        triton-lang/triton#11624). Opt-in, not yet timed here.
     """
 
     block_h: int = 16
@@ -108,11 +103,8 @@ class TritonConfig:
     num_warps: int = 4
     num_stages: int = 2
     block_q: int = 1
-    kv_lhs: bool = False
 
     def __post_init__(self):
-        if not isinstance(self.kv_lhs, bool):
-            raise ValueError(f"kv_lhs must be a bool, got kv_lhs={self.kv_lhs!r}")
         for name in ("block_h", "block_kv", "block_q"):
             value = getattr(self, name)
             if not _is_pow2(value):
@@ -333,8 +325,8 @@ def _mla_decode_kernel(
     # cache dtype, and has no int -> float8 cast; a float 0 goes through fp_to_fp.
     kv_zero = 0.0 if fp8 else 0
 
-    def load_step(step):
-        """KV positions, their validity and the cache rows of step `step` (in the dots' dtype)."""
+    def body(step, carry):
+        acc, m_i, l_i = carry
         kv_pos = kv_lo + step * block_kv + kv_iota  # [block_kv]
         kv_ok = kv_pos < kv_hi
         # Page of each KV row; clamped so padding entries of the block table are never read.
@@ -352,11 +344,6 @@ def _mla_decode_kernel(
         if fp8:  # exact: every float8_e4m3fn value is a bf16 / fp16 value; k_scale is applied outside
             kv_c = kv_c.astype(kv_dtype)
             k_pe = k_pe.astype(kv_dtype)
-        return kv_pos, kv_ok, page, slot, kv_c, k_pe
-
-    def body(step, carry):
-        acc, m_i, l_i = carry
-        kv_pos, kv_ok, _, _, kv_c, k_pe = load_step(step)
         s = plgpu_triton.dot(q_nope, kv_c, trans_b=True, precision=precision)
         s += plgpu_triton.dot(q_pe, k_pe, trans_b=True, precision=precision)
         s *= qk_scale  # [M, block_kv] float32, log2 units
@@ -369,37 +356,10 @@ def _mla_decode_kernel(
         acc = acc * alpha[:, None] + plgpu_triton.dot(p.astype(kv_dtype), kv_c, precision=precision)
         return acc, m_new, l_new
 
-    def body_kv_lhs(step, carry):
-        """The same step with the cache tile as the left operand of both dots (S^T = K Q^T,
-        O^T += V^T P^T): Hopper's wgmma takes its left operand from registers, so a converted
-        fp8 tile goes there directly instead of back through shared memory (the right operand)."""
-        acc_t, m_i, l_i = carry  # acc_t [L, M]
-        kv_pos, kv_ok, page, slot, kv_c, k_pe = load_step(step)
-        # V^T: the same rows loaded transposed (from L1/L2), rows outside the range as 0
-        v_t = plgpu_triton.load(
-            kv_cache_ref.at[page[None, :], slot[None, :], col_l.T], mask=kv_ok[None, :], other=kv_zero
-        )  # [L, block_kv]
-        if fp8:
-            v_t = v_t.astype(kv_dtype)
-        s_t = plgpu_triton.dot(kv_c, q_nope_t, precision=precision)
-        s_t += plgpu_triton.dot(k_pe, q_pe_t, precision=precision)
-        s_t *= qk_scale  # [block_kv, M]
-        visible = kv_ok[:, None] & (kv_pos[:, None] <= row_pos[None, :])
-        s_t = jnp.where(visible, s_t, -jnp.inf)
-        m_new = jnp.maximum(m_i, jnp.max(s_t, axis=0))
-        alpha = jnp.exp2(m_i - m_new)
-        p_t = jnp.exp2(s_t - m_new[None, :])
-        l_new = l_i * alpha + jnp.sum(p_t, axis=0)
-        acc_t = acc_t * alpha[None, :] + plgpu_triton.dot(v_t, p_t.astype(kv_dtype), precision=precision)
-        return acc_t, m_new, l_new
-
+    acc = jnp.zeros((M, L), jnp.float32)
     m_i = jnp.full((M,), _NEG_BIG, jnp.float32)
     l_i = jnp.zeros((M,), jnp.float32)
-    if tuning.kv_lhs:
-        q_nope_t, q_pe_t = q_nope.T, q_pe.T  # [L, M], [Rr, M]: the right operands, loop-invariant
-        acc_t, m_i, l_i = lax.fori_loop(0, num_iters, body_kv_lhs, (jnp.zeros((L, M), jnp.float32), m_i, l_i))
-    else:
-        acc, m_i, l_i = lax.fori_loop(0, num_iters, body, (jnp.zeros((M, L), jnp.float32), m_i, l_i))
+    acc, m_i, l_i = lax.fori_loop(0, num_iters, body, (acc, m_i, l_i))
 
     # Rows that saw no KV in this split (an empty split, a padding row) get out = 0
     # and lse = -inf, so that the combine gives them zero weight.
@@ -407,17 +367,11 @@ def _mla_decode_kernel(
     inv_l = jnp.where(has_kv, 1.0 / jnp.where(has_kv, l_i, 1.0), 0.0)
     if fp8:
         inv_l = inv_l * k_scale  # out = k_scale * (p @ kv_c_fp8) / l
+    out = acc * inv_l[:, None]
     lse = jnp.where(has_kv, (m_i + jnp.log2(jnp.where(has_kv, l_i, 1.0))) * _LN2, -jnp.inf)
-    if tuning.kv_lhs:  # stored through transposed addresses: no transpose of the accumulator
-        out_t = acc_t * inv_l[None, :]
-        plgpu_triton.store(
-            o_ref.at[split, tok[None, :], head[None, :], col_l.T], out_t.astype(o_ref.dtype), mask=row_ok[None, :]
-        )
-    else:
-        out = acc * inv_l[:, None]
-        plgpu_triton.store(
-            o_ref.at[split, tok[:, None], head[:, None], col_l], out.astype(o_ref.dtype), mask=row_ok[:, None]
-        )
+    plgpu_triton.store(
+        o_ref.at[split, tok[:, None], head[:, None], col_l], out.astype(o_ref.dtype), mask=row_ok[:, None]
+    )
     plgpu_triton.store(lse_ref.at[split, tok, head], lse, mask=row_ok)
 
 

@@ -45,9 +45,6 @@ TUNING_VARIANTS = [
     ("page_size_1", TritonConfig(block_h=16, block_kv=32, num_splits=4, block_q=2)),
     ("heads_128", TritonConfig(block_h=64, block_kv=32, num_splits=3, num_warps=8)),
     ("single_token", TritonConfig(block_h=16, block_kv=16, num_splits=2)),  # the second split is empty
-    # the cache tile as the left operand of both dots (kv_lhs)
-    ("spec_decode_page_16", TritonConfig(block_h=16, block_kv=64, num_splits=2, block_q=2, kv_lhs=True)),
-    ("heads_128", TritonConfig(block_h=32, block_kv=64, num_splits=1, kv_lhs=True)),
 ]
 
 
@@ -133,13 +130,12 @@ class _KernelCases:
         assert not np.array_equal(np.asarray(out2, np.float32), np.asarray(out, np.float32))
         assert fn._cache_size() == 1
 
-    @pytest.mark.parametrize("kv_lhs", [False, True])
-    def test_packed_q_is_the_pair_bitwise(self, kv_lhs):
+    def test_packed_q_is_the_pair_bitwise(self):
         """q [T, H, 576] read in place (q_pe=None) gives the same bits as the (q_nope, q_pe) pair."""
         batch, ref_out, ref_lse = batch_and_reference(SCENARIOS["heads_128_spec"], "bfloat16")
         q_nope, q_pe, kv_cache, md = device_inputs(batch, "bfloat16")
         q = jnp.concatenate([q_nope, q_pe], axis=-1)
-        tuning = TritonConfig(block_h=32, block_kv=32, num_splits=2, kv_lhs=kv_lhs)
+        tuning = TritonConfig(block_h=32, block_kv=32, num_splits=2)
         out, lse = pallas_triton.mla_decode(q, None, kv_cache, md, batch.config, tuning=tuning, interpret=self.interpret)
         out2, lse2 = pallas_triton.mla_decode(q_nope, q_pe, kv_cache, md, batch.config, tuning=tuning,
                                               interpret=self.interpret)
@@ -240,7 +236,6 @@ def test_default_triton_config_is_valid_and_frozen():
         (dict(num_splits=True), "num_splits=True"),
         (dict(num_warps=3), "num_warps=3"),
         (dict(num_stages=0), "num_stages=0"),
-        (dict(kv_lhs=1), "kv_lhs=1"),
     ],
 )
 def test_triton_config_validation(kwargs, match):
