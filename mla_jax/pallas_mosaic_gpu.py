@@ -123,7 +123,7 @@ class MosaicConfig:
     block_h: int = BLOCK_H
     bt_chunk: int = 224
     memory_warpgroup: bool = False
-    schedule: str = "split"
+    schedule: str = "flashmla"
 
     def __post_init__(self):
         for name in ("block_kv", "num_splits", "max_concurrent_steps", "block_h", "bt_chunk"):
@@ -185,24 +185,42 @@ def _num_tiles_bound(num_tokens: int, num_reqs: int, tokens_per_tile: int) -> in
     return max(1, min(num_tokens, (num_tokens + num_reqs * (tokens_per_tile - 1)) // tokens_per_tile))
 
 
+# The split heuristic's cost model, in microseconds, from H200 runs of the flashmla schedule (session 3):
+# a 64-token step takes ~2.2 us (H128 B64 S16384: 554 us / 256 steps; H16 B128 S16384: 655 / 256),
+# a CTA ~3 us more (info, q and first pages in flight, the output out), and the split combine reads
+# and writes the fp32 partials (~3 TB/s) after one more launch.
+STEP_US = 2.2
+CTA_US = 3.0
+COMBINE_LAUNCH_US = 2.0
+COMBINE_BYTES_PER_US = 3e6
+MAX_SPLITS = 128
+
+
 def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_reqs: int | None = None,
-                     num_sms: int = NUM_SMS_H200) -> MosaicConfig:
-    """Picks the split count that fills the GPU (FlashAttention's wave-efficiency rule)."""
+                     num_sms: int = NUM_SMS_H200, max_query_len: int | None = None) -> MosaicConfig:
+    """Picks the split count with the least modelled time: waves of CTAs (one CTA per SM: the
+    Q tile and two KV stages fill its shared memory) x (the longest split's steps + a CTA's fixed
+    cost), plus the combine of the fp32 partials. Splits of one 64-token step are allowed.
+    With max_query_len the CTA count is the grid's (requests x query tiles x head tiles);
+    without, a bound from the token and request counts."""
     heads, hp, tpt = _tile_geometry(config.num_heads)
     num_reqs = num_tokens if num_reqs is None else num_reqs
-    h_tiles = heads // hp
-    ctas = _num_tiles_bound(num_tokens, num_reqs, tpt) * h_tiles
+    if max_query_len is None:
+        tiles = _num_tiles_bound(num_tokens, num_reqs, tpt)
+    else:
+        tiles = num_reqs * -(-max(1, max_query_len) // tpt)
+    ctas = tiles * (heads // hp)
     block_kv = 64
     max_steps = max(1, -(-max_blocks * config.page_size // block_kv))
-    # Splits of one 64-token step allowed, at most 32 splits (H200 sweeps at H16 B1 S1024: v1, 8
-    # splits 25 us vs 4 splits 37 us; v2, 14 splits 17.9 us vs 7 splits 28.9 us).
-    max_splits = max(1, min(32, max_steps))
-    effs = []
-    for s in range(1, max_splits + 1):
+
+    def cost(s):
         waves = -(-ctas * s // num_sms)
-        effs.append(ctas * s / (waves * num_sms))
-    best = max(effs)
-    num_splits = next(s for s, e in enumerate(effs, start=1) if e >= 0.85 * best)
+        t = waves * (STEP_US * -(-max_steps // s) + CTA_US)
+        if s > 1:
+            t += COMBINE_LAUNCH_US + 2 * s * num_tokens * heads * (KV_LORA_RANK + 1) * 4 / COMBINE_BYTES_PER_US
+        return t
+
+    num_splits = min(range(1, min(MAX_SPLITS, max_steps) + 1), key=cost)  # ties: the fewest splits
     return MosaicConfig(block_kv=block_kv, num_splits=num_splits, max_concurrent_steps=2)
 
 
@@ -264,8 +282,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     producer_wg = 1 if flashmla else 0  # FlashMLA: warpgroup 1 has the lighter step
 
     def body(q_ref, kv_ref, sched_ref, out_ref, lse_ref,
-             q_smem, kv_smem, p_smem, x_smem, i_smem,
+             q_kv_or_stage, p_smem, x_smem, i_smem,
              q_bar, info_bar, bt_bar, kv_ready, kv_consumed, sync_a, sync_b):
+        (q_smem, kv_smem), stage = q_kv_or_stage
         hb = lax.axis_index("h")
         split = lax.axis_index("split")
         g = lax.axis_index("tile")
@@ -316,7 +335,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
         # ---------------------------------------------------------------- the producer
         def load_info():
-            plgpu.copy_gmem_to_smem(sched_ref.at[req, pl.ds(0, INFO_WORDS)], info_smem, info_bar)
+            """The request's info and the first chunk of its block table, in one TMA."""
+            plgpu.copy_gmem_to_smem(sched_ref.at[req, pl.ds(0, INFO_WORDS + bt_chunk)], i_smem, info_bar)
 
         def load_q(first_tok):
             """The query tile, straight from q [T, H, 576]."""
@@ -332,15 +352,15 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
         def issue_step(i, begin, last_page):
             """TMA of KV step begin + i into slot i % stages (the slot is free), signalling
-            kv_ready[slot]; stages the block-table chunk it needs when it differs from the
-            previous step's (steps are issued in order, so that one is in SMEM)."""
+            kv_ready[slot]; stages the block-table chunk it needs when it differs from the one
+            in SMEM: chunk 0 came with the info, then the previous step's (steps go in order)."""
             k = begin + i
             slot = lax.rem(i, jnp.int32(stages))
             lp0 = first_page(k)
             chunk = lax.div(lp0, jnp.int32(bt_chunk))
-            prev_chunk = lax.div(first_page(k - 1), jnp.int32(bt_chunk))
+            prev_chunk = jnp.where(i == 0, 0, lax.div(first_page(k - 1), jnp.int32(bt_chunk)))
 
-            @pl.when((i == 0) | (chunk != prev_chunk))
+            @pl.when(chunk != prev_chunk)
             def _():
                 src = sched_ref.at[req, pl.ds(INFO_WORDS + chunk * bt_chunk, bt_chunk)]
                 plgpu.copy_gmem_to_smem(src, bt_smem, bt_bar)
@@ -618,40 +638,29 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 finish(w, acc, l_tot, None, first_tok, ntok)
 
         def finish(w, acc, l_tot, lse, first_tok, ntok):
-            """Normalizes this warpgroup's output half and writes it (and, warpgroup 0, the lse)."""
+            """Normalizes this warpgroup's output half and writes it (and, warpgroup 0, the lse) for
+            the tile's tokens: the final out / lse, or with split-KV this split's fp32 partials.
+            Both warpgroups are past their last read of q and of the KV ring (the stage aliases them)."""
             v_cols = pl.ds(w * V_HALF, V_HALF)
             out = acc * lax.broadcast_in_dim(1.0 / jnp.maximum(l_tot, 1e-30), acc.shape, [0])
-            if split_out:
-                # fp32 partials of the CTA's 64 rows, indexed by CTA (the combine maps tokens to them)
-                out_ref.at[split, g, hb, :, v_cols][...] = out
-            else:
-                q_smem.at[:, v_cols][...] = out.astype(dtype)
+            stage[w] = out.astype(stage_dtype)
             if w == 0:
                 x_smem[0] = lse
             plgpu.commit_smem()
-            if split_out:
+            o_dst = out_ref.at[split] if split_out else out_ref
+            l_dst = lse_ref.at[split] if split_out else lse_ref
+            if tpt == 1:
+                plgpu.copy_smem_to_gmem(stage.at[w], o_dst.at[first_tok, pl.ds(hb * BLOCK_H, BLOCK_H), v_cols])
                 if w == 0:
-                    plgpu.copy_smem_to_gmem(x_smem.at[0], lse_ref.at[split, g, hb])
-            elif tpt == 1:
-                # One TMA per 8-row tile: a column half of the tiled SMEM is only
-                # contiguous within a row of tiles.
-                for r in range(BLOCK_H // 8):
-                    plgpu.copy_smem_to_gmem(
-                        q_smem.at[pl.ds(r * 8, 8), v_cols], out_ref.at[first_tok, pl.ds(hb * BLOCK_H + r * 8, 8), v_cols]
-                    )
-                if w == 0:
-                    plgpu.copy_smem_to_gmem(x_smem.at[0], lse_ref.at[first_tok, pl.ds(hb * BLOCK_H, BLOCK_H)])
+                    plgpu.copy_smem_to_gmem(x_smem.at[0], l_dst.at[first_tok, pl.ds(hb * BLOCK_H, BLOCK_H)])
             else:
                 for j in range(tpt):  # the tile's tokens, straight into out [T, H, 512] and lse [T, H]
 
                     @pl.when(j < ntok)
                     def _():
-                        for r in range(hp // 8):
-                            plgpu.copy_smem_to_gmem(
-                                q_smem.at[pl.ds(j * hp + r * 8, 8), v_cols], out_ref.at[first_tok + j, pl.ds(r * 8, 8), v_cols]
-                            )
+                        plgpu.copy_smem_to_gmem(stage.at[w, pl.ds(j * hp, hp)], o_dst.at[first_tok + j, :, v_cols])
                         if w == 0:
-                            plgpu.copy_smem_to_gmem(x_smem.at[0, pl.ds(j * hp, hp)], lse_ref.at[first_tok + j])
+                            plgpu.copy_smem_to_gmem(x_smem.at[0, pl.ds(j * hp, hp)], l_dst.at[first_tok + j])
             plgpu.wait_smem_to_gmem(0)
 
         for w in range(NUM_COMPUTE_WGS):
@@ -662,9 +671,15 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     # swizzle (64 bytes for block_kv=64). FlashMLA schedule: P is [64, block_kv], 128 bytes.
     p_cols = block_kv if flashmla else half
     transforms = (plgpu.TilingTransform((8, p_cols)), plgpu.SwizzleTransform(p_cols * 2))
+    stage_dtype = jnp.float32 if split_out else dtype
     scratch = [
-        plgpu.SMEM((BLOCK_H, HEAD_DIM), dtype, transforms=transforms),  # q (and the output stage)
-        plgpu.SMEM((stages, block_kv, HEAD_DIM), dtype, transforms=transforms),  # KV ring
+        plgpu.RefUnion(
+            (plgpu.SMEM((BLOCK_H, HEAD_DIM), dtype, transforms=transforms),  # q
+             plgpu.SMEM((stages, block_kv, HEAD_DIM), dtype, transforms=transforms)),  # KV ring
+            # the output stage, once every read of q and the ring is done: per warpgroup its
+            # [64, 256] half, contiguous so that each token's rows go out in one TMA
+            plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), stage_dtype),
+        ),
         plgpu.SMEM((BLOCK_H, block_kv) if flashmla else (NUM_COMPUTE_WGS, BLOCK_H, half), dtype,
                    transforms=transforms),  # P (split: the two halves)
         plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H), jnp.float32),  # row max / row sum exchange, lse
@@ -678,16 +693,11 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         plgpu.Barrier(num_arrivals=1 if flashmla else NUM_COMPUTE_WGS),  # sync_b (FlashMLA: p_free)
     ]
     num_ctas_tiles = num_reqs * q_tiles
-    if split_out:
-        out_type = (
-            jax.ShapeDtypeStruct((num_splits, num_ctas_tiles, num_h_tiles, BLOCK_H, KV_LORA_RANK), jnp.float32),
-            jax.ShapeDtypeStruct((num_splits, num_ctas_tiles, num_h_tiles, BLOCK_H), jnp.float32),
-        )
-    else:
-        out_type = (
-            jax.ShapeDtypeStruct((num_tokens, heads, KV_LORA_RANK), dtype),
-            jax.ShapeDtypeStruct((num_tokens, heads), jnp.float32),
-        )
+    lead = (num_splits,) if split_out else ()  # split-KV: fp32 partials of each split, per token
+    out_type = (
+        jax.ShapeDtypeStruct(lead + (num_tokens, heads, KV_LORA_RANK), stage_dtype),
+        jax.ShapeDtypeStruct(lead + (num_tokens, heads), jnp.float32),
+    )
     return plgpu.kernel(
         body,
         out_type=out_type,
@@ -725,31 +735,14 @@ def _sched(metadata: DecodeMetadata, width: int):
     return jnp.concatenate([info, jnp.pad(bt, ((0, 0), (0, width - bt.shape[1])))], axis=1)
 
 
-def _combine(out_p, lse_p, metadata: DecodeMetadata, num_tokens: int, heads: int, hp: int, q_tiles: int, dtype):
-    """Split partials indexed by CTA ([S, R * q_tiles, h_tiles, 64, *]) -> out [T, heads, 512], lse [T, heads]."""
-    num_splits, num_ctas, num_h_tiles = out_p.shape[:3]
-    tpt = BLOCK_H // hp
-    num_reqs = metadata.seq_lens.shape[0]
-    o = out_p.reshape(num_splits, num_ctas, num_h_tiles, tpt, hp, KV_LORA_RANK)
-    l = lse_p.reshape(num_splits, num_ctas, num_h_tiles, tpt, hp)
-    if q_tiles == 1 and num_tokens == num_reqs:  # one token per request (decode): token r = CTA r, slot 0
-        o, l = o[:, :, :, 0], l[:, :, :, 0]
-    else:  # token t of request r(t) at slot li % tpt of CTA r * q_tiles + li // tpt (li: its index in r)
-        qsl = metadata.query_start_loc.astype(jnp.int32)
-        t = jnp.arange(num_tokens, dtype=jnp.int32)
-        r = jnp.sum((qsl[None, 1:] <= t[:, None]).astype(jnp.int32), axis=1)
-        li = t - qsl[r]
-        cta, slot = r * q_tiles + li // tpt, li % tpt
-        # (the two index arrays adjacent and first: [T, S, h_tiles, hp, ...], then S first)
-        o = jnp.moveaxis(jnp.moveaxis(o, (1, 3), (0, 1))[cta, slot], 1, 0)
-        l = jnp.moveaxis(jnp.moveaxis(l, (1, 3), (0, 1))[cta, slot], 1, 0)
-    o = o.reshape(num_splits, num_tokens, num_h_tiles * hp, KV_LORA_RANK)
-    l = l.reshape(num_splits, num_tokens, num_h_tiles * hp)
-    m = jnp.max(l, axis=0)
+def _combine(out_p, lse_p, dtype):
+    """Split partials (out_p [S, T, H, 512], lse_p [S, T, H], fp32) -> out [T, H, 512], lse [T, H].
+    An empty split has lse -inf and weighs nothing."""
+    m = jnp.max(lse_p, axis=0)
     m = jnp.where(jnp.isfinite(m), m, 0.0)
-    w = jnp.exp(l - m[None])
+    w = jnp.exp(lse_p - m[None])
     denom = jnp.sum(w, axis=0)
-    out = jnp.sum(w[..., None] * o, axis=0) / jnp.maximum(denom, 1e-30)[..., None]
+    out = jnp.sum(w[..., None] * out_p, axis=0) / jnp.maximum(denom, 1e-30)[..., None]
     return out.astype(dtype), m + jnp.log(denom)
 
 
@@ -781,7 +774,7 @@ def _mla_decode(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig, tuning
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width))
     if num_splits > 1:
-        out, lse = _combine(out, lse, metadata, num_tokens, heads, hp, q_tiles, dtype)
+        out, lse = _combine(out, lse, dtype)
     return out[:, :num_heads], lse[:, :num_heads]
 
 
@@ -813,7 +806,8 @@ def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConf
     if q.ndim != 3 or q.shape[-1] != HEAD_DIM:
         raise ValueError(f"q must be [T, H, {HEAD_DIM}] (or q_nope, q_pe), got q.shape={tuple(q.shape)}")
     if tuning is None:
-        tuning = heuristic_config(config, q.shape[0], metadata.max_blocks, metadata.num_reqs)
+        tuning = heuristic_config(config, q.shape[0], metadata.max_blocks, metadata.num_reqs,
+                                  max_query_len=metadata.max_query_len)
     elif not isinstance(tuning, MosaicConfig):
         raise ValueError(f"tuning must be a MosaicConfig, got tuning={tuning!r}")
     if not isinstance(interpret, plgpu.InterpretGPUParams):

@@ -1,7 +1,8 @@
 """python -m parity: cross-check paged MLA decode across stacks, or benchmark it.
 
   python -m parity [check] [--scenarios A,B] [--impls X,Y] [--dtypes bfloat16,float16] [--json PATH] [--png PATH]
-  python -m parity bench [--grid NAME] [--impls X,Y] [--json PATH] [--png PATH]
+  python -m parity bench [--grid NAME] [--impls X,Y] [--shard I/N] [--json PATH] [--png PATH]
+  python -m parity merge SHARD_JSON... --json PATH [--png PATH]
   python -m parity plot RESULTS_JSON --png PATH
   python -m parity list
 
@@ -11,7 +12,8 @@ run, and prints a table; the exit code is 1 on any failure or error (skips, with
 reason, are not failures). `--png` draws the error distributions (matplotlib, the
 `notebooks` extra; without it the JSON is still written). `bench` times every available
 implementation side by side and draws a roofline against the machine's measured copy
-and matmul rates. `plot` redraws either PNG from a JSON written earlier (e.g. the
+and matmul rates (`--shard I/N` times every N-th shape, e.g. half a grid per GPU; `merge`
+joins the shards' JSONs and their summary). `plot` redraws either PNG from a JSON written earlier (e.g. the
 committed results in parity/results/).
 """
 
@@ -86,6 +88,30 @@ def _plot(args) -> int:
     return 0 if plots.write_png_or_say_why(results, args.png) else 2
 
 
+def _merge(args) -> int:
+    from parity import bench
+
+    try:
+        results = []
+        for path in args.results:
+            with open(path) as f:
+                results.append(json.load(f))
+        merged = bench.merge(results)
+    except (OSError, json.JSONDecodeError, ValueError, KeyError) as e:
+        print(f"cannot merge: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    text, _ = bench.summary(merged["rows"], merged["impls"])
+    print(text)
+    with open(args.json, "w") as f:
+        json.dump(merged, f, indent=1)
+    print(f"wrote {args.json} ({len(merged['rows'])} rows, complete={merged['complete']})")
+    if args.png:
+        from parity import plots
+
+        plots.write_png_or_say_why(merged, args.png)
+    return 0
+
+
 def _bench(args) -> int:
     from parity import bench
 
@@ -125,6 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plot", help="draw a PNG from a parity or bench JSON (e.g. parity/results/*.json)")
     pl.add_argument("results", help="a JSON written by `python -m parity --json` or `python -m parity bench --json`")
     pl.add_argument("--png", required=True, help="where to write the PNG")
+    m = sub.add_parser("merge", help="join the JSONs of `bench --shard` runs of one grid into one")
+    m.add_argument("results", nargs="+", help="bench JSONs of the shards")
+    m.add_argument("--json", required=True, help="write the joined result here")
+    m.add_argument("--png", help="draw its roofline here (needs matplotlib)")
     sub.add_parser("list", help="list scenarios and implementations")
     return p
 
@@ -133,6 +163,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "bench":
         return _bench(args)
+    if args.command == "merge":
+        return _merge(args)
     if args.command == "list":
         return _list(args)
     if args.command == "plot":

@@ -95,7 +95,7 @@ GRIDS = {
 
 DEFAULT_IMPLS = ["torch.fa3", "torch.flashmla", "jax.pallas_triton", "jax.pallas_mosaic_gpu"]
 
-FP8_IMPLS = {"jax.pallas_triton.fp8", "jax.pallas_triton.fp8.kv_lhs"}
+FP8_IMPLS = {"jax.pallas_triton.fp8"}
 """Impls that read an fp8 copy of the bf16 cache: 1-byte KV in their bytes, a recorded gap under --check."""
 
 FP8_E4M3_MAX = 448.0  # the largest finite float8_e4m3fn value
@@ -110,8 +110,43 @@ def add_arguments(p):
     p.add_argument("--check", action="store_true", help="also compare each impl's out/lse with the first impl")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--png", help="draw the roofline here (needs matplotlib)")
+    p.add_argument("--shard", type=parse_shard, default=None, metavar="I/N",
+                   help="time only shapes I, I+N, I+2N, ... of the grid (0 <= I < N), e.g. one half per GPU; "
+                        "`python -m parity merge` joins the shards' JSONs")
     p.add_argument("--no-ceilings", action="store_true",
                    help="do not measure the copy/matmul ceilings (the roofline then uses the anchors' numbers)")
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """'I/N' -> (I, N) with 0 <= I < N."""
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"shard must be I/N with integers, got shard={text!r}") from None
+    if not 0 <= i < n:
+        raise ValueError(f"shard I/N needs 0 <= I < N, got shard={text!r}")
+    return i, n
+
+
+def merge(results: list[dict]) -> dict:
+    """Joins bench JSONs of shards of one grid (same impls; rows concatenated, in grid order) and
+    recomputes the summary over all rows. complete: every shard finished and every shape is there."""
+    if not results:
+        raise ValueError("merge needs at least one bench result")
+    first = results[0]
+    for r in results[1:]:
+        for key in ("grid", "impls"):
+            if r.get(key) != first.get(key):
+                raise ValueError(f"cannot merge results of different {key}: {first.get(key)!r} vs {r.get(key)!r}")
+    order = {shape.name: k for k, shape in enumerate(GRIDS[first["grid"]])}
+    rows = sorted((row for r in results for row in r["rows"]), key=lambda row: order.get(row["name"], len(order)))
+    names = {row["name"] for row in rows}
+    _, summ = summary(rows, first["impls"])
+    merged = {k: v for k, v in first.items() if k not in ("rows", "summary", "shard")}
+    merged.update(rows=rows, summary=summ, shards=[r.get("shard") for r in results],
+                  complete=all(r.get("complete") for r in results) and names >= set(order),
+                  unavailable={k: v for r in results for k, v in r.get("unavailable", {}).items()})
+    return merged
 
 
 # ----------------------------------------------------------------------------- ceilings
@@ -340,7 +375,7 @@ def _jax_kernel(impl: str, tuning=None, fp8: bool = False, interpret: bool = Fal
     """A runner for mla_jax.<impl>.mla_decode; with fp8, on the cache quantized by quantize_fp8
     (kv_cache_dtype="fp8_e4m3") and its k_scale passed traced. interpret: Pallas interpret mode, on
     any device (the CPU tests of this runner; never timed). overrides (Triton only): fields replaced
-    in the heuristic's pick for each shape (e.g. kv_lhs=True)."""
+    in the heuristic's pick for each shape (e.g. num_stages=3)."""
 
     def make(inp: BenchInputs):
         import importlib
@@ -401,8 +436,6 @@ RUNNERS = {
     "jax.pallas_triton": _jax_kernel("pallas_triton"),
     "jax.pallas_mosaic_gpu": _jax_kernel("pallas_mosaic_gpu"),
     "jax.pallas_triton.fp8": _jax_kernel("pallas_triton", fp8=True),
-    # the fp8 tile as the left operand of both dots (TritonConfig.kv_lhs), against the default above
-    "jax.pallas_triton.fp8.kv_lhs": _jax_kernel("pallas_triton", fp8=True, overrides={"kv_lhs": True}),
 }
 
 
@@ -550,7 +583,10 @@ def main(args) -> int:
             unavailable[name] = reason
     impls = [i for i in requested if i not in unavailable]
     shapes = GRIDS[args.grid]
-    print(f"bench grid={args.grid} ({len(shapes)} shapes) on {torch.cuda.get_device_name()}; "
+    shard = getattr(args, "shard", None)
+    if shard is not None:
+        shapes = shapes[shard[0]::shard[1]]
+    print(f"bench grid={args.grid}{f' shard {shard[0]}/{shard[1]}' if shard else ''} ({len(shapes)} shapes) on {torch.cuda.get_device_name()}; "
           f"torch {torch.__version__}, jax {jax.__version__}; baseline {impls[0] if impls else '-'}", flush=True)
     for name, reason in unavailable.items():
         print(f"  not timed: {name}: {reason}", flush=True)
@@ -571,7 +607,7 @@ def main(args) -> int:
         return {"grid": args.grid, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                 "jax": jax.__version__, "method": __doc__.split("Method")[1].split("Bytes")[0].strip(),
                 **ceilings, "complete": summ is not None, "impls": impls, "unavailable": unavailable,
-                "summary": summ, "rows": rows}
+                "summary": summ, "rows": rows, **({"shard": f"{shard[0]}/{shard[1]}"} if shard else {})}
 
     def write(rows, summ=None):
         if args.json:

@@ -2,6 +2,7 @@
 on a few shapes, with the bench's method (N calls in one jitted loop). GPU only.
 
   python -m parity.sweep --impl pallas_triton --json sweep.json
+  python -m parity.sweep --impl pallas_triton --fp8 --shapes H16_B128_S16384_q1   # on an fp8 copy of the cache
 
 Each variant changes one field of the heuristic's pick; the table shows the time of
 each and the best per shape, to revise the heuristic from measurements.
@@ -55,6 +56,8 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", help="comma-separated shape names (default: all of SHAPES)")
     p.add_argument("--fields", help="comma-separated tuning fields to vary (default: all of the impl's)")
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--fp8", action="store_true",
+                   help="run the kernel on an fp8_e4m3 copy of the cache (bench.quantize_fp8); FA3 stays bf16")
     p.add_argument("--json")
     args = p.parse_args(argv)
     import torch
@@ -68,8 +71,9 @@ def main(argv=None) -> int:
     for shape in shapes:
         inp = bench.make_inputs(shape)
         md = inp.metadata
-        kwargs = dict(max_query_len=md.max_query_len) if args.impl == "pallas_triton" else {}
-        base = mod.heuristic_config(inp.config, md.num_decode_tokens, md.max_blocks, num_reqs=md.num_reqs, **kwargs)
+        config = inp.config.replace(kv_cache_dtype="fp8_e4m3") if args.fp8 else inp.config
+        base = mod.heuristic_config(config, md.num_decode_tokens, md.max_blocks, num_reqs=md.num_reqs,
+                                    max_query_len=md.max_query_len)
         fa3_s = None
         try:
             fa3_s, _, _ = bench.time_impl(bench.torch_fa3, inp, args.reps)
@@ -79,8 +83,8 @@ def main(argv=None) -> int:
         for label, tuning in variants(base, spec):
             row = dict(shape=shape.name, variant=label, tuning=dataclasses.asdict(tuning), fa3_s=fa3_s)
             try:
-                sec, n, _ = bench.time_impl(bench._jax_kernel(args.impl, tuning), inp, args.reps)
-                row.update(seconds=sec, TBps=shape.bytes() / sec / 1e12, TFLOPps=shape.flops() / sec / 1e12)
+                sec, n, _ = bench.time_impl(bench._jax_kernel(args.impl, tuning, fp8=args.fp8), inp, args.reps)
+                row.update(seconds=sec, TBps=shape.bytes(kv_itemsize=1 if args.fp8 else None) / sec / 1e12, TFLOPps=shape.flops() / sec / 1e12)
                 if fa3_s:
                     row["fa3_over_impl"] = fa3_s / sec
             except Exception as e:
@@ -94,7 +98,7 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
         if args.json:  # after every shape: a run cut short still leaves its numbers
             with open(args.json, "w") as f:
-                json.dump({"impl": args.impl, "rows": rows}, f, indent=1)
+                json.dump({"impl": args.impl, "fp8": args.fp8, "rows": rows}, f, indent=1)
     print("\nbest per shape:")
     for shape in shapes:
         ok = [r for r in rows if r["shape"] == shape.name and "seconds" in r]

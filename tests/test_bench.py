@@ -4,12 +4,15 @@ fp8_speedup_vs_bf16. The timing itself needs a GPU (`python -m parity bench`).""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 
 import numpy as np
 import pytest
 import torch
 
+from mla_jax import pallas_triton
 from mla_spec import MLAConfig, build_decode_metadata, reference
 from parity import bench
 from parity.bench import GRIDS, RUNNERS, Shape
@@ -82,13 +85,33 @@ def _tiny_inputs(seed=0) -> bench.BenchInputs:
     return bench.BenchInputs(shape, config, md, q, kv)
 
 
-@pytest.mark.parametrize("overrides", [None, {"kv_lhs": True}], ids=["heuristic", "kv_lhs"])
-def test_fp8_runner_in_interpret_mode_is_the_reference_on_the_dequantized_cache(overrides):
+# num_stages=1: not the heuristic's pick here (32 rows: 3 stages), so the override is seen to reach the kernel
+@pytest.mark.parametrize("overrides", [None, {"num_stages": 1}], ids=["heuristic", "num_stages"])
+def test_fp8_runner_in_interpret_mode_is_the_reference_on_the_dequantized_cache(overrides, monkeypatch):
     """The fp8 runner's one code path (quantize, the cache through DLPack, k_scale traced, the timed
-    fori_loop), in interpret mode: right against the float64 reference on fp8 x k_scale."""
+    fori_loop), in interpret mode: right against the float64 reference on fp8 x k_scale. With overrides,
+    the kernel gets the heuristic's pick for the shape with those fields replaced."""
     inp = _tiny_inputs()
+    tunings = []
+    kernel = pallas_triton.mla_decode
+
+    def spy(*args, tuning=None, **kwargs):
+        tunings.append(tuning)
+        return kernel(*args, tuning=tuning, **kwargs)
+
+    monkeypatch.setattr(pallas_triton, "mla_decode", spy)
     once, time_n = bench._jax_kernel("pallas_triton", fp8=True, interpret=True, overrides=overrides)(inp)
     out, lse = once()
+    if overrides is None:
+        assert tunings == [None]  # mla_decode picks the heuristic itself
+    else:
+        h = inp.metadata
+        heuristic = pallas_triton.heuristic_config(
+            inp.config.replace(kv_cache_dtype="fp8_e4m3"), h.num_decode_tokens, h.max_blocks,
+            max_query_len=h.max_query_len, num_reqs=h.num_reqs, max_num_splits=h.max_num_splits,
+        )
+        assert heuristic.num_stages != overrides["num_stages"]
+        assert tunings == [dataclasses.replace(heuristic, **overrides)]
     assert str(out.dtype) == "bfloat16" and out.shape == (4, 16, 512)
     kv_fp8, k_scale = bench.quantize_fp8(inp.kv_cache)
     deq = kv_fp8.float().numpy().astype(np.float64) * k_scale
@@ -208,3 +231,41 @@ def test_profile_shape_names():
     assert parse_shape("H16_B1_S1024_P16") == Shape(16, 1, 1024, 1, page_size=16)
     with pytest.raises(ValueError, match="H128_B64_S16384_q1.*got 'B64'"):
         parse_shape("B64")
+
+
+def test_shard_parse_and_merge_rejoin_a_grid(tmp_path):
+    """`bench --shard I/N` takes every N-th shape; `python -m parity merge` joins the shards in grid order
+    and recomputes the summary over all rows."""
+    assert bench.parse_shard("1/2") == (1, 2)
+    for bad in ("2/2", "-1/2", "a/b", "1"):
+        with pytest.raises(ValueError, match="shard"):
+            bench.parse_shard(bad)
+    shapes = bench.GRIDS["headline"]
+    impls = ["torch.fa3", "jax.pallas_mosaic_gpu"]
+    key = "speedup_vs_torch.fa3"
+
+    def shard_result(i, n, ratio):
+        rows = []
+        for s in shapes[i::n]:
+            rows.append({"name": s.name, "impl": "torch.fa3", "seconds": 1.0})
+            rows.append({"name": s.name, "impl": "jax.pallas_mosaic_gpu", "seconds": 1.0 / ratio, key: ratio})
+        return {"grid": "headline", "impls": impls, "rows": rows, "complete": True, "shard": f"{i}/{n}",
+                "unavailable": {}}
+
+    a, b = shard_result(0, 2, 2.0), shard_result(1, 2, 0.5)
+    merged = bench.merge([b, a])
+    assert [r["name"] for r in merged["rows"]][::2] == [s.name for s in shapes]
+    assert merged["complete"] and merged["shards"] == ["1/2", "0/2"]
+    n0, n1 = len(shapes[0::2]), len(shapes[1::2])
+    expected = math.exp((n0 * math.log(2.0) + n1 * math.log(0.5)) / len(shapes))
+    assert merged["summary"]["jax.pallas_mosaic_gpu"]["geomean_speedup"] == pytest.approx(expected)
+    assert not bench.merge([a])["complete"]  # half the grid
+    with pytest.raises(ValueError, match="impls"):
+        bench.merge([a, {**b, "impls": ["torch.fa3"]}])
+    pa, pb, out = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "m.json"
+    pa.write_text(json.dumps(a))
+    pb.write_text(json.dumps(b))
+    from parity.__main__ import main
+
+    assert main(["merge", str(pa), str(pb), "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["complete"]

@@ -36,26 +36,27 @@ CASES = [
     (Scenario("p16_decode", seq_lens=(1, 17, 70), query_lens=(1, 1, 1), page_size=16), "bfloat16",
      MosaicConfig(num_splits=1)),
     (Scenario("p16_spec_split2", seq_lens=(8, 100, 200), query_lens=(3, 6, 2), page_size=16), "bfloat16",
-     MosaicConfig(num_splits=2)),
+     MosaicConfig(num_splits=2, schedule="split")),
     (Scenario("p64_spec", seq_lens=(40, 130, 300), query_lens=(2, 4, 1), page_size=64), "bfloat16",
      MosaicConfig(num_splits=1)),
     (Scenario("p64_split3", seq_lens=(1, 65, 200), query_lens=(1, 2, 1), page_size=64), "bfloat16",
      MosaicConfig(num_splits=3)),
     (Scenario("heads128_p16", seq_lens=(33, 97), query_lens=(1, 2), num_heads=128, page_size=16), "bfloat16",
-     MosaicConfig(num_splits=2)),
+     MosaicConfig(num_splits=2, schedule="split")),
     (Scenario("p128_fp16", seq_lens=(65, 200), query_lens=(2, 1), page_size=128), "float16",
      MosaicConfig(num_splits=2)),
     (Scenario("heads20_p32", seq_lens=(70, 5), query_lens=(5, 1), num_heads=20, page_size=32), "bfloat16",
-     MosaicConfig(num_splits=1)),
+     MosaicConfig(num_splits=1, schedule="split")),
     (Scenario("p8_heads8_fp16", seq_lens=(30, 110), query_lens=(1, 3), num_heads=8, page_size=8), "float16",
      MosaicConfig(num_splits=2)),
     (Scenario("one_stage", seq_lens=(150, 9), query_lens=(2, 1), page_size=32), "bfloat16",
-     MosaicConfig(max_concurrent_steps=1, num_splits=1)),
+     MosaicConfig(max_concurrent_steps=1, num_splits=1, schedule="split")),
     (Scenario("unmasked_steps_split2", seq_lens=(300, 9, 64, 129), query_lens=(2, 1, 1, 3), page_size=16),
      "bfloat16", MosaicConfig(num_splits=2)),
     (Scenario("heads64_decode", seq_lens=(70, 130, 1), query_lens=(1, 1, 1), num_heads=64, page_size=64), "float16",
      MosaicConfig(num_splits=2)),
-    # FlashMLA's schedule (warpgroup 0: all scores + softmax; warpgroup 1: its P @ V half + TMAs)
+    # FlashMLA's schedule, the default (warpgroup 0: all scores + softmax; warpgroup 1: its P @ V half
+    # + TMAs), named; the cases above without a schedule run it too, those with "split" the other one
     (Scenario("flashmla_p16_spec", seq_lens=(8, 100, 200), query_lens=(3, 6, 2), page_size=16), "bfloat16",
      MosaicConfig(schedule="flashmla", num_splits=2)),
     (Scenario("flashmla_h128_p64", seq_lens=(33, 97, 520), query_lens=(1, 2, 1), num_heads=128, page_size=64),
@@ -64,11 +65,17 @@ CASES = [
      MosaicConfig(schedule="flashmla", num_splits=1)),
     (Scenario("flashmla_one_stage", seq_lens=(150, 9), query_lens=(2, 1), page_size=32), "bfloat16",
      MosaicConfig(schedule="flashmla", max_concurrent_steps=1)),
+    # block tables longer than the staged chunk (bt_chunk=32 pages of 8): splits that begin past
+    # chunk 0 reload it at their first step, and steps that cross into the next chunk
+    (Scenario("bt_chunks_p8", seq_lens=(600, 70), query_lens=(1, 2), page_size=8), "bfloat16",
+     MosaicConfig(num_splits=3, bt_chunk=32)),
+    (Scenario("bt_chunks_p8_split_sched", seq_lens=(70, 600), query_lens=(3, 1), page_size=8), "float16",
+     MosaicConfig(num_splits=2, bt_chunk=32, schedule="split")),
     # the warp-specialized variant (a third warpgroup issues the TMAs)
     (Scenario("memory_wg_p16", seq_lens=(8, 300, 200), query_lens=(3, 6, 2), page_size=16), "bfloat16",
-     MosaicConfig(num_splits=2, memory_warpgroup=True)),
+     MosaicConfig(num_splits=2, memory_warpgroup=True, schedule="split")),
     (Scenario("memory_wg_h128_p128", seq_lens=(65, 200), query_lens=(1, 1), num_heads=128, page_size=128), "float16",
-     MosaicConfig(num_splits=1, memory_warpgroup=True)),
+     MosaicConfig(num_splits=1, memory_warpgroup=True, schedule="split")),
 ]
 
 
@@ -144,11 +151,13 @@ class TestGPULowering:
             (16, 32, MosaicConfig(max_concurrent_steps=1)),
             (128, 64, MosaicConfig(num_splits=1)),
             (32, 64, MosaicConfig(num_splits=1)),
-            (16, 16, MosaicConfig(num_splits=2, memory_warpgroup=True)),
+            (16, 16, MosaicConfig(num_splits=2, memory_warpgroup=True, schedule="split")),
+            (16, 16, MosaicConfig(num_splits=2, schedule="split")),
+            (128, 64, MosaicConfig(num_splits=3, schedule="split")),
             (16, 16, MosaicConfig(num_splits=2, schedule="flashmla")),
             (128, 64, MosaicConfig(num_splits=1, schedule="flashmla")),
             (8, 128, MosaicConfig(num_splits=3, schedule="flashmla")),
-            (128, 64, MosaicConfig(num_splits=1, memory_warpgroup=True)),
+            (128, 64, MosaicConfig(num_splits=1, memory_warpgroup=True, schedule="split")),
         ],
     )
     def test_lowers_for_cuda(self, num_heads, page_size, tuning):
@@ -196,11 +205,15 @@ class TestConfig:
         small = heuristic_config(cfg, num_tokens=2, max_blocks=256)  # B=2: split to fill the SMs
         assert isinstance(big, MosaicConfig) and isinstance(small, MosaicConfig)
         assert big.num_splits == 1
-        assert 8 <= small.num_splits <= 32
+        assert 32 <= small.num_splits <= mgpu_mla.MAX_SPLITS  # 2 CTAs x splits fill the 132 SMs
         short = heuristic_config(cfg, num_tokens=1, max_blocks=1)  # one 64-token step: nothing to split
         assert short.num_splits == 1
+        assert heuristic_config(cfg, num_tokens=1, max_blocks=16).num_splits == 16  # S=1024: a step per split
         h128 = heuristic_config(MLAConfig(num_heads=128), num_tokens=64, max_blocks=256)
-        assert h128.num_splits >= 1 and h128.smem_bytes() <= 227 * 1024
+        assert h128.num_splits == 1 and h128.smem_bytes() <= 227 * 1024  # 128 CTAs of 256 steps: one wave
+        # B=8, H=128, S=4096: 16 CTAs x 8 splits of 8 steps is one full wave; 7 splits would leave
+        # 10-step splits, 9 a second wave
+        assert heuristic_config(MLAConfig(num_heads=128), num_tokens=8, max_blocks=64).num_splits == 8
 
     def test_metadata_caps_splits(self):
         scenario = Scenario("cap", seq_lens=(150,), query_lens=(1,), page_size=16)
@@ -295,14 +308,14 @@ class TestGPU:
         assert_matches(out, lse, ref_out, ref_lse, dtype, f"{scenario.name} {tuning}")
 
     @pytest.mark.parametrize("name", sorted(SCENARIOS))
-    def test_scenario_flashmla_schedule(self, name):
+    def test_scenario_split_schedule(self, name):
         scenario = SCENARIOS[name]
         reason = unsupported_reason(scenario.config("bfloat16"))
         if reason is not None:
             pytest.skip(reason)
         batch, ref_out, ref_lse = batch_and_reference(scenario, "bfloat16")
-        out, lse = _run(batch, "bfloat16", MosaicConfig(num_splits=3, schedule="flashmla"), interpret=False)
-        assert_matches(out, lse, ref_out, ref_lse, "bfloat16", f"{name} flashmla")
+        out, lse = _run(batch, "bfloat16", MosaicConfig(num_splits=3, schedule="split"), interpret=False)
+        assert_matches(out, lse, ref_out, ref_lse, "bfloat16", f"{name} split")
 
     @pytest.mark.parametrize("schedule", ["split", "flashmla"])
     def test_deterministic(self, schedule):
