@@ -183,13 +183,14 @@ def heuristic_config(
       h200-sweep-triton-v1.json; NOTES_pallas_triton.md, v2): M = 16: 128 / 2 / 4
       (the biggest loads in flight: 3.6 TB/s vs 2.7 at block_kv 64); M = 32: 64 / 3 / 4
       (1.4x over 2 stages); M = 64: 64 / 2 / 8 (1.35x over block_kv 32; 128 exceeds
-      shared memory, 4 warps spill the 64 x 512 float32 accumulator).
+      shared memory, 4 warps spill the 64 x 512 float32 accumulator). fp8: 8 warps at every M (the
+      converted tile spills at 4: session 3's sweep, NOTES_pallas_triton.md).
     """
     num_tokens = max(1, int(num_tokens))
     max_query_len = max(1, int(max_query_len))
     if num_reqs is None:
         num_reqs = max(1, _cdiv(num_tokens, max_query_len))
-    # fp8: M <= 32 rows (64 x 64-row KV steps exceed the shared memory: fp8_gpu_reason), hence 4 warps below
+    # fp8: M <= 32 rows (64 x 64-row KV steps exceed the shared memory: fp8_gpu_reason)
     max_rows = FP8_GPU_MAX_ROWS if config.is_fp8_kv_cache else MAX_ROWS
     block_h = min(max(_next_pow2(config.num_heads), 16), max_rows)
     block_q = max(1, min(_next_pow2(max_query_len), max_rows // block_h))
@@ -205,7 +206,9 @@ def heuristic_config(
     num_splits = _num_splits_heuristic(work, num_kv_blocks, num_sms, max_splits)
     if config.batch_invariant:
         num_splits = 1  # the wave-efficiency split count depends on the whole batch
-    num_warps = 4 if rows <= 32 else 8
+    # fp8: 8 warps (H200, session 3, H16 B128 S16384: 1470 us against 4190 with 4; the converted tile
+    # and the accumulator spill at 4: ncu saw 255 registers a thread and local-memory traffic)
+    num_warps = 4 if rows <= 32 and not config.is_fp8_kv_cache else 8
     num_stages = 3 if rows == 32 else 2
     if config.dtype == "float32":  # 4-byte tiles: v1's smaller steps (v2's exceed shared memory on the H200)
         block_kv, num_stages = (64 if rows <= 32 else 32), 2

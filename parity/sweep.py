@@ -56,6 +56,9 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", help="comma-separated shape names (default: all of SHAPES)")
     p.add_argument("--fields", help="comma-separated tuning fields to vary (default: all of the impl's)")
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--set", dest="overrides", default="",
+                   help="comma-separated field=int pairs replaced in the heuristic's pick before the variants "
+                        "(e.g. num_warps=8): sweep around another base")
     p.add_argument("--fp8", action="store_true",
                    help="run the kernel on an fp8_e4m3 copy of the cache (bench.quantize_fp8); FA3 stays bf16")
     p.add_argument("--json")
@@ -74,6 +77,8 @@ def main(argv=None) -> int:
         config = inp.config.replace(kv_cache_dtype="fp8_e4m3") if args.fp8 else inp.config
         base = mod.heuristic_config(config, md.num_decode_tokens, md.max_blocks, num_reqs=md.num_reqs,
                                     max_query_len=md.max_query_len)
+        if args.overrides:
+            base = dataclasses.replace(base, **{k: int(v) for k, v in (kv.split("=") for kv in args.overrides.split(","))})
         fa3_s = None
         try:
             fa3_s, _, _ = bench.time_impl(bench.torch_fa3, inp, args.reps)

@@ -370,14 +370,14 @@ def test_fp8_gpu_guard_names_the_tile():
 @pytest.mark.parametrize("num_heads", [16, 32, 64, 128])
 def test_fp8_heuristic_tiles_run_compiled(num_heads, batch_invariant, dtype):
     """Every tile the heuristic picks for an fp8 cache passes fp8_gpu_reason: head blocks of at most
-    32 rows (H = 128: 4 of 32), 4 warps, at any q_len and batch."""
+    32 rows (H = 128: 4 of 32), 8 warps, at any q_len and batch."""
     cfg = MLAConfig(num_heads=num_heads, dtype=dtype, kv_cache_dtype="fp8_e4m3", batch_invariant=batch_invariant)
     for q_len in range(1, 9):
         for num_reqs, max_blocks in ((1, 16), (4, 16), (128, 256)):
             t = pallas_triton.heuristic_config(cfg, q_len * num_reqs, max_blocks, max_query_len=q_len,
                                                num_reqs=num_reqs)
             assert pallas_triton.fp8_gpu_reason(t) is None, (q_len, num_reqs, t)
-            assert t.block_h == min(max(num_heads, 16), 32) and t.num_warps == 4
+            assert t.block_h == min(max(num_heads, 16), 32) and t.num_warps == 8
             assert t.block_q == (1 if batch_invariant else min(pallas_triton._next_pow2(q_len), 32 // t.block_h))
     # bf16 keeps its head blocks of 64 (8 warps) at H >= 64
     bf16 = pallas_triton.heuristic_config(cfg.replace(kv_cache_dtype="auto"), 4, 16)
