@@ -72,6 +72,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from mla_jax.combine import combine, combine_ref
 from mla_spec import DecodeMetadata, MLAConfig
 
 KV_LORA_RANK = 512
@@ -735,17 +736,6 @@ def _sched(metadata: DecodeMetadata, width: int):
     return jnp.concatenate([info, jnp.pad(bt, ((0, 0), (0, width - bt.shape[1])))], axis=1)
 
 
-def _combine(out_p, lse_p, dtype):
-    """Split partials (out_p [S, T, H, 512], lse_p [S, T, H], fp32) -> out [T, H, 512], lse [T, H].
-    An empty split has lse -inf and weighs nothing."""
-    m = jnp.max(lse_p, axis=0)
-    m = jnp.where(jnp.isfinite(m), m, 0.0)
-    w = jnp.exp(lse_p - m[None])
-    denom = jnp.sum(w, axis=0)
-    out = jnp.sum(w[..., None] * out_p, axis=0) / jnp.maximum(denom, 1e-30)[..., None]
-    return out.astype(dtype), m + jnp.log(denom)
-
-
 def _mla_decode(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig, tuning: MosaicConfig, interpret: bool):
     num_tokens, num_heads, _ = q.shape
     dtype = q.dtype
@@ -774,7 +764,9 @@ def _mla_decode(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig, tuning
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width))
     if num_splits > 1:
-        out, lse = _combine(out, lse, dtype)
+        # split partials per token [S, T, heads, 512] -> out, lse: one Pallas Triton kernel on the GPU
+        # (mla_jax.combine); in Mosaic GPU interpret mode its jnp formula
+        out, lse = combine_ref(out, lse, dtype) if interpret else combine(out, lse, dtype)
     return out[:, :num_heads], lse[:, :num_heads]
 
 

@@ -57,6 +57,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu_triton
 
+from mla_jax.combine import combine
 from mla_spec import DecodeMetadata, MLAConfig
 
 NUM_SMS_H200 = 132
@@ -378,19 +379,6 @@ def _mla_decode_kernel(
     plgpu_triton.store(lse_ref.at[split, tok, head], lse, mask=row_ok)
 
 
-def _combine_splits(o_part, lse_part, dtype):
-    """Merges split-KV partials: o_part [S, T, H, L] (each normalized over its split),
-    lse_part [S, T, H] (-inf for an empty split) -> out [T, H, L] in dtype, lse [T, H]."""
-    lse_max = jnp.max(lse_part, axis=0)
-    lse_max_safe = jnp.where(jnp.isfinite(lse_max), lse_max, 0.0)
-    w = jnp.exp(lse_part - lse_max_safe[None])  # [S, T, H]; 0 for empty splits
-    w_sum = jnp.sum(w, axis=0)
-    out = jnp.sum(jnp.where(w[..., None] > 0, w[..., None] * o_part, 0.0), axis=0)
-    out = out / jnp.where(w_sum > 0, w_sum, 1.0)[..., None]
-    lse = lse_max_safe + jnp.log(w_sum)
-    return out.astype(dtype), lse
-
-
 @functools.partial(jax.jit, static_argnames=("config", "tuning", "interpret"))
 def _mla_decode(q_nope, q_pe, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfig, tuning: TritonConfig,
                 interpret: bool):
@@ -440,7 +428,7 @@ def _mla_decode(q_nope, q_pe, kv_cache, k_scale, metadata: DecodeMetadata, confi
     )
     if S == 1:
         return o_part[0], lse_part[0]
-    return _combine_splits(o_part, lse_part, q_nope.dtype)
+    return combine(o_part, lse_part, q_nope.dtype, interpret=interpret)  # one Pallas kernel (mla_jax.combine)
 
 
 def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConfig, *, tuning: TritonConfig | None = None,

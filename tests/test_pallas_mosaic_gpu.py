@@ -168,8 +168,13 @@ class TestGPULowering:
         def f(q_nope, q_pe, kv, md):
             return mgpu_mla.mla_decode(q_nope, q_pe, kv, md, batch.config, tuning=tuning, interpret=False)
 
-        text = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        # an abstract H200: the split combine is a Pallas Triton kernel, whose lowering asks for a GPU
+        h200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
+        with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=h200)):
+            text = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
         assert "mosaic_gpu" in text
+        if tuning.num_splits > 1:
+            assert "mla_combine_splits" in text  # the combine kernel, lowered to Triton
 
 
 class TestConfig:

@@ -1,0 +1,83 @@
+"""The split-KV combine (mla_jax.combine): the Pallas Triton kernel, in interpret mode on the CPU,
+against its jnp formula, and its lowering for an abstract H200. Both Pallas decode kernels use it."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mla_jax.combine import combine, combine_ref
+
+
+def _partials(num_splits, num_tokens, num_heads, lora=512, seed=0):
+    rng = np.random.default_rng(seed)
+    o = rng.standard_normal((num_splits, num_tokens, num_heads, lora)).astype(np.float32)
+    lse = (3 * rng.standard_normal((num_splits, num_tokens, num_heads))).astype(np.float32)
+    lse[-1, :, ::2] = -np.inf  # an empty last split for every other head (its o is garbage: NaN)
+    o[-1, :, ::2] = np.nan
+    if num_splits > 1:
+        lse[:, 0, 0] = -np.inf  # a row no split saw: out 0, lse -inf
+    return jnp.asarray(o), jnp.asarray(lse)
+
+
+@pytest.mark.parametrize("num_splits, num_tokens, num_heads", [(2, 3, 16), (3, 2, 20), (16, 4, 128), (128, 1, 16),
+                                                                (5, 1, 8), (1, 2, 16)])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_kernel_matches_formula(num_splits, num_tokens, num_heads, dtype):
+    o, lse = _partials(num_splits, num_tokens, num_heads)
+    out, lse_out = combine(o, lse, dtype, interpret=True)
+    ref_out, ref_lse = combine_ref(o, lse, dtype)
+    assert out.dtype == dtype and out.shape == (num_tokens, num_heads, 512) and lse_out.shape == (num_tokens, num_heads)
+    assert not np.isnan(np.asarray(out, np.float32)).any(), "an empty split's NaN leaked"
+    tol = 1e-5 if dtype == jnp.float32 else 8e-3  # bf16: the two sums may round to neighbouring values
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref_out, np.float32), rtol=tol, atol=tol)
+    np.testing.assert_array_equal(np.isneginf(lse_out), np.isneginf(ref_lse))
+    finite = np.isfinite(np.asarray(ref_lse))
+    np.testing.assert_allclose(np.asarray(lse_out)[finite], np.asarray(ref_lse)[finite], rtol=1e-6, atol=1e-6)
+
+
+def test_one_split_is_the_identity():
+    rng = np.random.default_rng(1)
+    o = jnp.asarray(rng.standard_normal((1, 2, 16, 512)), jnp.float32)
+    lse = jnp.asarray(rng.standard_normal((1, 2, 16)), jnp.float32)
+    out, lse_out = combine(o, lse, jnp.float32, interpret=True)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(o[0]), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(lse_out), np.asarray(lse[0]), rtol=1e-6)
+
+
+def test_falls_back_to_the_formula_where_a_tile_cannot_hold_it():
+    """L not a multiple of 64, or more than 128 splits: the jnp formula (no pallas_call)."""
+    for shape in ((2, 1, 16, 48), (200, 1, 8, 64)):
+        o = jnp.ones(shape, jnp.float32)
+        lse = jnp.zeros(shape[:3], jnp.float32)
+        text = jax.jit(lambda o, l: combine(o, l, jnp.float32)).trace(o, lse).lower().as_text()
+        assert "mla_combine_splits" not in text
+        out, lse_out = combine(o, lse, jnp.float32)
+        np.testing.assert_allclose(np.asarray(out), 1.0, rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(lse_out), np.log(shape[0]), rtol=1e-6)
+
+
+@pytest.mark.parametrize("num_splits, num_heads", [(2, 16), (128, 16), (7, 128), (3, 20)])
+def test_lowers_to_triton_for_an_abstract_h200(num_splits, num_heads):
+    o, lse = _partials(num_splits, 3, num_heads)
+    h200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=h200)):
+        text = jax.jit(lambda o, l: combine(o, l, jnp.bfloat16)).trace(o, lse).lower(
+            lowering_platforms=("cuda",)).as_text()
+    assert "__gpu$xla.gpu.triton" in text and "mla_combine_splits" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits, num_tokens, num_heads", [(2, 64, 128), (16, 8, 16), (128, 1, 16), (7, 3, 20)])
+def test_compiled_kernel_matches_formula(num_splits, num_tokens, num_heads):
+    if jax.default_backend() != "gpu":
+        pytest.skip("needs a GPU (the compiled Triton kernel)")
+    o, lse = _partials(num_splits, num_tokens, num_heads)
+    out, lse_out = combine(o, lse, jnp.float32)
+    ref_out, ref_lse = combine_ref(o, lse, jnp.float32)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref_out), rtol=1e-5, atol=1e-5)
+    finite = np.isfinite(np.asarray(ref_lse))
+    np.testing.assert_array_equal(np.isneginf(lse_out), ~finite)
+    np.testing.assert_allclose(np.asarray(lse_out)[finite], np.asarray(ref_lse)[finite], rtol=1e-6, atol=1e-6)
