@@ -8,7 +8,7 @@ OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT/logs"; L="$OUT/logs"
 bash .fa3/unpack.sh /tmp/fa3 >/dev/null && export PYTHONPATH=/tmp/fa3:$PWD
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 ( export CUDA_VISIBLE_DEVICES=0
-  timeout 280 python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs tests/test_combine.py \
+  timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs tests/test_combine.py \
     "tests/test_pallas_mosaic_gpu.py::TestGPU::test_scenario" tests/test_pallas_triton.py tests/test_fp8.py \
     tests/test_batch_invariant.py > "$L/pytest.log" 2>&1; echo "pytest rc=$?" >> "$L/pytest.log" ) &
 ( export CUDA_VISIBLE_DEVICES=1
