@@ -41,6 +41,10 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
   and does P @ V for columns [0, 256); warpgroup 1 rescales, does P @ V for [256, 512),
   releases P (`p_free`) and issues the TMAs. One hand-off a step instead of two lock-step
   barriers, and warpgroup 1's P @ V overlaps warpgroup 0's next scores.
+* Three warpgroups (`MosaicConfig(schedule="three_wg")`, opt-in, not yet timed on a GPU):
+  warpgroup 0 only computes the scores and the softmax; warpgroups 1 and 2 each do P @ V
+  for one 256-column output half (2 also issues the TMAs), with registers rebalanced
+  (setmaxnreg 152 / 176 / 176). The next step's scores then overlap both P @ V halves.
 * Rows past seq_len. The cache slots past a request's `seq_len` may hold anything
   (NaN in tests). Scores of masked positions are replaced by a finite -1e30 with
   `where` (so NaN scores never propagate), and on the (single) step of a split
@@ -93,7 +97,10 @@ MASK_VALUE = -1e30  # finite: a fully masked row stays NaN-free
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 SUPPORTED_DTYPES = ("bfloat16", "float16")
-SCHEDULES = ("split", "flashmla")
+SCHEDULES = ("split", "flashmla", "three_wg")
+# three_wg's register split (setmaxnreg; 128 threads each, at most 65536 registers in all): the scores
+# warpgroup holds a 64 x 64 fp32 score tile, each P @ V warpgroup a 64 x 256 fp32 accumulator
+THREE_WG_REGISTERS = (152, 176, 176)
 
 
 def _is_pow2(x: int) -> bool:
@@ -121,6 +128,10 @@ class MosaicConfig:
         warpgroup 0 computes all the scores (N = 64) and the softmax, warpgroup 1 only its P @ V
         half and the TMAs, so its P @ V overlaps warpgroup 0's next scores; 128-byte swizzle. The
         default ("flashmla"): 1.09-1.31x faster than "split" on 4 of 5 H200 shapes (session 3).
+        "three_wg" (opt-in, not yet timed on a GPU): a third warpgroup; warpgroup 0 only computes the
+        scores and the softmax, warpgroups 1 and 2 each do P @ V for one output half (2 the TMAs), so
+        warpgroup 0's next scores overlap both P @ V halves (the H200 profile of "flashmla" showed
+        warpgroup 1 idle half the time while warpgroup 0 ran scores, softmax and its P @ V in series).
         memory_warpgroup=True needs schedule="split".
     """
 
@@ -141,9 +152,9 @@ class MosaicConfig:
         max_concurrent_steps, block_h, bt_chunk = self.max_concurrent_steps, self.block_h, self.bt_chunk
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got schedule={self.schedule!r}")
-        if self.schedule == "flashmla" and self.memory_warpgroup is True:
-            raise ValueError("schedule='flashmla' has warpgroup 1 issue the TMAs: it needs memory_warpgroup=False, "
-                             "got memory_warpgroup=True")
+        if self.schedule != "split" and self.memory_warpgroup is True:
+            raise ValueError(f"schedule={self.schedule!r} has a compute warpgroup issue the TMAs: it needs "
+                             f"memory_warpgroup=False, got memory_warpgroup=True")
         if not isinstance(self.memory_warpgroup, bool):
             raise ValueError(f"memory_warpgroup must be a bool, got memory_warpgroup={self.memory_warpgroup!r}")
         if block_kv != 64:
@@ -286,7 +297,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         raise ValueError(f"bt_chunk={bt_chunk} must be a multiple of pages_per_step={pages_per_step}")
     split_out = num_splits > 1
     flashmla = schedule == "flashmla"
-    producer_wg = 1 if flashmla else 0  # FlashMLA: warpgroup 1 has the lighter step
+    three = schedule == "three_wg"
+    # FlashMLA: warpgroup 1 has the lighter step; three_wg: a P @ V warpgroup
+    producer_wg = 1 if flashmla else 2 if three else 0
 
     def body(q_ref, kv_ref, sched_ref, out_ref, lse_ref,
              q_kv_or_stage, p_smem, x_smem, i_smem,
@@ -425,7 +438,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         def compute_wg(w: int):  # w is static: all SMEM slices below are static
             if memory_wg:
                 plgpu.set_max_registers(232, action="increase")
-            elif w == producer_wg:
+            if three:
+                plgpu.set_max_registers(THREE_WG_REGISTERS[w], action="decrease" if w == 0 else "increase")
+            if not memory_wg and w == producer_wg:
                 load_info()
             first_tok, ntok, first_pos, kv_len, last_page, begin, end = tile_info()
 
@@ -451,7 +466,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         plgpu.barrier_wait(kv_consumed.at[lax.rem(k - begin, jnp.int32(stages))])
                         issue_step(i, begin, last_page)
 
-                tile = compute_tile_flashmla if flashmla else compute_tile
+                tile = compute_tile_flashmla if flashmla else compute_tile_three if three else compute_tile
                 tile(w, first_tok, ntok, first_pos, kv_len, begin, end, refill if producer else None)
                 if producer:
                     drain(n)
@@ -644,39 +659,135 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 l_tot = plgpu.load(x_smem.at[1], layout=row_layout)
                 finish(w, acc, l_tot, None, first_tok, ntok)
 
-        def finish(w, acc, l_tot, lse, first_tok, ntok):
-            """Normalizes this warpgroup's output half and writes it (and, warpgroup 0, the lse) for
-            the tile's tokens: the final out / lse, or with split-KV this split's fp32 partials.
-            Both warpgroups are past their last read of q and of the KV ring (the stage aliases them)."""
-            v_cols = pl.ds(w * V_HALF, V_HALF)
-            out = acc * lax.broadcast_in_dim(1.0 / jnp.maximum(l_tot, 1e-30), acc.shape, [0])
-            stage[w] = out.astype(stage_dtype)
+        def compute_tile_three(w, first_tok, ntok, first_pos, kv_len, begin, end, refill):
+            """Three warpgroups: warpgroup 0 computes the scores S = Q K^T of each 64-token step (wgmma
+            N = 64), the online softmax and P, and hands P (SMEM) and the rescale factor alpha (x_smem[0])
+            to warpgroups 1 and 2 (`p_ready`); warpgroup 1 + h rescales its accumulator and does P @ V
+            for output columns [256 h, 256 h + 256), then releases P (`p_free`, 2 arrivals) and the
+            KV slot; warpgroup 2 also issues the TMAs. So the scores of step k + 1 run while both
+            P @ V halves of step k do. Warpgroup 0 keeps the row sums and, after the last step, hands
+            them over (x_smem[1]) and writes the lse."""
+            row_layout = plgpu.Layout.WGMMA.reduce(1)
             if w == 0:
+                plgpu.barrier_wait(q_bar)
+                m_i = plgpu.layout_cast(jnp.full((BLOCK_H,), -jnp.inf, jnp.float32), row_layout)
+                l_i = plgpu.layout_cast(jnp.full((BLOCK_H,), 0.0, jnp.float32), row_layout)
+
+                def step(k, carry, masked):
+                    m_i, l_i = carry
+                    slot = lax.rem(k - begin, jnp.int32(stages))
+                    kv_start = k * block_kv
+                    plgpu.barrier_wait(kv_ready.at[slot])
+
+                    def qk(s_ref):
+                        plgpu.wgmma(s_ref, q_smem, kv_smem.at[slot].transpose((1, 0)))
+                        return s_ref[...]
+
+                    s = pl.run_scoped(qk, plgpu.ACC((BLOCK_H, block_kv), jnp.float32))
+                    if masked:
+                        row = plgpu.broadcasted_iota(jnp.int32, (BLOCK_H, block_kv), 0, layout=plgpu.Layout.WGMMA)
+                        col = plgpu.broadcasted_iota(jnp.int32, (BLOCK_H, block_kv), 1, layout=plgpu.Layout.WGMMA)
+                        kv_pos = col + kv_start
+                        visible = ((kv_pos - first_pos) * hp <= row) & (kv_pos < kv_len)
+                        s = jnp.where(visible, s * scale_log2, MASK_VALUE)
+                    else:
+                        s = s * scale_log2
+                    m_new = jnp.maximum(m_i, s.max(axis=1))
+                    alpha = jnp.exp2(m_i - m_new)
+                    p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
+                    l_i = l_i * alpha + p.sum(axis=1)
+
+                    @pl.when(k > begin)
+                    def _():
+                        plgpu.barrier_wait(sync_b)  # p_free: both P @ V warpgroups are done with step k - 1
+
+                    p_smem[...] = p.astype(dtype)
+                    x_smem[0] = alpha
+                    if masked:
+                        # The step past kv_len: zero V's invalid rows (all 512 columns) before either
+                        # P @ V reads them (NaN may sit there; 0 * NaN = NaN). The scores, the only
+                        # reader of K, are done.
+                        @pl.when(kv_start + block_kv > kv_len)
+                        def _zero_tail():
+                            zero_v_tail(slot, kv_len - kv_start, 0, KV_LORA_RANK)
+
+                    plgpu.commit_smem()
+                    plgpu.barrier_arrive(sync_a)  # p_ready
+                    return m_new, l_i
+
+                mid = jnp.clip(lax.div(first_pos + 1, jnp.int32(block_kv)), begin, end)
+                carry = lax.fori_loop(begin, mid, functools.partial(step, masked=False), (m_i, l_i))
+                m_i, l_i = lax.fori_loop(mid, end, functools.partial(step, masked=True), carry)
+
+                # Hand the row sums over once both P @ V warpgroups are done with the last step: after
+                # this barrier neither reads q or the KV ring again (the output stage aliases them).
+                @pl.when(end > begin)
+                def _():
+                    plgpu.barrier_wait(sync_b)
+
+                x_smem[1] = l_i
+                plgpu.commit_smem()
+                plgpu.barrier_arrive(sync_a)
+                finish(None, None, None, (m_i + jnp.log(l_i) * (1.0 / LN2)) * LN2, first_tok, ntok)
+            else:
+                h = w - 1
+                v_cols = pl.ds(h * V_HALF, V_HALF)
+                acc = plgpu.layout_cast(jnp.full((BLOCK_H, V_HALF), 0.0, jnp.float32), plgpu.Layout.WGMMA)
+
+                def step(k, acc):
+                    slot = lax.rem(k - begin, jnp.int32(stages))
+                    plgpu.barrier_wait(sync_a)  # p_ready
+                    alpha = plgpu.load(x_smem.at[0], layout=row_layout)
+                    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+                    acc = accumulate(acc, lambda acc_ref: plgpu.wgmma(acc_ref, p_smem, kv_smem.at[slot, :, v_cols]))
+                    plgpu.barrier_arrive(sync_b)  # p_free
+                    plgpu.barrier_arrive(kv_consumed.at[slot])
+                    if refill is not None:
+                        refill(k)
+                    return acc
+
+                acc = lax.fori_loop(begin, end, step, acc)
+                plgpu.barrier_wait(sync_a)
+                finish(h, acc, plgpu.load(x_smem.at[1], layout=row_layout), None, first_tok, ntok)
+
+        def finish(half, acc, l_tot, lse, first_tok, ntok):
+            """Writes the output columns [256 half, 256 half + 256) normalized by l_tot (half None: none)
+            and the lse (None: not this warpgroup) for the tile's tokens: the final out / lse, or with
+            split-KV this split's fp32 partials. Every warpgroup is past its last read of q and of the
+            KV ring (the stage aliases them)."""
+            if half is not None:
+                out = acc * lax.broadcast_in_dim(1.0 / jnp.maximum(l_tot, 1e-30), acc.shape, [0])
+                stage[half] = out.astype(stage_dtype)
+            if lse is not None:
                 x_smem[0] = lse
             plgpu.commit_smem()
             o_dst = out_ref.at[split] if split_out else out_ref
             l_dst = lse_ref.at[split] if split_out else lse_ref
+            v_cols = pl.ds((half or 0) * V_HALF, V_HALF)
             if tpt == 1:
-                plgpu.copy_smem_to_gmem(stage.at[w], o_dst.at[first_tok, pl.ds(hb * BLOCK_H, BLOCK_H), v_cols])
-                if w == 0:
+                if half is not None:
+                    plgpu.copy_smem_to_gmem(stage.at[half], o_dst.at[first_tok, pl.ds(hb * BLOCK_H, BLOCK_H), v_cols])
+                if lse is not None:
                     plgpu.copy_smem_to_gmem(x_smem.at[0], l_dst.at[first_tok, pl.ds(hb * BLOCK_H, BLOCK_H)])
             else:
                 for j in range(tpt):  # the tile's tokens, straight into out [T, H, 512] and lse [T, H]
 
                     @pl.when(j < ntok)
                     def _():
-                        plgpu.copy_smem_to_gmem(stage.at[w, pl.ds(j * hp, hp)], o_dst.at[first_tok + j, :, v_cols])
-                        if w == 0:
+                        if half is not None:
+                            plgpu.copy_smem_to_gmem(stage.at[half, pl.ds(j * hp, hp)],
+                                                    o_dst.at[first_tok + j, :, v_cols])
+                        if lse is not None:
                             plgpu.copy_smem_to_gmem(x_smem.at[0, pl.ds(j * hp, hp)], l_dst.at[first_tok + j])
             plgpu.wait_smem_to_gmem(0)
 
-        for w in range(NUM_COMPUTE_WGS):
+        for w in range(NUM_COMPUTE_WGS + int(three)):
             pl.when(wg == w)(functools.partial(compute_wg, w))
 
     # wgmma needs one swizzle for both operands. Split schedule: a P half is `half` columns
     # wide, so every wgmma operand (Q, the KV ring, P) is tiled (8, half) with a (half * 2)-byte
     # swizzle (64 bytes for block_kv=64). FlashMLA schedule: P is [64, block_kv], 128 bytes.
-    p_cols = block_kv if flashmla else half
+    p_cols = block_kv if flashmla or three else half
     transforms = (plgpu.TilingTransform((8, p_cols)), plgpu.SwizzleTransform(p_cols * 2))
     stage_dtype = jnp.float32 if split_out else dtype
     scratch = [
@@ -687,7 +798,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # [64, 256] half, contiguous so that each token's rows go out in one TMA
             plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), stage_dtype),
         ),
-        plgpu.SMEM((BLOCK_H, block_kv) if flashmla else (NUM_COMPUTE_WGS, BLOCK_H, half), dtype,
+        plgpu.SMEM((BLOCK_H, block_kv) if flashmla or three else (NUM_COMPUTE_WGS, BLOCK_H, half), dtype,
                    transforms=transforms),  # P (split: the two halves)
         plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H), jnp.float32),  # row max / row sum exchange, lse
         plgpu.SMEM((INFO_WORDS + bt_chunk,), jnp.int32),  # request info + block-table chunk
@@ -696,8 +807,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         plgpu.Barrier(),  # bt_bar
         plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=stages),  # kv_ready
         plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS, num_barriers=stages),  # kv_consumed
-        plgpu.Barrier(num_arrivals=1 if flashmla else NUM_COMPUTE_WGS),  # sync_a (FlashMLA: p_ready)
-        plgpu.Barrier(num_arrivals=1 if flashmla else NUM_COMPUTE_WGS),  # sync_b (FlashMLA: p_free)
+        plgpu.Barrier(num_arrivals=1 if flashmla or three else NUM_COMPUTE_WGS),  # sync_a (FlashMLA, three_wg: p_ready)
+        plgpu.Barrier(num_arrivals=1 if flashmla else NUM_COMPUTE_WGS),  # sync_b (FlashMLA, three_wg: p_free)
     ]
     num_ctas_tiles = num_reqs * q_tiles
     lead = (num_splits,) if split_out else ()  # split-KV: fp32 partials of each split, per token
@@ -711,7 +822,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         scratch_types=scratch,
         grid=(num_h_tiles, num_splits, num_ctas_tiles),
         grid_names=("h", "split", "tile"),
-        num_threads=NUM_COMPUTE_WGS + int(memory_wg),
+        num_threads=NUM_COMPUTE_WGS + int(memory_wg or three),
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True, reduction_scratch_bytes=0,
                                              lowering_semantics=plgpu.LoweringSemantics.Lane),

@@ -65,6 +65,13 @@ CASES = [
      MosaicConfig(schedule="flashmla", num_splits=1)),
     (Scenario("flashmla_one_stage", seq_lens=(150, 9), query_lens=(2, 1), page_size=32), "bfloat16",
      MosaicConfig(schedule="flashmla", max_concurrent_steps=1)),
+    # three warpgroups: scores + softmax in warpgroup 0, one P @ V half each in 1 and 2 (2: the TMAs)
+    (Scenario("three_wg_p16_spec", seq_lens=(8, 100, 200), query_lens=(3, 6, 2), page_size=16), "bfloat16",
+     MosaicConfig(schedule="three_wg", num_splits=2)),
+    (Scenario("three_wg_h128_p64", seq_lens=(33, 97, 520), query_lens=(1, 2, 1), num_heads=128, page_size=64),
+     "float16", MosaicConfig(schedule="three_wg", num_splits=3)),
+    (Scenario("three_wg_p8_h8_one_stage", seq_lens=(30, 150), query_lens=(1, 3), num_heads=8, page_size=8),
+     "bfloat16", MosaicConfig(schedule="three_wg", max_concurrent_steps=1)),
     # block tables longer than the staged chunk (bt_chunk=32 pages of 8): splits that begin past
     # chunk 0 reload it at their first step, and steps that cross into the next chunk
     (Scenario("bt_chunks_p8", seq_lens=(600, 70), query_lens=(1, 2), page_size=8), "bfloat16",
@@ -103,7 +110,8 @@ class TestInterpret:
         assert_matches(o3, l3, ref_out, ref_lse, "bfloat16", "num_splits=1")
         assert np.abs(np.asarray(l3) - l1).max() < 1e-4
 
-    @pytest.mark.parametrize("memory_warpgroup, schedule", [(False, "split"), (True, "split"), (False, "flashmla")])
+    @pytest.mark.parametrize("memory_warpgroup, schedule",
+                             [(False, "split"), (True, "split"), (False, "flashmla"), (False, "three_wg")])
     def test_no_data_races(self, memory_warpgroup, schedule):
         """The interpreter's race detector: the producer (warpgroup 0, or the memory warpgroup),
         the KV ring, P and the row-max exchange are ordered by their barriers."""
@@ -157,6 +165,8 @@ class TestGPULowering:
             (16, 16, MosaicConfig(num_splits=2, schedule="flashmla")),
             (128, 64, MosaicConfig(num_splits=1, schedule="flashmla")),
             (8, 128, MosaicConfig(num_splits=3, schedule="flashmla")),
+            (16, 16, MosaicConfig(num_splits=2, schedule="three_wg")),
+            (128, 64, MosaicConfig(num_splits=1, schedule="three_wg")),
             (128, 64, MosaicConfig(num_splits=1, memory_warpgroup=True, schedule="split")),
         ],
     )
@@ -192,6 +202,7 @@ class TestConfig:
             (dict(memory_warpgroup=1), "memory_warpgroup=1"),
             (dict(schedule="pingpong"), "schedule='pingpong'"),
             (dict(schedule="flashmla", memory_warpgroup=True), "memory_warpgroup=True"),
+            (dict(schedule="three_wg", memory_warpgroup=True), "memory_warpgroup=True"),
             (dict(max_concurrent_steps=3), "shared memory"),  # 3 x 72 KiB stages + Q do not fit
         ],
     )
@@ -312,17 +323,18 @@ class TestGPU:
         out, lse = _run(batch, dtype, tuning, interpret=False)
         assert_matches(out, lse, ref_out, ref_lse, dtype, f"{scenario.name} {tuning}")
 
+    @pytest.mark.parametrize("schedule", ["split", "three_wg"])
     @pytest.mark.parametrize("name", sorted(SCENARIOS))
-    def test_scenario_split_schedule(self, name):
+    def test_scenario_other_schedules(self, name, schedule):
         scenario = SCENARIOS[name]
         reason = unsupported_reason(scenario.config("bfloat16"))
         if reason is not None:
             pytest.skip(reason)
         batch, ref_out, ref_lse = batch_and_reference(scenario, "bfloat16")
-        out, lse = _run(batch, "bfloat16", MosaicConfig(num_splits=3, schedule="split"), interpret=False)
-        assert_matches(out, lse, ref_out, ref_lse, "bfloat16", f"{name} split")
+        out, lse = _run(batch, "bfloat16", MosaicConfig(num_splits=3, schedule=schedule), interpret=False)
+        assert_matches(out, lse, ref_out, ref_lse, "bfloat16", f"{name} {schedule}")
 
-    @pytest.mark.parametrize("schedule", ["split", "flashmla"])
+    @pytest.mark.parametrize("schedule", ["split", "flashmla", "three_wg"])
     def test_deterministic(self, schedule):
         batch, _, _ = batch_and_reference(SCENARIOS["spec_decode"], "bfloat16")
         tuning = MosaicConfig(num_splits=3, schedule=schedule)
