@@ -6,6 +6,9 @@ profiler range, for Nsight Compute:
 
 The implementation runs once to compile and warm up (outside the range), then once inside
 `cudaProfilerStart` / `cudaProfilerStop`, so ncu sees the kernels of exactly one call.
+`--loop N` profiles the bench's timed loop of N calls instead (N a multiple of 4: FA3 replays a CUDA
+graph of N calls, JAX runs N calls in one jitted loop), to see what the bench times, e.g. whether
+calls that share metadata share its kernels.
 """
 
 from __future__ import annotations
@@ -33,7 +36,11 @@ def main(argv=None) -> int:
     p.add_argument("--impl", required=True, choices=sorted(bench.RUNNERS))
     p.add_argument("--shape", required=True, type=parse_shape)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--loop", type=int, default=0, metavar="N",
+                   help="profile the bench's timed loop of N calls (a multiple of 4) instead of one call")
     args = p.parse_args(argv)
+    if args.loop < 0 or args.loop % 4:
+        p.error(f"--loop must be a positive multiple of 4 (or 0: one call), got --loop {args.loop}")
 
     import torch
 
@@ -41,15 +48,17 @@ def main(argv=None) -> int:
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     inp = bench.make_inputs(args.shape)
-    once, _ = bench.RUNNERS[args.impl](inp)
+    once, time_n = bench.RUNNERS[args.impl](inp)
+    run = time_n(args.loop) if args.loop else once
     for _ in range(max(1, args.warmup)):
-        once()
+        run()
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStart()
-    once()
+    run()
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
-    print(f"profiled one call of {args.impl} on {args.shape.name}")
+    what = f"the timed loop of {args.loop} calls" if args.loop else "one call"
+    print(f"profiled {what} of {args.impl} on {args.shape.name}")
     return 0
 
 

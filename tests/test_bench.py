@@ -233,6 +233,14 @@ def test_profile_shape_names():
         parse_shape("B64")
 
 
+def test_profile_rejects_a_loop_that_is_not_a_multiple_of_4(capsys):
+    from parity import profile
+
+    with pytest.raises(SystemExit):
+        profile.main(["--impl", "jax.pallas_triton", "--shape", "H16_B1_S1024_q1", "--loop", "6"])
+    assert "--loop must be a positive multiple of 4" in capsys.readouterr().err
+
+
 def test_shard_parse_and_merge_rejoin_a_grid(tmp_path):
     """`bench --shard I/N` takes every N-th shape; `python -m parity merge` joins the shards in grid order
     and recomputes the summary over all rows."""

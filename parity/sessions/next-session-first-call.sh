@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # For the next session's first call (nvidia-h200-x2, ~6 min). Written after session 3's device time was spent:
 # the Mosaic kernel's three-warpgroup schedule (MosaicConfig(schedule="three_wg")) is checked on the CPU only.
-# GPU 0: its compiled tests, ptxas registers/spills, and every kernel of one call at the two q_len 2 shapes
-# that got slower with the combine kernel in session 3's call E. GPU 1: the schedule A/B on 5 shapes, then the
+# GPU 0: its compiled tests, ptxas registers/spills, every kernel of one call at the two q_len 2 shapes
+# that got slower with the combine kernel in session 3's call E, and of the bench's loop of 4 calls. GPU 1: the schedule A/B on 5 shapes, then the
 # headline with the defaults.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT/logs"; L="$OUT/logs"
@@ -19,7 +19,10 @@ bench.time_impl(bench._jax_kernel('pallas_mosaic_gpu', MosaicConfig(schedule='th
   for s in H16_B1_S1024_q2 H128_B8_S1024_q2; do
     timeout 45 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum \
       python3 -m parity.profile --impl jax.pallas_mosaic_gpu --shape $s > "$L/list_mosaic_$s.txt" 2>&1
-  done ) &
+  done
+  # the bench's loop of 4 calls: does the schedule fusion run once (shared by the 4 calls) or 4 times?
+  timeout 45 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum \
+    python3 -m parity.profile --impl jax.pallas_mosaic_gpu --shape H16_B8_S1024_q1 --loop 4 > "$L/list_mosaic_loop4.txt" 2>&1 ) &
 ( export CUDA_VISIBLE_DEVICES=1
   timeout 170 python3 -m parity.sweep --impl pallas_mosaic_gpu --reps 3 --fields schedule \
     --shapes H16_B128_S16384_q1,H128_B64_S16384_q1,H128_B8_S4096_q1,H16_B1_S1024_q1,H16_B64_S4096_q2 \
