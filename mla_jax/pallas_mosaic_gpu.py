@@ -466,7 +466,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         plgpu.barrier_wait(kv_consumed.at[lax.rem(k - begin, jnp.int32(stages))])
                         issue_step(i, begin, last_page)
 
-                tile = compute_tile_flashmla if flashmla else compute_tile_three if three else compute_tile
+                tile = compute_tile_flashmla if flashmla or three else compute_tile
                 tile(w, first_tok, ntok, first_pos, kv_len, begin, end, refill if producer else None)
                 if producer:
                     drain(n)
@@ -563,18 +563,26 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             finish(w, acc, l_tot, lse, first_tok, ntok)
 
         def compute_tile_flashmla(w, first_tok, ntok, first_pos, kv_len, begin, end, refill):
-            """FlashMLA's split of a step: warpgroup 0 computes all the scores S = Q K^T of the
-            64-token step (wgmma N = 64), the online softmax and P, hands P (SMEM, `p_ready`) and
-            the rescale factor alpha (x_smem[0]) to warpgroup 1, and does P @ V for output columns
-            [0, 256); warpgroup 1 rescales and does P @ V for columns
-            [256, 512) with P from SMEM, releases P (`p_free`), and issues the TMAs. So warpgroup
-            1's P @ V of step k runs while warpgroup 0 computes the scores of step k + 1."""
-            v_cols = pl.ds(w * V_HALF, V_HALF)
-            acc = plgpu.layout_cast(jnp.full((BLOCK_H, V_HALF), 0.0, jnp.float32), plgpu.Layout.WGMMA)
+            """FlashMLA's split of a step ("flashmla") and its three-warpgroup form ("three_wg").
+
+            Warpgroup 0 computes all the scores S = Q K^T of the 64-token step (wgmma N = 64), the online
+            softmax and P, and hands P (SMEM) and the rescale factor alpha (x_smem[0]) over (`p_ready`).
+            Each P @ V warpgroup then rescales its accumulator, does P @ V for its 256 output columns
+            with P from SMEM, releases P (`p_free`) and the KV slot; the last one also issues the TMAs.
+            "flashmla": warpgroup 0 does the P @ V of columns [0, 256) itself after the hand-off and
+            warpgroup 1 that of [256, 512), so warpgroup 1's P @ V of step k runs while warpgroup 0
+            computes the scores of step k + 1. "three_wg": warpgroups 1 and 2 do the two halves and
+            warpgroup 0 only the scores and the softmax, so its next scores overlap both halves.
+            Warpgroup 0 keeps the row sums and hands them over after the last step (x_smem[1]), once
+            every P @ V warpgroup released it: from then on no warpgroup reads q or the KV ring."""
             row_layout = plgpu.Layout.WGMMA.reduce(1)
 
-            def pv(acc, p_operand, slot):
-                return accumulate(acc, lambda acc_ref: plgpu.wgmma(acc_ref, p_operand, kv_smem.at[slot, :, v_cols]))
+            def zeros_acc():
+                return plgpu.layout_cast(jnp.full((BLOCK_H, V_HALF), 0.0, jnp.float32), plgpu.Layout.WGMMA)
+
+            def pv(acc, half, slot):
+                v_cols = pl.ds(half * V_HALF, V_HALF)
+                return accumulate(acc, lambda acc_ref: plgpu.wgmma(acc_ref, p_smem, kv_smem.at[slot, :, v_cols]))
 
             if w == 0:
                 plgpu.barrier_wait(q_bar)
@@ -604,34 +612,35 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     alpha = jnp.exp2(m_i - m_new)
                     p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
                     l_i = l_i * alpha + p.sum(axis=1)
-                    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
 
                     @pl.when(k > begin)
                     def _():
-                        plgpu.barrier_wait(sync_b)  # p_free: warpgroup 1 is done with P and alpha of step k - 1
+                        plgpu.barrier_wait(sync_b)  # p_free: the P @ V warpgroups are done with step k - 1
 
                     p_smem[...] = p.astype(dtype)
                     x_smem[0] = alpha
                     if masked:
-                        # The step past kv_len: zero V's invalid rows (all 512 columns) before
-                        # either P @ V reads them (their slots may hold NaN; 0 * NaN = NaN).
-                        # The scores of this step, the only reader of K, are done.
+                        # The step past kv_len: zero V's invalid rows (all 512 columns) before any
+                        # P @ V reads them (their slots may hold NaN; 0 * NaN = NaN). The scores of
+                        # this step, the only reader of K, are done.
                         @pl.when(kv_start + block_kv > kv_len)
                         def _zero_tail():
                             zero_v_tail(slot, kv_len - kv_start, 0, KV_LORA_RANK)
 
                     plgpu.commit_smem()
                     plgpu.barrier_arrive(sync_a)  # p_ready
-                    # P from SMEM here too (the interpreter's wgmma takes only SMEM left operands)
-                    acc = pv(acc, p_smem, slot)
-                    plgpu.barrier_arrive(kv_consumed.at[slot])
+                    if not three:  # its own P @ V half; P from SMEM here too (the interpreter's
+                        # wgmma takes only SMEM left operands)
+                        acc = pv(acc * lax.broadcast_in_dim(alpha, acc.shape, [0]), 0, slot)
+                        plgpu.barrier_arrive(kv_consumed.at[slot])
                     return acc, m_new, l_i
 
+                acc = None if three else zeros_acc()
                 mid = jnp.clip(lax.div(first_pos + 1, jnp.int32(block_kv)), begin, end)
                 carry = lax.fori_loop(begin, mid, functools.partial(step, masked=False), (acc, m_i, l_i))
                 acc, m_i, l_i = lax.fori_loop(mid, end, functools.partial(step, masked=True), carry)
 
-                # Hand the row sums to warpgroup 1 once it is done with the last alpha.
+                # Hand the row sums over once the P @ V warpgroups are done with the last alpha.
                 @pl.when(end > begin)
                 def _():
                     plgpu.barrier_wait(sync_b)
@@ -640,115 +649,24 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 plgpu.commit_smem()
                 plgpu.barrier_arrive(sync_a)
                 lse = (m_i + jnp.log(l_i) * (1.0 / LN2)) * LN2
-                finish(w, acc, l_i, lse, first_tok, ntok)
+                finish(None if three else 0, acc, l_i, lse, first_tok, ntok)
             else:
+                half = w - 1 if three else 1
+
                 def step(k, acc):
                     slot = lax.rem(k - begin, jnp.int32(stages))
                     plgpu.barrier_wait(sync_a)  # p_ready
                     alpha = plgpu.load(x_smem.at[0], layout=row_layout)
-                    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-                    acc = pv(acc, p_smem, slot)
+                    acc = pv(acc * lax.broadcast_in_dim(alpha, acc.shape, [0]), half, slot)
                     plgpu.barrier_arrive(sync_b)  # p_free
                     plgpu.barrier_arrive(kv_consumed.at[slot])
                     if refill is not None:
                         refill(k)
                     return acc
 
-                acc = lax.fori_loop(begin, end, step, acc)
+                acc = lax.fori_loop(begin, end, step, zeros_acc())
                 plgpu.barrier_wait(sync_a)
-                l_tot = plgpu.load(x_smem.at[1], layout=row_layout)
-                finish(w, acc, l_tot, None, first_tok, ntok)
-
-        def compute_tile_three(w, first_tok, ntok, first_pos, kv_len, begin, end, refill):
-            """Three warpgroups: warpgroup 0 computes the scores S = Q K^T of each 64-token step (wgmma
-            N = 64), the online softmax and P, and hands P (SMEM) and the rescale factor alpha (x_smem[0])
-            to warpgroups 1 and 2 (`p_ready`); warpgroup 1 + h rescales its accumulator and does P @ V
-            for output columns [256 h, 256 h + 256), then releases P (`p_free`, 2 arrivals) and the
-            KV slot; warpgroup 2 also issues the TMAs. So the scores of step k + 1 run while both
-            P @ V halves of step k do. Warpgroup 0 keeps the row sums and, after the last step, hands
-            them over (x_smem[1]) and writes the lse."""
-            row_layout = plgpu.Layout.WGMMA.reduce(1)
-            if w == 0:
-                plgpu.barrier_wait(q_bar)
-                m_i = plgpu.layout_cast(jnp.full((BLOCK_H,), -jnp.inf, jnp.float32), row_layout)
-                l_i = plgpu.layout_cast(jnp.full((BLOCK_H,), 0.0, jnp.float32), row_layout)
-
-                def step(k, carry, masked):
-                    m_i, l_i = carry
-                    slot = lax.rem(k - begin, jnp.int32(stages))
-                    kv_start = k * block_kv
-                    plgpu.barrier_wait(kv_ready.at[slot])
-
-                    def qk(s_ref):
-                        plgpu.wgmma(s_ref, q_smem, kv_smem.at[slot].transpose((1, 0)))
-                        return s_ref[...]
-
-                    s = pl.run_scoped(qk, plgpu.ACC((BLOCK_H, block_kv), jnp.float32))
-                    if masked:
-                        row = plgpu.broadcasted_iota(jnp.int32, (BLOCK_H, block_kv), 0, layout=plgpu.Layout.WGMMA)
-                        col = plgpu.broadcasted_iota(jnp.int32, (BLOCK_H, block_kv), 1, layout=plgpu.Layout.WGMMA)
-                        kv_pos = col + kv_start
-                        visible = ((kv_pos - first_pos) * hp <= row) & (kv_pos < kv_len)
-                        s = jnp.where(visible, s * scale_log2, MASK_VALUE)
-                    else:
-                        s = s * scale_log2
-                    m_new = jnp.maximum(m_i, s.max(axis=1))
-                    alpha = jnp.exp2(m_i - m_new)
-                    p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
-                    l_i = l_i * alpha + p.sum(axis=1)
-
-                    @pl.when(k > begin)
-                    def _():
-                        plgpu.barrier_wait(sync_b)  # p_free: both P @ V warpgroups are done with step k - 1
-
-                    p_smem[...] = p.astype(dtype)
-                    x_smem[0] = alpha
-                    if masked:
-                        # The step past kv_len: zero V's invalid rows (all 512 columns) before either
-                        # P @ V reads them (NaN may sit there; 0 * NaN = NaN). The scores, the only
-                        # reader of K, are done.
-                        @pl.when(kv_start + block_kv > kv_len)
-                        def _zero_tail():
-                            zero_v_tail(slot, kv_len - kv_start, 0, KV_LORA_RANK)
-
-                    plgpu.commit_smem()
-                    plgpu.barrier_arrive(sync_a)  # p_ready
-                    return m_new, l_i
-
-                mid = jnp.clip(lax.div(first_pos + 1, jnp.int32(block_kv)), begin, end)
-                carry = lax.fori_loop(begin, mid, functools.partial(step, masked=False), (m_i, l_i))
-                m_i, l_i = lax.fori_loop(mid, end, functools.partial(step, masked=True), carry)
-
-                # Hand the row sums over once both P @ V warpgroups are done with the last step: after
-                # this barrier neither reads q or the KV ring again (the output stage aliases them).
-                @pl.when(end > begin)
-                def _():
-                    plgpu.barrier_wait(sync_b)
-
-                x_smem[1] = l_i
-                plgpu.commit_smem()
-                plgpu.barrier_arrive(sync_a)
-                finish(None, None, None, (m_i + jnp.log(l_i) * (1.0 / LN2)) * LN2, first_tok, ntok)
-            else:
-                h = w - 1
-                v_cols = pl.ds(h * V_HALF, V_HALF)
-                acc = plgpu.layout_cast(jnp.full((BLOCK_H, V_HALF), 0.0, jnp.float32), plgpu.Layout.WGMMA)
-
-                def step(k, acc):
-                    slot = lax.rem(k - begin, jnp.int32(stages))
-                    plgpu.barrier_wait(sync_a)  # p_ready
-                    alpha = plgpu.load(x_smem.at[0], layout=row_layout)
-                    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-                    acc = accumulate(acc, lambda acc_ref: plgpu.wgmma(acc_ref, p_smem, kv_smem.at[slot, :, v_cols]))
-                    plgpu.barrier_arrive(sync_b)  # p_free
-                    plgpu.barrier_arrive(kv_consumed.at[slot])
-                    if refill is not None:
-                        refill(k)
-                    return acc
-
-                acc = lax.fori_loop(begin, end, step, acc)
-                plgpu.barrier_wait(sync_a)
-                finish(h, acc, plgpu.load(x_smem.at[1], layout=row_layout), None, first_tok, ntok)
+                finish(half, acc, plgpu.load(x_smem.at[1], layout=row_layout), None, first_tok, ntok)
 
         def finish(half, acc, l_tot, lse, first_tok, ntok):
             """Writes the output columns [256 half, 256 half + 256) normalized by l_tot (half None: none)
