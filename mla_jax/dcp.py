@@ -33,6 +33,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from mla_jax import api as _api  # registers DecodeMetadata as a pytree
+from mla_jax.combine import combine_ref
 from mla_spec import DecodeMetadata, MLAConfig, dtype_name, validate_inputs
 from mla_spec.dcp import (
     DCPShards,
@@ -68,15 +69,8 @@ def merge_partials(outs, lses, out_dtype=None):
     lse = logsumexp over shards, out = sum_s exp(lse_s - lse) * out_s, computed in float32.
     A row with every shard empty gives out 0, lse -inf (no NaN)."""
     out_dtype = outs.dtype if out_dtype is None else out_dtype
-    lses = jnp.asarray(lses, jnp.float32)
-    outs = jnp.asarray(outs).astype(jnp.float32)
-    m = jnp.max(lses, axis=0)
-    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
-    w = jnp.exp(lses - m_safe[None])  # 0 for empty shards
-    w_sum = jnp.sum(w, axis=0)
-    out = jnp.sum(jnp.where(w[..., None] > 0, w[..., None] * outs, 0.0), axis=0)
-    out = out / jnp.where(w_sum > 0, w_sum, 1.0)[..., None]
-    return out.astype(out_dtype), m_safe + jnp.log(w_sum)
+    # the split-KV combine's formula (mla_jax.combine): shards merge as splits do
+    return combine_ref(jnp.asarray(outs).astype(jnp.float32), jnp.asarray(lses, jnp.float32), out_dtype)
 
 
 def _local_partial(q_nope, q_pe, kv_cache, md: DecodeMetadata, config: MLAConfig, impl: str, interpret: bool,

@@ -527,6 +527,8 @@ def _fmt_row(r):
 
 
 def summary(rows, impls):
+    from parity import plots  # its geomean (matplotlib is imported only to draw)
+
     base = impls[0]
     key = "speedup_vs_" + base
     lines = [f"{'impl':<22} {'shapes':>6} {'geomean ' + base + '/impl':>28} {'min':>6} {'max':>6}"]
@@ -536,7 +538,7 @@ def summary(rows, impls):
         if not ratios:
             lines.append(f"{name:<22} {0:>6} {'-':>28}")
             continue
-        gm = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        gm = plots.geomean(ratios)
         out[name] = {"shapes": len(ratios), "geomean_speedup": gm, "min": min(ratios), "max": max(ratios)}
         lines.append(f"{name:<22} {len(ratios):>6} {gm:>28.3f} {min(ratios):>6.2f} {max(ratios):>6.2f}")
     bf16, fp8 = "jax.pallas_triton", "jax.pallas_triton.fp8"
@@ -544,7 +546,7 @@ def summary(rows, impls):
     ratios = [t_bf16[r["name"]] / r["seconds"] for r in rows
               if r["impl"] == fp8 and "seconds" in r and r["name"] in t_bf16]
     if ratios:
-        gm = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        gm = plots.geomean(ratios)
         out["fp8_speedup_vs_bf16"] = {"bf16": bf16, "fp8": fp8, "shapes": len(ratios), "geomean_speedup": gm,
                                       "min": min(ratios), "max": max(ratios)}
         lines.append(f"{'fp8 vs bf16 Triton':<22} {len(ratios):>6} {gm:>28.3f} {min(ratios):>6.2f} "
