@@ -32,6 +32,20 @@ VARIANTS = {
 }
 
 
+def parse_overrides(text: str) -> dict:
+    """'num_warps=8,block_kv=64' -> {'num_warps': 8, 'block_kv': 64} (int values)."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        field, sep, value = item.partition("=")
+        try:
+            if not sep or not field:
+                raise ValueError
+            out[field] = int(value)
+        except ValueError:
+            raise ValueError(f"--set takes field=int pairs separated by commas, got {item!r}") from None
+    return out
+
+
 def variants(base, spec: dict):
     seen = {base}
     yield "heuristic", base
@@ -56,7 +70,7 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", help="comma-separated shape names (default: all of SHAPES)")
     p.add_argument("--fields", help="comma-separated tuning fields to vary (default: all of the impl's)")
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--set", dest="overrides", default="",
+    p.add_argument("--set", dest="overrides", type=parse_overrides, default={},
                    help="comma-separated field=int pairs replaced in the heuristic's pick before the variants "
                         "(e.g. num_warps=8): sweep around another base")
     p.add_argument("--fp8", action="store_true",
@@ -78,7 +92,7 @@ def main(argv=None) -> int:
         base = mod.heuristic_config(config, md.num_decode_tokens, md.max_blocks, num_reqs=md.num_reqs,
                                     max_query_len=md.max_query_len)
         if args.overrides:
-            base = dataclasses.replace(base, **{k: int(v) for k, v in (kv.split("=") for kv in args.overrides.split(","))})
+            base = dataclasses.replace(base, **args.overrides)
         fa3_s = None
         try:
             fa3_s, _, _ = bench.time_impl(bench.torch_fa3, inp, args.reps)

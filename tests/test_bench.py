@@ -277,3 +277,13 @@ def test_shard_parse_and_merge_rejoin_a_grid(tmp_path):
 
     assert main(["merge", str(pa), str(pb), "--json", str(out)]) == 0
     assert json.loads(out.read_text())["complete"]
+
+
+def test_sweep_set_takes_field_int_pairs():
+    from parity.sweep import parse_overrides
+
+    assert parse_overrides("num_warps=8,block_kv=64") == {"num_warps": 8, "block_kv": 64}
+    assert parse_overrides("") == {}
+    for bad in ("num_warps", "num_warps=eight", "=8"):
+        with pytest.raises(ValueError, match=f"field=int pairs.*{bad!r}"):
+            parse_overrides(bad)
