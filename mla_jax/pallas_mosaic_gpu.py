@@ -16,11 +16,12 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
   tile sees the same KV (the request's), with bottom-right causal masking per row:
   row i of a tile whose first token sits at position `first_pos` sees KV positions
   `p <= first_pos + i // Hp`; steps every row sees entirely skip the mask.
-* Producer. Warpgroup 0 also issues the TMAs: the query tile, and per KV step of
+* Producer. A compute warpgroup also issues the TMAs (warpgroup 0 with the "split" schedule,
+  the last P @ V warpgroup with "flashmla" and "three_wg"): the query tile, and per KV step of
   `block_kv` (64) tokens the pages of that step from `kv_cache.at[page]` (page ids
   read as scalars from a chunk of the block table staged in SMEM) into a
   `max_concurrent_steps`-deep ring of swizzled SMEM stages (`kv_ready[slot]`); at
-  the end of step k it waits `kv_consumed[slot]` (both warpgroups released it) and
+  the end of step k it waits `kv_consumed[slot]` (both P @ V halves released it) and
   issues step k + stages. (`MosaicConfig(memory_warpgroup=True)`: a third, memory
   warpgroup does this instead, FA3 / attention_mgpu-style warp specialization; its
   threads cap every thread at 168 registers, and the compute warpgroups spilled.)
@@ -449,9 +450,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 producer = not memory_wg and w == producer_wg
                 n = end - begin
                 if producer:
-                    # Warpgroup 0 is also the producer: the query tile and the first
-                    # `stages` steps now, then step k + stages once both warpgroups released
-                    # step k's slot (kv_consumed), at the end of step k.
+                    # This compute warpgroup is also the producer (0 for "split", 1 for "flashmla",
+                    # 2 for "three_wg"): the query tile and the first `stages` steps now, then step
+                    # k + stages once the P @ V warpgroups released step k's slot (kv_consumed).
                     load_q(first_tok)
 
                     @pl.loop(0, jnp.minimum(n, stages))
