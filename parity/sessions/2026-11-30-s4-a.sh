@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# For the next session's first call (nvidia-h200-x2, ~8 min). Written after session 3's device time was spent:
+# Session 4, call A (nvidia-h200-x2, written at the end of session 3 as next-session-first-call.sh, ~8 min).
 # the Mosaic kernel's three-warpgroup schedule (MosaicConfig(schedule="three_wg")) is checked on the CPU only.
 # GPU 0: its compiled tests, ptxas registers/spills, every kernel of one call at the two q_len 2 shapes
 # that got slower with the combine kernel in session 3's call E, and of the bench's loop of 4 calls. GPU 1: the schedule A/B on 5 shapes, then the
