@@ -709,13 +709,16 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     p_cols = block_kv if flashmla or three else half
     transforms = (plgpu.TilingTransform((8, p_cols)), plgpu.SwizzleTransform(p_cols * 2))
     stage_dtype = jnp.float32 if split_out else dtype
+    stage_cols = 128 // jnp.dtype(stage_dtype).itemsize  # one 128-byte swizzle row
+    stage_transforms = (plgpu.TilingTransform((8, stage_cols)), plgpu.SwizzleTransform(128))
     scratch = [
         plgpu.RefUnion(
             (plgpu.SMEM((BLOCK_H, HEAD_DIM), dtype, transforms=transforms),  # q
              plgpu.SMEM((stages, block_kv, HEAD_DIM), dtype, transforms=transforms)),  # KV ring
             # the output stage, once every read of q and the ring is done: per warpgroup its
-            # [64, 256] half, contiguous so that each token's rows go out in one TMA
-            plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), stage_dtype),
+            # [64, 256] half, each token's rows out in one TMA; swizzled, so that the stores of the
+            # wgmma accumulator rows do not conflict on shared-memory banks (8-way unswizzled)
+            plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), stage_dtype, transforms=stage_transforms),
         ),
         plgpu.SMEM((BLOCK_H, block_kv) if flashmla or three else (NUM_COMPUTE_WGS, BLOCK_H, half), dtype,
                    transforms=transforms),  # P (split: the two halves)

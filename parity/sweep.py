@@ -18,6 +18,7 @@ import sys
 
 from parity import bench
 from parity.bench import Shape
+from parity.profile import parse_shape
 
 SHAPES = [
     Shape(16, 128, 16384), Shape(16, 8, 4096), Shape(16, 1, 1024), Shape(16, 64, 4096, 2),
@@ -67,8 +68,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m parity.sweep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--impl", default="pallas_triton", choices=sorted(VARIANTS))
-    p.add_argument("--shapes", help="comma-separated shape names (default: all of SHAPES)")
-    p.add_argument("--fields", help="comma-separated tuning fields to vary (default: all of the impl's)")
+    p.add_argument("--shapes", help="comma-separated shape names such as H128_B8_S1024_q2 (default: all of SHAPES)")
+    p.add_argument("--fields", help="comma-separated tuning fields to vary (default: all of the impl's; \"none\": the "
+                   "heuristic's pick alone, beside FA3)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--set", dest="overrides", type=parse_overrides, default={},
                    help="comma-separated field=int pairs replaced in the heuristic's pick before the variants "
@@ -83,7 +85,7 @@ def main(argv=None) -> int:
         print("the sweep needs a CUDA GPU")
         return 2
     mod = importlib.import_module(f"mla_jax.{args.impl}")
-    shapes = [s for s in SHAPES if not args.shapes or s.name in args.shapes.split(",")]
+    shapes = [parse_shape(n) for n in args.shapes.split(",")] if args.shapes else SHAPES
     rows = []
     for shape in shapes:
         inp = bench.make_inputs(shape)
