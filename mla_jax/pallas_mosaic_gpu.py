@@ -42,8 +42,8 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
   and does P @ V for columns [0, 256); warpgroup 1 rescales, does P @ V for [256, 512),
   releases P (`p_free`) and issues the TMAs. One hand-off a step instead of two lock-step
   barriers, and warpgroup 1's P @ V overlaps warpgroup 0's next scores.
-* Three warpgroups (`MosaicConfig(schedule="three_wg")`, opt-in, not yet timed on a GPU):
-  warpgroup 0 only computes the scores and the softmax; warpgroups 1 and 2 each do P @ V
+* Three warpgroups (`MosaicConfig(schedule="three_wg")`, opt-in; 1.3x slower than "flashmla"
+  at H128 B64 S16384 on the H200): warpgroup 0 only computes the scores and the softmax; warpgroups 1 and 2 each do P @ V
   for one 256-column output half (2 also issues the TMAs), with registers rebalanced
   (setmaxnreg 152 / 176 / 176). The next step's scores then overlap both P @ V halves.
 * Rows past seq_len. The cache slots past a request's `seq_len` may hold anything
@@ -58,7 +58,8 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
   tile's tokens, and mla_jax.combine (one Pallas Triton kernel) merges them. With
   num_splits == 1 it writes the final output (in q's dtype) and lse. Either way the output
   goes out through a shared-memory stage that aliases q and the KV ring (a RefUnion: both
-  warpgroups are past their last read of them), one TMA per token and warpgroup half.
+  warpgroups are past their last read of them), swizzled so that the accumulator's stores
+  do not conflict on banks, one TMA per token and warpgroup half.
   The split count comes from a cost model of the H200 (heuristic_config).
 
 SMEM: Q tile 72 KiB + 2 stages x 72 KiB (the output stage aliases them) + P 8 KiB +
@@ -129,7 +130,7 @@ class MosaicConfig:
         warpgroup 0 computes all the scores (N = 64) and the softmax, warpgroup 1 only its P @ V
         half and the TMAs, so its P @ V overlaps warpgroup 0's next scores; 128-byte swizzle. The
         default ("flashmla"): 1.09-1.31x faster than "split" on 4 of 5 H200 shapes (session 3).
-        "three_wg" (opt-in, not yet timed on a GPU): a third warpgroup; warpgroup 0 only computes the
+        "three_wg" (opt-in; slower than "flashmla" on the H200): a third warpgroup; warpgroup 0 only computes the
         scores and the softmax, warpgroups 1 and 2 each do P @ V for one output half (2 the TMAs), so
         warpgroup 0's next scores overlap both P @ V halves (the H200 profile of "flashmla" showed
         warpgroup 1 idle half the time while warpgroup 0 ran scores, softmax and its P @ V in series).
