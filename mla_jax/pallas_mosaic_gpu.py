@@ -43,9 +43,10 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
   releases P (`p_free`) and issues the TMAs. One hand-off a step instead of two lock-step
   barriers, and warpgroup 1's P @ V overlaps warpgroup 0's next scores.
 * Three warpgroups (`MosaicConfig(schedule="three_wg")`, opt-in; 1.3x slower than "flashmla"
-  at H128 B64 S16384 on the H200): warpgroup 0 only computes the scores and the softmax; warpgroups 1 and 2 each do P @ V
-  for one 256-column output half (2 also issues the TMAs), with registers rebalanced
-  (setmaxnreg 152 / 176 / 176). The next step's scores then overlap both P @ V halves.
+  at H128 B64 S16384 on the H200): warpgroup 0 only computes the scores and the softmax;
+  warpgroups 1 and 2 each do P @ V for one 256-column output half (2 also issues the TMAs),
+  with registers rebalanced (setmaxnreg 152 / 176 / 176), so that the next step's scores
+  overlap both P @ V halves.
 * Rows past seq_len. The cache slots past a request's `seq_len` may hold anything
   (NaN in tests). Scores of masked positions are replaced by a finite -1e30 with
   `where` (so NaN scores never propagate), and on the (single) step of a split
