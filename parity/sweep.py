@@ -79,13 +79,17 @@ def main(argv=None) -> int:
                    help="run the kernel on an fp8_e4m3 copy of the cache (bench.quantize_fp8); FA3 stays bf16")
     p.add_argument("--json")
     args = p.parse_args(argv)
+    fields = args.fields.split(",") if args.fields else list(VARIANTS[args.impl])
+    unknown = sorted(set(fields) - set(VARIANTS[args.impl]) - {"none"})
+    if unknown:
+        p.error(f"--fields: {', '.join(unknown)} not among {args.impl}'s ({', '.join(VARIANTS[args.impl])}) or none")
+    shapes = [parse_shape(n) for n in args.shapes.split(",")] if args.shapes else SHAPES
     import torch
 
     if not torch.cuda.is_available():
         print("the sweep needs a CUDA GPU")
         return 2
     mod = importlib.import_module(f"mla_jax.{args.impl}")
-    shapes = [parse_shape(n) for n in args.shapes.split(",")] if args.shapes else SHAPES
     rows = []
     for shape in shapes:
         inp = bench.make_inputs(shape)
@@ -100,7 +104,7 @@ def main(argv=None) -> int:
             fa3_s, _, _ = bench.time_impl(bench.torch_fa3, inp, args.reps)
         except Exception as e:  # FA3 missing: the sweep still ranks the variants
             print(f"{shape.name}: no FA3 ({type(e).__name__}: {e})", file=sys.stderr)
-        spec = {f: v for f, v in VARIANTS[args.impl].items() if not args.fields or f in args.fields.split(",")}
+        spec = {f: v for f, v in VARIANTS[args.impl].items() if f in fields}
         for label, tuning in variants(base, spec):
             row = dict(shape=shape.name, variant=label, tuning=dataclasses.asdict(tuning), fa3_s=fa3_s)
             try:

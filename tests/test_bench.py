@@ -287,3 +287,13 @@ def test_sweep_set_takes_field_int_pairs():
     for bad in ("num_warps", "num_warps=eight", "=8"):
         with pytest.raises(ValueError, match=f"field=int pairs.*{bad!r}"):
             parse_overrides(bad)
+
+
+def test_sweep_refuses_unknown_fields_and_shapes(capsys):
+    from parity.sweep import main
+
+    with pytest.raises(SystemExit):
+        main(["--impl", "pallas_mosaic_gpu", "--fields", "num_split"])  # a typo would time the heuristic alone
+    assert "num_split" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="H128_B64"):
+        main(["--impl", "pallas_mosaic_gpu", "--fields", "none", "--shapes", "H128_B64"])
