@@ -135,7 +135,7 @@ def merge(results: list[dict]) -> dict:
         raise ValueError("merge needs at least one bench result")
     first = results[0]
     for r in results[1:]:
-        for key in ("grid", "impls"):
+        for key in ("grid", "impls", "xla_flags"):
             if r.get(key) != first.get(key):
                 raise ValueError(f"cannot merge results of different {key}: {first.get(key)!r} vs {r.get(key)!r}")
     order = {shape.name: k for k, shape in enumerate(GRIDS[first["grid"]])}
@@ -607,8 +607,8 @@ def main(args) -> int:
 
     def result(rows, summ=None):
         return {"grid": args.grid, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                "jax": jax.__version__, "method": __doc__.split("Method")[1].split("Bytes")[0].strip(),
-                **ceilings, "complete": summ is not None, "impls": impls, "unavailable": unavailable,
+                "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""),
+                "method": __doc__.split("Method")[1].split("Bytes")[0].strip(), **ceilings, "complete": summ is not None, "impls": impls, "unavailable": unavailable,
                 "summary": summ, "rows": rows, **({"shard": f"{shard[0]}/{shard[1]}"} if shard else {})}
 
     def write(rows, summ=None):

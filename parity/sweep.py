@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import importlib
 import json
+import os
 import sys
 
 from parity import bench
@@ -123,7 +124,8 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
         if args.json:  # after every shape: a run cut short still leaves its numbers
             with open(args.json, "w") as f:
-                json.dump({"impl": args.impl, "fp8": args.fp8, "rows": rows}, f, indent=1)
+                json.dump({"impl": args.impl, "fp8": args.fp8, "xla_flags": os.environ.get("XLA_FLAGS", ""),
+                           "rows": rows}, f, indent=1)
     print("\nbest per shape:")
     for shape in shapes:
         ok = [r for r in rows if r["shape"] == shape.name and "seconds" in r]

@@ -270,6 +270,8 @@ def test_shard_parse_and_merge_rejoin_a_grid(tmp_path):
     assert not bench.merge([a])["complete"]  # half the grid
     with pytest.raises(ValueError, match="impls"):
         bench.merge([a, {**b, "impls": ["torch.fa3"]}])
+    with pytest.raises(ValueError, match="xla_flags"):  # shards timed under different XLA flags
+        bench.merge([{**a, "xla_flags": ""}, {**b, "xla_flags": "--xla_gpu_enable_pdl=true"}])
     pa, pb, out = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "m.json"
     pa.write_text(json.dumps(a))
     pb.write_text(json.dumps(b))
