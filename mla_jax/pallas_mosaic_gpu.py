@@ -47,6 +47,10 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
   warpgroups 1 and 2 each do P @ V for one 256-column output half (2 also issues the TMAs),
   with registers rebalanced (setmaxnreg 152 / 176 / 176), so that the next step's scores
   overlap both P @ V halves.
+* Transposed scores (`MosaicConfig(transposed_scores=True)`, opt-in, not yet timed on a GPU):
+  where a tile uses fewer than its 64 rows (H = 16 at q_len 1 uses 16), warpgroup 0 of
+  "flashmla" computes S^T = K Q^T (M = the step's 64 keys, N = the rows in use) and the
+  softmax down the columns, and stores P transposed; P @ V is unchanged (P's other rows are 0).
 * Rows past seq_len. The cache slots past a request's `seq_len` may hold anything
   (NaN in tests). Scores of masked positions are replaced by a finite -1e30 with
   `where` (so NaN scores never propagate), and on the (single) step of a split
@@ -97,6 +101,7 @@ SMEM_LIMIT_BYTES = 227 * 1024  # Hopper opt-in shared memory per CTA
 SMEM_ALIGNMENT = 1024  # Mosaic GPU aligns each scratch allocation to 1 KiB
 NUM_SMS_H200 = 132
 MASK_VALUE = -1e30  # finite: a fully masked row stays NaN-free
+REDUCTION_SCRATCH_BYTES = 1024  # transposed scores: the column max / sum across the 4 warps of warpgroup 0
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 SUPPORTED_DTYPES = ("bfloat16", "float16")
@@ -136,6 +141,13 @@ class MosaicConfig:
         warpgroup 0's next scores overlap both P @ V halves (the H200 profile of "flashmla" showed
         warpgroup 1 idle half the time while warpgroup 0 ran scores, softmax and its P @ V in series).
         memory_warpgroup=True needs schedule="split".
+    transposed_scores: warpgroup 0 computes the scores transposed, S^T = K Q^T (wgmma M = the 64 keys
+        of a step, N = the rows of the query tile in use: 16 at H = 16 and q_len 1), instead of
+        S = Q K^T with all 64 tile rows, of which a q_len-1 tile at H = 16 uses 16 (4x less tensor
+        work for the scores there); the softmax then runs down the columns (cross-warp reductions),
+        and P is stored transposed for the P @ V, which is unchanged. No effect where every row of
+        the tile is in use (H >= 64, or q_len >= 64 / H). Needs schedule="flashmla". Opt-in, not yet
+        timed on a GPU.
     """
 
     block_kv: int = 64
@@ -145,6 +157,7 @@ class MosaicConfig:
     bt_chunk: int = 224
     memory_warpgroup: bool = False
     schedule: str = "flashmla"
+    transposed_scores: bool = False
 
     def __post_init__(self):
         for name in ("block_kv", "num_splits", "max_concurrent_steps", "block_h", "bt_chunk"):
@@ -160,6 +173,10 @@ class MosaicConfig:
                              f"memory_warpgroup=False, got memory_warpgroup=True")
         if not isinstance(self.memory_warpgroup, bool):
             raise ValueError(f"memory_warpgroup must be a bool, got memory_warpgroup={self.memory_warpgroup!r}")
+        if not isinstance(self.transposed_scores, bool):
+            raise ValueError(f"transposed_scores must be a bool, got transposed_scores={self.transposed_scores!r}")
+        if self.transposed_scores and self.schedule != "flashmla":
+            raise ValueError(f"transposed_scores=True needs schedule='flashmla', got schedule={self.schedule!r}")
         if block_kv != 64:
             # 64 = two 32-row score tiles, one per compute warpgroup. (32 would need
             # a zero-fill of 16-row V tiles, which the WGMMA register layout cannot hold.)
@@ -180,7 +197,9 @@ class MosaicConfig:
             )
 
     def smem_bytes(self, dtype_bytes: int = 2) -> int:
-        """Shared memory the kernel allocates (each allocation rounded up to 1 KiB, as Mosaic GPU does)."""
+        """Shared memory the kernel allocates (each allocation rounded up to 1 KiB, as Mosaic GPU does).
+        With transposed_scores the q tile holds only the rows in use (at most 32) and the cross-warp
+        reductions take REDUCTION_SCRATCH_BYTES: less than this, the full tile's need."""
 
         def alloc(n):
             return -(-n // SMEM_ALIGNMENT) * SMEM_ALIGNMENT
@@ -283,12 +302,14 @@ def unsupported_reason(config: MLAConfig, device=None) -> str | None:
 
 def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int, num_h_tiles: int, q_tiles: int,
                   num_reqs: int, num_splits: int, block_kv: int, stages: int, bt_chunk: int, scale_log2: float,
-                  memory_wg: bool, schedule: str, interpret: bool):
+                  memory_wg: bool, schedule: str, score_rows: int = 0, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile): CTA (hb, split, g) takes request g // q_tiles,
     its query tokens [lt * tpt, lt * tpt + tpt) for lt = g % q_tiles (none: the CTA returns), heads
     [hb * 64, hb * 64 + 64) (or all `heads` x tpt tokens when heads < 64), and its split of the KV.
+    score_rows > 0 (a multiple of hp below 64; "flashmla" only): the tile's rows in use, whose scores
+    warpgroup 0 computes transposed (MosaicConfig.transposed_scores); q holds only those rows.
     """
     half = block_kv // 2  # KV rows of a step whose scores one compute warpgroup computes
     tpt = BLOCK_H // hp  # query tokens per tile
@@ -301,6 +322,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     split_out = num_splits > 1
     flashmla = schedule == "flashmla"
     three = schedule == "three_wg"
+    if score_rows and (not flashmla or score_rows % hp or not 0 < score_rows < BLOCK_H):
+        raise ValueError(f"score_rows={score_rows} needs schedule='flashmla' and a multiple of {hp=} below {BLOCK_H}")
+    q_rows = score_rows or BLOCK_H  # rows of q in SMEM
+    q_toks = q_rows // hp  # tokens of q loaded per tile
     # FlashMLA: warpgroup 1 has the lighter step; three_wg: a P @ V warpgroup
     producer_wg = 1 if flashmla else 2 if three else 0
 
@@ -324,7 +349,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             q_len = info_smem[1]
             seq_len = info_smem[2]
             first_qi = lt * tpt
-            ntok = jnp.clip(q_len - first_qi, 0, tpt)
+            ntok = jnp.clip(q_len - first_qi, 0, q_toks)
             first_tok = q_start + first_qi
             first_pos = seq_len - q_len + first_qi
             kv_len = jnp.where(ntok > 0, first_pos + ntok, 0)  # KV the tile's last token sees
@@ -366,7 +391,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             if tpt == 1:
                 plgpu.copy_gmem_to_smem(q_ref.at[first_tok, pl.ds(hb * BLOCK_H, BLOCK_H)], q_smem, q_bar)
             else:
-                for j in range(tpt):  # rows of tokens past the tile's last repeat a valid token: never written
+                for j in range(q_toks):  # rows of tokens past the tile's last repeat a valid token: never written
                     tok = jnp.minimum(first_tok + j, num_tokens - 1)
                     plgpu.copy_gmem_to_smem(q_ref.at[tok], q_smem.at[pl.ds(j * hp, hp)], q_bar)
 
@@ -587,7 +612,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 v_cols = pl.ds(half * V_HALF, V_HALF)
                 return accumulate(acc, lambda acc_ref: plgpu.wgmma(acc_ref, p_smem, kv_smem.at[slot, :, v_cols]))
 
-            if w == 0:
+            if w == 0 and score_rows:
+                scores_t(acc_zeros=zeros_acc(), pv=pv, first_tok=first_tok, ntok=ntok, first_pos=first_pos,
+                         kv_len=kv_len, begin=begin, end=end)
+            elif w == 0:
                 plgpu.barrier_wait(q_bar)
                 m_i = plgpu.layout_cast(jnp.full((BLOCK_H,), -jnp.inf, jnp.float32), row_layout)
                 l_i = plgpu.layout_cast(jnp.full((BLOCK_H,), 0.0, jnp.float32), row_layout)
@@ -671,6 +699,80 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 plgpu.barrier_wait(sync_a)
                 finish(half, acc, plgpu.load(x_smem.at[1], layout=row_layout), None, first_tok, ntok)
 
+        def scores_t(*, acc_zeros, pv, first_tok, ntok, first_pos, kv_len, begin, end):
+            """Warpgroup 0 of "flashmla" with transposed scores: S^T = K Q^T for the tile's
+            score_rows rows in use (wgmma M = the step's 64 keys, N = score_rows), the online softmax
+            down the columns, P^T into the P buffer seen transposed (its rows past score_rows stay 0,
+            so P @ V is unchanged and their outputs are 0), alpha and the row sums into x_smem,
+            where the rows past score_rows hold 1."""
+            n = score_rows
+            row_layout = plgpu.Layout.WGMMA.reduce(1)
+            col_layout = plgpu.Layout.WGMMA.reduce(0)
+            x_smem[0] = plgpu.layout_cast(jnp.full((BLOCK_H,), 1.0, jnp.float32), row_layout)
+            x_smem[1] = plgpu.layout_cast(jnp.full((BLOCK_H,), 1.0, jnp.float32), row_layout)
+            p_smem[...] = plgpu.layout_cast(jnp.zeros((BLOCK_H, block_kv), dtype), plgpu.Layout.WGMMA)
+            p_t = p_smem.transpose((1, 0)).at[:, pl.ds(0, n)]  # [keys, n]: P^T's columns in use
+            plgpu.barrier_wait(q_bar)
+            m_i = plgpu.layout_cast(jnp.full((n,), -jnp.inf, jnp.float32), col_layout)
+            l_i = plgpu.layout_cast(jnp.full((n,), 0.0, jnp.float32), col_layout)
+
+            def step(k, carry, masked):
+                acc, m_i, l_i = carry
+                slot = lax.rem(k - begin, jnp.int32(stages))
+                kv_start = k * block_kv
+                plgpu.barrier_wait(kv_ready.at[slot])
+
+                def qk(s_ref):
+                    plgpu.wgmma(s_ref, kv_smem.at[slot], q_smem.transpose((1, 0)))
+                    return s_ref[...]
+
+                s = pl.run_scoped(qk, plgpu.ACC((block_kv, n), jnp.float32))  # S^T [keys, rows]
+                if masked:
+                    key = plgpu.broadcasted_iota(jnp.int32, (block_kv, n), 0, layout=plgpu.Layout.WGMMA)
+                    row = plgpu.broadcasted_iota(jnp.int32, (block_kv, n), 1, layout=plgpu.Layout.WGMMA)
+                    kv_pos = key + kv_start
+                    visible = ((kv_pos - first_pos) * hp <= row) & (kv_pos < kv_len)
+                    s = jnp.where(visible, s * scale_log2, MASK_VALUE)
+                else:
+                    s = s * scale_log2
+                m_new = jnp.maximum(m_i, s.max(axis=0))
+                alpha = jnp.exp2(m_i - m_new)
+                p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
+                l_i = l_i * alpha + p.sum(axis=0)
+
+                @pl.when(k > begin)
+                def _():
+                    plgpu.barrier_wait(sync_b)  # p_free: warpgroup 1 is done with step k - 1
+
+                p_t[...] = p.astype(dtype)
+                x_smem.at[0, pl.ds(0, n)][...] = alpha
+                if masked:
+                    @pl.when(kv_start + block_kv > kv_len)
+                    def _zero_tail():
+                        zero_v_tail(slot, kv_len - kv_start, 0, KV_LORA_RANK)
+
+                plgpu.commit_smem()  # (a warpgroup barrier: alpha is read back below in row layout)
+                plgpu.barrier_arrive(sync_a)  # p_ready
+                alpha_rows = plgpu.load(x_smem.at[0], layout=row_layout)
+                acc = pv(acc * lax.broadcast_in_dim(alpha_rows, acc.shape, [0]), 0, slot)
+                plgpu.barrier_arrive(kv_consumed.at[slot])
+                return acc, m_new, l_i
+
+            mid = jnp.clip(lax.div(first_pos + 1, jnp.int32(block_kv)), begin, end)
+            carry = lax.fori_loop(begin, mid, functools.partial(step, masked=False), (acc_zeros, m_i, l_i))
+            acc, m_i, l_i = lax.fori_loop(mid, end, functools.partial(step, masked=True), carry)
+
+            @pl.when(end > begin)
+            def _():
+                plgpu.barrier_wait(sync_b)
+
+            x_smem.at[1, pl.ds(0, n)][...] = l_i
+            plgpu.commit_smem()
+            plgpu.barrier_arrive(sync_a)
+            l_rows = plgpu.load(x_smem.at[1], layout=row_layout)
+            lse = (m_i + jnp.log(l_i) * (1.0 / LN2)) * LN2  # [n], column layout
+            finish(0, acc, l_rows, lse, first_tok, ntok)
+
         def finish(half, acc, l_tot, lse, first_tok, ntok):
             """Writes the output columns [256 half, 256 half + 256) normalized by l_tot (half None: none)
             and the lse (None: not this warpgroup) for the tile's tokens: the final out / lse, or with
@@ -680,7 +782,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 out = acc * lax.broadcast_in_dim(1.0 / jnp.maximum(l_tot, 1e-30), acc.shape, [0])
                 stage[half] = out.astype(stage_dtype)
             if lse is not None:
-                x_smem[0] = lse
+                if lse.shape[0] == BLOCK_H:
+                    x_smem[0] = lse
+                else:  # transposed scores: the rows in use
+                    x_smem.at[0, pl.ds(0, lse.shape[0])][...] = lse
             plgpu.commit_smem()
             o_dst = out_ref.at[split] if split_out else out_ref
             l_dst = lse_ref.at[split] if split_out else lse_ref
@@ -715,7 +820,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     stage_transforms = (plgpu.TilingTransform((8, stage_cols)), plgpu.SwizzleTransform(128))
     scratch = [
         plgpu.RefUnion(
-            (plgpu.SMEM((BLOCK_H, HEAD_DIM), dtype, transforms=transforms),  # q
+            (plgpu.SMEM((q_rows, HEAD_DIM), dtype, transforms=transforms),  # q
              plgpu.SMEM((stages, block_kv, HEAD_DIM), dtype, transforms=transforms)),  # KV ring
             # the output stage, once every read of q and the ring is done: per warpgroup its
             # [64, 256] half, each token's rows out in one TMA; swizzled, so that the stores of the
@@ -726,7 +831,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                    transforms=transforms),  # P (split: the two halves)
         plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H), jnp.float32),  # row max / row sum exchange, lse
         plgpu.SMEM((INFO_WORDS + bt_chunk,), jnp.int32),  # request info + block-table chunk
-        plgpu.Barrier(num_arrivals=tpt),  # q_bar: one TMA per token of the tile (one for H >= 64)
+        plgpu.Barrier(num_arrivals=q_toks),  # q_bar: one TMA per token of the tile (one for H >= 64)
         plgpu.Barrier(),  # info_bar
         plgpu.Barrier(),  # bt_bar
         plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=stages),  # kv_ready
@@ -748,7 +853,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         grid_names=("h", "split", "tile"),
         num_threads=NUM_COMPUTE_WGS + int(memory_wg or three),
         thread_name="wg",
-        compiler_params=plgpu.CompilerParams(approx_math=True, reduction_scratch_bytes=0,
+        compiler_params=plgpu.CompilerParams(approx_math=True,
+                                             reduction_scratch_bytes=REDUCTION_SCRATCH_BYTES if score_rows else 0,
                                              lowering_semantics=plgpu.LoweringSemantics.Lane),
     )
 
@@ -794,6 +900,8 @@ def _mla_decode(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig, tuning
     if metadata.max_num_splits > 0:
         num_splits = min(num_splits, metadata.max_num_splits)
 
+    # transposed scores: the tile's rows in use (hp heads x the tokens a tile can hold), when fewer than 64
+    score_rows = hp * min(tpt, max(1, metadata.max_query_len)) if tuning.transposed_scores else BLOCK_H
     pages_per_step = max(1, block_kv // page_size)
     bt_chunk = tuning.bt_chunk - tuning.bt_chunk % pages_per_step
     width = -(-metadata.block_table.shape[1] // bt_chunk) * bt_chunk
@@ -801,7 +909,8 @@ def _mla_decode(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig, tuning
         dtype=dtype, page_size=page_size, num_tokens=num_tokens, heads=heads, hp=hp, num_h_tiles=num_h_tiles,
         q_tiles=q_tiles, num_reqs=num_reqs, num_splits=num_splits, block_kv=block_kv,
         stages=tuning.max_concurrent_steps, bt_chunk=bt_chunk, scale_log2=config.softmax_scale * LOG2E,
-        memory_wg=tuning.memory_warpgroup, schedule=tuning.schedule, interpret=interpret,
+        memory_wg=tuning.memory_warpgroup, schedule=tuning.schedule,
+        score_rows=score_rows if score_rows < BLOCK_H else 0, interpret=interpret,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width))
     if num_splits > 1:

@@ -82,6 +82,19 @@ CASES = [
      MosaicConfig(num_splits=3, bt_chunk=32)),
     (Scenario("bt_chunks_p8_split_sched", seq_lens=(70, 600), query_lens=(3, 1), page_size=8), "float16",
      MosaicConfig(num_splits=2, bt_chunk=32, schedule="split")),
+    # transposed scores (S^T = K Q^T over the tile's rows in use): H=16 q_len 1 (16 rows) with splits, q_len
+    # up to 3 (48 rows) with several pages a step, H=8 (8 rows) at page 8, H=32 q_len 2 (64 rows: the plain
+    # path), padded heads (20 -> 32 x 1 token), fp16 and one stage
+    (Scenario("tscores_decode_split3", seq_lens=(1, 65, 200, 70), query_lens=(1, 1, 1, 1), page_size=64), "bfloat16",
+     MosaicConfig(num_splits=3, transposed_scores=True)),
+    (Scenario("tscores_spec_p16", seq_lens=(8, 100, 200), query_lens=(3, 1, 2), page_size=16), "float16",
+     MosaicConfig(num_splits=2, transposed_scores=True)),
+    (Scenario("tscores_h8_p8", seq_lens=(30, 110), query_lens=(1, 1), num_heads=8, page_size=8), "bfloat16",
+     MosaicConfig(num_splits=1, transposed_scores=True)),
+    (Scenario("tscores_h32_q2_full_tile", seq_lens=(40, 130), query_lens=(2, 1), num_heads=32, page_size=32),
+     "bfloat16", MosaicConfig(num_splits=2, transposed_scores=True)),
+    (Scenario("tscores_heads20_one_stage", seq_lens=(150, 9), query_lens=(1, 1), num_heads=20, page_size=32),
+     "bfloat16", MosaicConfig(max_concurrent_steps=1, transposed_scores=True)),
     # the warp-specialized variant (a third warpgroup issues the TMAs)
     (Scenario("memory_wg_p16", seq_lens=(8, 300, 200), query_lens=(3, 6, 2), page_size=16), "bfloat16",
      MosaicConfig(num_splits=2, memory_warpgroup=True, schedule="split")),
@@ -114,15 +127,17 @@ class TestInterpret:
         assert_matches(o3, l3, ref_out, ref_lse, "bfloat16", "num_splits=1")
         assert np.abs(np.asarray(l3) - l1).max() < 1e-4
 
-    @pytest.mark.parametrize("memory_warpgroup, schedule",
-                             [(False, "split"), (True, "split"), (False, "flashmla"), (False, "three_wg")])
-    def test_no_data_races(self, memory_warpgroup, schedule):
+    @pytest.mark.parametrize("memory_warpgroup, schedule, transposed_scores",
+                             [(False, "split", False), (True, "split", False), (False, "flashmla", False),
+                              (False, "three_wg", False), (False, "flashmla", True)])
+    def test_no_data_races(self, memory_warpgroup, schedule, transposed_scores):
         """The interpreter's race detector: the producer (warpgroup 0, or the memory warpgroup),
         the KV ring, P and the row-max exchange are ordered by their barriers."""
         scenario = Scenario("races", seq_lens=(150, 9), query_lens=(2, 1), page_size=16)
         batch, ref_out, ref_lse = batch_and_reference(scenario, "bfloat16")
         params = mgpu_mla.plgpu.InterpretGPUParams(detect_races=True)
-        tuning = MosaicConfig(num_splits=2, memory_warpgroup=memory_warpgroup, schedule=schedule)
+        tuning = MosaicConfig(num_splits=2, memory_warpgroup=memory_warpgroup, schedule=schedule,
+                              transposed_scores=transposed_scores)
         out, lse = _run(batch, "bfloat16", tuning, interpret=params)
         assert_matches(out, lse, ref_out, ref_lse, "bfloat16", f"races {tuning}")
         from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as ipc  # no public accessor
@@ -172,6 +187,9 @@ class TestGPULowering:
             (16, 16, MosaicConfig(num_splits=2, schedule="three_wg")),
             (128, 64, MosaicConfig(num_splits=1, schedule="three_wg")),
             (128, 64, MosaicConfig(num_splits=1, memory_warpgroup=True, schedule="split")),
+            (16, 16, MosaicConfig(num_splits=2, transposed_scores=True)),
+            (8, 64, MosaicConfig(num_splits=1, transposed_scores=True)),
+            (32, 128, MosaicConfig(num_splits=3, max_concurrent_steps=1, transposed_scores=True)),
         ],
     )
     def test_lowers_for_cuda(self, num_heads, page_size, tuning):
@@ -208,6 +226,9 @@ class TestConfig:
             (dict(schedule="flashmla", memory_warpgroup=True), "memory_warpgroup=True"),
             (dict(schedule="three_wg", memory_warpgroup=True), "memory_warpgroup=True"),
             (dict(max_concurrent_steps=3), "shared memory"),  # 3 x 72 KiB stages + Q do not fit
+            (dict(transposed_scores=1), "transposed_scores=1"),
+            (dict(transposed_scores=True, schedule="split"), "schedule='split'"),
+            (dict(transposed_scores=True, schedule="three_wg"), "schedule='three_wg'"),
         ],
     )
     def test_invalid_config(self, kwargs, needle):
@@ -327,21 +348,24 @@ class TestGPU:
         out, lse = _run(batch, dtype, tuning, interpret=False)
         assert_matches(out, lse, ref_out, ref_lse, dtype, f"{scenario.name} {tuning}")
 
-    @pytest.mark.parametrize("schedule", ["split", "three_wg"])
+    @pytest.mark.parametrize("variant", [dict(schedule="split"), dict(schedule="three_wg"),
+                                         dict(transposed_scores=True)], ids=["split", "three_wg", "transposed_scores"])
     @pytest.mark.parametrize("name", sorted(SCENARIOS))
-    def test_scenario_other_schedules(self, name, schedule):
+    def test_scenario_other_schedules(self, name, variant):
         scenario = SCENARIOS[name]
         reason = unsupported_reason(scenario.config("bfloat16"))
         if reason is not None:
             pytest.skip(reason)
         batch, ref_out, ref_lse = batch_and_reference(scenario, "bfloat16")
-        out, lse = _run(batch, "bfloat16", MosaicConfig(num_splits=3, schedule=schedule), interpret=False)
-        assert_matches(out, lse, ref_out, ref_lse, "bfloat16", f"{name} {schedule}")
+        out, lse = _run(batch, "bfloat16", MosaicConfig(num_splits=3, **variant), interpret=False)
+        assert_matches(out, lse, ref_out, ref_lse, "bfloat16", f"{name} {variant}")
 
-    @pytest.mark.parametrize("schedule", ["split", "flashmla", "three_wg"])
-    def test_deterministic(self, schedule):
+    @pytest.mark.parametrize("variant", [dict(schedule="split"), dict(schedule="flashmla"), dict(schedule="three_wg"),
+                                         dict(transposed_scores=True)],
+                             ids=["split", "flashmla", "three_wg", "transposed_scores"])
+    def test_deterministic(self, variant):
         batch, _, _ = batch_and_reference(SCENARIOS["spec_decode"], "bfloat16")
-        tuning = MosaicConfig(num_splits=3, schedule=schedule)
+        tuning = MosaicConfig(num_splits=3, **variant)
         (o1, l1), (o2, l2) = [_run(batch, "bfloat16", tuning, False) for _ in range(2)]
         assert np.array_equal(np.asarray(o1.astype(jnp.float32)), np.asarray(o2.astype(jnp.float32)))
         assert np.array_equal(np.asarray(l1), np.asarray(l2))
