@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # For the next session's first call (nvidia-h200-x2, ~8 min). Written at the end of session 4 (no device time left).
-# GPU 0: the run-to-run spread of the Mosaic kernel's times (session 4: 494-599 us for the same code at H128 B64
-# S16384, while FA3 stayed within 5%): the same shapes re-timed 3 times in one process, beside FA3, with the
-# GPU's clocks, power and temperature logged every 200 ms. GPU 1: full ncu reports with SASS of the fp8 Triton
-# kernel and the bf16 one at H16 B32 S16384 (issue #7: why fp8 is 2.2-2.7x slower than bf16; does the M = 16 tile
-# lower to mma.sync?), and of the Mosaic kernel at the same shape (a mid H = 16 shape: 2.6-2.8 us a step, against
-# 2.34 at H16 B128 S16384). GPU 0 then: the small shapes with XLA's command buffers for the loop, and with PDL.
+# GPU 0: the compiled tests of MosaicConfig(transposed_scores=True) (CPU-checked only), its A/B on six H = 16
+# shapes, then the small shapes with XLA's command buffers for the JAX loop and with PDL (timing only).
+# GPU 1: the run-to-run spread of the Mosaic kernel's times (session 4: 494-599 us for the same code at H128 B64
+# S16384, while FA3 stayed within 5%): the same shapes re-timed 3 times in one process, beside FA3; then a full
+# ncu report with SASS of the fp8 Triton kernel at H16 B32 S16384 (issue #7: why fp8 is 2.2-2.7x slower than
+# bf16). The GPUs' clocks, power and temperature are logged every 200 ms throughout.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT/logs"; L="$OUT/logs"
 bash .fa3/unpack.sh /tmp/fa3 >/dev/null && export PYTHONPATH=/tmp/fa3:$PWD
@@ -14,9 +14,11 @@ nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperatu
   --format=csv -lms 200 > "$L/smi.csv" 2>&1 &
 SMI=$!
 ( export CUDA_VISIBLE_DEVICES=0
-  S=H128_B64_S16384_q1,H128_B1_S1024_q1,H16_B32_S1024_q1
-  timeout 200 python3 -m parity.sweep --impl pallas_mosaic_gpu --reps 5 --fields none --shapes $S,$S,$S \
-    --json "$OUT/h200-spread-mosaic.json" > "$L/spread.log" 2>&1; echo "spread rc=$?" >> "$L/spread.log"
+  timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs tests/test_pallas_mosaic_gpu.py \
+    -k "transposed or tscores" > "$L/pytest_tscores.log" 2>&1; echo "pytest rc=$?" >> "$L/pytest_tscores.log"
+  timeout 170 python3 -m parity.sweep --impl pallas_mosaic_gpu --reps 5 --fields transposed_scores \
+    --shapes H16_B32_S16384_q1,H16_B8_S4096_q1,H16_B32_S4096_q1,H16_B64_S4096_q2,H16_B128_S16384_q1,H16_B8_S1024_q1 \
+    --json "$OUT/h200-sweep-mosaic-tscores.json" > "$L/sweep_tscores.log" 2>&1; echo "rc=$?" >> "$L/sweep_tscores.log"
   # FA3's graph replay beats the sum of its kernels' ncu times by ~7 us at H128 B1 S1024 (PDL, no launch gaps);
   # the JAX loop's kernels are launched one by one. XLA's own answers (flags checked to parse on jax 0.11.2):
   # the loop as one command buffer (a CUDA graph), and PDL. Timing only: before a flag is adopted, the parity
@@ -30,19 +32,21 @@ SMI=$!
   done; rm -f "$L/xlaflags.log.tmp" ) &
 P0=$!
 ( export CUDA_VISIBLE_DEVICES=1
-  for impl in jax.pallas_triton.fp8 jax.pallas_triton jax.pallas_mosaic_gpu; do
-    timeout 100 ncu --clock-control none --profile-from-start off --set full --kernel-name regex:'mla_decode|mosaic' \
-      -o "$L/full_$impl" python3 -m parity.profile --impl $impl --shape H16_B32_S16384_q1 > "$L/ncu_$impl.log" 2>&1
-    ncu -i "$L/full_$impl.ncu-rep" --page details > "$L/details_$impl.txt" 2>&1
-    ncu -i "$L/full_$impl.ncu-rep" --page source --csv --print-source sass > "$L/sass_$impl.csv" 2>&1
-    rm -f "$L/full_$impl.ncu-rep"
-  done ) &
+  S=H128_B64_S16384_q1,H128_B1_S1024_q1,H16_B32_S1024_q1
+  timeout 200 python3 -m parity.sweep --impl pallas_mosaic_gpu --reps 5 --fields none --shapes $S,$S,$S \
+    --json "$OUT/h200-spread-mosaic.json" > "$L/spread.log" 2>&1; echo "spread rc=$?" >> "$L/spread.log"
+  timeout 120 ncu --clock-control none --profile-from-start off --set full --kernel-name regex:mla_decode \
+    -o "$L/full_fp8" python3 -m parity.profile --impl jax.pallas_triton.fp8 --shape H16_B32_S16384_q1 \
+    > "$L/ncu_fp8.log" 2>&1
+  ncu -i "$L/full_fp8.ncu-rep" --page details > "$L/details_fp8.txt" 2>&1
+  ncu -i "$L/full_fp8.ncu-rep" --page source --csv --print-source sass | gzip > "$L/sass_fp8.csv.gz"
+  rm -f "$L/full_fp8.ncu-rep" ) &
 P1=$!
 wait $P0 $P1; kill $SMI
-for f in "$L"/sass_*.csv; do gzip "$f"; done
 tar czf "$OUT/logs.tgz" -C "$OUT" logs
+grep -E "passed|failed|^FAILED" "$L/pytest_tscores.log" | tail -4; grep -E "^H|rc=" "$L/sweep_tscores.log"
 tail -12 "$L/spread.log"; grep -E "^==|heuristic|rc=" "$L/xlaflags.log"
-for f in "$L"/details_*.txt; do echo "== $(basename $f)"; grep -E "^  \S|Duration|Registers Per|Local Memory Spilling Requests  " "$f" | head -8; done
-for f in "$L"/sass_*.csv.gz; do echo "== $(basename $f)"; zcat "$f" | grep -oE "HGMMA\.[^ ,\"]*|HMMA\.[^ ,\"]*|F2FP[^ ,\"]*|STL[^ ,\"]*" | sort | uniq -c | head -8; done
+grep -E "Duration|Registers Per|Local Memory Spilling Requests  " "$L/details_fp8.txt" | head -4
+zcat "$L/sass_fp8.csv.gz" | grep -oE "HGMMA\.[^ ,\"]*|HMMA\.[^ ,\"]*|F2FP[^ ,\"]*|STL[^ ,\"]*|LDL[^ ,\"]*" | sort | uniq -c | head -8
 awk -F', ' 'NR > 1 {print $2, $3, $5, $6}' "$L/smi.csv" | sort | uniq -c | sort -rn | head -8
 rm -rf "$L"
