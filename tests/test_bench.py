@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -299,3 +300,18 @@ def test_sweep_refuses_unknown_fields_and_shapes(capsys):
     assert "num_split" in capsys.readouterr().err
     with pytest.raises(ValueError, match="H128_B64"):
         main(["--impl", "pallas_mosaic_gpu", "--fields", "none", "--shapes", "H128_B64"])
+
+
+def test_triton_sass_compiles_the_triton_kernel_for_sm90_here(capsys):
+    """python -m parity.triton_sass: lowered for an abstract H200, compiled by the installed Triton; the
+    fp8 tile's conversion goes through f16 and f32 (no quarter-rate F2F.BF16.F16 per element)."""
+    pytest.importorskip("triton", reason="the triton package (installed with torch on Linux) is needed")
+    from parity import triton_sass
+
+    assert triton_sass.main(["--shape", "H16_B1_S1024_q1", "--fp8"]) == 0
+    out = capsys.readouterr().out
+    regs = int(re.search(r"registers (\d+)", out).group(1))
+    assert 0 < regs <= 255, out
+    counts = dict((op, int(n)) for op, n in re.findall(r"([A-Z][A-Z0-9]*) (\d+)", out.splitlines()[-1]))
+    assert counts.get("HMMA", 0) > 0, out  # a 16-row tile: mma.sync
+    assert counts.get("HADD2", 0) > 0 and "F2F" not in counts, out
