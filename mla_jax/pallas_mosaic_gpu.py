@@ -612,13 +612,23 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 v_cols = pl.ds(half * V_HALF, V_HALF)
                 return accumulate(acc, lambda acc_ref: plgpu.wgmma(acc_ref, p_smem, kv_smem.at[slot, :, v_cols]))
 
-            if w == 0 and score_rows:
-                scores_t(acc_zeros=zeros_acc(), pv=pv, first_tok=first_tok, ntok=ntok, first_pos=first_pos,
-                         kv_len=kv_len, begin=begin, end=end)
-            elif w == 0:
+            if w == 0:
+                # Transposed scores (score_rows > 0): S^T = K Q^T over the tile's rows in use (wgmma M =
+                # the step's keys, N = score_rows), the softmax down the columns, P^T into the P buffer
+                # seen transposed. P's rows past score_rows stay 0 (their outputs are 0), and alpha and
+                # the row sums there 1; this warpgroup reads alpha and the row sums back in row layout.
+                tr = bool(score_rows)
+                n = score_rows or BLOCK_H
+                key_ax, row_ax = (0, 1) if tr else (1, 0)
+                vec_layout = plgpu.Layout.WGMMA.reduce(0) if tr else row_layout
+                if tr:
+                    x_smem[0] = plgpu.layout_cast(jnp.full((BLOCK_H,), 1.0, jnp.float32), row_layout)
+                    x_smem[1] = plgpu.layout_cast(jnp.full((BLOCK_H,), 1.0, jnp.float32), row_layout)
+                    p_smem[...] = plgpu.layout_cast(jnp.zeros((BLOCK_H, block_kv), dtype), plgpu.Layout.WGMMA)
+                    p_t = p_smem.transpose((1, 0)).at[:, pl.ds(0, n)]  # [keys, n]: P^T's columns in use
                 plgpu.barrier_wait(q_bar)
-                m_i = plgpu.layout_cast(jnp.full((BLOCK_H,), -jnp.inf, jnp.float32), row_layout)
-                l_i = plgpu.layout_cast(jnp.full((BLOCK_H,), 0.0, jnp.float32), row_layout)
+                m_i = plgpu.layout_cast(jnp.full((n,), -jnp.inf, jnp.float32), vec_layout)
+                l_i = plgpu.layout_cast(jnp.full((n,), 0.0, jnp.float32), vec_layout)
 
                 def step(k, carry, masked):
                     acc, m_i, l_i = carry
@@ -627,29 +637,36 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     plgpu.barrier_wait(kv_ready.at[slot])
 
                     def qk(s_ref):
-                        plgpu.wgmma(s_ref, q_smem, kv_smem.at[slot].transpose((1, 0)))
+                        if tr:
+                            plgpu.wgmma(s_ref, kv_smem.at[slot], q_smem.transpose((1, 0)))
+                        else:
+                            plgpu.wgmma(s_ref, q_smem, kv_smem.at[slot].transpose((1, 0)))
                         return s_ref[...]
 
-                    s = pl.run_scoped(qk, plgpu.ACC((BLOCK_H, block_kv), jnp.float32))
+                    shape = (block_kv, n) if tr else (BLOCK_H, block_kv)
+                    s = pl.run_scoped(qk, plgpu.ACC(shape, jnp.float32))
                     if masked:
-                        row = plgpu.broadcasted_iota(jnp.int32, (BLOCK_H, block_kv), 0, layout=plgpu.Layout.WGMMA)
-                        col = plgpu.broadcasted_iota(jnp.int32, (BLOCK_H, block_kv), 1, layout=plgpu.Layout.WGMMA)
-                        kv_pos = col + kv_start
+                        row = plgpu.broadcasted_iota(jnp.int32, shape, row_ax, layout=plgpu.Layout.WGMMA)
+                        kv_pos = plgpu.broadcasted_iota(jnp.int32, shape, key_ax, layout=plgpu.Layout.WGMMA) + kv_start
                         visible = ((kv_pos - first_pos) * hp <= row) & (kv_pos < kv_len)
                         s = jnp.where(visible, s * scale_log2, MASK_VALUE)
                     else:
                         s = s * scale_log2
-                    m_new = jnp.maximum(m_i, s.max(axis=1))
+                    m_new = jnp.maximum(m_i, s.max(axis=key_ax))
                     alpha = jnp.exp2(m_i - m_new)
-                    p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
-                    l_i = l_i * alpha + p.sum(axis=1)
+                    p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [row_ax]))
+                    l_i = l_i * alpha + p.sum(axis=key_ax)
 
                     @pl.when(k > begin)
                     def _():
                         plgpu.barrier_wait(sync_b)  # p_free: the P @ V warpgroups are done with step k - 1
 
-                    p_smem[...] = p.astype(dtype)
-                    x_smem[0] = alpha
+                    if tr:
+                        p_t[...] = p.astype(dtype)
+                        x_smem.at[0, pl.ds(0, n)][...] = alpha
+                    else:
+                        p_smem[...] = p.astype(dtype)
+                        x_smem[0] = alpha
                     if masked:
                         # The step past kv_len: zero V's invalid rows (all 512 columns) before any
                         # P @ V reads them (their slots may hold NaN; 0 * NaN = NaN). The scores of
@@ -658,11 +675,12 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         def _zero_tail():
                             zero_v_tail(slot, kv_len - kv_start, 0, KV_LORA_RANK)
 
-                    plgpu.commit_smem()
+                    plgpu.commit_smem()  # (a warpgroup barrier too: alpha may be read back below)
                     plgpu.barrier_arrive(sync_a)  # p_ready
                     if not three:  # its own P @ V half; P from SMEM here too (the interpreter's
                         # wgmma takes only SMEM left operands)
-                        acc = pv(acc * lax.broadcast_in_dim(alpha, acc.shape, [0]), 0, slot)
+                        alpha_rows = plgpu.load(x_smem.at[0], layout=row_layout) if tr else alpha
+                        acc = pv(acc * lax.broadcast_in_dim(alpha_rows, acc.shape, [0]), 0, slot)
                         plgpu.barrier_arrive(kv_consumed.at[slot])
                     return acc, m_new, l_i
 
@@ -676,11 +694,15 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 def _():
                     plgpu.barrier_wait(sync_b)
 
-                x_smem[1] = l_i
+                if tr:
+                    x_smem.at[1, pl.ds(0, n)][...] = l_i
+                else:
+                    x_smem[1] = l_i
                 plgpu.commit_smem()
                 plgpu.barrier_arrive(sync_a)
-                lse = (m_i + jnp.log(l_i) * (1.0 / LN2)) * LN2
-                finish(None if three else 0, acc, l_i, lse, first_tok, ntok)
+                lse = (m_i + jnp.log(l_i) * (1.0 / LN2)) * LN2  # [n]
+                l_rows = plgpu.load(x_smem.at[1], layout=row_layout) if tr else l_i
+                finish(None if three else 0, acc, l_rows, lse, first_tok, ntok)
             else:
                 half = w - 1 if three else 1
 
@@ -698,80 +720,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 acc = lax.fori_loop(begin, end, step, zeros_acc())
                 plgpu.barrier_wait(sync_a)
                 finish(half, acc, plgpu.load(x_smem.at[1], layout=row_layout), None, first_tok, ntok)
-
-        def scores_t(*, acc_zeros, pv, first_tok, ntok, first_pos, kv_len, begin, end):
-            """Warpgroup 0 of "flashmla" with transposed scores: S^T = K Q^T for the tile's
-            score_rows rows in use (wgmma M = the step's 64 keys, N = score_rows), the online softmax
-            down the columns, P^T into the P buffer seen transposed (its rows past score_rows stay 0,
-            so P @ V is unchanged and their outputs are 0), alpha and the row sums into x_smem,
-            where the rows past score_rows hold 1."""
-            n = score_rows
-            row_layout = plgpu.Layout.WGMMA.reduce(1)
-            col_layout = plgpu.Layout.WGMMA.reduce(0)
-            x_smem[0] = plgpu.layout_cast(jnp.full((BLOCK_H,), 1.0, jnp.float32), row_layout)
-            x_smem[1] = plgpu.layout_cast(jnp.full((BLOCK_H,), 1.0, jnp.float32), row_layout)
-            p_smem[...] = plgpu.layout_cast(jnp.zeros((BLOCK_H, block_kv), dtype), plgpu.Layout.WGMMA)
-            p_t = p_smem.transpose((1, 0)).at[:, pl.ds(0, n)]  # [keys, n]: P^T's columns in use
-            plgpu.barrier_wait(q_bar)
-            m_i = plgpu.layout_cast(jnp.full((n,), -jnp.inf, jnp.float32), col_layout)
-            l_i = plgpu.layout_cast(jnp.full((n,), 0.0, jnp.float32), col_layout)
-
-            def step(k, carry, masked):
-                acc, m_i, l_i = carry
-                slot = lax.rem(k - begin, jnp.int32(stages))
-                kv_start = k * block_kv
-                plgpu.barrier_wait(kv_ready.at[slot])
-
-                def qk(s_ref):
-                    plgpu.wgmma(s_ref, kv_smem.at[slot], q_smem.transpose((1, 0)))
-                    return s_ref[...]
-
-                s = pl.run_scoped(qk, plgpu.ACC((block_kv, n), jnp.float32))  # S^T [keys, rows]
-                if masked:
-                    key = plgpu.broadcasted_iota(jnp.int32, (block_kv, n), 0, layout=plgpu.Layout.WGMMA)
-                    row = plgpu.broadcasted_iota(jnp.int32, (block_kv, n), 1, layout=plgpu.Layout.WGMMA)
-                    kv_pos = key + kv_start
-                    visible = ((kv_pos - first_pos) * hp <= row) & (kv_pos < kv_len)
-                    s = jnp.where(visible, s * scale_log2, MASK_VALUE)
-                else:
-                    s = s * scale_log2
-                m_new = jnp.maximum(m_i, s.max(axis=0))
-                alpha = jnp.exp2(m_i - m_new)
-                p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
-                l_i = l_i * alpha + p.sum(axis=0)
-
-                @pl.when(k > begin)
-                def _():
-                    plgpu.barrier_wait(sync_b)  # p_free: warpgroup 1 is done with step k - 1
-
-                p_t[...] = p.astype(dtype)
-                x_smem.at[0, pl.ds(0, n)][...] = alpha
-                if masked:
-                    @pl.when(kv_start + block_kv > kv_len)
-                    def _zero_tail():
-                        zero_v_tail(slot, kv_len - kv_start, 0, KV_LORA_RANK)
-
-                plgpu.commit_smem()  # (a warpgroup barrier: alpha is read back below in row layout)
-                plgpu.barrier_arrive(sync_a)  # p_ready
-                alpha_rows = plgpu.load(x_smem.at[0], layout=row_layout)
-                acc = pv(acc * lax.broadcast_in_dim(alpha_rows, acc.shape, [0]), 0, slot)
-                plgpu.barrier_arrive(kv_consumed.at[slot])
-                return acc, m_new, l_i
-
-            mid = jnp.clip(lax.div(first_pos + 1, jnp.int32(block_kv)), begin, end)
-            carry = lax.fori_loop(begin, mid, functools.partial(step, masked=False), (acc_zeros, m_i, l_i))
-            acc, m_i, l_i = lax.fori_loop(mid, end, functools.partial(step, masked=True), carry)
-
-            @pl.when(end > begin)
-            def _():
-                plgpu.barrier_wait(sync_b)
-
-            x_smem.at[1, pl.ds(0, n)][...] = l_i
-            plgpu.commit_smem()
-            plgpu.barrier_arrive(sync_a)
-            l_rows = plgpu.load(x_smem.at[1], layout=row_layout)
-            lse = (m_i + jnp.log(l_i) * (1.0 / LN2)) * LN2  # [n], column layout
-            finish(0, acc, l_rows, lse, first_tok, ntok)
 
         def finish(half, acc, l_tot, lse, first_tok, ntok):
             """Writes the output columns [256 half, 256 half + 256) normalized by l_tot (half None: none)
