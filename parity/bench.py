@@ -241,13 +241,20 @@ class BenchInputs:
     kv_cache: object  # torch [num_blocks, P, 576]
 
 
+def shape_config(shape: Shape, **overrides):
+    """The MLAConfig of a bench shape (overrides: e.g. kv_cache_dtype="fp8_e4m3")."""
+    from mla_spec import MLAConfig
+
+    return MLAConfig(num_heads=shape.num_heads, page_size=shape.page_size, dtype=shape.dtype,
+                     max_num_seqs=max(256, shape.batch), **overrides)
+
+
 def make_inputs(shape: Shape, seed: int = 0) -> BenchInputs:
     import torch
 
-    from mla_spec import MLAConfig, build_decode_metadata
+    from mla_spec import build_decode_metadata
 
-    config = MLAConfig(num_heads=shape.num_heads, page_size=shape.page_size, dtype=shape.dtype,
-                       max_num_seqs=max(256, shape.batch))
+    config = shape_config(shape)
     g = torch.Generator(device="cuda").manual_seed(seed)
     pages = -(-shape.seq_len // shape.page_size)
     num_blocks = shape.batch * pages + 1

@@ -41,11 +41,11 @@ def triton_module(shape, fp8: bool, overrides: dict) -> tuple[str, object]:
 
     import mla_jax
     from mla_jax import pallas_triton
-    from mla_spec import MLAConfig, build_decode_metadata
+    from mla_spec import build_decode_metadata
+    from parity import bench
 
     s = shape
-    config = MLAConfig(num_heads=s.num_heads, page_size=s.page_size, dtype=s.dtype,
-                       kv_cache_dtype="fp8_e4m3" if fp8 else "auto")
+    config = bench.shape_config(s, kv_cache_dtype="fp8_e4m3" if fp8 else "auto")
     pages = -(-s.seq_len // s.page_size)
     block_table = np.arange(s.batch * pages, dtype=np.int32).reshape(s.batch, pages)
     md = build_decode_metadata(seq_lens=[s.seq_len] * s.batch, query_lens=[s.q_len] * s.batch,
