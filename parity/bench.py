@@ -405,7 +405,9 @@ def _jax_kernel(impl: str, tuning=None, fp8: bool = False, interpret: bool = Fal
             h = inp.metadata
             base = mod.heuristic_config(config, h.num_decode_tokens, h.max_blocks, max_query_len=h.max_query_len,
                                         num_reqs=h.num_reqs, max_num_splits=h.max_num_splits)
-            run_tuning = dataclasses.replace(base, **overrides)
+            from parity.sweep import with_overrides
+
+            run_tuning = with_overrides(base, overrides)
         if fp8:
             import torch
 

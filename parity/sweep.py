@@ -48,6 +48,16 @@ def parse_overrides(text: str) -> dict:
     return out
 
 
+def with_overrides(config, overrides: dict):
+    """config (a frozen tuning dataclass) with `overrides` replaced; a field it does not have is a
+    ValueError naming it (dataclasses.replace would raise a TypeError)."""
+    known = [f.name for f in dataclasses.fields(config)]
+    unknown = sorted(set(overrides) - set(known))
+    if unknown:
+        raise ValueError(f"{type(config).__name__} has no field {', '.join(unknown)} (fields: {', '.join(known)})")
+    return dataclasses.replace(config, **overrides)
+
+
 def variants(base, spec: dict):
     seen = {base}
     yield "heuristic", base
@@ -99,7 +109,7 @@ def main(argv=None) -> int:
         base = mod.heuristic_config(config, md.num_decode_tokens, md.max_blocks, num_reqs=md.num_reqs,
                                     max_query_len=md.max_query_len)
         if args.overrides:
-            base = dataclasses.replace(base, **args.overrides)
+            base = with_overrides(base, args.overrides)
         fa3_s = None
         try:
             fa3_s, _, _ = bench.time_impl(bench.torch_fa3, inp, args.reps)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import importlib.util
 import os
 import re
@@ -25,7 +24,7 @@ import sys
 import tempfile
 
 from parity.profile import parse_shape
-from parity.sweep import parse_overrides
+from parity.sweep import parse_overrides, with_overrides
 
 # SASS opcodes (before the first '.') reported; the rest are summed as "other"
 OPCODES = ("HGMMA", "HMMA", "F2F", "F2FP", "HADD2", "PRMT", "LDS", "LDSM", "STS", "LDGSTS", "LDG", "STG",
@@ -53,7 +52,7 @@ def triton_module(shape, fp8: bool, overrides: dict) -> tuple[str, object]:
     tuning = pallas_triton.heuristic_config(config, md.num_decode_tokens, md.max_blocks,
                                             max_query_len=md.max_query_len, num_reqs=md.num_reqs)
     if overrides:
-        tuning = dataclasses.replace(tuning, **overrides)
+        tuning = with_overrides(tuning, overrides)
     q = jax.ShapeDtypeStruct((s.batch * s.q_len, s.num_heads, 576), jnp.dtype(s.dtype))
     kv = jax.ShapeDtypeStruct((s.batch * pages, s.page_size, 576), jnp.float8_e4m3fn if fp8 else jnp.dtype(s.dtype))
     extra = {"k_scale": 1.0} if fp8 else {}

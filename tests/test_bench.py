@@ -292,6 +292,19 @@ def test_sweep_set_takes_field_int_pairs():
             parse_overrides(bad)
 
 
+def test_tuning_overrides_name_an_unknown_field():
+    """--set of parity.sweep / parity.triton_sass and the bench's overrides: a field the config lacks is a
+    ValueError naming it (not dataclasses.replace's TypeError); a bad value keeps the config's own check."""
+    from mla_jax.pallas_triton import TritonConfig
+    from parity.sweep import with_overrides
+
+    assert with_overrides(TritonConfig(), {"num_warps": 8}).num_warps == 8
+    with pytest.raises(ValueError, match="no field num_warp "):
+        with_overrides(TritonConfig(), {"num_warp": 8})
+    with pytest.raises(ValueError, match="num_warps=3"):
+        with_overrides(TritonConfig(), {"num_warps": 3})
+
+
 def test_sweep_refuses_unknown_fields_and_shapes(capsys):
     from parity.sweep import main
 
