@@ -148,6 +148,12 @@ class MosaicConfig:
         and P is stored transposed for the P @ V, which is unchanged. No effect where every row of
         the tile is in use (H >= 64, or q_len >= 64 / H). Needs schedule="flashmla". Opt-in, not yet
         timed on a GPU.
+    pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
+        the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
+        global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
+        kernel is marked as using PDL, so XLA may launch it while the kernel before it is still
+        running (with `--xla_gpu_enable_pdl=true`), hiding the launch and the CTAs' set-up. No
+        effect on the results; none in interpret mode.
     """
 
     block_kv: int = 64
@@ -158,6 +164,7 @@ class MosaicConfig:
     memory_warpgroup: bool = False
     schedule: str = "flashmla"
     transposed_scores: bool = False
+    pdl: bool = False
 
     def __post_init__(self):
         for name in ("block_kv", "num_splits", "max_concurrent_steps", "block_h", "bt_chunk"):
@@ -173,6 +180,8 @@ class MosaicConfig:
                              f"memory_warpgroup=False, got memory_warpgroup=True")
         if not isinstance(self.memory_warpgroup, bool):
             raise ValueError(f"memory_warpgroup must be a bool, got memory_warpgroup={self.memory_warpgroup!r}")
+        if not isinstance(self.pdl, bool):
+            raise ValueError(f"pdl must be a bool, got pdl={self.pdl!r}")
         if not isinstance(self.transposed_scores, bool):
             raise ValueError(f"transposed_scores must be a bool, got transposed_scores={self.transposed_scores!r}")
         if self.transposed_scores and self.schedule != "flashmla":
@@ -302,7 +311,7 @@ def unsupported_reason(config: MLAConfig, device=None) -> str | None:
 
 def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int, num_h_tiles: int, q_tiles: int,
                   num_reqs: int, num_splits: int, block_kv: int, stages: int, bt_chunk: int, scale_log2: float,
-                  memory_wg: bool, schedule: str, score_rows: int = 0, interpret: bool = False):
+                  memory_wg: bool, schedule: str, score_rows: int = 0, pdl: bool = False, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile): CTA (hb, split, g) takes request g // q_tiles,
@@ -310,6 +319,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     [hb * 64, hb * 64 + 64) (or all `heads` x tpt tokens when heads < 64), and its split of the KV.
     score_rows > 0 (a multiple of hp below 64; "flashmla" only): the tile's rows in use, whose scores
     warpgroup 0 computes transposed (MosaicConfig.transposed_scores); q holds only those rows.
+    pdl: programmatic dependent launch (MosaicConfig.pdl).
     """
     half = block_kv // 2  # KV rows of a step whose scores one compute warpgroup computes
     tpt = BLOCK_H // hp  # query tokens per tile
@@ -333,6 +343,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
              q_kv_or_stage, p_smem, x_smem, i_smem,
              q_bar, info_bar, bt_bar, kv_ready, kv_consumed, sync_a, sync_b):
         (q_smem, kv_smem), stage = q_kv_or_stage
+        if pdl and not interpret:  # (the interpreter runs kernels in order: nothing to wait for)
+            plgpu.griddepcontrol_wait()  # the kernels before this one are done: their writes are visible
+            plgpu.griddepcontrol_launch_dependents()
         hb = lax.axis_index("h")
         split = lax.axis_index("split")
         g = lax.axis_index("tile")
@@ -858,7 +871,7 @@ def _mla_decode(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig, tuning
         q_tiles=q_tiles, num_reqs=num_reqs, num_splits=num_splits, block_kv=block_kv,
         stages=tuning.max_concurrent_steps, bt_chunk=bt_chunk, scale_log2=config.softmax_scale * LOG2E,
         memory_wg=tuning.memory_warpgroup, schedule=tuning.schedule,
-        score_rows=score_rows if score_rows < BLOCK_H else 0, interpret=interpret,
+        score_rows=score_rows if score_rows < BLOCK_H else 0, pdl=tuning.pdl, interpret=interpret,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width))
     if num_splits > 1:

@@ -458,7 +458,9 @@ def _median_seconds(run, reps: int) -> float:
     return statistics.median(times)
 
 
-def time_impl(make, inp: BenchInputs, reps: int):
+def calibrate(make, inp: BenchInputs):
+    """(run, n, result of one call): run() makes n back-to-back calls and syncs, n chosen so
+    that one launch lasts about 3 ms (20 <= n <= 400, a multiple of 4)."""
     once, time_n = make(inp)
     result = once()
     run = time_n(20)
@@ -467,6 +469,11 @@ def time_impl(make, inp: BenchInputs, reps: int):
     n = -(-n // 4) * 4  # the JAX loop makes 4 calls per iteration
     if n != 20:
         run = time_n(n)
+    return run, n, result
+
+
+def time_impl(make, inp: BenchInputs, reps: int):
+    run, n, result = calibrate(make, inp)
     per_call = _median_seconds(run, reps) / n
     return per_call, n, result
 

@@ -6,6 +6,11 @@ on a few shapes, with the bench's method (N calls in one jitted loop). GPU only.
 
 Each variant changes one field of the heuristic's pick; the table shows the time of
 each and the best per shape, to revise the heuristic from measurements.
+
+--rounds R (for A/Bs): every variant of a shape (and FA3) is compiled and calibrated first,
+then timed R times in turn (FA3, variant 1, variant 2, ..., FA3, variant 1, ...), and each
+keeps the median of its R times (all R in the JSON as round_seconds): a slow spell of the
+GPU then falls on every variant alike instead of on whichever ran during it.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import dataclasses
 import importlib
 import json
 import os
+import statistics
 import sys
 
 from parity import bench
@@ -30,7 +36,7 @@ VARIANTS = {
     "pallas_triton": dict(block_kv=(16, 32, 64, 128), num_warps=(4, 8), num_stages=(1, 2, 3, 4), num_splits="x0.5,x2",
                           block_h=(32, 64), block_q=(1, 2)),
     "pallas_mosaic_gpu": dict(schedule=("flashmla", "split", "three_wg"), memory_warpgroup=(True, False), max_concurrent_steps=(1,),
-                              num_splits="x0.5,x2,=1", transposed_scores=(True, False)),
+                              num_splits="x0.5,x2,=1", transposed_scores=(True, False), pdl=(True, False)),
 }
 
 
@@ -83,6 +89,8 @@ def main(argv=None) -> int:
     p.add_argument("--fields", help="comma-separated tuning fields to vary (default: all of the impl's; \"none\": the "
                    "heuristic's pick alone, beside FA3)")
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time every variant (and FA3) this many times in turn, keeping each one's median")
     p.add_argument("--set", dest="overrides", type=parse_overrides, default={},
                    help="comma-separated field=int pairs replaced in the heuristic's pick before the variants "
                         "(e.g. num_warps=8): sweep around another base")
@@ -94,6 +102,8 @@ def main(argv=None) -> int:
     unknown = sorted(set(fields) - set(VARIANTS[args.impl]) - {"none"})
     if unknown:
         p.error(f"--fields: {', '.join(unknown)} not among {args.impl}'s ({', '.join(VARIANTS[args.impl])}) or none")
+    if args.rounds < 1:
+        p.error(f"--rounds must be >= 1, got {args.rounds}")
     shapes = [parse_shape(n) for n in args.shapes.split(",")] if args.shapes else SHAPES
     import torch
 
@@ -110,24 +120,49 @@ def main(argv=None) -> int:
                                     max_query_len=md.max_query_len)
         if args.overrides:
             base = with_overrides(base, args.overrides)
-        fa3_s = None
+        runners = []  # (row, run, n): calibrated first, then timed in rounds
+        fa3 = None
         try:
-            fa3_s, _, _ = bench.time_impl(bench.torch_fa3, inp, args.reps)
+            run, n, _ = bench.calibrate(bench.torch_fa3, inp)
+            fa3 = dict(round_seconds=[]), run, n
         except Exception as e:  # FA3 missing: the sweep still ranks the variants
             print(f"{shape.name}: no FA3 ({type(e).__name__}: {e})", file=sys.stderr)
         spec = {f: v for f, v in VARIANTS[args.impl].items() if f in fields}
+        shape_rows = []
         for label, tuning in variants(base, spec):
-            row = dict(shape=shape.name, variant=label, tuning=dataclasses.asdict(tuning), fa3_s=fa3_s)
+            row = dict(shape=shape.name, variant=label, tuning=dataclasses.asdict(tuning))
+            shape_rows.append(row)
             try:
-                sec, n, _ = bench.time_impl(bench._jax_kernel(args.impl, tuning, fp8=args.fp8), inp, args.reps)
-                row.update(seconds=sec, TBps=shape.bytes(kv_itemsize=1 if args.fp8 else None) / sec / 1e12, TFLOPps=shape.flops() / sec / 1e12)
-                if fa3_s:
-                    row["fa3_over_impl"] = fa3_s / sec
+                run, n, _ = bench.calibrate(bench._jax_kernel(args.impl, tuning, fp8=args.fp8), inp)
+                row["round_seconds"] = []
+                runners.append((row, run, n))
             except Exception as e:
                 row["error"] = f"{type(e).__name__}: {e}"[:300]
-            rows.append(row)
-            r = row
-            print(f"{shape.name:<22} {label:<18} " + (f"{r['seconds'] * 1e6:9.1f} us {r['TBps']:5.2f} TB/s "
+        timed = ([fa3] if fa3 else []) + runners
+        for _ in range(args.rounds):
+            for entry in list(timed):
+                row, run, n = entry
+                try:
+                    row["round_seconds"].append(bench._median_seconds(run, args.reps) / n)
+                except Exception as e:
+                    row["error"] = f"{type(e).__name__}: {e}"[:300]
+                    del row["round_seconds"]
+                    timed.remove(entry)
+        fa3_s = statistics.median(fa3[0]["round_seconds"]) if fa3 and "error" not in fa3[0] else None
+        for r in shape_rows:
+            r["fa3_s"] = fa3_s
+            if args.rounds > 1 and fa3_s:
+                r["fa3_round_seconds"] = fa3[0]["round_seconds"]
+            if "round_seconds" in r:
+                sec = statistics.median(r["round_seconds"])
+                if args.rounds == 1:
+                    del r["round_seconds"]
+                r.update(seconds=sec, TBps=shape.bytes(kv_itemsize=1 if args.fp8 else None) / sec / 1e12,
+                         TFLOPps=shape.flops() / sec / 1e12)
+                if fa3_s:
+                    r["fa3_over_impl"] = fa3_s / sec
+            rows.append(r)
+            print(f"{shape.name:<22} {r['variant']:<18} " + (f"{r['seconds'] * 1e6:9.1f} us {r['TBps']:5.2f} TB/s "
                   f"{r['TFLOPps']:6.1f} TF/s" + (f"  FA3/impl {r['fa3_over_impl']:.2f}" if fa3_s else "")
                   if "seconds" in r else "ERROR " + r["error"][:100]), flush=True)
         del inp

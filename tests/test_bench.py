@@ -313,6 +313,9 @@ def test_sweep_refuses_unknown_fields_and_shapes(capsys):
     assert "num_split" in capsys.readouterr().err
     with pytest.raises(ValueError, match="H128_B64"):
         main(["--impl", "pallas_mosaic_gpu", "--fields", "none", "--shapes", "H128_B64"])
+    with pytest.raises(SystemExit):
+        main(["--impl", "pallas_mosaic_gpu", "--fields", "none", "--rounds", "0"])
+    assert "--rounds must be >= 1, got 0" in capsys.readouterr().err
 
 
 def test_triton_sass_compiles_the_triton_kernel_for_sm90_here(capsys):

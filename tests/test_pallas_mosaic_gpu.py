@@ -190,6 +190,8 @@ class TestGPULowering:
             (16, 16, MosaicConfig(num_splits=2, transposed_scores=True)),
             (8, 64, MosaicConfig(num_splits=1, transposed_scores=True)),
             (32, 128, MosaicConfig(num_splits=3, max_concurrent_steps=1, transposed_scores=True)),
+            (128, 64, MosaicConfig(num_splits=2, pdl=True)),
+            (16, 16, MosaicConfig(num_splits=1, pdl=True, transposed_scores=True)),
         ],
     )
     def test_lowers_for_cuda(self, num_heads, page_size, tuning):
@@ -205,6 +207,8 @@ class TestGPULowering:
         with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=h200)):
             text = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
         assert "mosaic_gpu" in text
+        # PDL: the kernel waits on the kernels before it and is marked for XLA's PDL launch, only when asked
+        assert ("griddepcontrol" in text) == ("mosaic_gpu.uses_pdl" in text) == tuning.pdl
         if tuning.num_splits > 1:
             assert "mla_combine_splits" in text  # the combine kernel, lowered to Triton
 
@@ -227,6 +231,7 @@ class TestConfig:
             (dict(schedule="three_wg", memory_warpgroup=True), "memory_warpgroup=True"),
             (dict(max_concurrent_steps=3), "shared memory"),  # 3 x 72 KiB stages + Q do not fit
             (dict(transposed_scores=1), "transposed_scores=1"),
+            (dict(pdl=1), "pdl=1"),
             (dict(transposed_scores=True, schedule="split"), "schedule='split'"),
             (dict(transposed_scores=True, schedule="three_wg"), "schedule='three_wg'"),
         ],
@@ -349,7 +354,8 @@ class TestGPU:
         assert_matches(out, lse, ref_out, ref_lse, dtype, f"{scenario.name} {tuning}")
 
     @pytest.mark.parametrize("variant", [dict(schedule="split"), dict(schedule="three_wg"),
-                                         dict(transposed_scores=True)], ids=["split", "three_wg", "transposed_scores"])
+                                         dict(transposed_scores=True), dict(pdl=True)],
+                             ids=["split", "three_wg", "transposed_scores", "pdl"])
     @pytest.mark.parametrize("name", sorted(SCENARIOS))
     def test_scenario_other_schedules(self, name, variant):
         scenario = SCENARIOS[name]
@@ -361,8 +367,8 @@ class TestGPU:
         assert_matches(out, lse, ref_out, ref_lse, "bfloat16", f"{name} {variant}")
 
     @pytest.mark.parametrize("variant", [dict(schedule="split"), dict(schedule="flashmla"), dict(schedule="three_wg"),
-                                         dict(transposed_scores=True)],
-                             ids=["split", "flashmla", "three_wg", "transposed_scores"])
+                                         dict(transposed_scores=True), dict(pdl=True)],
+                             ids=["split", "flashmla", "three_wg", "transposed_scores", "pdl"])
     def test_deterministic(self, variant):
         batch, _, _ = batch_and_reference(SCENARIOS["spec_decode"], "bfloat16")
         tuning = MosaicConfig(num_splits=3, **variant)
