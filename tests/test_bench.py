@@ -331,3 +331,27 @@ def test_triton_sass_compiles_the_triton_kernel_for_sm90_here(capsys):
     counts = dict((op, int(n)) for op, n in re.findall(r"([A-Z][A-Z0-9]*) (\d+)", out.splitlines()[-1]))
     assert counts.get("HMMA", 0) > 0, out  # a 16-row tile: mma.sync
     assert counts.get("HADD2", 0) > 0 and "F2F" not in counts, out
+
+
+def test_timeline_summarizes_device_stream_events():
+    """parity.timeline: only the device planes' stream lines count; busy, span and per-call means in us."""
+    from types import SimpleNamespace as NS
+
+    from parity.timeline import device_events, summarize
+
+    ev = lambda name, s, d: NS(name=name, start_ns=s, duration_ns=d)  # noqa: E731
+    profile = NS(planes=[
+        NS(name="/host:CPU", lines=[NS(name="python", events=[ev("host", 0, 1e9)])]),
+        NS(name="/device:GPU:0", lines=[
+            NS(name="Stream #13(Compute)", events=[ev("mla", 0, 4000), ev("combine", 6000, 2000),
+                                                   ev("mla", 10000, 4000), ev("combine", 16000, 2000)]),
+            NS(name="XLA Ops", events=[ev("summary", 0, 18000)]),
+        ]),
+    ])
+    events = device_events(profile)
+    assert sorted(e[0] for e in events) == ["combine", "combine", "mla", "mla"]
+    s = summarize(events, n_calls=2)
+    assert s["kernels"] == 4 and s["busy_us"] == pytest.approx(6.0) and s["span_us"] == pytest.approx(9.0)
+    assert s["busy_share"] == pytest.approx(12 / 18)
+    assert s["top"][0] == dict(name="mla", per_call=1.0, us_per_call=pytest.approx(4.0))
+    assert summarize([], 4) == dict(kernels=0)

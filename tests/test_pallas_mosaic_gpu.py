@@ -260,6 +260,10 @@ class TestConfig:
         # B=8, H=128, S=4096: 16 CTAs x 8 splits of 8 steps is one full wave; 7 splits would leave
         # 10-step splits, 9 a second wave
         assert heuristic_config(MLAConfig(num_heads=128), num_tokens=8, max_blocks=64).num_splits == 8
+        # transposed scores where a tile has fewer heads than its 64 rows
+        assert big.transposed_scores and not h128.transposed_scores
+        assert heuristic_config(MLAConfig(num_heads=32), num_tokens=4, max_blocks=4).transposed_scores
+        assert not heuristic_config(MLAConfig(num_heads=64), num_tokens=4, max_blocks=4).transposed_scores
 
     def test_metadata_caps_splits(self):
         scenario = Scenario("cap", seq_lens=(150,), query_lens=(1,), page_size=16)
