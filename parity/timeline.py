@@ -4,7 +4,7 @@ JAX profiler's device trace (CUPTI sees the kernels of both stacks in one proces
     python -m parity.timeline --shapes H16_B32_S1024_q1,H128_B1_S1024_q1 --impls torch.fa3,jax.pallas_mosaic_gpu
 
 Per implementation and shape: the bench's launch of n calls (bench.calibrate), its host-clock time per
-call, then the same launch traced: per call, the kernels' summed device time (`busy`), the device span
+call (the bench's number: median of 3 launches after a warm one), then the same launch traced: per call, the kernels' summed device time (`busy`), the device span
 from the first kernel's start to the last one's end (`span`) and the busy share of it. A span near the
 host time with a low busy share means the launch waits on the host (gaps between kernels), so the host
 decides the bench's number; a busy share near 1 means the device time is the kernels'. The kernels are
@@ -21,7 +21,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 
 
 def device_events(profile) -> list[tuple[str, float, float]]:
@@ -95,9 +94,7 @@ def main(argv=None) -> int:
         inp = bench.make_inputs(shape)
         for name in impls:
             run, n, _ = bench.calibrate(bench.RUNNERS[name], inp)
-            t0 = time.perf_counter()
-            run()
-            host_us = (time.perf_counter() - t0) / n * 1e6
+            host_us = bench._median_seconds(run, 3) / n * 1e6  # (its first run, untimed, compiles / warms)
             row = dict(shape=shape.name, impl=name, n_calls=n, host_us=host_us, **summarize(trace_launch(run), n))
             rows.append(row)
             if row["kernels"]:

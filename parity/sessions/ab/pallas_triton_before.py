@@ -1,0 +1,489 @@
+"""Paged MLA decode as a Pallas kernel with the Triton lowering (portable GPUs).
+
+One program handles, for one request r, a tile of `block_q` of its query tokens
+times `block_h` query heads (M = block_q * block_h rows), over one split of the
+request's KV sequence. It streams `block_kv` cache rows per step straight out of
+the paged cache, through the block table, and keeps an online softmax in float32:
+
+    s   = softmax_scale * (q_nope @ kv_c.T + q_pe @ k_pe.T)     [M, block_kv]
+    acc = sum_kv softmax(s) @ kv_c                              [M, kv_lora_rank]
+
+All M rows share each KV load: several heads (and, for speculative decode, several
+query tokens of the same request) per page read, which is the point of MLA decode.
+The 512 (kv_c) and 64 (k_pe) parts are loaded and multiplied apart: the Triton
+lowering only takes power-of-two array sizes, and 576 is not one.
+
+Split-KV (flash-decoding): with `num_splits > 1` each program writes a float32
+partial output and a partial LSE for its KV range, and a small jnp combine step
+merges them into `out` and `lse` (natural log). With `num_splits == 1` the kernel
+writes `out` in q's dtype and `lse` directly.
+
+Paging: KV position p of request r is row `p % page_size` of page
+`block_table[r, p // page_size]`. The kernel gathers each row by (page, slot), so
+any page size >= 1 works (1, 3, 16, 48, 64, ...), and `block_kv` is independent of
+the page size. Rows past the KV range are masked out of the load itself (they read
+as 0, so NaN garbage in unused slots never reaches `p @ kv_c`), and block-table
+entries past a request's last page are never read (the page index is clamped).
+
+Causality (q_len > 1): query token i of a request sits at position
+pos = seq_len - q_len + i and attends KV positions <= pos (bottom-right causal).
+
+FP8 KV cache (kv_cache_dtype="fp8_e4m3"): the cache is float8_e4m3fn and real values are
+`fp8 value * k_scale` (one float32 scale, an input of the kernel: a new scale does not
+recompile). The kernel loads fp8 rows (half the bytes of bf16) and converts them to q's dtype
+for the dots; the conversion is exact (every e4m3 value is a bf16 and an fp16 value). The
+scale is never applied to the rows: it is folded into the score scale,
+s = softmax_scale * k_scale * (q . kv), and into the output, out = k_scale * (p @ kv_c) / l.
+Compiled on a GPU, fp8 tiles of 64 rows x 64 KV rows do not fit Triton's shared memory on the H200
+(RESOURCE_EXHAUSTED; `python -m parity.fp8_tiles`), so fp8_gpu_reason refuses tiles with
+block_q * block_h * block_kv > 32 * 64, and the heuristic uses head blocks of up to 32 rows with an fp8
+cache (H = 128: 4 head blocks), so every head count runs compiled.
+
+Batch-invariant mode (config.batch_invariant): the heuristic fixes num_splits = 1 and
+block_q = 1 (both depend on the batch otherwise), and takes block_h, block_kv, num_warps and
+num_stages from the config alone, so a program's work for a request does not depend on the
+other requests; a given tuning with num_splits > 1 or block_q > 1 is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu_triton
+
+from mla_jax.combine import combine
+from mla_spec import DecodeMetadata, MLAConfig
+
+NUM_SMS_H200 = 132
+"""Streaming multiprocessors on the H200 (and H100 SXM): the occupancy target of the heuristic."""
+
+MAX_ROWS = 64
+"""Upper bound the heuristic puts on M = block_q * block_h: the float32 accumulator is
+M x kv_lora_rank, and 64 x 512 already takes half of the register file of an SM."""
+
+_NEG_BIG = -1e30  # finite start value of the running max, so that exp2(m_old - m_new) never sees inf - inf
+_LN2 = math.log(2.0)
+_LOG2E = math.log2(math.e)
+_SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def _is_pow2(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 1 and (x & (x - 1)) == 0
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+def _cdiv(a, b):
+    return (a + b - 1) // b
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonConfig:
+    """Tuning of the Pallas Triton kernel (static under jit).
+
+    block_h: query heads per program (power of two; heads past num_heads are masked).
+    block_kv: KV tokens per inner step (power of two, >= 16: Triton's dot needs 16).
+    num_splits: split-KV count per request (flash-decoding), >= 1.
+    num_warps, num_stages: Triton compiler parameters.
+    block_q: query tokens of one request per program (power of two). Tokens of one
+        request share each KV load; rows per program are M = block_q * block_h,
+        which must be >= 16 (Triton's dot).
+    """
+
+    block_h: int = 16
+    block_kv: int = 64
+    num_splits: int = 1
+    num_warps: int = 4
+    num_stages: int = 2
+    block_q: int = 1
+
+    def __post_init__(self):
+        for name in ("block_h", "block_kv", "block_q"):
+            value = getattr(self, name)
+            if not _is_pow2(value):
+                raise ValueError(f"{name} must be a power of two >= 1, got {name}={value!r}")
+        block_kv, block_h, block_q = self.block_kv, self.block_h, self.block_q
+        if block_kv < 16:
+            raise ValueError(f"block_kv must be >= 16 (Triton's dot), got {block_kv=}")
+        if block_h * block_q < 16:
+            raise ValueError(
+                f"block_h * block_q must be >= 16 rows (Triton's dot), got {block_h=}, {block_q=}"
+            )
+        num_splits = self.num_splits
+        if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
+            raise ValueError(f"num_splits must be an int >= 1, got {num_splits=}")
+        num_warps = self.num_warps
+        if num_warps not in (1, 2, 4, 8, 16) or isinstance(num_warps, bool):
+            raise ValueError(f"num_warps must be one of 1, 2, 4, 8, 16, got {num_warps=}")
+        num_stages = self.num_stages
+        if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
+            raise ValueError(f"num_stages must be an int >= 1, got {num_stages=}")
+
+    @property
+    def rows(self) -> int:
+        """M, the query rows (tokens x heads) of one program."""
+        return self.block_q * self.block_h
+
+
+def _num_splits_heuristic(work: int, num_kv_blocks: int, num_sms: int, max_splits: int) -> int:
+    """FlashAttention's split-KV heuristic: the fewest splits whose wave efficiency
+    (programs / SMs, over its ceiling) is within 85% of the best."""
+    if work >= 0.8 * num_sms:
+        return 1
+    max_splits = max(1, min(max_splits, num_sms, num_kv_blocks))
+
+    def eligible(s):
+        # a split count that leaves each split as many KV blocks as s - 1 splits do is no better
+        return s == 1 or _cdiv(num_kv_blocks, s) != _cdiv(num_kv_blocks, s - 1)
+
+    effs = {}
+    for s in range(1, max_splits + 1):
+        if eligible(s):
+            waves = work * s / num_sms
+            effs[s] = waves / math.ceil(waves)
+    best = max(effs.values())
+    return min(s for s, eff in effs.items() if eff >= 0.85 * best)
+
+
+def heuristic_config(
+    config: MLAConfig,
+    num_tokens: int,
+    max_blocks: int,
+    *,
+    max_query_len: int = 1,
+    num_reqs: int | None = None,
+    max_num_splits: int = 0,
+    num_sms: int = NUM_SMS_H200,
+) -> TritonConfig:
+    """Picks a TritonConfig from the problem shape.
+
+    num_tokens: T; max_blocks: the block table's width (max KV length ~ max_blocks *
+    page_size); max_query_len / num_reqs: when known (the kernel knows them), tokens
+    of one request are grouped (block_q) and the program count is exact.
+    max_num_splits > 0 bounds the split count (metadata.max_num_splits).
+    With config.batch_invariant: block_q = 1 and num_splits = 1 whatever the batch.
+    With an fp8 cache: tiles of at most FP8_GPU_MAX_ROWS (32) rows, which fit the shared memory
+    with block_kv 64 (fp8_gpu_reason): block_h = all heads up to 32 (H = 128: 4 head blocks of
+    32 rows), block_q * block_h <= 32.
+
+    - block_h: all heads up to 64 (num_heads rounded up to a power of two, at least 16); up to
+      32 with an fp8 cache.
+    - block_q: the query tokens of a request, as long as block_q * block_h <= MAX_ROWS
+      (FP8_GPU_MAX_ROWS with an fp8 cache).
+    - num_splits: FlashAttention's wave-efficiency heuristic over programs = requests x
+      query tiles x head blocks against 132 SMs; 1 when the batch fills the GPU.
+    - block_kv / num_stages / num_warps from the H200 sweep (parity/results/
+      h200-sweep-triton-v1.json; NOTES_pallas_triton.md, v2): M = 16: 128 / 2 / 4
+      (the biggest loads in flight: 3.6 TB/s vs 2.7 at block_kv 64); M = 32: 64 / 3 / 4
+      (1.4x over 2 stages); M = 64: 64 / 2 / 8 (1.35x over block_kv 32; 128 exceeds
+      shared memory, 4 warps spill the 64 x 512 float32 accumulator). fp8: 8 warps at every M (the
+      converted tile spills at 4: session 3's sweep, NOTES_pallas_triton.md).
+    """
+    num_tokens = max(1, int(num_tokens))
+    max_query_len = max(1, int(max_query_len))
+    if num_reqs is None:
+        num_reqs = max(1, _cdiv(num_tokens, max_query_len))
+    # fp8: M <= 32 rows (64 x 64-row KV steps exceed the shared memory: fp8_gpu_reason)
+    max_rows = FP8_GPU_MAX_ROWS if config.is_fp8_kv_cache else MAX_ROWS
+    block_h = min(max(_next_pow2(config.num_heads), 16), max_rows)
+    block_q = max(1, min(_next_pow2(max_query_len), max_rows // block_h))
+    if config.batch_invariant:
+        block_q = 1  # tokens of a request never share a tile whose size depends on the batch
+    rows = block_q * block_h
+    head_blocks = _cdiv(config.num_heads, block_h)
+    q_tiles = _cdiv(max_query_len, block_q)
+    block_kv = 128 if rows <= 16 else 64
+    num_kv_blocks = max(1, _cdiv(max(1, max_blocks) * config.page_size, block_kv))
+    work = num_reqs * q_tiles * head_blocks
+    max_splits = 64 if max_num_splits <= 0 else max_num_splits
+    num_splits = _num_splits_heuristic(work, num_kv_blocks, num_sms, max_splits)
+    if config.batch_invariant:
+        num_splits = 1  # the wave-efficiency split count depends on the whole batch
+    # fp8: 8 warps (H200, session 3, H16 B128 S16384: 1470 us against 4190 with 4; the converted tile
+    # and the accumulator spill at 4: ncu saw 255 registers a thread and local-memory traffic)
+    num_warps = 4 if rows <= 32 and not config.is_fp8_kv_cache else 8
+    num_stages = 3 if rows == 32 else 2
+    if config.dtype == "float32":  # 4-byte tiles: v1's smaller steps (v2's exceed shared memory on the H200)
+        block_kv, num_stages = (64 if rows <= 32 else 32), 2
+    return TritonConfig(
+        block_h=block_h, block_kv=block_kv, num_splits=num_splits, num_warps=num_warps,
+        num_stages=num_stages, block_q=block_q,
+    )
+
+
+def unsupported_reason(config: MLAConfig, device=None) -> str | None:
+    """None if the kernel runs `config` (on `device`, or in interpret mode / on the
+    current GPU when device is None); otherwise why not."""
+    L, R = config.kv_lora_rank, config.qk_rope_head_dim
+    if not _is_pow2(L) or L < 16:
+        return f"kv_lora_rank must be a power of two >= 16 for the Triton lowering, got kv_lora_rank={L}"
+    if not _is_pow2(R) or R < 16:
+        return f"qk_rope_head_dim must be a power of two >= 16 for the Triton lowering, got qk_rope_head_dim={R}"
+    if config.dtype not in _SUPPORTED_DTYPES:
+        return f"dtype={config.dtype!r} is not supported; expected one of {_SUPPORTED_DTYPES}"
+    if device is not None:
+        platform = getattr(device, "platform", None)
+        if platform != "gpu":
+            return f"device {device} has platform={platform!r}; the Triton lowering needs a GPU (interpret mode aside)"
+        cc = getattr(device, "compute_capability", None)  # "9.0" on CUDA; "gfx..." on ROCm
+        try:
+            major = int(str(cc).split(".")[0])
+        except ValueError:
+            major = None
+        if major is not None and major < 8 and config.dtype == "bfloat16":
+            return f"bfloat16 dots need compute capability >= 8.0 (Ampere), got compute_capability={cc!r}"
+        if major is not None and config.is_fp8_kv_cache:
+            minor = str(cc).split(".")[1] if "." in str(cc) else "0"
+            if (major, int(minor) if minor.isdigit() else 0) < (8, 9):
+                return (
+                    f"an fp8 KV cache (kv_cache_dtype={config.kv_cache_dtype!r}) needs float8_e4m3fn conversions, "
+                    f"compute capability >= 8.9, got compute_capability={cc!r}"
+                )
+    return None
+
+
+def _mla_decode_kernel(
+    # inputs
+    qsl_ref,  # [R+1] int32 query_start_loc
+    seq_lens_ref,  # [R] int32
+    block_table_ref,  # [R * max_blocks] int32 (flattened)
+    q_nope_ref,  # [T, H, L] (or the packed q [T, H, L + Rr])
+    q_pe_ref,  # [T, H, Rr] (or the packed q again, read from column rope_offset = L)
+    kv_cache_ref,  # [num_blocks, P, L + Rr] (q's dtype, or float8_e4m3fn)
+    k_scale_ref,  # [1] float32, the fp8 cache's scale (read only for an fp8 cache)
+    # outputs
+    o_ref,  # [num_splits, T, H, L] (float32 partials; q's dtype when num_splits == 1)
+    lse_ref,  # [num_splits, T, H] float32
+    *,
+    num_heads: int,
+    page_size: int,
+    max_blocks: int,
+    kv_lora_rank: int,
+    rope_dim: int,
+    softmax_scale: float,
+    fp8: bool,
+    tuning: TritonConfig,
+    rope_offset: int = 0,
+):
+    L, Rr, P = kv_lora_rank, rope_dim, page_size
+    block_h, block_q, block_kv, num_splits = tuning.block_h, tuning.block_q, tuning.block_kv, tuning.num_splits
+    M = block_q * block_h
+    head_blocks = _cdiv(num_heads, block_h)
+
+    tile = pl.program_id(0)  # query tile x head block: fastest, so programs sharing a KV range run side by side
+    split = pl.program_id(1)
+    r = pl.program_id(2)
+    q_tile = tile // head_blocks
+    head_block = tile % head_blocks
+
+    q_start = qsl_ref[r]
+    q_len = qsl_ref[r + 1] - q_start
+    seq_len = seq_lens_ref[r]
+
+    # Row m of the program: query token i = m // block_h of the tile, head j = m % block_h.
+    m_idx = lax.broadcasted_iota(jnp.int32, (M,), 0)
+    qi = q_tile * block_q + lax.div(m_idx, block_h)  # query index within the request
+    head = head_block * block_h + lax.rem(m_idx, block_h)
+    row_ok = (qi < q_len) & (head < num_heads)
+    tok = q_start + qi
+    # Position of each row's token; -1 for padding rows (they attend nothing).
+    row_pos = jnp.where(row_ok, seq_len - q_len + qi, -1)
+
+    # KV range of this program: its split of [0, seq_len), cut at the last position
+    # any of its rows attends (causal), empty for a tile past the request's tokens.
+    split_len = _cdiv(_cdiv(seq_len, num_splits), block_kv) * block_kv
+    kv_lo = split * split_len
+    tile_rows = jnp.minimum(q_len - q_tile * block_q, block_q)
+    kv_hi = jnp.minimum(seq_len - q_len + q_tile * block_q + tile_rows, kv_lo + split_len)
+    kv_hi = jnp.where(tile_rows > 0, kv_hi, 0)
+    num_iters = lax.div(jnp.maximum(kv_hi - kv_lo, 0) + (block_kv - 1), block_kv)
+
+    col_l = lax.broadcasted_iota(jnp.int32, (1, L), 1)
+    col_r = lax.broadcasted_iota(jnp.int32, (1, Rr), 1)
+    # q rows: gathered by (token, head); padding rows read as 0.
+    q_nope = plgpu_triton.load(
+        q_nope_ref.at[tok[:, None], head[:, None], col_l], mask=row_ok[:, None], other=0
+    )  # [M, L]
+    q_pe = plgpu_triton.load(
+        q_pe_ref.at[tok[:, None], head[:, None], rope_offset + col_r], mask=row_ok[:, None], other=0
+    )  # [M, Rr]
+
+    kv_dtype = q_nope_ref.dtype  # the dots' operand dtype (an fp8 cache is converted to it)
+    precision = lax.Precision.HIGHEST if kv_dtype == jnp.float32 else None
+    qk_scale = softmax_scale * _LOG2E  # scores in log2 units: exp2 instead of exp
+    if fp8:
+        k_scale = k_scale_ref[0]
+        qk_scale = qk_scale * k_scale  # s = softmax_scale * k_scale * (q . kv_fp8)
+    last_page = lax.div(jnp.maximum(seq_len - 1, 0), P)
+    bt_row = r * max_blocks
+    kv_iota = lax.broadcasted_iota(jnp.int32, (block_kv,), 0)
+    # The value of masked-out cache rows: the Triton lowering casts an int `other` to the
+    # cache dtype, and has no int -> float8 cast; a float 0 goes through fp_to_fp.
+    kv_zero = 0.0 if fp8 else 0
+
+    def body(step, carry):
+        acc, m_i, l_i = carry
+        kv_pos = kv_lo + step * block_kv + kv_iota  # [block_kv]
+        kv_ok = kv_pos < kv_hi
+        # Page of each KV row; clamped so padding entries of the block table are never read.
+        page_col = jnp.minimum(lax.div(kv_pos, P), last_page)
+        page = plgpu_triton.load(block_table_ref.at[bt_row + page_col], mask=kv_ok, other=0)
+        slot = lax.rem(kv_pos, P)
+        # Rows outside the KV range are not loaded: they read as 0, so NaN in unused
+        # slots cannot leak through p @ kv_c (0 * NaN = NaN).
+        kv_c = plgpu_triton.load(
+            kv_cache_ref.at[page[:, None], slot[:, None], col_l], mask=kv_ok[:, None], other=kv_zero
+        )  # [block_kv, L]
+        k_pe = plgpu_triton.load(
+            kv_cache_ref.at[page[:, None], slot[:, None], L + col_r], mask=kv_ok[:, None], other=kv_zero
+        )  # [block_kv, Rr]
+        if fp8:  # exact: every float8_e4m3fn value is a bf16 / fp16 value; k_scale is applied outside
+            kv_c = kv_c.astype(kv_dtype)
+            k_pe = k_pe.astype(kv_dtype)
+        s = plgpu_triton.dot(q_nope, kv_c, trans_b=True, precision=precision)
+        s += plgpu_triton.dot(q_pe, k_pe, trans_b=True, precision=precision)
+        s *= qk_scale  # [M, block_kv] float32, log2 units
+        visible = kv_ok[None, :] & (kv_pos[None, :] <= row_pos[:, None])
+        s = jnp.where(visible, s, -jnp.inf)
+        m_new = jnp.maximum(m_i, jnp.max(s, axis=1))  # finite: m_i starts at _NEG_BIG
+        alpha = jnp.exp2(m_i - m_new)
+        p = jnp.exp2(s - m_new[:, None])  # 0 where masked
+        l_new = l_i * alpha + jnp.sum(p, axis=1)
+        acc = acc * alpha[:, None] + plgpu_triton.dot(p.astype(kv_dtype), kv_c, precision=precision)
+        return acc, m_new, l_new
+
+    acc = jnp.zeros((M, L), jnp.float32)
+    m_i = jnp.full((M,), _NEG_BIG, jnp.float32)
+    l_i = jnp.zeros((M,), jnp.float32)
+    acc, m_i, l_i = lax.fori_loop(0, num_iters, body, (acc, m_i, l_i))
+
+    # Rows that saw no KV in this split (an empty split, a padding row) get out = 0
+    # and lse = -inf, so that the combine gives them zero weight.
+    has_kv = l_i > 0
+    inv_l = jnp.where(has_kv, 1.0 / jnp.where(has_kv, l_i, 1.0), 0.0)
+    if fp8:
+        inv_l = inv_l * k_scale  # out = k_scale * (p @ kv_c_fp8) / l
+    out = acc * inv_l[:, None]
+    lse = jnp.where(has_kv, (m_i + jnp.log2(jnp.where(has_kv, l_i, 1.0))) * _LN2, -jnp.inf)
+    plgpu_triton.store(
+        o_ref.at[split, tok[:, None], head[:, None], col_l], out.astype(o_ref.dtype), mask=row_ok[:, None]
+    )
+    plgpu_triton.store(lse_ref.at[split, tok, head], lse, mask=row_ok)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "tuning", "interpret"))
+def _mla_decode(q_nope, q_pe, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfig, tuning: TritonConfig,
+                interpret: bool):
+    T, H = q_nope.shape[:2]
+    L, Rr = config.kv_lora_rank, config.qk_rope_head_dim
+    rope_offset = 0
+    if q_pe is None:  # the packed q [T, H, L + Rr]: both refs are q, q_pe read from column L
+        q_pe, rope_offset = q_nope, L
+    num_reqs, max_blocks = metadata.block_table.shape
+    S = tuning.num_splits
+    q_tiles = _cdiv(metadata.max_query_len, tuning.block_q)
+    head_blocks = _cdiv(H, tuning.block_h)
+    grid = (q_tiles * head_blocks, S, num_reqs)
+    out_dtype = q_nope.dtype if S == 1 else jnp.float32
+    kernel = functools.partial(
+        _mla_decode_kernel,
+        num_heads=H,
+        page_size=config.page_size,
+        max_blocks=max_blocks,
+        kv_lora_rank=L,
+        rope_dim=Rr,
+        softmax_scale=config.softmax_scale,
+        fp8=config.is_fp8_kv_cache,
+        tuning=tuning,
+        rope_offset=rope_offset,
+    )
+    # No BlockSpecs: every ref is the whole array; the kernel computes its own
+    # (gathered) addresses from the metadata.
+    o_part, lse_part = pl.pallas_call(
+        kernel,
+        grid=grid,
+        out_shape=(
+            jax.ShapeDtypeStruct((S, T, H, L), out_dtype),
+            jax.ShapeDtypeStruct((S, T, H), jnp.float32),
+        ),
+        compiler_params=plgpu_triton.CompilerParams(num_warps=tuning.num_warps, num_stages=tuning.num_stages),
+        interpret=interpret,
+        name="mla_decode_paged",
+    )(
+        metadata.query_start_loc.astype(jnp.int32),
+        metadata.seq_lens.astype(jnp.int32),
+        metadata.block_table.astype(jnp.int32).reshape(-1),
+        q_nope,
+        q_pe,
+        kv_cache,
+        jnp.asarray(k_scale, jnp.float32).reshape(1),
+    )
+    if S == 1:
+        return o_part[0], lse_part[0]
+    return combine(o_part, lse_part, q_nope.dtype, interpret=interpret)  # one Pallas kernel (mla_jax.combine)
+
+
+def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConfig, *, tuning: TritonConfig | None = None,
+               interpret: bool = False, k_scale=1.0):
+    """Paged MLA decode with the Pallas Triton kernel.
+
+    q_nope [T, H, L], q_pe [T, H, R] (config.dtype); or q_nope the packed q [T, H, L + R] and
+    q_pe None (the kernel reads both parts from it: no slice copies). kv_cache [num_blocks, P, L + R]
+    (config.dtype, or float8_e4m3fn with kv_cache_dtype="fp8_e4m3"); metadata with int32 jax
+    arrays (inputs already validated by mla_jax.api). k_scale: the fp8 cache's scale, a float or
+    a 0-d float32 array, traced under jit (read only for an fp8 cache).
+    Returns `(out [T, H, L] in q's dtype, lse [T, H] float32, natural log)`.
+    `tuning=None` picks `heuristic_config(...)`; `metadata.max_num_splits > 0` bounds
+    its split count. Works under jax.jit (config and tuning static).
+    """
+    if tuning is None:
+        tuning = heuristic_config(
+            config,
+            num_tokens=q_nope.shape[0],
+            max_blocks=metadata.block_table.shape[1],
+            max_query_len=metadata.max_query_len,
+            num_reqs=metadata.seq_lens.shape[0],
+            max_num_splits=metadata.max_num_splits,
+        )
+    elif not isinstance(tuning, TritonConfig):
+        raise ValueError(f"tuning must be a TritonConfig or None, got tuning={tuning!r}")
+    elif config.batch_invariant and (tuning.num_splits > 1 or tuning.block_q > 1):
+        raise ValueError(
+            "batch_invariant=True needs num_splits=1 and block_q=1 (a split count or query tile that depends on "
+            f"the batch would change a request's bits), got tuning.num_splits={tuning.num_splits}, "
+            f"tuning.block_q={tuning.block_q}"
+        )
+    if config.is_fp8_kv_cache and not interpret:
+        reason = fp8_gpu_reason(tuning)
+        if reason is not None:
+            raise NotImplementedError(reason)
+    return _mla_decode(q_nope, q_pe, kv_cache, k_scale, metadata, config, tuning, bool(interpret))
+
+
+# fp8 compiled on a GPU (`python -m parity.fp8_tiles` on the H200, 2026-11-30, parity/results/
+# h200-fp8-tiles-2026-11-30.json): every fp8 tile of 64 rows with 64-row KV steps stopped with
+# RESOURCE_EXHAUSTED (shared memory), with 4 or 8 warps; 64 rows with 32- or 16-row steps, and every
+# tile of <= 32 rows (4 or 8 warps), ran and matched the reference. (An earlier run that lost the
+# messages had read those errors as wrong results.) The bf16 kernel runs the same tiles.
+FP8_GPU_MAX_ROWS = 32
+
+
+def fp8_gpu_reason(tuning: TritonConfig) -> str | None:
+    """Why this tuning may not run an fp8 cache compiled on a GPU (None: it may)."""
+    rows = tuning.block_h * tuning.block_q
+    if rows * tuning.block_kv > FP8_GPU_MAX_ROWS * 64:
+        return (
+            f"fp8 KV cache on a GPU: a tile of block_h * block_q = {rows} rows x block_kv={tuning.block_kv} "
+            f"exceeds Triton's shared memory on the H200 (RESOURCE_EXHAUSTED); rows * block_kv must be <= "
+            f"{FP8_GPU_MAX_ROWS * 64} (e.g. 32 rows x 64, or 64 rows x 32); the heuristic (tuning=None) keeps fp8 "
+            f"to head blocks of at most {FP8_GPU_MAX_ROWS} rows"
+        )
+    return None
