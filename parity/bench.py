@@ -1,15 +1,20 @@
 """python -m parity bench: implementations timed side by side, in one process, on
 named grids of (num_heads, batch, seq_len, q_len) at page_size 64.
 
-Method (the same for both stacks, so host dispatch cannot decide a ratio): N
-back-to-back calls per launch, timed with a host clock around launch + device
-synchronize, median of several launches, divided by N.
+Method (the same for both stacks, so host dispatch cannot decide a ratio): launches of N
+and of 2N back-to-back calls, each timed with a host clock around launch + device
+synchronize, the median of several launches of each; the time per call is the slope,
+(t(2N) - t(N)) / N. The slope drops what a launch costs once: on the H200 the JAX loop's
+launches carried 0.1-0.7 ms outside the kernels' device span (dispatch of the executable,
+the host's wait for the device; JAX profiler trace, parity.timeline, session 5), variable
+from launch to launch, which t(N) / N (`seconds_launch` in the rows, the method before
+session 5) spread over the N calls.
   - torch (FA3, FlashMLA): N calls captured once in a CUDA graph, the graph replayed.
   - JAX (Pallas kernels): N calls inside one jitted `lax.fori_loop`, 4 per iteration, one
     per query buffer (4 separate arrays, each passed through an optimization barrier with
     the loop index, so nothing is loop-invariant and nothing is copied), all 4 results
     carried (so nothing is dead). N is a multiple of 4.
-N is chosen per shape so that one launch lasts about 3 ms (20 <= N <= 400); the JAX loop's trip
+N is chosen per shape so that an N-call launch lasts about 3 ms (20 <= N <= 400); the JAX loop's trip
 count is static (a traced one makes XLA read the loop predicate back every iteration).
 
 Bytes = KV read once (sum of seq_lens x 576 x 2) + q + out; FLOPs = 2 x H x T x S x (576 + 512)
@@ -458,24 +463,45 @@ def _median_seconds(run, reps: int) -> float:
     return statistics.median(times)
 
 
+@dataclasses.dataclass
+class LaunchTimer:
+    """Launches of n and of 2n back-to-back calls (each run() makes its calls and syncs)."""
+
+    short: object
+    long: object
+    n: int
+
+    def measure(self, reps: int) -> tuple[float, float]:
+        """(seconds per call: the slope between the launches, (t(2n) - t(n)) / n of their medians over
+        `reps`; seconds per call of one n-call launch, t(n) / n, which also holds what a launch costs once)."""
+        t_short = _median_seconds(self.short, reps)
+        t_long = _median_seconds(self.long, reps)
+        if t_long <= t_short:
+            raise RuntimeError(f"timing noise: a launch of {2 * self.n} calls took {t_long * 1e3:.3f} ms, "
+                               f"one of {self.n} {t_short * 1e3:.3f} ms")
+        return (t_long - t_short) / self.n, t_short / self.n
+
+
 def calibrate(make, inp: BenchInputs):
-    """(run, n, result of one call): run() makes n back-to-back calls and syncs, n chosen so
-    that one launch lasts about 3 ms (20 <= n <= 400, a multiple of 4)."""
+    """(LaunchTimer, result of one call): n chosen so that an n-call launch lasts about 3 ms
+    (20 <= n <= 400, a multiple of 4); both launches compiled / captured and warmed."""
     once, time_n = make(inp)
     result = once()
     run = time_n(20)
     t_est = _median_seconds(run, 3) / 20
     n = int(min(400, max(20, math.ceil(3e-3 / max(t_est, 1e-7)))))
     n = -(-n // 4) * 4  # the JAX loop makes 4 calls per iteration
-    if n != 20:
-        run = time_n(n)
-    return run, n, result
+    timer = LaunchTimer(run if n == 20 else time_n(n), time_n(2 * n), n)
+    timer.short()
+    timer.long()
+    return timer, result
 
 
 def time_impl(make, inp: BenchInputs, reps: int):
-    run, n, result = calibrate(make, inp)
-    per_call = _median_seconds(run, reps) / n
-    return per_call, n, result
+    """(seconds per call (the slope), n, result of one call, seconds per call of one n-call launch)."""
+    timer, result = calibrate(make, inp)
+    per_call, per_launch = timer.measure(reps)
+    return per_call, timer.n, result, per_launch
 
 
 def run_bench(shapes, impls, reps=7, check=False, log=print, checkpoint=None, progress=None):
@@ -498,8 +524,9 @@ def run_bench(shapes, impls, reps=7, check=False, log=print, checkpoint=None, pr
             if fp8:
                 row["kv_cache_dtype"] = "fp8_e4m3"
             try:
-                sec, n, (out, lse) = time_impl(RUNNERS[name], inp, reps)
-                row.update(seconds=sec, n_calls=n, TBps=nbytes / sec / 1e12, TFLOPps=shape.flops() / sec / 1e12)
+                sec, n, (out, lse), sec_launch = time_impl(RUNNERS[name], inp, reps)
+                row.update(seconds=sec, seconds_launch=sec_launch, n_calls=n, TBps=nbytes / sec / 1e12,
+                           TFLOPps=shape.flops() / sec / 1e12)
                 if check:
                     o, l = _to_np(out), _to_np(lse)
                     if base is None and not fp8:

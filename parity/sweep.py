@@ -1,5 +1,5 @@
 """python -m parity.sweep: time tuning variants of a Pallas kernel around its heuristic,
-on a few shapes, with the bench's method (N calls in one jitted loop). GPU only.
+on a few shapes, with the bench's method (the slope between launches of N and 2N calls). GPU only.
 
   python -m parity.sweep --impl pallas_triton --json sweep.json
   python -m parity.sweep --impl pallas_triton --fp8 --shapes H16_B128_S16384_q1   # on an fp8 copy of the cache
@@ -120,11 +120,11 @@ def main(argv=None) -> int:
                                     max_query_len=md.max_query_len)
         if args.overrides:
             base = with_overrides(base, args.overrides)
-        runners = []  # (row, run, n): calibrated first, then timed in rounds
+        runners = []  # (row, timer): calibrated first, then timed in rounds
         fa3 = None
         try:
-            run, n, _ = bench.calibrate(bench.torch_fa3, inp)
-            fa3 = dict(round_seconds=[]), run, n
+            timer, _ = bench.calibrate(bench.torch_fa3, inp)
+            fa3 = dict(round_seconds=[]), timer
         except Exception as e:  # FA3 missing: the sweep still ranks the variants
             print(f"{shape.name}: no FA3 ({type(e).__name__}: {e})", file=sys.stderr)
         spec = {f: v for f, v in VARIANTS[args.impl].items() if f in fields}
@@ -133,17 +133,17 @@ def main(argv=None) -> int:
             row = dict(shape=shape.name, variant=label, tuning=dataclasses.asdict(tuning))
             shape_rows.append(row)
             try:
-                run, n, _ = bench.calibrate(bench._jax_kernel(args.impl, tuning, fp8=args.fp8), inp)
+                timer, _ = bench.calibrate(bench._jax_kernel(args.impl, tuning, fp8=args.fp8), inp)
                 row["round_seconds"] = []
-                runners.append((row, run, n))
+                runners.append((row, timer))
             except Exception as e:
                 row["error"] = f"{type(e).__name__}: {e}"[:300]
         timed = ([fa3] if fa3 else []) + runners
         for _ in range(args.rounds):
             for entry in list(timed):
-                row, run, n = entry
+                row, timer = entry
                 try:
-                    row["round_seconds"].append(bench._median_seconds(run, args.reps) / n)
+                    row["round_seconds"].append(timer.measure(args.reps)[0])
                 except Exception as e:
                     row["error"] = f"{type(e).__name__}: {e}"[:300]
                     del row["round_seconds"]

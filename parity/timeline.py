@@ -4,7 +4,8 @@ JAX profiler's device trace (CUPTI sees the kernels of both stacks in one proces
     python -m parity.timeline --shapes H16_B32_S1024_q1,H128_B1_S1024_q1 --impls torch.fa3,jax.pallas_mosaic_gpu
 
 Per implementation and shape: the bench's launch of n calls (bench.calibrate), its host-clock time per
-call (the bench's number: median of 3 launches after a warm one), then the same launch traced: per call, the kernels' summed device time (`busy`), the device span
+call (t(n) / n, the median of 3 launches) and the bench's number (the slope between launches of n and
+2n calls), then the n-call launch traced: per call, the kernels' summed device time (`busy`), the device span
 from the first kernel's start to the last one's end (`span`) and the busy share of it. A span near the
 host time with a low busy share means the launch waits on the host (gaps between kernels), so the host
 decides the bench's number; a busy share near 1 means the device time is the kernels'. The kernels are
@@ -93,12 +94,15 @@ def main(argv=None) -> int:
     for shape in shapes:
         inp = bench.make_inputs(shape)
         for name in impls:
-            run, n, _ = bench.calibrate(bench.RUNNERS[name], inp)
-            host_us = bench._median_seconds(run, 3) / n * 1e6  # (its first run, untimed, compiles / warms)
-            row = dict(shape=shape.name, impl=name, n_calls=n, host_us=host_us, **summarize(trace_launch(run), n))
+            timer, _ = bench.calibrate(bench.RUNNERS[name], inp)
+            run, n = timer.short, timer.n
+            slope, launch = timer.measure(3)
+            host_us, slope_us = launch * 1e6, slope * 1e6
+            row = dict(shape=shape.name, impl=name, n_calls=n, host_us=host_us, slope_us=slope_us,
+                       **summarize(trace_launch(run), n))
             rows.append(row)
             if row["kernels"]:
-                print(f"{shape.name:<20} {name:<22} host {host_us:8.1f} us  busy {row['busy_us']:8.1f}  span "
+                print(f"{shape.name:<20} {name:<22} host {host_us:8.1f} us  slope {slope_us:8.1f}  busy {row['busy_us']:8.1f}  span "
                       f"{row['span_us']:8.1f}  busy/span {row['busy_share']:.2f}  kernels/call {row['kernels'] / n:.1f}")
                 for k in row["top"]:
                     print(f"    {k['us_per_call']:8.2f} us/call  x{k['per_call']:.2f}  {k['name']}")

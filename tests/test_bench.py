@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import re
+import time
 
 import numpy as np
 import pytest
@@ -132,8 +133,16 @@ def test_fp8_runner_in_interpret_mode_is_the_reference_on_the_dequantized_cache(
 
 
 def _fake_runner(out, lse):
+    def time_n(n):  # a launch of n calls: 10 us each (a busy wait), so the bench's slope is positive
+        def run():
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < n * 1e-5:
+                pass
+
+        return run
+
     def make(inp):
-        return (lambda: (out, lse)), (lambda n: (lambda: None))
+        return (lambda: (out, lse)), time_n
 
     return make
 
@@ -355,3 +364,22 @@ def test_timeline_summarizes_device_stream_events():
     assert s["busy_share"] == pytest.approx(12 / 18)
     assert s["top"][0] == dict(name="mla", per_call=1.0, us_per_call=pytest.approx(4.0))
     assert summarize([], 4) == dict(kernels=0)
+
+
+def test_launch_timer_takes_the_slope_between_launch_lengths(monkeypatch):
+    """The bench's time per call: (t(2n) - t(n)) / n drops what a launch costs once; t(n) / n keeps it."""
+    from parity import bench
+
+    clock = [0.0]
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+
+    def launch(n):  # 0.5 ms per launch + 10 us per call
+        def run():
+            clock[0] += 5e-4 + n * 1e-5
+
+        return run
+
+    per_call, per_launch = bench.LaunchTimer(launch(20), launch(40), 20).measure(3)
+    assert per_call == pytest.approx(1e-5) and per_launch == pytest.approx(1e-5 + 5e-4 / 20)
+    with pytest.raises(RuntimeError, match="timing noise"):
+        bench.LaunchTimer(launch(20), launch(20), 20).measure(3)
