@@ -1,5 +1,5 @@
 """python -m parity.sweep: time tuning variants of a Pallas kernel around its heuristic,
-on a few shapes, with the bench's method (the slope between launches of N and 2N calls). GPU only.
+on a few shapes, with the bench's method (N calls in one launch). GPU only.
 
   python -m parity.sweep --impl pallas_triton --json sweep.json
   python -m parity.sweep --impl pallas_triton --fp8 --shapes H16_B128_S16384_q1   # on an fp8 copy of the cache

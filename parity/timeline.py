@@ -4,8 +4,8 @@ JAX profiler's device trace (CUPTI sees the kernels of both stacks in one proces
     python -m parity.timeline --shapes H16_B32_S1024_q1,H128_B1_S1024_q1 --impls torch.fa3,jax.pallas_mosaic_gpu
 
 Per implementation and shape: the bench's launch of n calls (bench.calibrate), its host-clock time per
-call (t(n) / n, the median of 3 launches) and the bench's number (the slope between launches of n and
-2n calls), then the n-call launch traced: per call, the kernels' summed device time (`busy`), the device span
+call (t(n) / n, the median of 3 launches: the bench's number) and the slope between launches of n and
+2n calls, then the n-call launch traced: per call, the kernels' summed device time (`busy`), the device span
 from the first kernel's start to the last one's end (`span`) and the busy share of it. A span near the
 host time with a low busy share means the launch waits on the host (gaps between kernels), so the host
 decides the bench's number; a busy share near 1 means the device time is the kernels'. The kernels are
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
         for name in impls:
             timer, _ = bench.calibrate(bench.RUNNERS[name], inp)
             run, n = timer.short, timer.n
-            slope, launch = timer.measure(3)
+            launch, slope = timer.measure(3)
             host_us, slope_us = launch * 1e6, slope * 1e6
             row = dict(shape=shape.name, impl=name, n_calls=n, host_us=host_us, slope_us=slope_us,
                        **summarize(trace_launch(run), n))
