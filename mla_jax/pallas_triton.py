@@ -346,8 +346,8 @@ def _mla_decode_kernel(
             kv_cache_ref.at[page[:, None], slot[:, None], L + col_r], mask=kv_ok[:, None], other=kv_zero
         )  # [block_kv, Rr]
         if fp8:  # exact: every float8_e4m3fn value is a bf16 / fp16 value; k_scale is applied outside
-            kv_c = _fp8_to(kv_c, kv_dtype)
-            k_pe = _fp8_to(k_pe, kv_dtype)
+            kv_c = kv_c.astype(kv_dtype)
+            k_pe = k_pe.astype(kv_dtype)
         s = plgpu_triton.dot(q_nope, kv_c, trans_b=True, precision=precision)
         s += plgpu_triton.dot(q_pe, k_pe, trans_b=True, precision=precision)
         s *= qk_scale  # [M, block_kv] float32, log2 units
@@ -377,17 +377,6 @@ def _mla_decode_kernel(
         o_ref.at[split, tok[:, None], head[:, None], col_l], out.astype(o_ref.dtype), mask=row_ok[:, None]
     )
     plgpu_triton.store(lse_ref.at[split, tok, head], lse, mask=row_ok)
-
-
-def _fp8_to(x, dtype):
-    """float8_e4m3fn -> dtype, exactly. To bf16 through f16 and f32: Triton's direct conversion is a
-    packed fp8 -> f16 step and then one single-element f16 -> bf16 conversion (F2F.BF16.F16, a
-    quarter-rate instruction) per element; f16 -> f32 (HADD2.F32) and a packed f32 -> bf16
-    (F2FP.BF16.F32.PACK_AB) replace it (SASS from Triton 3.6 for sm_90: `python -m parity.triton_sass`).
-    Each step is exact: an e4m3 value has 4 significant bits and lies inside every format's range."""
-    if dtype == jnp.bfloat16:
-        return x.astype(jnp.float16).astype(jnp.float32).astype(dtype)
-    return x.astype(dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "tuning", "interpret"))

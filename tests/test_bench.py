@@ -328,8 +328,8 @@ def test_sweep_refuses_unknown_fields_and_shapes(capsys):
 
 
 def test_triton_sass_compiles_the_triton_kernel_for_sm90_here(capsys):
-    """python -m parity.triton_sass: lowered for an abstract H200, compiled by the installed Triton; the
-    fp8 tile's conversion goes through f16 and f32 (no quarter-rate F2F.BF16.F16 per element)."""
+    """python -m parity.triton_sass: lowered for an abstract H200, compiled by the installed Triton, and
+    its SASS counted: the fp8 tile is converted (F2F / F2FP), a 16-row tile runs mma.sync (HMMA)."""
     pytest.importorskip("triton", reason="the triton package (installed with torch on Linux) is needed")
     from parity import triton_sass
 
@@ -339,7 +339,7 @@ def test_triton_sass_compiles_the_triton_kernel_for_sm90_here(capsys):
     assert 0 < regs <= 255, out
     counts = dict((op, int(n)) for op, n in re.findall(r"([A-Z][A-Z0-9]*) (\d+)", out.splitlines()[-1]))
     assert counts.get("HMMA", 0) > 0, out  # a 16-row tile: mma.sync
-    assert counts.get("HADD2", 0) > 0 and "F2F" not in counts, out
+    assert any(op.startswith("F2F") for op in counts), out
 
 
 def test_timeline_summarizes_device_stream_events():
