@@ -11,7 +11,11 @@ synchronize, median of several launches, divided by N (`seconds`).
     carried (so nothing is dead). N is a multiple of 4.
 N is chosen per shape so that an N-call launch lasts about 3 ms (20 <= N <= 400); the JAX loop's trip
 count is static (a traced one makes XLA read the loop predicate back every iteration).
-Each row also keeps `seconds_slope`, (t(2N) - t(N)) / N from launches of N and 2N calls, which
+With --trace each row also gets the device's view of one N-call launch (the JAX profiler's trace,
+CUPTI, which sees both stacks' kernels: `python -m parity.timeline`): `span_seconds`, from the first
+kernel's start to the last one's end, and `busy_seconds`, the kernels' summed time, per call; the
+summary adds the geomean of the span ratios (the issue's "profiler's kernel times" method: no host
+time in it, while the gaps between a loop's kernels count). Each row also keeps `seconds_slope`, (t(2N) - t(N)) / N from launches of N and 2N calls, which
 drops what a launch costs once: on the H200 the JAX loop's launches carried 0.1-0.7 ms outside
 its kernels' device span (the JAX profiler's trace, `python -m parity.timeline`, session 5),
 varying from launch to launch, which `seconds` spreads over the N calls (so small JAX shapes read
@@ -119,6 +123,10 @@ def add_arguments(p):
     p.add_argument("--shard", type=parse_shard, default=None, metavar="I/N",
                    help="time only shapes I, I+N, I+2N, ... of the grid (0 <= I < N), e.g. one half per GPU; "
                         "`python -m parity merge` joins the shards' JSONs")
+    p.add_argument("--trace", action="store_true",
+                   help="also time each row on the device: one N-call launch traced with the JAX profiler "
+                        "(parity.timeline), its kernels' span and busy time per call; the summary adds the "
+                        "geomean of the span ratios")
     p.add_argument("--no-ceilings", action="store_true",
                    help="do not measure the copy/matmul ceilings (the roofline then uses the anchors' numbers)")
 
@@ -496,14 +504,7 @@ def calibrate(make, inp: BenchInputs):
     return timer, result
 
 
-def time_impl(make, inp: BenchInputs, reps: int):
-    """(seconds per call, n, result of one call, the slope: see LaunchTimer.measure)."""
-    timer, result = calibrate(make, inp)
-    per_call, slope = timer.measure(reps)
-    return per_call, timer.n, result, slope
-
-
-def run_bench(shapes, impls, reps=7, check=False, log=print, checkpoint=None, progress=None):
+def run_bench(shapes, impls, reps=7, check=False, log=print, checkpoint=None, progress=None, trace=False):
     import torch
 
     from parity.compare import compare_out_lse
@@ -523,9 +524,16 @@ def run_bench(shapes, impls, reps=7, check=False, log=print, checkpoint=None, pr
             if fp8:
                 row["kv_cache_dtype"] = "fp8_e4m3"
             try:
-                sec, n, (out, lse), slope = time_impl(RUNNERS[name], inp, reps)
-                row.update(seconds=sec, seconds_slope=slope, n_calls=n, TBps=nbytes / sec / 1e12,
+                timer, (out, lse) = calibrate(RUNNERS[name], inp)
+                sec, slope = timer.measure(reps)
+                row.update(seconds=sec, seconds_slope=slope, n_calls=timer.n, TBps=nbytes / sec / 1e12,
                            TFLOPps=shape.flops() / sec / 1e12)
+                if trace:
+                    from parity import timeline
+
+                    t = timeline.summarize(timeline.trace_launch(timer.short), timer.n)
+                    if t["kernels"]:
+                        row.update(span_seconds=t["span_us"] * 1e-6, busy_seconds=t["busy_us"] * 1e-6)
                 if check:
                     o, l = _to_np(out), _to_np(lse)
                     if base is None and not fp8:
@@ -553,6 +561,8 @@ def run_bench(shapes, impls, reps=7, check=False, log=print, checkpoint=None, pr
         b = by_shape[r["name"]].get(impls[0], {})
         if "seconds" in r and "seconds" in b:
             r["speedup_vs_" + impls[0]] = b["seconds"] / r["seconds"]
+        if "span_seconds" in r and "span_seconds" in b:
+            r["span_speedup_vs_" + impls[0]] = b["span_seconds"] / r["span_seconds"]
     return rows
 
 
@@ -564,8 +574,9 @@ def _fmt_row(r):
         extra = f"  check {'ok' if r['check_ok'] else 'FAIL'} (out {r['out_rel_vs_first']:.1e}, lse {r['lse_abs_vs_first']:.1e})"
     elif r.get("fp8_gap"):
         extra = f"  fp8 gap vs first (out rel {r['out_rel_vs_first']:.1e}, lse abs {r['lse_abs_vs_first']:.1e})"
+    span = f"  span {r['span_seconds'] * 1e6:.1f} us" if "span_seconds" in r else ""
     return (f"{r['name']:<24} {r['impl']:<22} {r['seconds'] * 1e6:>9.1f} us {r['TBps']:>6.2f} TB/s "
-            f"{r['TFLOPps']:>6.1f} TFLOP/s  (N={r['n_calls']}){extra}")
+            f"{r['TFLOPps']:>6.1f} TFLOP/s  (N={r['n_calls']}){span}{extra}")
 
 
 def summary(rows, impls):
@@ -583,6 +594,15 @@ def summary(rows, impls):
         gm = plots.geomean(ratios)
         out[name] = {"shapes": len(ratios), "geomean_speedup": gm, "min": min(ratios), "max": max(ratios)}
         lines.append(f"{name:<22} {len(ratios):>6} {gm:>28.3f} {min(ratios):>6.2f} {max(ratios):>6.2f}")
+    span_key = "span_" + key
+    for name in impls[1:]:
+        ratios = [r[span_key] for r in rows if r["impl"] == name and span_key in r]
+        if ratios:
+            gm = plots.geomean(ratios)
+            out.setdefault(name, {}).update(span_shapes=len(ratios), span_geomean_speedup=gm, span_min=min(ratios),
+                             span_max=max(ratios))
+            lines.append(f"{name:<22} {len(ratios):>6} {gm:>28.3f} {min(ratios):>6.2f} {max(ratios):>6.2f}  "
+                         f"(device span, --trace)")
     bf16, fp8 = "jax.pallas_triton", "jax.pallas_triton.fp8"
     t_bf16 = {r["name"]: r["seconds"] for r in rows if r["impl"] == bf16 and "seconds" in r}
     ratios = [t_bf16[r["name"]] / r["seconds"] for r in rows
@@ -662,7 +682,7 @@ def main(args) -> int:
     progress = runner.Progress(len(shapes) * len(impls), enabled=runner._is_tty(sys.stderr))
     try:
         rows = run_bench(shapes, impls, reps=args.reps, check=args.check, log=progress.log, checkpoint=write,
-                         progress=progress)
+                         progress=progress, trace=getattr(args, "trace", False))
     finally:
         progress.close()
     text, summ = summary(rows, impls)

@@ -383,3 +383,32 @@ def test_launch_timer_takes_the_slope_between_launch_lengths(monkeypatch):
     assert per_call == pytest.approx(1e-5 + 5e-4 / 20) and slope == pytest.approx(1e-5)
     per_call, slope = bench.LaunchTimer(launch(20), launch(20), 20).measure(3)  # noise: no slope
     assert per_call == pytest.approx(1e-5 + 5e-4 / 20) and math.isnan(slope)
+
+
+def test_trace_adds_the_device_span_and_its_geomean(monkeypatch):
+    """--trace: each row gets span / busy seconds per call from the traced launch (parity.timeline), each impl
+    its span ratio to the baseline, and the summary their geomean beside the host-timed one."""
+    from parity import timeline
+
+    rng = np.random.default_rng(0)
+    out = rng.standard_normal((4, 16, 512)).astype(np.float32)
+    lse = rng.standard_normal((4, 16)).astype(np.float32)
+    monkeypatch.setattr(bench, "make_inputs", lambda shape: None)
+    monkeypatch.setitem(RUNNERS, "torch.fa3", _fake_runner(out, lse))
+    monkeypatch.setitem(RUNNERS, "jax.pallas_mosaic_gpu", _fake_runner(out, lse))
+    spans = iter([12e3, 8e3])  # ns per launch of the traced events: FA3, then Mosaic
+
+    def fake_trace(run):
+        run()
+        return [("k", 0.0, next(spans))]
+
+    monkeypatch.setattr(timeline, "trace_launch", fake_trace)
+    rows = bench.run_bench([Shape(16, 4, 1024)], ["torch.fa3", "jax.pallas_mosaic_gpu"], reps=1, trace=True,
+                           log=lambda line: None)
+    fa3, mo = rows
+    assert fa3["span_seconds"] == pytest.approx(12e-6 / fa3["n_calls"])
+    assert mo["busy_seconds"] == mo["span_seconds"] == pytest.approx(8e-6 / mo["n_calls"])
+    assert mo["span_speedup_vs_torch.fa3"] == pytest.approx(fa3["span_seconds"] / mo["span_seconds"])
+    text, summ = bench.summary(rows, ["torch.fa3", "jax.pallas_mosaic_gpu"])
+    assert summ["jax.pallas_mosaic_gpu"]["span_geomean_speedup"] == pytest.approx(mo["span_speedup_vs_torch.fa3"])
+    assert "(device span, --trace)" in text
