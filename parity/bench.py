@@ -15,8 +15,9 @@ With --trace each row also gets the device's view of one N-call launch (the JAX 
 CUPTI, which sees both stacks' kernels: `python -m parity.timeline`): `span_seconds`, from the first
 kernel's start to the last one's end, and `busy_seconds`, the kernels' summed time, per call; the
 summary adds the geomean of the span ratios (the issue's "profiler's kernel times" method: no host
-time in it, while the gaps between a loop's kernels count). Each row also keeps `seconds_slope`, (t(2N) - t(N)) / N from launches of N and 2N calls, which
-drops what a launch costs once: on the H200 the JAX loop's launches carried 0.1-0.7 ms outside
+time in it, while the gaps between a loop's kernels count). With --slope each row also gets
+`seconds_slope`, (t(2N) - t(N)) / N from launches of N and 2N calls, which drops what a launch
+costs once: on the H200 the JAX loop's launches carried 0.1-0.7 ms outside
 its kernels' device span (the JAX profiler's trace, `python -m parity.timeline`, session 5),
 varying from launch to launch, which `seconds` spreads over the N calls (so small JAX shapes read
 slower than their kernels run). Its noise is that jitter / N (some us at N = 80), so it is a
@@ -127,6 +128,8 @@ def add_arguments(p):
                    help="also time each row on the device: one N-call launch traced with the JAX profiler "
                         "(parity.timeline), its kernels' span and busy time per call; the summary adds the "
                         "geomean of the span ratios")
+    p.add_argument("--slope", action="store_true",
+                   help="also time launches of 2N calls: seconds_slope = (t(2N) - t(N)) / N per row (a diagnostic)")
     p.add_argument("--no-ceilings", action="store_true",
                    help="do not measure the copy/matmul ceilings (the roofline then uses the anchors' numbers)")
 
@@ -474,37 +477,42 @@ def _median_seconds(run, reps: int) -> float:
 
 @dataclasses.dataclass
 class LaunchTimer:
-    """Launches of n and of 2n back-to-back calls (each run() makes its calls and syncs)."""
+    """Launches of n and (optionally) of 2n back-to-back calls (each run() makes its calls and syncs)."""
 
     short: object
-    long: object
+    long: object | None
     n: int
 
     def measure(self, reps: int) -> tuple[float, float]:
         """(seconds per call of one n-call launch, t(n) / n, the median over `reps` launches: the bench's
-        number; the slope between the launches, (t(2n) - t(n)) / n of their medians: NaN if t(2n) <= t(n))."""
+        number; the slope between the launches, (t(2n) - t(n)) / n of their medians: NaN without the 2n
+        launch or if t(2n) <= t(n))."""
         t_short = _median_seconds(self.short, reps)
+        if self.long is None:
+            return t_short / self.n, float("nan")
         t_long = _median_seconds(self.long, reps)
         slope = (t_long - t_short) / self.n if t_long > t_short else float("nan")
         return t_short / self.n, slope
 
 
-def calibrate(make, inp: BenchInputs):
+def calibrate(make, inp: BenchInputs, slope: bool = False):
     """(LaunchTimer, result of one call): n chosen so that an n-call launch lasts about 3 ms
-    (20 <= n <= 400, a multiple of 4); both launches compiled / captured and warmed."""
+    (20 <= n <= 400, a multiple of 4); with slope a 2n-call launch too; compiled / captured and warmed."""
     once, time_n = make(inp)
     result = once()
     run = time_n(20)
     t_est = _median_seconds(run, 3) / 20
     n = int(min(400, max(20, math.ceil(3e-3 / max(t_est, 1e-7)))))
     n = -(-n // 4) * 4  # the JAX loop makes 4 calls per iteration
-    timer = LaunchTimer(run if n == 20 else time_n(n), time_n(2 * n), n)
+    timer = LaunchTimer(run if n == 20 else time_n(n), time_n(2 * n) if slope else None, n)
     timer.short()
-    timer.long()
+    if slope:
+        timer.long()
     return timer, result
 
 
-def run_bench(shapes, impls, reps=7, check=False, log=print, checkpoint=None, progress=None, trace=False):
+def run_bench(shapes, impls, reps=7, check=False, log=print, checkpoint=None, progress=None, trace=False,
+              slope=False):
     import torch
 
     from parity.compare import compare_out_lse
@@ -524,10 +532,11 @@ def run_bench(shapes, impls, reps=7, check=False, log=print, checkpoint=None, pr
             if fp8:
                 row["kv_cache_dtype"] = "fp8_e4m3"
             try:
-                timer, (out, lse) = calibrate(RUNNERS[name], inp)
-                sec, slope = timer.measure(reps)
-                row.update(seconds=sec, seconds_slope=slope, n_calls=timer.n, TBps=nbytes / sec / 1e12,
-                           TFLOPps=shape.flops() / sec / 1e12)
+                timer, (out, lse) = calibrate(RUNNERS[name], inp, slope=slope)
+                sec, sec_slope = timer.measure(reps)
+                row.update(seconds=sec, n_calls=timer.n, TBps=nbytes / sec / 1e12, TFLOPps=shape.flops() / sec / 1e12)
+                if slope:
+                    row["seconds_slope"] = sec_slope
                 if trace:
                     from parity import timeline
 
@@ -599,8 +608,8 @@ def summary(rows, impls):
         ratios = [r[span_key] for r in rows if r["impl"] == name and span_key in r]
         if ratios:
             gm = plots.geomean(ratios)
-            out.setdefault(name, {}).update(span_shapes=len(ratios), span_geomean_speedup=gm, span_min=min(ratios),
-                             span_max=max(ratios))
+            out.setdefault(name, {}).update(span_shapes=len(ratios), span_geomean_speedup=gm,
+                                            span_min=min(ratios), span_max=max(ratios))
             lines.append(f"{name:<22} {len(ratios):>6} {gm:>28.3f} {min(ratios):>6.2f} {max(ratios):>6.2f}  "
                          f"(device span, --trace)")
     bf16, fp8 = "jax.pallas_triton", "jax.pallas_triton.fp8"
@@ -682,7 +691,7 @@ def main(args) -> int:
     progress = runner.Progress(len(shapes) * len(impls), enabled=runner._is_tty(sys.stderr))
     try:
         rows = run_bench(shapes, impls, reps=args.reps, check=args.check, log=progress.log, checkpoint=write,
-                         progress=progress, trace=getattr(args, "trace", False))
+                         progress=progress, trace=getattr(args, "trace", False), slope=getattr(args, "slope", False))
     finally:
         progress.close()
     text, summ = summary(rows, impls)

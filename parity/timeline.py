@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     for shape in shapes:
         inp = bench.make_inputs(shape)
         for name in impls:
-            timer, _ = bench.calibrate(bench.RUNNERS[name], inp)
+            timer, _ = bench.calibrate(bench.RUNNERS[name], inp, slope=True)
             run, n = timer.short, timer.n
             launch, slope = timer.measure(3)
             host_us, slope_us = launch * 1e6, slope * 1e6
