@@ -160,8 +160,7 @@ def mla_decode(
     else:
         if interpret is None:
             interpret = default_interpret()
-        # k_scale is validated to be 1.0 for a non-fp8 cache, and only the fp8 paths read it; the
-        # Mosaic GPU kernel refuses fp8 (unsupported_reason), so it is not given one.
+        # k_scale is validated to be 1.0 for a non-fp8 cache, and only the fp8 paths read it
         extra = dict(k_scale=k_scale) if config.is_fp8_kv_cache else {}
         out, lse = mod.mla_decode(q_nope, q_pe, kv_cache, md, config, tuning=tuning, interpret=interpret, **extra)
     return (out, lse, impl) if return_impl else (out, lse)

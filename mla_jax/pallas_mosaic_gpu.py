@@ -284,6 +284,14 @@ def supported_page_size(page_size: int, block_kv: int = 64) -> bool:
     return page_size % 8 == 0 and block_kv % page_size == 0
 
 
+# The fp8 path (kv_cache_dtype="fp8_e4m3") is checked in interpret mode, by the race detector and by the CUDA
+# lowering, not yet on a GPU: compiled, it runs only where this is True (its GPU tests and the bench set it),
+# and impl="auto" passes it over until then (issue #7).
+FP8_COMPILED = False
+FP8_NOT_COMPILED = ("fp8 KV cache (kv_cache_dtype='fp8_e4m3'): the Mosaic GPU kernel's fp8 path is checked in "
+                    "interpret mode only, not yet compiled on a GPU (mla_jax.pallas_mosaic_gpu.FP8_COMPILED)")
+
+
 def unsupported_reason(config: MLAConfig, device=None) -> str | None:
     """Why this kernel cannot run `config` (on `device`, when given); None when it can."""
     if config.kv_lora_rank != KV_LORA_RANK or config.qk_rope_head_dim != QK_ROPE_HEAD_DIM:
@@ -293,8 +301,8 @@ def unsupported_reason(config: MLAConfig, device=None) -> str | None:
         )
     if config.dtype not in SUPPORTED_DTYPES:
         return f"dtype must be one of {SUPPORTED_DTYPES}, got dtype={config.dtype!r}"
-    if config.is_fp8_kv_cache:
-        return f"fp8 KV cache is not supported, got kv_cache_dtype={config.kv_cache_dtype!r}"
+    if config.is_fp8_kv_cache and device is not None and not FP8_COMPILED:
+        return FP8_NOT_COMPILED
     if not supported_page_size(config.page_size):
         return (
             f"page_size must be 8, 16, 32 or a multiple of 64 (TMA of whole 8-row tiles), "
@@ -316,7 +324,8 @@ def unsupported_reason(config: MLAConfig, device=None) -> str | None:
 
 def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int, num_h_tiles: int, q_tiles: int,
                   num_reqs: int, num_splits: int, block_kv: int, stages: int, bt_chunk: int, scale_log2: float,
-                  memory_wg: bool, schedule: str, score_rows: int = 0, pdl: bool = False, interpret: bool = False):
+                  memory_wg: bool, schedule: str, score_rows: int = 0, pdl: bool = False, fp8: bool = False,
+                  interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile): CTA (hb, split, g) takes request g // q_tiles,
@@ -325,6 +334,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     score_rows > 0 (a multiple of hp below 64; "flashmla" only): the tile's rows in use, whose scores
     warpgroup 0 computes transposed (MosaicConfig.transposed_scores); q holds only those rows.
     pdl: programmatic dependent launch (MosaicConfig.pdl).
+    fp8 ("flashmla" only): the cache is float8_e4m3fn; the TMAs fill a ring of fp8 steps, and each compute
+    warpgroup dequantizes its own columns of the next step into one `dtype` buffer after its P @ V of the
+    current one (`deq_ready`); the per-tensor k_scale (info word 3, float32 bits) scales the scores and the
+    output.
     """
     half = block_kv // 2  # KV rows of a step whose scores one compute warpgroup computes
     tpt = BLOCK_H // hp  # query tokens per tile
@@ -337,6 +350,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     split_out = num_splits > 1
     flashmla = schedule == "flashmla"
     three = schedule == "three_wg"
+    if fp8 and (not flashmla or memory_wg):
+        raise ValueError("an fp8 cache needs schedule='flashmla' without a memory warpgroup")
     if score_rows and (not flashmla or score_rows % hp or not 0 < score_rows < BLOCK_H):
         raise ValueError(f"score_rows={score_rows} needs schedule='flashmla' and a multiple of {hp=} below {BLOCK_H}")
     q_rows = score_rows or BLOCK_H  # rows of q in SMEM
@@ -346,8 +361,13 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
     def body(q_ref, kv_ref, sched_ref, out_ref, lse_ref,
              q_kv_or_stage, p_smem, x_smem, i_smem,
-             q_bar, info_bar, bt_bar, kv_ready, kv_consumed, sync_a, sync_b):
-        (q_smem, kv_smem), stage = q_kv_or_stage
+             q_bar, info_bar, bt_bar, kv_ready, kv_consumed, sync_a, sync_b, *fp8_barriers):
+        if fp8:
+            # kv_smem: the ring of fp8 steps the TMAs fill; deq_smem: the step the wgmmas read
+            (q_smem, kv_smem, deq_smem), stage = q_kv_or_stage
+            (deq_ready,) = fp8_barriers
+        else:
+            (q_smem, kv_smem), stage = q_kv_or_stage
         if pdl and not interpret:  # (the interpreter runs kernels in order: nothing to wait for)
             plgpu.griddepcontrol_wait()  # the kernels before this one are done: their writes are visible
             plgpu.griddepcontrol_launch_dependents()
@@ -377,6 +397,32 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             begin = jnp.minimum(split * per_split, n_steps)
             end = jnp.minimum(begin + per_split, n_steps)
             return first_tok, ntok, first_pos, kv_len, last_page, begin, end
+
+        def kv_tile(slot):
+            """The KV step the wgmmas read: the ring's slot, or with fp8 the dequantized step."""
+            return deq_smem if fp8 else kv_smem.at[slot]
+
+        def k_scale():
+            """The fp8 cache's per-tensor scale, float32 bits in info word 3 (after tile_info's wait)."""
+            return lax.bitcast_convert_type(info_smem[3], jnp.float32)
+
+        def dequantize(w: int, k, begin, kv_len):
+            """fp8 step k (ring slot) -> the dequantized step, this warpgroup's columns: those of its P @ V
+            half (warpgroup 0 also the 64 rope columns, which only its scores read), so that neither
+            warpgroup writes columns the other may still be reading. Rows past kv_len become 0 (their
+            cache slots may hold NaN; P = 0 times NaN is NaN). Then releases the slot to the TMAs."""
+            slot = lax.rem(k - begin, jnp.int32(stages))
+            plgpu.barrier_wait(kv_ready.at[slot])
+            rows = plgpu.broadcasted_iota(jnp.int32, (block_kv, 64), 0, layout=plgpu.Layout.WGMMA)
+            keep = rows < kv_len - k * block_kv
+            chunks = [*range(w * V_HALF // 64, (w + 1) * V_HALF // 64)] + ([KV_LORA_RANK // 64] if w == 0 else [])
+            for c in chunks:
+                x = plgpu.load(kv_smem.at[slot, :, pl.ds(c * 64, 64)], (), layout=plgpu.Layout.WGMMA)
+                x = x.astype(jnp.float32)  # exact (through f16): every e4m3 value is an f16 / bf16 value
+                deq_smem.at[:, pl.ds(c * 64, 64)][...] = jnp.where(keep, x, 0.0).astype(dtype)
+            plgpu.commit_smem()
+            plgpu.barrier_arrive(deq_ready)
+            plgpu.barrier_arrive(kv_consumed.at[slot])
 
         def accumulate(acc, issue):
             """acc + the wgmmas `issue(acc_ref)` makes (acc: a [64, 256] fp32 WGMMA-layout value)."""
@@ -628,7 +674,11 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
             def pv(acc, half, slot):
                 v_cols = pl.ds(half * V_HALF, V_HALF)
-                return accumulate(acc, lambda acc_ref: plgpu.wgmma(acc_ref, p_smem, kv_smem.at[slot, :, v_cols]))
+                return accumulate(acc, lambda acc_ref: plgpu.wgmma(acc_ref, p_smem, kv_tile(slot).at[:, v_cols]))
+
+            if fp8:  # the first step, dequantized (each warpgroup its columns)
+                pl.when(end > begin)(lambda: dequantize(w, begin, begin, kv_len))
+            scale = scale_log2 * k_scale() if fp8 else scale_log2  # scores -> log2 units
 
             if w == 0:
                 # Transposed scores (score_rows > 0): S^T = K Q^T over the tile's rows in use (wgmma M =
@@ -652,13 +702,13 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     acc, m_i, l_i = carry
                     slot = lax.rem(k - begin, jnp.int32(stages))
                     kv_start = k * block_kv
-                    plgpu.barrier_wait(kv_ready.at[slot])
+                    plgpu.barrier_wait(deq_ready if fp8 else kv_ready.at[slot])
 
                     def qk(s_ref):
                         if tr:
-                            plgpu.wgmma(s_ref, kv_smem.at[slot], q_smem.transpose((1, 0)))
+                            plgpu.wgmma(s_ref, kv_tile(slot), q_smem.transpose((1, 0)))
                         else:
-                            plgpu.wgmma(s_ref, q_smem, kv_smem.at[slot].transpose((1, 0)))
+                            plgpu.wgmma(s_ref, q_smem, kv_tile(slot).transpose((1, 0)))
                         return s_ref[...]
 
                     shape = (block_kv, n) if tr else (BLOCK_H, block_kv)
@@ -667,9 +717,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         row = plgpu.broadcasted_iota(jnp.int32, shape, row_ax, layout=plgpu.Layout.WGMMA)
                         kv_pos = plgpu.broadcasted_iota(jnp.int32, shape, key_ax, layout=plgpu.Layout.WGMMA) + kv_start
                         visible = ((kv_pos - first_pos) * hp <= row) & (kv_pos < kv_len)
-                        s = jnp.where(visible, s * scale_log2, MASK_VALUE)
+                        s = jnp.where(visible, s * scale, MASK_VALUE)
                     else:
-                        s = s * scale_log2
+                        s = s * scale
                     m_new = jnp.maximum(m_i, s.max(axis=key_ax))
                     alpha = jnp.exp2(m_i - m_new)
                     p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [row_ax]))
@@ -685,7 +735,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     else:
                         p_smem[...] = p.astype(dtype)
                         x_smem[0] = alpha
-                    if masked:
+                    if masked and not fp8:  # (fp8: dequantize zeroed them)
                         # The step past kv_len: zero V's invalid rows (all 512 columns) before any
                         # P @ V reads them (their slots may hold NaN; 0 * NaN = NaN). The scores of
                         # this step, the only reader of K, are done.
@@ -699,7 +749,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         # wgmma takes only SMEM left operands)
                         alpha_rows = plgpu.load(x_smem.at[0], layout=row_layout) if tr else alpha
                         acc = pv(acc * lax.broadcast_in_dim(alpha_rows, acc.shape, [0]), 0, slot)
-                        plgpu.barrier_arrive(kv_consumed.at[slot])
+                        if fp8:  # the next step, this warpgroup's columns (its P @ V of this one is done)
+                            pl.when(k + 1 < end)(lambda: dequantize(0, k + 1, begin, kv_len))
+                        else:
+                            plgpu.barrier_arrive(kv_consumed.at[slot])
                     return acc, m_new, l_i
 
                 acc = None if three else zeros_acc()
@@ -730,9 +783,12 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     alpha = plgpu.load(x_smem.at[0], layout=row_layout)
                     acc = pv(acc * lax.broadcast_in_dim(alpha, acc.shape, [0]), half, slot)
                     plgpu.barrier_arrive(sync_b)  # p_free
-                    plgpu.barrier_arrive(kv_consumed.at[slot])
-                    if refill is not None:
+                    if not fp8:
+                        plgpu.barrier_arrive(kv_consumed.at[slot])
+                    if refill is not None:  # (fp8: the slot was released when step k was dequantized)
                         refill(k)
+                    if fp8:  # the next step, this warpgroup's columns
+                        pl.when(k + 1 < end)(lambda: dequantize(1, k + 1, begin, kv_len))
                     return acc
 
                 acc = lax.fori_loop(begin, end, step, zeros_acc())
@@ -745,7 +801,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             split-KV this split's fp32 partials. Every warpgroup is past its last read of q and of the
             KV ring (the stage aliases them)."""
             if half is not None:
-                out = acc * lax.broadcast_in_dim(1.0 / jnp.maximum(l_tot, 1e-30), acc.shape, [0])
+                inv = 1.0 / jnp.maximum(l_tot, 1e-30)
+                if fp8:  # V was read unscaled
+                    inv = inv * k_scale()
+                out = acc * lax.broadcast_in_dim(inv, acc.shape, [0])
                 stage[half] = out.astype(stage_dtype)
             if lse is not None:
                 if lse.shape[0] == BLOCK_H:
@@ -784,10 +843,17 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     stage_dtype = jnp.float32 if split_out else dtype
     stage_cols = 128 // jnp.dtype(stage_dtype).itemsize  # one 128-byte swizzle row
     stage_transforms = (plgpu.TilingTransform((8, stage_cols)), plgpu.SwizzleTransform(128))
+    if fp8:
+        # the ring of fp8 steps (8 x 64 tiles, 64-byte swizzle: one 64-column chunk a row of a tile, read in
+        # the WGMMA layout to dequantize) and the dequantized step the wgmmas read (the bf16 ring's layout)
+        kv_bufs = (plgpu.SMEM((stages, block_kv, HEAD_DIM), jnp.float8_e4m3fn,
+                              transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(64))),
+                   plgpu.SMEM((block_kv, HEAD_DIM), dtype, transforms=transforms))
+    else:
+        kv_bufs = (plgpu.SMEM((stages, block_kv, HEAD_DIM), dtype, transforms=transforms),)  # KV ring
     scratch = [
         plgpu.RefUnion(
-            (plgpu.SMEM((q_rows, HEAD_DIM), dtype, transforms=transforms),  # q
-             plgpu.SMEM((stages, block_kv, HEAD_DIM), dtype, transforms=transforms)),  # KV ring
+            (plgpu.SMEM((q_rows, HEAD_DIM), dtype, transforms=transforms), *kv_bufs),  # q, the KV ring
             # the output stage, once every read of q and the ring is done: per warpgroup its
             # [64, 256] half, each token's rows out in one TMA; swizzled, so that the stores of the
             # wgmma accumulator rows do not conflict on shared-memory banks (8-way unswizzled)
@@ -805,6 +871,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         plgpu.Barrier(num_arrivals=1 if flashmla or three else NUM_COMPUTE_WGS),  # sync_a (FlashMLA, three_wg: p_ready)
         plgpu.Barrier(num_arrivals=1 if flashmla else NUM_COMPUTE_WGS),  # sync_b (FlashMLA, three_wg: p_free)
     ]
+    if fp8:
+        scratch.append(plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS))  # deq_ready: both column sets dequantized
     num_ctas_tiles = num_reqs * q_tiles
     lead = (num_splits,) if split_out else ()  # split-KV: fp32 partials of each split, per token
     out_type = (
@@ -836,21 +904,28 @@ def _kernel_heads(num_heads: int) -> int:
     return -(-num_heads // BLOCK_H) * BLOCK_H
 
 
-def _sched(metadata: DecodeMetadata, width: int):
-    """[R, INFO_WORDS + width] int32: per request (q_start, q_len, seq_len, 0...) then its block
-    table, padded with zeros to `width` columns (never read: pages past the last are clamped
-    in the kernel). One small XLA fusion."""
+def _sched(metadata: DecodeMetadata, width: int, k_scale=None):
+    """[R, INFO_WORDS + width] int32: per request (q_start, q_len, seq_len, k_scale's float32 bits
+    (fp8; else 0), 0...) then its block table, padded with zeros to `width` columns (never read:
+    pages past the last are clamped in the kernel). One small XLA fusion."""
     qsl = metadata.query_start_loc.astype(jnp.int32)
     seq = metadata.seq_lens.astype(jnp.int32)
     bt = metadata.block_table.astype(jnp.int32)
     num_reqs = seq.shape[0]
     info = jnp.zeros((num_reqs, INFO_WORDS), jnp.int32)
     info = info.at[:, 0].set(qsl[:-1]).at[:, 1].set(qsl[1:] - qsl[:-1]).at[:, 2].set(seq)
+    if k_scale is not None:
+        info = info.at[:, 3].set(lax.bitcast_convert_type(jnp.asarray(k_scale, jnp.float32), jnp.int32))
     return jnp.concatenate([info, jnp.pad(bt, ((0, 0), (0, width - bt.shape[1])))], axis=1)
 
 
-def _mla_decode(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig, tuning: MosaicConfig, interpret: bool):
+def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfig, tuning: MosaicConfig,
+                interpret: bool):
     num_tokens, num_heads, _ = q.shape
+    fp8 = config.is_fp8_kv_cache
+    if fp8 and (tuning.schedule != "flashmla" or tuning.memory_warpgroup):
+        raise NotImplementedError(f"an fp8 cache runs the flashmla schedule only, got schedule={tuning.schedule!r}, "
+                                  f"memory_warpgroup={tuning.memory_warpgroup}")
     dtype = q.dtype
     page_size = config.page_size
     heads, hp, tpt = _tile_geometry(num_heads)
@@ -876,9 +951,9 @@ def _mla_decode(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig, tuning
         q_tiles=q_tiles, num_reqs=num_reqs, num_splits=num_splits, block_kv=block_kv,
         stages=tuning.max_concurrent_steps, bt_chunk=bt_chunk, scale_log2=config.softmax_scale * LOG2E,
         memory_wg=tuning.memory_warpgroup, schedule=tuning.schedule,
-        score_rows=score_rows if score_rows < BLOCK_H else 0, pdl=tuning.pdl, interpret=interpret,
+        score_rows=score_rows if score_rows < BLOCK_H else 0, pdl=tuning.pdl, fp8=fp8, interpret=interpret,
     )
-    out, lse = kernel(q, kv_cache, _sched(metadata, width))
+    out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     if num_splits > 1:
         # split partials per token [S, T, heads, 512] -> out, lse: one Pallas Triton kernel on the GPU
         # (mla_jax.combine); in Mosaic GPU interpret mode its jnp formula
@@ -887,18 +962,18 @@ def _mla_decode(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig, tuning
 
 
 @functools.partial(jax.jit, static_argnames=("config", "tuning", "interpret"))
-def _mla_decode_jit(q, kv_cache, metadata, config, tuning, interpret):
+def _mla_decode_jit(q, kv_cache, k_scale, metadata, config, tuning, interpret):
     if interpret:
         # The context manager must be active while the kernel is traced (it sets a
         # trace-context config); inside this jitted function it is.
         params = interpret if isinstance(interpret, plgpu.InterpretGPUParams) else plgpu.InterpretGPUParams()
         with plgpu.force_gpu_interpret_mode(params):
-            return _mla_decode(q, kv_cache, metadata, config, tuning, True)
-    return _mla_decode(q, kv_cache, metadata, config, tuning, False)
+            return _mla_decode(q, kv_cache, k_scale, metadata, config, tuning, True)
+    return _mla_decode(q, kv_cache, k_scale, metadata, config, tuning, False)
 
 
 def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConfig, *,
-               tuning: MosaicConfig | None = None, interpret=False):
+               tuning: MosaicConfig | None = None, interpret=False, k_scale=1.0):
     """Returns `(out [T, H, 512] in q's dtype, lse [T, H] float32)`.
 
     q_nope [T, H, 512] and q_pe [T, H, 64]; or q_nope the packed q [T, H, 576] and q_pe None
@@ -906,6 +981,9 @@ def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConf
     `metadata` holds jnp int32 arrays (a pytree, see mla_jax.api). jit-compatible.
     `interpret=True` (or a `plgpu.InterpretGPUParams`, e.g. with `detect_races=True`)
     runs the kernel in Mosaic GPU interpret mode (CPU).
+    With kv_cache_dtype="fp8_e4m3" the cache is float8_e4m3fn and k_scale its per-tensor scale (real
+    value = fp8 value x k_scale; a float or a 0-d float32 array, traced under jit); compiled, this waits
+    for its GPU tests (FP8_COMPILED).
     """
     reason = unsupported_reason(config)
     if reason is not None:
@@ -920,4 +998,6 @@ def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConf
         raise ValueError(f"tuning must be a MosaicConfig, got tuning={tuning!r}")
     if not isinstance(interpret, plgpu.InterpretGPUParams):
         interpret = bool(interpret)
-    return _mla_decode_jit(q, kv_cache, metadata, config, tuning, interpret)
+    if config.is_fp8_kv_cache and not interpret and not FP8_COMPILED:
+        raise NotImplementedError(FP8_NOT_COMPILED)
+    return _mla_decode_jit(q, kv_cache, jnp.asarray(k_scale, jnp.float32), metadata, config, tuning, interpret)

@@ -1,5 +1,7 @@
 """impl="auto" and its explanation, on a machine without a GPU."""
 
+import types
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -38,5 +40,8 @@ def test_kernels_state_why_they_cannot_run_a_config():
     assert "page_size" in mla_jax.unsupported_reason("pallas_mosaic_gpu", cfg)
     assert mla_jax.unsupported_reason("pallas_triton", cfg) is None  # any page size
     assert mla_jax.unsupported_reason("pallas_triton", cfg.replace(kv_cache_dtype="fp8_e4m3")) is None
-    assert "fp8" in mla_jax.unsupported_reason("pallas_mosaic_gpu", cfg.replace(page_size=64, kv_cache_dtype="fp8_e4m3"))
+    fp8 = cfg.replace(page_size=64, kv_cache_dtype="fp8_e4m3")
+    assert mla_jax.unsupported_reason("pallas_mosaic_gpu", fp8) is None  # interpret mode runs it
+    hopper = types.SimpleNamespace(platform="gpu", compute_capability="9.0")
+    assert "fp8" in mla_jax.unsupported_reason("pallas_mosaic_gpu", fp8, hopper)  # compiled: FP8_COMPILED
 

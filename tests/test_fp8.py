@@ -5,7 +5,8 @@ The jnp reference, the Pallas Triton kernel (interpret mode on the CPU; compiled
 tests) and the torch reference, against the float64 reference run on the dequantized cache,
 within twice the harness tolerances of q's dtype. Unreadable cache slots hold fp8 NaN: they
 must not leak. Plus the validation of k_scale and of the cache dtype, k_scale traced under
-jit, and the backends that refuse fp8 (FA3, Mosaic GPU).
+jit, FA3's refusal of fp8, and the Mosaic GPU kernel's fp8 path (interpret mode, lowering; compiled in the
+`gpu` tests, and only with FP8_COMPILED until they pass on a GPU).
 """
 
 from __future__ import annotations
@@ -238,13 +239,110 @@ def test_fa3_still_refuses_fp8_with_the_seed_message():
     assert impl == "reference" and FP8_KV_CACHE_MSG in skipped["fa3"]
 
 
-def test_mosaic_gpu_refuses_fp8():
-    batch, k_scale, _, _ = fp8_batch_and_reference("single_token")
-    reason = mla_jax.unsupported_reason("pallas_mosaic_gpu", batch.config)
-    assert reason is not None and "fp8" in reason and "kv_cache_dtype='fp8_e4m3'" in reason
+# ----------------------------------------------------------------------------- Mosaic GPU
+
+# (scenario, dtype, tuning): H = 16 with up to 8 query tokens at page 16 (transposed scores, the heuristic's pick),
+# the plain scores with 3 splits, H = 128 at page 64 in fp16 (two head tiles a token), H = 8 at page 8 with one stage
+MOSAIC_FP8_CASES = [
+    ("spec_decode_page_16", "bfloat16", None),
+    ("spec_decode_page_16", "bfloat16", dict(num_splits=3, transposed_scores=False)),
+    ("heads_128", "float16", dict(num_splits=2)),
+    ("contiguous_blocks", "bfloat16", dict(num_splits=2, max_concurrent_steps=1)),
+]
+
+
+def _mosaic_fp8(name, dtype, tuning, interpret):
+    from mla_jax import pallas_mosaic_gpu
+
+    batch, k_scale, ref_out, ref_lse = fp8_batch_and_reference(name, dtype)
+    q, kv, md = jax_inputs(batch, dtype)
+    cfg = None if tuning is None else pallas_mosaic_gpu.MosaicConfig(**tuning)
+    out, lse = pallas_mosaic_gpu.mla_decode(q, None, kv, md, batch.config, tuning=cfg, interpret=interpret,
+                                            k_scale=k_scale)
+    assert out.dtype == JNP_DTYPES[dtype]
+    assert_close(out.astype(jnp.float32), lse, ref_out, ref_lse, dtype, f"mosaic fp8 {name} {tuning}")
+
+
+@pytest.mark.parametrize("name,dtype,tuning", MOSAIC_FP8_CASES)
+def test_mosaic_gpu_fp8_interpret(name, dtype, tuning):
+    """The Mosaic GPU kernel's fp8 path in interpret mode: each compute warpgroup dequantizes its columns of
+    the next step; NaN in the unreadable slots (and in the tail of a request's last page) must not leak."""
+    pytest.importorskip("absl", reason="Mosaic GPU interpret mode needs absl-py")
+    _mosaic_fp8(name, dtype, tuning, interpret=True)
+
+
+def test_mosaic_gpu_fp8_no_data_races_and_through_the_api():
+    pytest.importorskip("absl", reason="Mosaic GPU interpret mode needs absl-py")
+    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as ipc  # no public accessor
+
+    from mla_jax import pallas_mosaic_gpu
+
+    params = pallas_mosaic_gpu.plgpu.InterpretGPUParams(detect_races=True)
+    _mosaic_fp8("spec_decode_page_16", "bfloat16", dict(num_splits=2), interpret=params)
+    assert not ipc.get_races().races_found
+    # through mla_jax.mla_decode, k_scale traced under jit
+    batch, k_scale, ref_out, ref_lse = fp8_batch_and_reference("single_token")
     q, kv, md = jax_inputs(batch, "bfloat16")
-    with pytest.raises(NotImplementedError, match="fp8"):
-        mla_jax.mla_decode(q, kv, md, batch.config, impl="pallas_mosaic_gpu", interpret=True, k_scale=k_scale)
+    fn = jax.jit(lambda q, kv, md, s: mla_jax.mla_decode(q, kv, md, batch.config, impl="pallas_mosaic_gpu",
+                                                         interpret=True, k_scale=s))
+    out, lse = fn(q, kv, md, jnp.float32(k_scale))
+    assert_close(out.astype(jnp.float32), lse, ref_out, ref_lse, "bfloat16", "mosaic fp8 api jit")
+
+
+def test_mosaic_gpu_fp8_compiled_waits_for_its_gpu_tests():
+    """Compiled, the fp8 path runs only with FP8_COMPILED (not yet validated on a GPU): the kernel says so, and
+    impl="auto" passes it over on Hopper for the Triton kernel. Other schedules refuse fp8."""
+    import types
+
+    from mla_jax import pallas_mosaic_gpu
+
+    batch, k_scale, _, _ = fp8_batch_and_reference("single_token")
+    q, kv, md = jax_inputs(batch, "bfloat16")
+    assert not pallas_mosaic_gpu.FP8_COMPILED
+    assert mla_jax.unsupported_reason("pallas_mosaic_gpu", batch.config) is None  # interpret mode runs it
+    hopper = types.SimpleNamespace(platform="gpu", compute_capability="9.0")
+    reason = pallas_mosaic_gpu.unsupported_reason(batch.config, hopper)
+    assert "fp8" in reason and "FP8_COMPILED" in reason
+    impl, skipped = mla_jax.select_impl(batch.config, hopper)
+    assert impl == "pallas_triton" and "FP8_COMPILED" in skipped["pallas_mosaic_gpu"]
+    with pytest.raises(NotImplementedError, match="FP8_COMPILED"):
+        pallas_mosaic_gpu.mla_decode(q, None, kv, md, batch.config, interpret=False, k_scale=k_scale)
+    with pytest.raises(NotImplementedError, match="schedule='split'"):
+        pallas_mosaic_gpu.mla_decode(q, None, kv, md, batch.config, interpret=True, k_scale=k_scale,
+                                     tuning=pallas_mosaic_gpu.MosaicConfig(schedule="split"))
+
+
+@pytest.mark.parametrize("num_heads,tuning", [(16, None), (128, dict(num_splits=2, pdl=True))])
+def test_mosaic_gpu_fp8_lowers_for_cuda(num_heads, tuning, monkeypatch):
+    """The fp8 ring (8 x 64 tiles, 64-byte swizzle), its WGMMA-layout loads and the conversion lower for CUDA."""
+    from mla_jax import pallas_mosaic_gpu
+
+    monkeypatch.setattr(pallas_mosaic_gpu, "FP8_COMPILED", True)
+    sc = Scenario("lower_fp8", seq_lens=(17, 300), query_lens=(1, 2), num_heads=num_heads, page_size=64)
+    batch, k_scale = make_fp8_batch(sc, "bfloat16")
+    q, kv, md = jax_inputs(batch, "bfloat16")
+    cfg = None if tuning is None else pallas_mosaic_gpu.MosaicConfig(**tuning)
+    fn = jax.jit(lambda q, kv, md, s: pallas_mosaic_gpu.mla_decode(q, None, kv, md, batch.config, tuning=cfg, k_scale=s))
+    scale = jnp.float32(k_scale)
+    h200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=h200)):
+        text = fn.trace(q, kv, md, scale).lower(lowering_platforms=("cuda",)).as_text()
+    assert "mosaic_gpu" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,dtype,tuning", MOSAIC_FP8_CASES + [("decode_mixed_lengths", "bfloat16", None),
+                                                                  ("heads_128_spec", "bfloat16", None)])
+def test_mosaic_gpu_fp8_compiled(name, dtype, tuning, monkeypatch):
+    from mla_jax import pallas_mosaic_gpu
+
+    if jax.default_backend() != "gpu":
+        pytest.skip(f"JAX has no GPU (default backend {jax.default_backend()!r})")
+    reason = pallas_mosaic_gpu.unsupported_reason(MLAConfig(num_heads=16), jax.devices()[0])
+    if reason is not None:
+        pytest.skip(reason)
+    monkeypatch.setattr(pallas_mosaic_gpu, "FP8_COMPILED", True)
+    _mosaic_fp8(name, dtype, tuning, interpret=False)
 
 
 def test_triton_unsupported_reason_for_fp8_devices():

@@ -289,7 +289,9 @@ class TestUnsupported:
         assert "kv_lora_rank=256" in unsupported_reason(MLAConfig(num_heads=16, kv_lora_rank=256))
         assert "qk_rope_head_dim=32" in unsupported_reason(MLAConfig(num_heads=16, qk_rope_head_dim=32))
         assert "float32" in unsupported_reason(MLAConfig(num_heads=16, dtype="float32"))
-        assert "fp8" in unsupported_reason(MLAConfig(num_heads=16, kv_cache_dtype="fp8_e4m3"))
+        assert unsupported_reason(MLAConfig(num_heads=16, kv_cache_dtype="fp8_e4m3")) is None  # interpret mode
+        hopper = types.SimpleNamespace(platform="gpu", compute_capability="9.0")  # compiled: not before its GPU tests
+        assert "fp8" in unsupported_reason(MLAConfig(num_heads=16, kv_cache_dtype="fp8_e4m3"), hopper)
         assert unsupported_reason(MLAConfig(num_heads=16, dtype="float16")) is None
         assert unsupported_reason(MLAConfig(num_heads=20)) is None  # heads are padded
 
