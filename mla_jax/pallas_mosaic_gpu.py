@@ -68,8 +68,17 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
   do not conflict on banks, one TMA per token and warpgroup half.
   The split count comes from a cost model of the H200 (heuristic_config).
 
+* FP8 KV cache (kv_cache_dtype="fp8_e4m3", "flashmla" only; compiled only with FP8_COMPILED until
+  its GPU tests pass, so impl="auto" keeps the Triton kernel for fp8). The TMAs fill a ring of fp8
+  steps (1 byte an element: half the bytes from HBM); each compute warpgroup dequantizes its own
+  columns of the next step (its P @ V half; warpgroup 0 also the 64 rope columns) into one bf16 /
+  fp16 step buffer right after its P @ V of the current one, so neither writes columns the other
+  may still read, and warpgroup 0's scores wait on `deq_ready` (both halves). Rows past kv_len are
+  zeroed there (NaN-safe). The per-tensor k_scale scales the scores and the output.
+
 SMEM: Q tile 72 KiB + 2 stages x 72 KiB (the output stage aliases them) + P 8 KiB +
 2 KiB of small buffers = 226 KiB, inside the 227 KiB a Hopper CTA can have (so 2 stages at most).
+With fp8: Q + 2 fp8 stages x 36 KiB + one dequantized step of 72 KiB, the same 216 KiB.
 
 Interpret mode (`interpret=True`) runs the same kernel on CPU through
 `plgpu.force_gpu_interpret_mode`; P is staged through SMEM for the P @ V wgmma,

@@ -191,6 +191,12 @@ def test_summary_has_fp8_speedup_vs_bf16():
     # without the bf16 Triton row there is no fp8 speedup entry
     _, out = bench.summary([r for r in rows if r["impl"] != "jax.pallas_triton"], ["torch.fa3", FP8])
     assert "fp8_speedup_vs_bf16" not in out
+    # the Mosaic kernel's fp8 row against its bf16 row
+    mo = [row("a", "torch.fa3", 10.0, 10.0), row("a", "jax.pallas_mosaic_gpu", 8.0, 10.0),
+          row("a", "jax.pallas_mosaic_gpu.fp8", 5.0, 10.0, fp8_gap=True, out_rel_vs_first=0.03, lse_abs_vs_first=0.01)]
+    text, out = bench.summary(mo, ["torch.fa3", "jax.pallas_mosaic_gpu", "jax.pallas_mosaic_gpu.fp8"])
+    assert out["mosaic_fp8_speedup_vs_bf16"]["geomean_speedup"] == pytest.approx(1.6)
+    assert "fp8 vs bf16 Mosaic" in text and "fp8_speedup_vs_bf16" not in out
 
 
 def test_roofline_draws_fp8_rows_at_their_own_bytes():
