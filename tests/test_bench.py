@@ -129,6 +129,25 @@ def test_fp8_runner_in_interpret_mode_is_the_reference_on_the_dequantized_cache(
     assert 0 < gap < 0.1
 
 
+def test_mosaic_fp8_runner_in_interpret_mode_is_the_reference_on_the_dequantized_cache():
+    """jax.pallas_mosaic_gpu.fp8's runner (quantize, the cache through DLPack, k_scale into the kernel's schedule
+    array), in interpret mode: right against the float64 reference on fp8 x k_scale; FP8_COMPILED untouched."""
+    pytest.importorskip("absl", reason="Mosaic GPU interpret mode needs absl-py")
+    from mla_jax import pallas_mosaic_gpu
+
+    inp = _tiny_inputs()
+    once, _ = bench._jax_kernel("pallas_mosaic_gpu", fp8=True, interpret=True)(inp)
+    out, lse = once()
+    assert not pallas_mosaic_gpu.FP8_COMPILED
+    kv_fp8, k_scale = bench.quantize_fp8(inp.kv_cache)
+    deq = kv_fp8.float().numpy().astype(np.float64) * k_scale
+    ref_out, ref_lse = reference.mla_decode(inp.q[0].float().numpy(), deq, inp.metadata, inp.config)
+    tol = TOLERANCES["bfloat16"]
+    c_out = compare(np.asarray(out, np.float64), ref_out, rel_tol=2 * tol["out_rel"])
+    c_lse = compare(np.asarray(lse), ref_lse, name="lse", abs_tol=2 * tol["lse_abs"])
+    assert c_out.ok and c_lse.ok, (c_out.message, c_lse.message)
+
+
 # ----------------------------------------------------------------------------- run_bench --check and summary
 
 
