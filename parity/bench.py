@@ -13,8 +13,9 @@ N is chosen per shape so that an N-call launch lasts about 3 ms (20 <= N <= 400)
 count is static (a traced one makes XLA read the loop predicate back every iteration).
 With --trace each row also gets the device's view of one N-call launch (the JAX profiler's trace,
 CUPTI, which sees both stacks' kernels: `python -m parity.timeline`): `span_seconds`, from the first
-kernel's start to the last one's end, and `busy_seconds`, the kernels' summed time, per call; the
-summary adds the geomean of the span ratios (the issue's "profiler's kernel times" method: no host
+kernel's start to the last one's end, and `busy_seconds`, the kernels' summed time, per call, and per
+launch `launch_lead_seconds` / `launch_tail_seconds`, the host-side time before the first kernel starts
+and after the last one ends (where a launch's own cost shows); the summary adds the geomean of the span ratios (the issue's "profiler's kernel times" method: no host
 time in it, while the gaps between a loop's kernels count). With --slope each row also gets
 `seconds_slope`, (t(2N) - t(N)) / N from launches of N and 2N calls, which drops what a launch
 costs once: on the H200 the JAX loop's launches carried 0.1-0.7 ms outside
@@ -546,9 +547,12 @@ def run_bench(shapes, impls, reps=7, check=False, log=print, checkpoint=None, pr
                 if trace:
                     from parity import timeline
 
-                    t = timeline.summarize(timeline.trace_launch(timer.short), timer.n)
+                    events, window = timeline.trace_launch(timer.short)
+                    t = timeline.summarize(events, timer.n, window)
                     if t["kernels"]:
                         row.update(span_seconds=t["span_us"] * 1e-6, busy_seconds=t["busy_us"] * 1e-6)
+                    if "lead_us" in t:  # per launch: host time before the first kernel and after the last
+                        row.update(launch_lead_seconds=t["lead_us"] * 1e-6, launch_tail_seconds=t["tail_us"] * 1e-6)
                 if check:
                     o, l = _to_np(out), _to_np(lse)
                     if base is None and not fp8:

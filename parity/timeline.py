@@ -8,8 +8,11 @@ call (t(n) / n, the median of 3 launches: the bench's number) and the slope betw
 2n calls, then the n-call launch traced: per call, the kernels' summed device time (`busy`), the device span
 from the first kernel's start to the last one's end (`span`) and the busy share of it. A span near the
 host time with a low busy share means the launch waits on the host (gaps between kernels), so the host
-decides the bench's number; a busy share near 1 means the device time is the kernels'. The kernels are
-listed by name with their mean time per call. GPU only.
+decides the bench's number; a busy share near 1 means the device time is the kernels'. The launch runs
+inside a profiler annotation (LAUNCH), so the trace also says how long the launch spends on the host
+before its first kernel starts (`lead_us`) and after its last one ends (`tail_us`): where a launch's own
+cost goes (session 5: 0.1-0.7 ms a launch of the JAX loop outside its kernels). The kernels are listed by
+name with their mean time per call. GPU only.
 """
 
 from __future__ import annotations
@@ -39,8 +42,25 @@ def device_events(profile) -> list[tuple[str, float, float]]:
     return events
 
 
-def summarize(events, n_calls: int) -> dict:
-    """busy (summed kernel time), span (first start to last end) and kernel means, per call, in us."""
+LAUNCH = "parity.timeline.launch"  # the host-side annotation around the traced launch
+
+
+def launch_window(profile) -> tuple[float, float] | None:
+    """(start_ns, end_ns) of the LAUNCH annotation on a host plane (the same clock as the device events)."""
+    for plane in profile.planes:
+        if plane.name.startswith("/device"):
+            continue
+        for line in plane.lines:
+            for e in line.events:
+                if e.name == LAUNCH:
+                    return float(e.start_ns), float(e.start_ns + e.duration_ns)
+    return None
+
+
+def summarize(events, n_calls: int, window: tuple[float, float] | None = None) -> dict:
+    """busy (summed kernel time), span (first start to last end) and kernel means, per call, in us; with the
+    launch's host window, also what the launch spends before its first kernel starts (lead_us) and after its
+    last one ends (tail_us), per launch, in us."""
     if not events:
         return dict(kernels=0)
     start = min(s for _, s, _ in events)
@@ -51,22 +71,28 @@ def summarize(events, n_calls: int) -> dict:
         by_name[name][0] += 1
         by_name[name][1] += d
     top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:6]
-    return dict(kernels=len(events), busy_us=busy / n_calls / 1e3, span_us=(end - start) / n_calls / 1e3,
-                busy_share=busy / max(end - start, 1.0),
-                top=[dict(name=k[:80], per_call=c / n_calls, us_per_call=t / n_calls / 1e3) for k, (c, t) in top])
+    out = dict(kernels=len(events), busy_us=busy / n_calls / 1e3, span_us=(end - start) / n_calls / 1e3,
+               busy_share=busy / max(end - start, 1.0),
+               top=[dict(name=k[:80], per_call=c / n_calls, us_per_call=t / n_calls / 1e3) for k, (c, t) in top])
+    if window is not None:
+        out.update(lead_us=(start - window[0]) / 1e3, tail_us=(window[1] - end) / 1e3)
+    return out
 
 
-def trace_launch(run) -> list[tuple[str, float, float]]:
+def trace_launch(run):
+    """(device events, the launch's host window or None) of one run(), traced with the JAX profiler."""
     import jax
     from jax.profiler import ProfileData
 
     d = tempfile.mkdtemp(prefix="parity-timeline-")
     try:
         jax.profiler.start_trace(d)
-        run()
+        with jax.profiler.TraceAnnotation(LAUNCH):
+            run()
         jax.profiler.stop_trace()
         [path] = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
-        return device_events(ProfileData.from_file(path))
+        profile = ProfileData.from_file(path)
+        return device_events(profile), launch_window(profile)
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
@@ -98,12 +124,15 @@ def main(argv=None) -> int:
             run, n = timer.short, timer.n
             launch, slope = timer.measure(3)
             host_us, slope_us = launch * 1e6, slope * 1e6
+            events, window = trace_launch(run)
             row = dict(shape=shape.name, impl=name, n_calls=n, host_us=host_us, slope_us=slope_us,
-                       **summarize(trace_launch(run), n))
+                       **summarize(events, n, window))
             rows.append(row)
             if row["kernels"]:
+                edges = (f"  launch: {row['lead_us']:.0f} us before the first kernel, {row['tail_us']:.0f} after the last"
+                         if "lead_us" in row else "")
                 print(f"{shape.name:<20} {name:<22} host {host_us:8.1f} us  slope {slope_us:8.1f}  busy {row['busy_us']:8.1f}  span "
-                      f"{row['span_us']:8.1f}  busy/span {row['busy_share']:.2f}  kernels/call {row['kernels'] / n:.1f}")
+                      f"{row['span_us']:8.1f}  busy/span {row['busy_share']:.2f}  kernels/call {row['kernels'] / n:.1f}{edges}")
                 for k in row["top"]:
                     print(f"    {k['us_per_call']:8.2f} us/call  x{k['per_call']:.2f}  {k['name']}")
             else:

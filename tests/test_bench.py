@@ -389,6 +389,18 @@ def test_timeline_summarizes_device_stream_events():
     assert s["busy_share"] == pytest.approx(12 / 18)
     assert s["top"][0] == dict(name="mla", per_call=1.0, us_per_call=pytest.approx(4.0))
     assert summarize([], 4) == dict(kernels=0)
+    w = summarize(events, n_calls=2, window=(-1000.0, 20000.0))  # the launch's host window, ns
+    assert w["lead_us"] == pytest.approx(1.0) and w["tail_us"] == pytest.approx(2.0)
+
+
+def test_timeline_traces_a_launch_with_its_host_window():
+    """trace_launch on the CPU: no device events, but the LAUNCH annotation's window around run()."""
+    from parity import timeline
+
+    calls = []
+    events, window = timeline.trace_launch(lambda: calls.append(1))
+    assert calls == [1] and events == []
+    assert window is not None and window[1] >= window[0]
 
 
 def test_launch_timer_takes_the_slope_between_launch_lengths(monkeypatch):
@@ -425,7 +437,7 @@ def test_trace_adds_the_device_span_and_its_geomean(monkeypatch):
 
     def fake_trace(run):
         run()
-        return [("k", 0.0, next(spans))]
+        return [("k", 100.0, next(spans))], (0.0, 20e3)  # the launch's host window: 0.1 us lead
 
     monkeypatch.setattr(timeline, "trace_launch", fake_trace)
     rows = bench.run_bench([Shape(16, 4, 1024)], ["torch.fa3", "jax.pallas_mosaic_gpu"], reps=1, trace=True,
@@ -434,6 +446,7 @@ def test_trace_adds_the_device_span_and_its_geomean(monkeypatch):
     assert fa3["span_seconds"] == pytest.approx(12e-6 / fa3["n_calls"])
     assert mo["busy_seconds"] == mo["span_seconds"] == pytest.approx(8e-6 / mo["n_calls"])
     assert mo["span_speedup_vs_torch.fa3"] == pytest.approx(fa3["span_seconds"] / mo["span_seconds"])
+    assert mo["launch_lead_seconds"] == pytest.approx(0.1e-6) and mo["launch_tail_seconds"] == pytest.approx(11.9e-6)
     text, summ = bench.summary(rows, ["torch.fa3", "jax.pallas_mosaic_gpu"])
     assert summ["jax.pallas_mosaic_gpu"]["span_geomean_speedup"] == pytest.approx(mo["span_speedup_vs_torch.fa3"])
     assert "(device span, --trace)" in text
