@@ -87,6 +87,18 @@ def _tiny_inputs(seed=0) -> bench.BenchInputs:
     return bench.BenchInputs(shape, config, md, q, kv)
 
 
+def _assert_reference_on_dequantized_cache(inp, out, lse):
+    """out / lse of an fp8 runner against the float64 reference on the bench's fp8 cache x k_scale,
+    within twice bf16's tolerances."""
+    kv_fp8, k_scale = bench.quantize_fp8(inp.kv_cache)
+    deq = kv_fp8.float().numpy().astype(np.float64) * k_scale
+    ref_out, ref_lse = reference.mla_decode(inp.q[0].float().numpy(), deq, inp.metadata, inp.config)
+    tol = TOLERANCES["bfloat16"]
+    c_out = compare(np.asarray(out, np.float64), ref_out, rel_tol=2 * tol["out_rel"])
+    c_lse = compare(np.asarray(lse), ref_lse, name="lse", abs_tol=2 * tol["lse_abs"])
+    assert c_out.ok and c_lse.ok, (c_out.message, c_lse.message)
+
+
 # num_stages=1: not the heuristic's pick here (32 rows: 3 stages), so the override is seen to reach the kernel
 @pytest.mark.parametrize("overrides", [None, {"num_stages": 1}], ids=["heuristic", "num_stages"])
 def test_fp8_runner_in_interpret_mode_is_the_reference_on_the_dequantized_cache(overrides, monkeypatch):
@@ -115,13 +127,7 @@ def test_fp8_runner_in_interpret_mode_is_the_reference_on_the_dequantized_cache(
         assert heuristic.num_stages != overrides["num_stages"]
         assert tunings == [dataclasses.replace(heuristic, **overrides)]
     assert str(out.dtype) == "bfloat16" and out.shape == (4, 16, 512)
-    kv_fp8, k_scale = bench.quantize_fp8(inp.kv_cache)
-    deq = kv_fp8.float().numpy().astype(np.float64) * k_scale
-    ref_out, ref_lse = reference.mla_decode(inp.q[0].float().numpy(), deq, inp.metadata, inp.config)
-    tol = TOLERANCES["bfloat16"]
-    c_out = compare(np.asarray(out, np.float64), ref_out, rel_tol=2 * tol["out_rel"])
-    c_lse = compare(np.asarray(lse), ref_lse, name="lse", abs_tol=2 * tol["lse_abs"])
-    assert c_out.ok and c_lse.ok, (c_out.message, c_lse.message)
+    _assert_reference_on_dequantized_cache(inp, out, lse)
     time_n(4)()  # the timed loop runs too (4 calls per iteration)
     # the bf16 runner on the same inputs: a measurable gap, not zero
     out16, _ = bench._jax_kernel("pallas_triton", interpret=True)(inp)[0]()
@@ -139,13 +145,7 @@ def test_mosaic_fp8_runner_in_interpret_mode_is_the_reference_on_the_dequantized
     once, _ = bench._jax_kernel("pallas_mosaic_gpu", fp8=True, interpret=True)(inp)
     out, lse = once()
     assert not pallas_mosaic_gpu.FP8_COMPILED
-    kv_fp8, k_scale = bench.quantize_fp8(inp.kv_cache)
-    deq = kv_fp8.float().numpy().astype(np.float64) * k_scale
-    ref_out, ref_lse = reference.mla_decode(inp.q[0].float().numpy(), deq, inp.metadata, inp.config)
-    tol = TOLERANCES["bfloat16"]
-    c_out = compare(np.asarray(out, np.float64), ref_out, rel_tol=2 * tol["out_rel"])
-    c_lse = compare(np.asarray(lse), ref_lse, name="lse", abs_tol=2 * tol["lse_abs"])
-    assert c_out.ok and c_lse.ok, (c_out.message, c_lse.message)
+    _assert_reference_on_dequantized_cache(inp, out, lse)
 
 
 # ----------------------------------------------------------------------------- run_bench --check and summary
