@@ -15,14 +15,14 @@ With --trace each row also gets the device's view of one N-call launch (the JAX 
 CUPTI, which sees both stacks' kernels: `python -m parity.timeline`): `span_seconds`, from the first
 kernel's start to the last one's end, and `busy_seconds`, the kernels' summed time, per call, and per
 launch `launch_lead_seconds` / `launch_tail_seconds`, the host-side time before the first kernel starts
-and after the last one ends (where a launch's own cost shows); the summary adds the geomean of the span ratios (the issue's "profiler's kernel times" method: no host
-time in it, while the gaps between a loop's kernels count). With --slope each row also gets
-`seconds_slope`, (t(2N) - t(N)) / N from launches of N and 2N calls, which drops what a launch
-costs once: on the H200 the JAX loop's launches carried 0.1-0.7 ms outside
-its kernels' device span (the JAX profiler's trace, `python -m parity.timeline`, session 5),
-varying from launch to launch, which `seconds` spreads over the N calls (so small JAX shapes read
-slower than their kernels run). Its noise is that jitter / N (some us at N = 80), so it is a
-diagnostic, not the ratio's number.
+and after the last one ends (where a launch's own cost shows); the summary adds the geomean of the
+span ratios (the issue's "profiler's kernel times" method: no host time in it, while the gaps
+between a loop's kernels count). With --slope each row also gets `seconds_slope`,
+(t(2N) - t(N)) / N from launches of N and 2N calls, which drops what a launch costs once: on the
+H200 the JAX loop's launches carried 0.1-0.7 ms outside its kernels' device span (the JAX
+profiler's trace, `python -m parity.timeline`, session 5), varying from launch to launch, which
+`seconds` spreads over the N calls (so small JAX shapes read slower than their kernels run). Its
+noise is that jitter / N (some us at N = 80), so it is a diagnostic, not the ratio's number.
 
 Bytes = KV read once (sum of seq_lens x 576 x 2) + q + out; FLOPs = 2 x H x T x S x (576 + 512)
 (the causal savings of q_len > 1 are not subtracted, as for the FA3 anchors). An fp8 row
