@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Session 6, call A: run as written in next-session-fp8.sh.
 # For the next session (nvidia-h200, ~4 min; written at the end of session 5, no device time left): the Mosaic
 # kernel's fp8 path (CPU-checked: interpret mode, race detector, CUDA lowering) compiled for the first time.
 # 1. Its compiled tests (tests/test_fp8.py -k mosaic_gpu_fp8_compiled; they set FP8_COMPILED themselves).
