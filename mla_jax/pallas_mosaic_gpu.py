@@ -68,17 +68,22 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
   do not conflict on banks, one TMA per token and warpgroup half.
   The split count comes from a cost model of the H200 (heuristic_config).
 
-* FP8 KV cache (kv_cache_dtype="fp8_e4m3", "flashmla" only; compiled only with FP8_COMPILED until
-  its GPU tests pass, so impl="auto" keeps the Triton kernel for fp8). The TMAs fill a ring of fp8
-  steps (1 byte an element: half the bytes from HBM); each compute warpgroup dequantizes its own
-  columns of the next step (its P @ V half; warpgroup 0 also the 64 rope columns) into one bf16 /
-  fp16 step buffer right after its P @ V of the current one, so neither writes columns the other
-  may still read, and warpgroup 0's scores wait on `deq_ready` (both halves). Rows past kv_len are
-  zeroed there (NaN-safe). The per-tensor k_scale scales the scores and the output.
+* FP8 KV cache (kv_cache_dtype="fp8_e4m3", "flashmla" only). The TMAs fill a ring of fp8 steps
+  (1 byte an element: half the bytes from HBM); each compute warpgroup dequantizes its own columns
+  of the next step (its P @ V half; warpgroup 0 also the 64 rope columns) into one f16 step buffer
+  right after its P @ V of the current one, so neither writes columns the other may still read,
+  and warpgroup 0's scores wait on `deq_ready` (both halves). The wgmmas run in f16: e4m3 -> f16 is
+  exact, one cvt per two values (a bf16 step would cost ~270 instructions a 64 x 64 chunk, not ~60);
+  bf16 q enters as f16 (exact for |q| in [2^-14, 65504]) and the output leaves in q's dtype. Rows
+  past kv_len are zeroed there (NaN-safe). The per-tensor k_scale scales the scores and the output.
 
 SMEM: Q tile 72 KiB + 2 stages x 72 KiB (the output stage aliases them) + P 8 KiB +
 2 KiB of small buffers = 226 KiB, inside the 227 KiB a Hopper CTA can have (so 2 stages at most).
 With fp8: Q + 2 fp8 stages x 36 KiB + one dequantized step of 72 KiB, the same 216 KiB.
+
+The phases of a step are `jax.named_scope` regions (kv_wait, qk, p_free_wait, pv, p_ready_wait, deq_wait,
+dequant): with the Mosaic GPU profiler on (plgpu.CompilerParams(profile_space=..., profile_dir=...)) each
+warpgroup's time in them is traced (parity/sessions/2026-12-01-s6-b.py reads the traces); off, they cost nothing.
 
 Interpret mode (`interpret=True`) runs the same kernel on CPU through
 `plgpu.force_gpu_interpret_mode`; P is staged through SMEM for the P @ V wgmma,
@@ -293,14 +298,6 @@ def supported_page_size(page_size: int, block_kv: int = 64) -> bool:
     return page_size % 8 == 0 and block_kv % page_size == 0
 
 
-# The fp8 path (kv_cache_dtype="fp8_e4m3") is checked in interpret mode, by the race detector and by the CUDA
-# lowering, not yet on a GPU: compiled, it runs only where this is True (its GPU tests and the bench set it),
-# and impl="auto" passes it over until then (issue #7).
-FP8_COMPILED = False
-FP8_NOT_COMPILED = ("fp8 KV cache (kv_cache_dtype='fp8_e4m3'): the Mosaic GPU kernel's fp8 path is checked in "
-                    "interpret mode only, not yet compiled on a GPU (mla_jax.pallas_mosaic_gpu.FP8_COMPILED)")
-
-
 def unsupported_reason(config: MLAConfig, device=None) -> str | None:
     """Why this kernel cannot run `config` (on `device`, when given); None when it can."""
     if config.kv_lora_rank != KV_LORA_RANK or config.qk_rope_head_dim != QK_ROPE_HEAD_DIM:
@@ -310,8 +307,6 @@ def unsupported_reason(config: MLAConfig, device=None) -> str | None:
         )
     if config.dtype not in SUPPORTED_DTYPES:
         return f"dtype must be one of {SUPPORTED_DTYPES}, got dtype={config.dtype!r}"
-    if config.is_fp8_kv_cache and device is not None and not FP8_COMPILED:
-        return FP8_NOT_COMPILED
     if not supported_page_size(config.page_size):
         return (
             f"page_size must be 8, 16, 32 or a multiple of 64 (TMA of whole 8-row tiles), "
@@ -334,7 +329,7 @@ def unsupported_reason(config: MLAConfig, device=None) -> str | None:
 def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int, num_h_tiles: int, q_tiles: int,
                   num_reqs: int, num_splits: int, block_kv: int, stages: int, bt_chunk: int, scale_log2: float,
                   memory_wg: bool, schedule: str, score_rows: int = 0, pdl: bool = False, fp8: bool = False,
-                  interpret: bool = False):
+                  out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile): CTA (hb, split, g) takes request g // q_tiles,
@@ -346,8 +341,12 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     fp8 ("flashmla" only): the cache is float8_e4m3fn; the TMAs fill a ring of fp8 steps, and each compute
     warpgroup dequantizes its own columns of the next step into one `dtype` buffer after its P @ V of the
     current one (`deq_ready`); the per-tensor k_scale (info word 3, float32 bits) scales the scores and the
-    output.
+    output. `dtype` (q, the wgmma operands) is then float16: e4m3 -> f16 is one exact conversion per two
+    values. out_dtype: the final output's dtype (default `dtype`).
     """
+    if fp8 and dtype != jnp.float16:
+        raise ValueError(f"an fp8 cache runs the wgmmas in float16, got dtype={jnp.dtype(dtype).name}")
+    out_dtype = dtype if out_dtype is None else out_dtype
     half = block_kv // 2  # KV rows of a step whose scores one compute warpgroup computes
     tpt = BLOCK_H // hp  # query tokens per tile
     if page_size >= block_kv:
@@ -408,8 +407,11 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             return first_tok, ntok, first_pos, kv_len, last_page, begin, end
 
         def kv_tile(slot):
-            """The KV step the wgmmas read: the ring's slot, or with fp8 the dequantized step."""
-            return deq_smem if fp8 else kv_smem.at[slot]
+            """The KV step the wgmmas read: the ring's slot, or with fp8 the dequantized step. Its index
+            (always 0) is read from info word 4 at each use: with a constant address the compiler hoists
+            the descriptors of the step's wgmmas (64-bit each, 2 per wgmma) out of the KV loop, and they
+            spill (ptxas: ~1 KiB a thread; session 6 in parity/NOTES_pallas_mosaic_gpu.md)."""
+            return deq_smem.at[info_smem[4]] if fp8 else kv_smem.at[slot]
 
         def k_scale():
             """The fp8 cache's per-tensor scale, float32 bits in info word 3 (after tile_info's wait)."""
@@ -418,18 +420,37 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         def dequantize(w: int, k, begin, kv_len):
             """fp8 step k (ring slot) -> the dequantized step, this warpgroup's columns: those of its P @ V
             half (warpgroup 0 also the 64 rope columns, which only its scores read), so that neither
-            warpgroup writes columns the other may still be reading. Rows past kv_len become 0 (their
-            cache slots may hold NaN; P = 0 times NaN is NaN). Then releases the slot to the TMAs."""
+            warpgroup writes columns the other may still be reading. In the step that runs past kv_len,
+            rows past it become 0 (their cache slots may hold NaN; P = 0 times NaN is NaN). Then releases
+            the slot to the TMAs."""
             slot = lax.rem(k - begin, jnp.int32(stages))
-            plgpu.barrier_wait(kv_ready.at[slot])
-            rows = plgpu.broadcasted_iota(jnp.int32, (block_kv, 64), 0, layout=plgpu.Layout.WGMMA)
-            keep = rows < kv_len - k * block_kv
-            chunks = [*range(w * V_HALF // 64, (w + 1) * V_HALF // 64)] + ([KV_LORA_RANK // 64] if w == 0 else [])
-            for c in chunks:
-                x = plgpu.load(kv_smem.at[slot, :, pl.ds(c * 64, 64)], (), layout=plgpu.Layout.WGMMA)
-                x = x.astype(jnp.float32)  # exact (through f16): every e4m3 value is an f16 / bf16 value
-                deq_smem.at[:, pl.ds(c * 64, 64)][...] = jnp.where(keep, x, 0.0).astype(dtype)
-            plgpu.commit_smem()
+            with jax.named_scope("deq_wait"):
+                plgpu.barrier_wait(kv_ready.at[slot])
+            num_chunks = V_HALF // 64 + (1 if w == 0 else 0)  # 64-column chunks (warpgroup 0: + rope)
+            valid = kv_len - k * block_kv
+
+            def convert(masked: bool):
+                if masked:
+                    rows = plgpu.broadcasted_iota(jnp.int32, (block_kv, 64), 0, layout=plgpu.Layout.WGMMA)
+                    keep = rows < valid
+
+                # a loop over the chunks (not unrolled)
+                @pl.loop(0, num_chunks)
+                def _(i):
+                    # chunk i of this warpgroup's columns: V half w, then (warpgroup 0) the rope chunk
+                    rope = (i == V_HALF // 64).astype(jnp.int32)
+                    c = w * (V_HALF // 64) + i + rope * (KV_LORA_RANK // 64 - V_HALF // 64)
+                    cols = pl.ds(pl.multiple_of(c * 64, 64), 64)
+                    # e4m3 -> f16: exact, one cvt.rn.f16x2.e4m3x2 per two values
+                    x = plgpu.load(kv_smem.at[slot, :, cols], layout=plgpu.Layout.WGMMA).astype(dtype)
+                    if masked:
+                        x = jnp.where(keep, x, jnp.zeros_like(x))
+                    deq_smem.at[0, :, cols][...] = x
+
+            with jax.named_scope("dequant"):
+                pl.when(valid < block_kv)(lambda: convert(True))
+                pl.when(valid >= block_kv)(lambda: convert(False))
+                plgpu.commit_smem()
             plgpu.barrier_arrive(deq_ready)
             plgpu.barrier_arrive(kv_consumed.at[slot])
 
@@ -711,7 +732,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     acc, m_i, l_i = carry
                     slot = lax.rem(k - begin, jnp.int32(stages))
                     kv_start = k * block_kv
-                    plgpu.barrier_wait(deq_ready if fp8 else kv_ready.at[slot])
+                    with jax.named_scope("kv_wait"):
+                        plgpu.barrier_wait(deq_ready if fp8 else kv_ready.at[slot])
 
                     def qk(s_ref):
                         if tr:
@@ -721,7 +743,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         return s_ref[...]
 
                     shape = (block_kv, n) if tr else (BLOCK_H, block_kv)
-                    s = pl.run_scoped(qk, plgpu.ACC(shape, jnp.float32))
+                    with jax.named_scope("qk"):
+                        s = pl.run_scoped(qk, plgpu.ACC(shape, jnp.float32))
                     if masked:
                         row = plgpu.broadcasted_iota(jnp.int32, shape, row_ax, layout=plgpu.Layout.WGMMA)
                         kv_pos = plgpu.broadcasted_iota(jnp.int32, shape, key_ax, layout=plgpu.Layout.WGMMA) + kv_start
@@ -735,6 +758,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     l_i = l_i * alpha + p.sum(axis=key_ax)
 
                     @pl.when(k > begin)
+                    @jax.named_scope("p_free_wait")
                     def _():
                         plgpu.barrier_wait(sync_b)  # p_free: the P @ V warpgroups are done with step k - 1
 
@@ -757,7 +781,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     if not three:  # its own P @ V half; P from SMEM here too (the interpreter's
                         # wgmma takes only SMEM left operands)
                         alpha_rows = plgpu.load(x_smem.at[0], layout=row_layout) if tr else alpha
-                        acc = pv(acc * lax.broadcast_in_dim(alpha_rows, acc.shape, [0]), 0, slot)
+                        with jax.named_scope("pv"):
+                            acc = pv(acc * lax.broadcast_in_dim(alpha_rows, acc.shape, [0]), 0, slot)
                         if fp8:  # the next step, this warpgroup's columns (its P @ V of this one is done)
                             pl.when(k + 1 < end)(lambda: dequantize(0, k + 1, begin, kv_len))
                         else:
@@ -788,9 +813,11 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                 def step(k, acc):
                     slot = lax.rem(k - begin, jnp.int32(stages))
-                    plgpu.barrier_wait(sync_a)  # p_ready
+                    with jax.named_scope("p_ready_wait"):
+                        plgpu.barrier_wait(sync_a)  # p_ready
                     alpha = plgpu.load(x_smem.at[0], layout=row_layout)
-                    acc = pv(acc * lax.broadcast_in_dim(alpha, acc.shape, [0]), half, slot)
+                    with jax.named_scope("pv"):
+                        acc = pv(acc * lax.broadcast_in_dim(alpha, acc.shape, [0]), half, slot)
                     plgpu.barrier_arrive(sync_b)  # p_free
                     if not fp8:
                         plgpu.barrier_arrive(kv_consumed.at[slot])
@@ -849,7 +876,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     # swizzle (64 bytes for block_kv=64). FlashMLA schedule: P is [64, block_kv], 128 bytes.
     p_cols = block_kv if flashmla or three else half
     transforms = (plgpu.TilingTransform((8, p_cols)), plgpu.SwizzleTransform(p_cols * 2))
-    stage_dtype = jnp.float32 if split_out else dtype
+    stage_dtype = jnp.float32 if split_out else out_dtype
     stage_cols = 128 // jnp.dtype(stage_dtype).itemsize  # one 128-byte swizzle row
     stage_transforms = (plgpu.TilingTransform((8, stage_cols)), plgpu.SwizzleTransform(128))
     if fp8:
@@ -857,7 +884,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         # the WGMMA layout to dequantize) and the dequantized step the wgmmas read (the bf16 ring's layout)
         kv_bufs = (plgpu.SMEM((stages, block_kv, HEAD_DIM), jnp.float8_e4m3fn,
                               transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(64))),
-                   plgpu.SMEM((block_kv, HEAD_DIM), dtype, transforms=transforms))
+                   plgpu.SMEM((1, block_kv, HEAD_DIM), dtype, transforms=transforms))
     else:
         kv_bufs = (plgpu.SMEM((stages, block_kv, HEAD_DIM), dtype, transforms=transforms),)  # KV ring
     scratch = [
@@ -915,8 +942,9 @@ def _kernel_heads(num_heads: int) -> int:
 
 def _sched(metadata: DecodeMetadata, width: int, k_scale=None):
     """[R, INFO_WORDS + width] int32: per request (q_start, q_len, seq_len, k_scale's float32 bits
-    (fp8; else 0), 0...) then its block table, padded with zeros to `width` columns (never read:
-    pages past the last are clamped in the kernel). One small XLA fusion."""
+    (fp8; else 0), 0 (fp8: the dequantized step's index, see kv_tile), 0...) then its block table,
+    padded with zeros to `width` columns (never read: pages past the last are clamped in the kernel).
+    One small XLA fusion."""
     qsl = metadata.query_start_loc.astype(jnp.int32)
     seq = metadata.seq_lens.astype(jnp.int32)
     bt = metadata.block_table.astype(jnp.int32)
@@ -929,13 +957,13 @@ def _sched(metadata: DecodeMetadata, width: int, k_scale=None):
 
 
 def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfig, tuning: MosaicConfig,
-                interpret: bool):
+                interpret: bool, out_dtype=None):
     num_tokens, num_heads, _ = q.shape
     fp8 = config.is_fp8_kv_cache
     if fp8 and (tuning.schedule != "flashmla" or tuning.memory_warpgroup):
         raise NotImplementedError(f"an fp8 cache runs the flashmla schedule only, got schedule={tuning.schedule!r}, "
                                   f"memory_warpgroup={tuning.memory_warpgroup}")
-    dtype = q.dtype
+    dtype = q.dtype if out_dtype is None else out_dtype  # the output's (fp8: q is f16 here)
     page_size = config.page_size
     heads, hp, tpt = _tile_geometry(num_heads)
     if heads != num_heads:
@@ -956,8 +984,8 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     bt_chunk = tuning.bt_chunk - tuning.bt_chunk % pages_per_step
     width = -(-metadata.block_table.shape[1] // bt_chunk) * bt_chunk
     kernel = _build_kernel(
-        dtype=dtype, page_size=page_size, num_tokens=num_tokens, heads=heads, hp=hp, num_h_tiles=num_h_tiles,
-        q_tiles=q_tiles, num_reqs=num_reqs, num_splits=num_splits, block_kv=block_kv,
+        dtype=q.dtype, out_dtype=dtype, page_size=page_size, num_tokens=num_tokens, heads=heads, hp=hp,
+        num_h_tiles=num_h_tiles, q_tiles=q_tiles, num_reqs=num_reqs, num_splits=num_splits, block_kv=block_kv,
         stages=tuning.max_concurrent_steps, bt_chunk=bt_chunk, scale_log2=config.softmax_scale * LOG2E,
         memory_wg=tuning.memory_warpgroup, schedule=tuning.schedule,
         score_rows=score_rows if score_rows < BLOCK_H else 0, pdl=tuning.pdl, fp8=fp8, interpret=interpret,
@@ -970,15 +998,15 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     return out[:, :num_heads], lse[:, :num_heads]
 
 
-@functools.partial(jax.jit, static_argnames=("config", "tuning", "interpret"))
-def _mla_decode_jit(q, kv_cache, k_scale, metadata, config, tuning, interpret):
+@functools.partial(jax.jit, static_argnames=("config", "tuning", "interpret", "out_dtype"))
+def _mla_decode_jit(q, kv_cache, k_scale, metadata, config, tuning, interpret, out_dtype=None):
     if interpret:
         # The context manager must be active while the kernel is traced (it sets a
         # trace-context config); inside this jitted function it is.
         params = interpret if isinstance(interpret, plgpu.InterpretGPUParams) else plgpu.InterpretGPUParams()
         with plgpu.force_gpu_interpret_mode(params):
-            return _mla_decode(q, kv_cache, k_scale, metadata, config, tuning, True)
-    return _mla_decode(q, kv_cache, k_scale, metadata, config, tuning, False)
+            return _mla_decode(q, kv_cache, k_scale, metadata, config, tuning, True, out_dtype)
+    return _mla_decode(q, kv_cache, k_scale, metadata, config, tuning, False, out_dtype)
 
 
 def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConfig, *,
@@ -991,8 +1019,9 @@ def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConf
     `interpret=True` (or a `plgpu.InterpretGPUParams`, e.g. with `detect_races=True`)
     runs the kernel in Mosaic GPU interpret mode (CPU).
     With kv_cache_dtype="fp8_e4m3" the cache is float8_e4m3fn and k_scale its per-tensor scale (real
-    value = fp8 value x k_scale; a float or a 0-d float32 array, traced under jit); compiled, this waits
-    for its GPU tests (FP8_COMPILED).
+    value = fp8 value x k_scale; a float or a 0-d float32 array, traced under jit). The wgmmas then run
+    in f16: a bf16 q is converted (exact for |q| in [2^-14, 65504]; larger entries become inf and the
+    output NaN, never a silent clamp).
     """
     reason = unsupported_reason(config)
     if reason is not None:
@@ -1007,6 +1036,10 @@ def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConf
         raise ValueError(f"tuning must be a MosaicConfig, got tuning={tuning!r}")
     if not isinstance(interpret, plgpu.InterpretGPUParams):
         interpret = bool(interpret)
-    if config.is_fp8_kv_cache and not interpret and not FP8_COMPILED:
-        raise NotImplementedError(FP8_NOT_COMPILED)
-    return _mla_decode_jit(q, kv_cache, jnp.asarray(k_scale, jnp.float32), metadata, config, tuning, interpret)
+    out_dtype = None
+    if config.is_fp8_kv_cache and q.dtype != jnp.float16:
+        # The fp8 path runs its wgmmas in f16 (see _build_kernel): bf16 q converts exactly for |q| in
+        # [2^-14, 65504] (f16 has 3 more mantissa bits); larger values become inf (the output NaN).
+        out_dtype, q = jnp.dtype(q.dtype), q.astype(jnp.float16)
+    return _mla_decode_jit(q, kv_cache, jnp.asarray(k_scale, jnp.float32), metadata, config, tuning, interpret,
+                           out_dtype)

@@ -289,9 +289,9 @@ class TestUnsupported:
         assert "kv_lora_rank=256" in unsupported_reason(MLAConfig(num_heads=16, kv_lora_rank=256))
         assert "qk_rope_head_dim=32" in unsupported_reason(MLAConfig(num_heads=16, qk_rope_head_dim=32))
         assert "float32" in unsupported_reason(MLAConfig(num_heads=16, dtype="float32"))
-        assert unsupported_reason(MLAConfig(num_heads=16, kv_cache_dtype="fp8_e4m3")) is None  # interpret mode
-        hopper = types.SimpleNamespace(platform="gpu", compute_capability="9.0")  # compiled: not before its GPU tests
-        assert "fp8" in unsupported_reason(MLAConfig(num_heads=16, kv_cache_dtype="fp8_e4m3"), hopper)
+        assert unsupported_reason(MLAConfig(num_heads=16, kv_cache_dtype="fp8_e4m3")) is None
+        hopper = types.SimpleNamespace(platform="gpu", compute_capability="9.0")
+        assert unsupported_reason(MLAConfig(num_heads=16, kv_cache_dtype="fp8_e4m3"), hopper) is None
         assert unsupported_reason(MLAConfig(num_heads=16, dtype="float16")) is None
         assert unsupported_reason(MLAConfig(num_heads=20)) is None  # heads are padded
 
@@ -388,7 +388,7 @@ class TestGPU:
     [
         (MLAConfig(num_heads=128, page_size=64), "pallas_mosaic_gpu", None),
         (MLAConfig(num_heads=16, page_size=1), "pallas_triton", "page_size=1"),
-        (MLAConfig(num_heads=16, kv_cache_dtype="fp8_e4m3"), "pallas_triton", "fp8"),
+        (MLAConfig(num_heads=16, kv_cache_dtype="fp8_e4m3"), "pallas_mosaic_gpu", None),
         (MLAConfig(num_heads=16, batch_invariant=True), "pallas_triton", "batch_invariant"),
         (MLAConfig(num_heads=16, dtype="float32"), "pallas_triton", "float32"),
     ],
