@@ -32,8 +32,9 @@ _MODULES = {
     "pallas_mosaic_gpu": "mla_jax.pallas_mosaic_gpu",
 }
 # Fastest first, by the H200 bench (parity/results/h200-bench-headline-mosaic-v2-2026-11-30.json, one run):
-# geomean FA3/impl 0.72 for the Mosaic GPU kernel, 0.61 for the Triton one on the headline grid; Mosaic
-# GPU where it runs (Hopper, bf16/fp16, its page sizes, no fp8, not batch-invariant), else Triton.
+# geomean FA3/impl 0.72 for the Mosaic GPU kernel, 0.61 for the Triton one on the headline grid (fp8 cache:
+# 0.71 and 0.37, parity/results/h200-bench-fp8-mosaic-v9e-2026-12-01.json); Mosaic GPU where it runs (Hopper,
+# bf16/fp16 q, bf16/fp16 or fp8 cache, its page sizes, not batch-invariant), else Triton.
 _AUTO_ORDER = ("pallas_mosaic_gpu", "pallas_triton", "xla")
 
 
