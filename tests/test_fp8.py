@@ -310,6 +310,22 @@ def test_auto_picks_the_mosaic_kernel_for_fp8_on_hopper():
                                      tuning=pallas_mosaic_gpu.MosaicConfig(schedule="split"))
 
 
+def test_mosaic_gpu_fp8_q_beyond_f16_is_not_silently_clamped():
+    """The fp8 path runs its wgmmas in f16: a bf16 q entry beyond f16's range (65504) becomes inf, and that
+    head's output is not finite (never a silently clamped, plausible-looking result); the others stay right."""
+    pytest.importorskip("absl", reason="Mosaic GPU interpret mode needs absl-py")
+    from mla_jax import pallas_mosaic_gpu
+
+    batch, k_scale, ref_out, _ = fp8_batch_and_reference("single_token")
+    q, kv, md = jax_inputs(batch, "bfloat16")
+    q = q.at[0, 0, 0].set(1e6)
+    out, _ = pallas_mosaic_gpu.mla_decode(q, None, kv, md, batch.config, interpret=True, k_scale=k_scale)
+    out = np.asarray(out.astype(jnp.float32))
+    assert out.dtype == np.float32 and not np.isfinite(out[0, 0]).all()
+    assert np.isfinite(out[:, 1:]).all()
+    np.testing.assert_allclose(out[:, 1:], np.asarray(ref_out)[:, 1:], rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("num_heads,tuning", [(16, None), (128, dict(num_splits=2, pdl=True))])
 def test_mosaic_gpu_fp8_lowers_for_cuda(num_heads, tuning):
     """The fp8 ring (8 x 64 tiles, 64-byte swizzle), its WGMMA-layout loads and the conversion lower for CUDA."""
