@@ -73,7 +73,7 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
   of the next step (its P @ V half; warpgroup 0 also the 64 rope columns) into one f16 step buffer
   right after its P @ V of the current one, so neither writes columns the other may still read,
   and warpgroup 0's scores wait on `deq_ready` (both halves). The wgmmas run in f16: e4m3 -> f16 is
-  exact, one cvt per two values (a bf16 step would cost ~270 instructions a 64 x 64 chunk, not ~60);
+  exact, one cvt per two values (a bf16 step's bit trick took ~270 instructions a 64 x 64 chunk);
   bf16 q enters as f16 (exact for |q| in [2^-14, 65504]) and the output leaves in q's dtype. Rows
   past kv_len are zeroed there (NaN-safe). The per-tensor k_scale scales the scores and the output.
 
