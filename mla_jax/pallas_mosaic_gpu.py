@@ -358,8 +358,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     split_out = num_splits > 1
     flashmla = schedule == "flashmla"
     three = schedule == "three_wg"
-    if fp8 and (not flashmla or memory_wg):
-        raise ValueError("an fp8 cache needs schedule='flashmla' without a memory warpgroup")
     if score_rows and (not flashmla or score_rows % hp or not 0 < score_rows < BLOCK_H):
         raise ValueError(f"score_rows={score_rows} needs schedule='flashmla' and a multiple of {hp=} below {BLOCK_H}")
     q_rows = score_rows or BLOCK_H  # rows of q in SMEM
@@ -881,7 +879,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     stage_transforms = (plgpu.TilingTransform((8, stage_cols)), plgpu.SwizzleTransform(128))
     if fp8:
         # the ring of fp8 steps (8 x 64 tiles, 64-byte swizzle: one 64-column chunk a row of a tile, read in
-        # the WGMMA layout to dequantize) and the dequantized step the wgmmas read (the bf16 ring's layout)
+        # the WGMMA layout to dequantize) and the dequantized step the wgmmas read (the 16-bit ring's layout)
         kv_bufs = (plgpu.SMEM((stages, block_kv, HEAD_DIM), jnp.float8_e4m3fn,
                               transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(64))),
                    plgpu.SMEM((1, block_kv, HEAD_DIM), dtype, transforms=transforms))
@@ -963,7 +961,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     if fp8 and (tuning.schedule != "flashmla" or tuning.memory_warpgroup):
         raise NotImplementedError(f"an fp8 cache runs the flashmla schedule only, got schedule={tuning.schedule!r}, "
                                   f"memory_warpgroup={tuning.memory_warpgroup}")
-    dtype = q.dtype if out_dtype is None else out_dtype  # the output's (fp8: q is f16 here)
+    out_dtype = q.dtype if out_dtype is None else out_dtype  # (fp8: q is f16 here, the output q's dtype)
     page_size = config.page_size
     heads, hp, tpt = _tile_geometry(num_heads)
     if heads != num_heads:
@@ -984,7 +982,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     bt_chunk = tuning.bt_chunk - tuning.bt_chunk % pages_per_step
     width = -(-metadata.block_table.shape[1] // bt_chunk) * bt_chunk
     kernel = _build_kernel(
-        dtype=q.dtype, out_dtype=dtype, page_size=page_size, num_tokens=num_tokens, heads=heads, hp=hp,
+        dtype=q.dtype, out_dtype=out_dtype, page_size=page_size, num_tokens=num_tokens, heads=heads, hp=hp,
         num_h_tiles=num_h_tiles, q_tiles=q_tiles, num_reqs=num_reqs, num_splits=num_splits, block_kv=block_kv,
         stages=tuning.max_concurrent_steps, bt_chunk=bt_chunk, scale_log2=config.softmax_scale * LOG2E,
         memory_wg=tuning.memory_warpgroup, schedule=tuning.schedule,
@@ -994,7 +992,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     if num_splits > 1:
         # split partials per token [S, T, heads, 512] -> out, lse: one Pallas Triton kernel on the GPU
         # (mla_jax.combine); in Mosaic GPU interpret mode its jnp formula
-        out, lse = combine_ref(out, lse, dtype) if interpret else combine(out, lse, dtype)
+        out, lse = combine_ref(out, lse, out_dtype) if interpret else combine(out, lse, out_dtype)
     return out[:, :num_heads], lse[:, :num_heads]
 
 
