@@ -163,13 +163,19 @@ def _fake_runner(out, lse):
     return make
 
 
-def test_check_records_the_fp8_gap_without_judging_it(monkeypatch):
+def _fake_bench(monkeypatch, *impls):
+    """No inputs built, and fake runners for `impls` that all return one random (out, lse), which it returns."""
     rng = np.random.default_rng(0)
     out = rng.standard_normal((4, 16, 512)).astype(np.float32)
     lse = rng.standard_normal((4, 16)).astype(np.float32)
     monkeypatch.setattr(bench, "make_inputs", lambda shape: None)
-    monkeypatch.setitem(RUNNERS, "torch.fa3", _fake_runner(out, lse))
-    monkeypatch.setitem(RUNNERS, "jax.pallas_triton", _fake_runner(out, lse))
+    for impl in impls:
+        monkeypatch.setitem(RUNNERS, impl, _fake_runner(out, lse))
+    return out, lse
+
+
+def test_check_records_the_fp8_gap_without_judging_it(monkeypatch):
+    out, lse = _fake_bench(monkeypatch, "torch.fa3", "jax.pallas_triton")
     monkeypatch.setitem(RUNNERS, FP8, _fake_runner(out * 1.05, lse + 0.02))  # far outside bf16's tolerance
     logged = []
     shape = Shape(16, 4, 1024)
@@ -424,12 +430,7 @@ def test_trace_adds_the_device_span_and_its_geomean(monkeypatch):
     its span ratio to the baseline, and the summary their geomean beside the host-timed one."""
     from parity import timeline
 
-    rng = np.random.default_rng(0)
-    out = rng.standard_normal((4, 16, 512)).astype(np.float32)
-    lse = rng.standard_normal((4, 16)).astype(np.float32)
-    monkeypatch.setattr(bench, "make_inputs", lambda shape: None)
-    monkeypatch.setitem(RUNNERS, "torch.fa3", _fake_runner(out, lse))
-    monkeypatch.setitem(RUNNERS, "jax.pallas_mosaic_gpu", _fake_runner(out, lse))
+    _fake_bench(monkeypatch, "torch.fa3", "jax.pallas_mosaic_gpu")
     spans = iter([12e3, 8e3])  # ns per launch of the traced events: FA3, then Mosaic
 
     def fake_trace(run):
