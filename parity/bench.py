@@ -9,8 +9,11 @@ synchronize, median of several launches, divided by N (`seconds`).
     per query buffer (4 separate arrays, each passed through an optimization barrier with
     the loop index, so nothing is loop-invariant and nothing is copied), all 4 results
     carried (so nothing is dead). N is a multiple of 4.
-N is chosen per shape so that an N-call launch lasts about 3 ms (20 <= N <= 400); the JAX loop's trip
-count is static (a traced one makes XLA read the loop predicate back every iteration).
+N is chosen per shape so that an N-call launch lasts about `--launch-ms` (default 25 ms; 20 <= N <= 8000):
+long enough that what a launch costs once (the JAX loop's launches carried 0.1-0.7 ms outside its
+kernels on the H200, session 5; sessions 1-6 used 3 ms launches, N <= 400, where that cost was up to
+a fifth of a small shape's time) is a small part of t(N)/N. The JAX loop's trip count is static (a
+traced one makes XLA read the loop predicate back every iteration).
 With --trace each row also gets the device's view of one N-call launch (the JAX profiler's trace,
 CUPTI, which sees both stacks' kernels: `python -m parity.timeline`): `span_seconds`, from the first
 kernel's start to the last one's end, and `busy_seconds`, the kernels' summed time, per call, and per
@@ -131,6 +134,9 @@ def add_arguments(p):
                         "geomean of the span ratios")
     p.add_argument("--slope", action="store_true",
                    help="also time launches of 2N calls: seconds_slope = (t(2N) - t(N)) / N per row (a diagnostic)")
+    p.add_argument("--launch-ms", type=float, default=LAUNCH_SECONDS * 1e3,
+                   help=f"what one timed launch of N calls lasts, N chosen per shape (default {LAUNCH_SECONDS * 1e3:g}; "
+                        "sessions 1-6 used 3)")
     p.add_argument("--no-ceilings", action="store_true",
                    help="do not measure the copy/matmul ceilings (the roofline then uses the anchors' numbers)")
 
@@ -153,7 +159,7 @@ def merge(results: list[dict]) -> dict:
         raise ValueError("merge needs at least one bench result")
     first = results[0]
     for r in results[1:]:
-        for key in ("grid", "impls", "xla_flags"):
+        for key in ("grid", "impls", "xla_flags", "launch_ms"):
             if r.get(key) != first.get(key):
                 raise ValueError(f"cannot merge results of different {key}: {first.get(key)!r} vs {r.get(key)!r}")
     order = {shape.name: k for k, shape in enumerate(GRIDS[first["grid"]])}
@@ -499,14 +505,20 @@ class LaunchTimer:
         return t_short / self.n, slope
 
 
-def calibrate(make, inp: BenchInputs, slope: bool = False):
-    """(LaunchTimer, result of one call): n chosen so that an n-call launch lasts about 3 ms
-    (20 <= n <= 400, a multiple of 4); with slope a 2n-call launch too; compiled / captured and warmed."""
+LAUNCH_SECONDS = 25e-3  # what an n-call launch lasts (calibrate's default; --launch-ms)
+MAX_CALLS = 8000
+
+
+def calibrate(make, inp: BenchInputs, slope: bool = False, launch_seconds: float = LAUNCH_SECONDS):
+    """(LaunchTimer, result of one call): n chosen so that an n-call launch lasts about launch_seconds
+    (20 <= n <= MAX_CALLS, a multiple of 4); with slope a 2n-call launch too; compiled / captured and warmed."""
+    if not launch_seconds > 0:
+        raise ValueError(f"launch_seconds must be > 0, got {launch_seconds=}")
     once, time_n = make(inp)
     result = once()
     run = time_n(20)
     t_est = _median_seconds(run, 3) / 20
-    n = int(min(400, max(20, math.ceil(3e-3 / max(t_est, 1e-7)))))
+    n = int(min(MAX_CALLS, max(20, math.ceil(launch_seconds / max(t_est, 1e-7)))))
     n = -(-n // 4) * 4  # the JAX loop makes 4 calls per iteration
     timer = LaunchTimer(run if n == 20 else time_n(n), time_n(2 * n) if slope else None, n)
     timer.short()
@@ -516,7 +528,7 @@ def calibrate(make, inp: BenchInputs, slope: bool = False):
 
 
 def run_bench(shapes, impls, reps=7, check=False, log=print, checkpoint=None, progress=None, trace=False,
-              slope=False):
+              slope=False, launch_seconds=LAUNCH_SECONDS):
     import torch
 
     from parity.compare import compare_out_lse
@@ -536,7 +548,7 @@ def run_bench(shapes, impls, reps=7, check=False, log=print, checkpoint=None, pr
             if fp8:
                 row["kv_cache_dtype"] = "fp8_e4m3"
             try:
-                timer, (out, lse) = calibrate(RUNNERS[name], inp, slope=slope)
+                timer, (out, lse) = calibrate(RUNNERS[name], inp, slope=slope, launch_seconds=launch_seconds)
                 sec, sec_slope = timer.measure(reps)
                 row.update(seconds=sec, n_calls=timer.n, TBps=nbytes / sec / 1e12, TFLOPps=shape.flops() / sec / 1e12)
                 if slope:
@@ -688,6 +700,7 @@ def main(args) -> int:
     def result(rows, summ=None):
         return {"grid": args.grid, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                 "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""),
+                "launch_ms": getattr(args, "launch_ms", LAUNCH_SECONDS * 1e3),
                 "method": __doc__.split("Method")[1].split("Bytes")[0].strip(), **ceilings, "complete": summ is not None, "impls": impls, "unavailable": unavailable,
                 "summary": summ, "rows": rows, **({"shard": f"{shard[0]}/{shard[1]}"} if shard else {})}
 
@@ -700,7 +713,8 @@ def main(args) -> int:
     progress = runner.Progress(len(shapes) * len(impls), enabled=runner._is_tty(sys.stderr))
     try:
         rows = run_bench(shapes, impls, reps=args.reps, check=args.check, log=progress.log, checkpoint=write,
-                         progress=progress, trace=getattr(args, "trace", False), slope=getattr(args, "slope", False))
+                         progress=progress, trace=getattr(args, "trace", False), slope=getattr(args, "slope", False),
+                         launch_seconds=getattr(args, "launch_ms", LAUNCH_SECONDS * 1e3) * 1e-3)
     finally:
         progress.close()
     text, summ = summary(rows, impls)

@@ -163,6 +163,25 @@ def _fake_runner(out, lse):
     return make
 
 
+@pytest.mark.parametrize("launch_seconds,n", [(25e-3, 2500), (3e-3, 300), (1e-4, 20), (1.0, bench.MAX_CALLS)])
+def test_calibrate_sizes_the_launch(monkeypatch, launch_seconds, n):
+    # 10 us a call: n = launch / 10 us, a multiple of 4, within [20, MAX_CALLS]
+    monkeypatch.setattr(bench, "_median_seconds", lambda run, reps: 20 * 1e-5)
+    made = []
+
+    def time_n(k):
+        made.append(k)
+        return lambda: None
+
+    timer, result = bench.calibrate(lambda inp: ((lambda: "once"), time_n), None, launch_seconds=launch_seconds)
+    assert result == "once" and timer.n == n and timer.n % 4 == 0 and made == ([20] if n == 20 else [20, n])
+
+
+def test_calibrate_rejects_a_launch_of_no_length():
+    with pytest.raises(ValueError, match="launch_seconds must be > 0, got launch_seconds=0"):
+        bench.calibrate(lambda inp: (None, None), None, launch_seconds=0)
+
+
 def _fake_bench(monkeypatch, *impls):
     """No inputs built, and fake runners for `impls` that all return one random (out, lse), which it returns."""
     rng = np.random.default_rng(0)
