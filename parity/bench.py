@@ -324,7 +324,11 @@ def _torch_graph_timer(fn, q):
                 fn(q[i % 4])  # warm up on the side stream before capture
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        torch.cuda.synchronize()
+        # thread_local: a CUDA call from another thread of the process (JAX's runtime, the profiler's
+        # flush after a traced row) must not invalidate this capture; with the default ("global") one
+        # did, on the H200 in session 7 ("operation failed due to a previous error during capture")
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             for i in range(n):
                 fn(q[i % 4])
 
