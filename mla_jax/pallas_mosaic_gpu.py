@@ -164,6 +164,11 @@ class MosaicConfig:
         the tile is in use (H >= 64, or q_len >= 64 / H). Needs schedule="flashmla". heuristic_config
         turns it on for H < 64: 1.04-1.16x faster than the plain scores on four H = 16, q_len 1 shapes
         of the H200 (S = 4096 and 16384, B = 8 to 128; three interleaved rounds, session 5).
+    p_in_kv: ("flashmla", plain scores, bf16/fp16 cache; opt-in) P of a step is stored into that step's 64
+        rope columns in its KV slot, which only warpgroup 0's scores read and which stay free until both
+        P @ V halves release the slot: no separate P buffer (8 KiB less shared memory) and no wait for
+        warpgroup 1 to release P before the next P is written (`p_free`); the rescale factor and the
+        hand-off barrier are per slot instead. The same math (no effect on the results).
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -180,6 +185,7 @@ class MosaicConfig:
     memory_warpgroup: bool = False
     schedule: str = "flashmla"
     transposed_scores: bool = False
+    p_in_kv: bool = False
     pdl: bool = False
 
     def __post_init__(self):
@@ -202,6 +208,11 @@ class MosaicConfig:
             raise ValueError(f"transposed_scores must be a bool, got transposed_scores={self.transposed_scores!r}")
         if self.transposed_scores and self.schedule != "flashmla":
             raise ValueError(f"transposed_scores=True needs schedule='flashmla', got schedule={self.schedule!r}")
+        if not isinstance(self.p_in_kv, bool):
+            raise ValueError(f"p_in_kv must be a bool, got p_in_kv={self.p_in_kv!r}")
+        if self.p_in_kv and (self.schedule != "flashmla" or self.transposed_scores):
+            raise ValueError(f"p_in_kv=True needs schedule='flashmla' with plain scores, got "
+                             f"schedule={self.schedule!r}, transposed_scores={self.transposed_scores}")
         if block_kv != 64:
             # 64 = two 32-row score tiles, one per compute warpgroup. (32 would need
             # a zero-fill of 16-row V tiles, which the WGMMA register layout cannot hold.)
@@ -231,10 +242,10 @@ class MosaicConfig:
 
         q = alloc(BLOCK_H * HEAD_DIM * dtype_bytes)
         kv = alloc(self.max_concurrent_steps * self.block_kv * HEAD_DIM * dtype_bytes)
-        p = alloc(BLOCK_H * self.block_kv * dtype_bytes)
-        f32_misc = alloc(NUM_COMPUTE_WGS * BLOCK_H * 4)
+        p = alloc(4) if self.p_in_kv else alloc(BLOCK_H * self.block_kv * dtype_bytes)  # (p_in_kv: a placeholder)
+        f32_misc = alloc(((self.max_concurrent_steps + 1) if self.p_in_kv else NUM_COMPUTE_WGS) * BLOCK_H * 4)
         i32_misc = alloc((INFO_WORDS + self.bt_chunk) * 4)
-        barriers = 8 * (2 + 2 * self.max_concurrent_steps + 3)
+        barriers = 8 * (2 + (3 if self.p_in_kv else 2) * self.max_concurrent_steps + 3)
         return q + kv + p + f32_misc + i32_misc + barriers
 
 
@@ -329,7 +340,7 @@ def unsupported_reason(config: MLAConfig, device=None) -> str | None:
 def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int, num_h_tiles: int, q_tiles: int,
                   num_reqs: int, num_splits: int, block_kv: int, stages: int, bt_chunk: int, scale_log2: float,
                   memory_wg: bool, schedule: str, score_rows: int = 0, pdl: bool = False, fp8: bool = False,
-                  out_dtype=None, interpret: bool = False):
+                  p_in_kv: bool = False, out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile): CTA (hb, split, g) takes request g // q_tiles,
@@ -337,7 +348,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     [hb * 64, hb * 64 + 64) (or all `heads` x tpt tokens when heads < 64), and its split of the KV.
     score_rows > 0 (a multiple of hp below 64; "flashmla" only): the tile's rows in use, whose scores
     warpgroup 0 computes transposed (MosaicConfig.transposed_scores); q holds only those rows.
-    pdl: programmatic dependent launch (MosaicConfig.pdl).
+    pdl: programmatic dependent launch (MosaicConfig.pdl). p_in_kv: MosaicConfig.p_in_kv.
     fp8 ("flashmla" only): the cache is float8_e4m3fn; the TMAs fill a ring of fp8 steps, and each compute
     warpgroup dequantizes its own columns of the next step into one `dtype` buffer after its P @ V of the
     current one (`deq_ready`); the per-tensor k_scale (info word 3, float32 bits) scales the scores and the
@@ -360,6 +371,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     three = schedule == "three_wg"
     if score_rows and (not flashmla or score_rows % hp or not 0 < score_rows < BLOCK_H):
         raise ValueError(f"score_rows={score_rows} needs schedule='flashmla' and a multiple of {hp=} below {BLOCK_H}")
+    if p_in_kv and (not flashmla or score_rows or fp8):
+        raise ValueError(f"p_in_kv needs schedule='flashmla', plain scores and a 16-bit cache, got {schedule=}, "
+                         f"{score_rows=}, {fp8=}")
     q_rows = score_rows or BLOCK_H  # rows of q in SMEM
     q_toks = q_rows // hp  # tokens of q loaded per tile
     # FlashMLA: warpgroup 1 has the lighter step; three_wg: a P @ V warpgroup
@@ -367,13 +381,18 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
     def body(q_ref, kv_ref, sched_ref, out_ref, lse_ref,
              q_kv_or_stage, p_smem, x_smem, i_smem,
-             q_bar, info_bar, bt_bar, kv_ready, kv_consumed, sync_a, sync_b, *fp8_barriers):
+             q_bar, info_bar, bt_bar, kv_ready, kv_consumed, sync_a, sync_b, *extra_barriers):
         if fp8:
             # kv_smem: the ring of fp8 steps the TMAs fill; deq_smem: the step the wgmmas read
             (q_smem, kv_smem, deq_smem), stage = q_kv_or_stage
-            (deq_ready,) = fp8_barriers
+            (deq_ready,) = extra_barriers
         else:
             (q_smem, kv_smem), stage = q_kv_or_stage
+        if p_in_kv:
+            # p_ready per slot: warpgroup 0 can run one step ahead of warpgroup 1's wait (nothing makes it
+            # wait for P's release), never two (step k + 2 reuses the slot of step k, released after the
+            # P @ V of step k)
+            (p_ready_slot,) = extra_barriers
         if pdl and not interpret:  # (the interpreter runs kernels in order: nothing to wait for)
             plgpu.griddepcontrol_wait()  # the kernels before this one are done: their writes are visible
             plgpu.griddepcontrol_launch_dependents()
@@ -700,9 +719,17 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             def zeros_acc():
                 return plgpu.layout_cast(jnp.full((BLOCK_H, V_HALF), 0.0, jnp.float32), plgpu.Layout.WGMMA)
 
+            def p_ref(slot):
+                """Where P of the step in `slot` is: the slot's rope columns (p_in_kv), else the P buffer."""
+                return kv_smem.at[slot, :, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)] if p_in_kv else p_smem
+
+            # (p_in_kv) the row of x_smem holding the rescale factor of the step in `slot`, and the row sums'
+            alpha_row = (lambda slot: slot) if p_in_kv else (lambda slot: 0)
+            sums_row = stages if p_in_kv else 1
+
             def pv(acc, half, slot):
                 v_cols = pl.ds(half * V_HALF, V_HALF)
-                return accumulate(acc, lambda acc_ref: plgpu.wgmma(acc_ref, p_smem, kv_tile(slot).at[:, v_cols]))
+                return accumulate(acc, lambda acc_ref: plgpu.wgmma(acc_ref, p_ref(slot), kv_tile(slot).at[:, v_cols]))
 
             if fp8:  # the first step, dequantized (each warpgroup its columns)
                 pl.when(end > begin)(lambda: dequantize(w, begin, begin, kv_len))
@@ -755,17 +782,19 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [row_ax]))
                     l_i = l_i * alpha + p.sum(axis=key_ax)
 
-                    @pl.when(k > begin)
-                    @jax.named_scope("p_free_wait")
-                    def _():
-                        plgpu.barrier_wait(sync_b)  # p_free: the P @ V warpgroups are done with step k - 1
+                    if not p_in_kv:
+                        @pl.when(k > begin)
+                        @jax.named_scope("p_free_wait")
+                        def _():
+                            plgpu.barrier_wait(sync_b)  # p_free: the P @ V warpgroups are done with step k - 1
 
                     if tr:
                         p_t[...] = p.astype(dtype)
                         x_smem.at[0, pl.ds(0, n)][...] = alpha
                     else:
-                        p_smem[...] = p.astype(dtype)
-                        x_smem[0] = alpha
+                        # (p_in_kv: the slot's rope columns; this step's scores, their only reader, are done)
+                        p_ref(slot)[...] = p.astype(dtype)
+                        x_smem[alpha_row(slot)] = alpha
                     if masked and not fp8:  # (fp8: dequantize zeroed them)
                         # The step past kv_len: zero V's invalid rows (all 512 columns) before any
                         # P @ V reads them (their slots may hold NaN; 0 * NaN = NaN). The scores of
@@ -775,7 +804,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                             zero_v_tail(slot, kv_len - kv_start, 0, KV_LORA_RANK)
 
                     plgpu.commit_smem()  # (a warpgroup barrier too: alpha may be read back below)
-                    plgpu.barrier_arrive(sync_a)  # p_ready
+                    plgpu.barrier_arrive(p_ready_slot.at[slot] if p_in_kv else sync_a)  # p_ready
                     if not three:  # its own P @ V half; P from SMEM here too (the interpreter's
                         # wgmma takes only SMEM left operands)
                         alpha_rows = plgpu.load(x_smem.at[0], layout=row_layout) if tr else alpha
@@ -792,19 +821,20 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 carry = lax.fori_loop(begin, mid, functools.partial(step, masked=False), (acc, m_i, l_i))
                 acc, m_i, l_i = lax.fori_loop(mid, end, functools.partial(step, masked=True), carry)
 
-                # Hand the row sums over once the P @ V warpgroups are done with the last alpha.
+                # Hand the row sums over once the P @ V warpgroups are done with the last alpha (p_in_kv:
+                # warpgroup 1 says so once, after its last step; else its last p_free).
                 @pl.when(end > begin)
                 def _():
                     plgpu.barrier_wait(sync_b)
 
                 if tr:
-                    x_smem.at[1, pl.ds(0, n)][...] = l_i
+                    x_smem.at[sums_row, pl.ds(0, n)][...] = l_i
                 else:
-                    x_smem[1] = l_i
+                    x_smem[sums_row] = l_i
                 plgpu.commit_smem()
                 plgpu.barrier_arrive(sync_a)
                 lse = (m_i + jnp.log(l_i) * (1.0 / LN2)) * LN2  # [n]
-                l_rows = plgpu.load(x_smem.at[1], layout=row_layout) if tr else l_i
+                l_rows = plgpu.load(x_smem.at[sums_row], layout=row_layout) if tr else l_i
                 finish(None if three else 0, acc, l_rows, lse, first_tok, ntok)
             else:
                 half = w - 1 if three else 1
@@ -812,11 +842,12 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 def step(k, acc):
                     slot = lax.rem(k - begin, jnp.int32(stages))
                     with jax.named_scope("p_ready_wait"):
-                        plgpu.barrier_wait(sync_a)  # p_ready
-                    alpha = plgpu.load(x_smem.at[0], layout=row_layout)
+                        plgpu.barrier_wait(p_ready_slot.at[slot] if p_in_kv else sync_a)  # p_ready
+                    alpha = plgpu.load(x_smem.at[alpha_row(slot)], layout=row_layout)
                     with jax.named_scope("pv"):
                         acc = pv(acc * lax.broadcast_in_dim(alpha, acc.shape, [0]), half, slot)
-                    plgpu.barrier_arrive(sync_b)  # p_free
+                    if not p_in_kv:  # (p_in_kv: P lives in the slot, released below)
+                        plgpu.barrier_arrive(sync_b)  # p_free
                     if not fp8:
                         plgpu.barrier_arrive(kv_consumed.at[slot])
                     if refill is not None:  # (fp8: the slot was released when step k was dequantized)
@@ -826,8 +857,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     return acc
 
                 acc = lax.fori_loop(begin, end, step, zeros_acc())
+                if p_in_kv:  # done with the last alpha: warpgroup 0 may write the row sums
+                    pl.when(end > begin)(lambda: plgpu.barrier_arrive(sync_b))
                 plgpu.barrier_wait(sync_a)
-                finish(half, acc, plgpu.load(x_smem.at[1], layout=row_layout), None, first_tok, ntok)
+                finish(half, acc, plgpu.load(x_smem.at[sums_row], layout=row_layout), None, first_tok, ntok)
 
         def finish(half, acc, l_tot, lse, first_tok, ntok):
             """Writes the output columns [256 half, 256 half + 256) normalized by l_tot (half None: none)
@@ -893,9 +926,12 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # wgmma accumulator rows do not conflict on shared-memory banks (8-way unswizzled)
             plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), stage_dtype, transforms=stage_transforms),
         ),
+        # P (split: the two halves; p_in_kv: none, a 1-element placeholder)
+        plgpu.SMEM((1,), jnp.float32) if p_in_kv else
         plgpu.SMEM((BLOCK_H, block_kv) if flashmla or three else (NUM_COMPUTE_WGS, BLOCK_H, half), dtype,
-                   transforms=transforms),  # P (split: the two halves)
-        plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H), jnp.float32),  # row max / row sum exchange, lse
+                   transforms=transforms),
+        # row max / row sum exchange, lse (p_in_kv: the rescale factor per slot, then the row sums)
+        plgpu.SMEM((stages + 1 if p_in_kv else NUM_COMPUTE_WGS, BLOCK_H), jnp.float32),
         plgpu.SMEM((INFO_WORDS + bt_chunk,), jnp.int32),  # request info + block-table chunk
         plgpu.Barrier(num_arrivals=q_toks),  # q_bar: one TMA per token of the tile (one for H >= 64)
         plgpu.Barrier(),  # info_bar
@@ -907,6 +943,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     ]
     if fp8:
         scratch.append(plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS))  # deq_ready: both column sets dequantized
+    if p_in_kv:
+        scratch.append(plgpu.Barrier(num_arrivals=1, num_barriers=stages))  # p_ready per slot
     num_ctas_tiles = num_reqs * q_tiles
     lead = (num_splits,) if split_out else ()  # split-KV: fp32 partials of each split, per token
     out_type = (
@@ -961,6 +999,9 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     if fp8 and (tuning.schedule != "flashmla" or tuning.memory_warpgroup):
         raise NotImplementedError(f"an fp8 cache runs the flashmla schedule only, got schedule={tuning.schedule!r}, "
                                   f"memory_warpgroup={tuning.memory_warpgroup}")
+    if fp8 and tuning.p_in_kv:
+        raise NotImplementedError("p_in_kv=True needs a 16-bit cache (fp8: P would share the dequantized step "
+                                  "that the next step's dequantization overwrites), got kv_cache_dtype='fp8_e4m3'")
     out_dtype = q.dtype if out_dtype is None else out_dtype  # (fp8: q is f16 here, the output q's dtype)
     page_size = config.page_size
     heads, hp, tpt = _tile_geometry(num_heads)
@@ -986,7 +1027,8 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         num_h_tiles=num_h_tiles, q_tiles=q_tiles, num_reqs=num_reqs, num_splits=num_splits, block_kv=block_kv,
         stages=tuning.max_concurrent_steps, bt_chunk=bt_chunk, scale_log2=config.softmax_scale * LOG2E,
         memory_wg=tuning.memory_warpgroup, schedule=tuning.schedule,
-        score_rows=score_rows if score_rows < BLOCK_H else 0, pdl=tuning.pdl, fp8=fp8, interpret=interpret,
+        score_rows=score_rows if score_rows < BLOCK_H else 0, pdl=tuning.pdl, fp8=fp8, p_in_kv=tuning.p_in_kv,
+        interpret=interpret,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     if num_splits > 1:

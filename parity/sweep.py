@@ -36,7 +36,8 @@ VARIANTS = {
     "pallas_triton": dict(block_kv=(16, 32, 64, 128), num_warps=(4, 8), num_stages=(1, 2, 3, 4), num_splits="x0.5,x2",
                           block_h=(32, 64), block_q=(1, 2)),
     "pallas_mosaic_gpu": dict(schedule=("flashmla", "split", "three_wg"), memory_warpgroup=(True, False), max_concurrent_steps=(1,),
-                              num_splits="x0.5,x2,=1", transposed_scores=(True, False), pdl=(True, False)),
+                              num_splits="x0.5,x2,=1", transposed_scores=(True, False), pdl=(True, False),
+                              p_in_kv=(True, False)),
 }
 
 

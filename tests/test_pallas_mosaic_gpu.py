@@ -95,6 +95,14 @@ CASES = [
      "bfloat16", MosaicConfig(num_splits=2, transposed_scores=True)),
     (Scenario("tscores_heads20_one_stage", seq_lens=(150, 9), query_lens=(1, 1), num_heads=20, page_size=32),
      "bfloat16", MosaicConfig(max_concurrent_steps=1, transposed_scores=True)),
+    # P in the KV slot's rope columns (p_in_kv): H=128 with splits and a masked tail, spec decode with several
+    # pages a step, one stage (slot 0 every step), fp16
+    (Scenario("p_in_kv_h128_p64", seq_lens=(33, 97, 520), query_lens=(1, 2, 1), num_heads=128, page_size=64),
+     "bfloat16", MosaicConfig(num_splits=3, p_in_kv=True)),
+    (Scenario("p_in_kv_spec_p16", seq_lens=(8, 100, 200), query_lens=(3, 6, 2), page_size=16), "float16",
+     MosaicConfig(num_splits=2, p_in_kv=True)),
+    (Scenario("p_in_kv_one_stage", seq_lens=(150, 9), query_lens=(2, 1), page_size=32), "bfloat16",
+     MosaicConfig(max_concurrent_steps=1, p_in_kv=True)),
     # the warp-specialized variant (a third warpgroup issues the TMAs)
     (Scenario("memory_wg_p16", seq_lens=(8, 300, 200), query_lens=(3, 6, 2), page_size=16), "bfloat16",
      MosaicConfig(num_splits=2, memory_warpgroup=True, schedule="split")),
@@ -127,17 +135,17 @@ class TestInterpret:
         assert_matches(o3, l3, ref_out, ref_lse, "bfloat16", "num_splits=1")
         assert np.abs(np.asarray(l3) - l1).max() < 1e-4
 
-    @pytest.mark.parametrize("memory_warpgroup, schedule, transposed_scores",
-                             [(False, "split", False), (True, "split", False), (False, "flashmla", False),
-                              (False, "three_wg", False), (False, "flashmla", True)])
-    def test_no_data_races(self, memory_warpgroup, schedule, transposed_scores):
+    @pytest.mark.parametrize("variant", [dict(schedule="split"), dict(memory_warpgroup=True, schedule="split"),
+                                         dict(schedule="flashmla"), dict(schedule="three_wg"),
+                                         dict(transposed_scores=True), dict(p_in_kv=True)],
+                             ids=["split", "memory_wg", "flashmla", "three_wg", "transposed_scores", "p_in_kv"])
+    def test_no_data_races(self, variant):
         """The interpreter's race detector: the producer (warpgroup 0, or the memory warpgroup),
         the KV ring, P and the row-max exchange are ordered by their barriers."""
         scenario = Scenario("races", seq_lens=(150, 9), query_lens=(2, 1), page_size=16)
         batch, ref_out, ref_lse = batch_and_reference(scenario, "bfloat16")
         params = mgpu_mla.plgpu.InterpretGPUParams(detect_races=True)
-        tuning = MosaicConfig(num_splits=2, memory_warpgroup=memory_warpgroup, schedule=schedule,
-                              transposed_scores=transposed_scores)
+        tuning = MosaicConfig(num_splits=2, **variant)
         out, lse = _run(batch, "bfloat16", tuning, interpret=params)
         assert_matches(out, lse, ref_out, ref_lse, "bfloat16", f"races {tuning}")
         from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as ipc  # no public accessor
@@ -192,6 +200,8 @@ class TestGPULowering:
             (32, 128, MosaicConfig(num_splits=3, max_concurrent_steps=1, transposed_scores=True)),
             (128, 64, MosaicConfig(num_splits=2, pdl=True)),
             (16, 16, MosaicConfig(num_splits=1, pdl=True, transposed_scores=True)),
+            (128, 64, MosaicConfig(num_splits=2, p_in_kv=True)),
+            (16, 16, MosaicConfig(num_splits=1, max_concurrent_steps=1, p_in_kv=True)),
         ],
     )
     def test_lowers_for_cuda(self, num_heads, page_size, tuning):
@@ -234,6 +244,9 @@ class TestConfig:
             (dict(pdl=1), "pdl=1"),
             (dict(transposed_scores=True, schedule="split"), "schedule='split'"),
             (dict(transposed_scores=True, schedule="three_wg"), "schedule='three_wg'"),
+            (dict(p_in_kv=1), "p_in_kv=1"),
+            (dict(p_in_kv=True, schedule="split"), "schedule='split'"),
+            (dict(p_in_kv=True, transposed_scores=True), "transposed_scores=True"),
         ],
     )
     def test_invalid_config(self, kwargs, needle):
@@ -244,6 +257,8 @@ class TestConfig:
         for cfg in (MosaicConfig(), MosaicConfig(max_concurrent_steps=1), MosaicConfig(bt_chunk=32)):
             assert cfg.smem_bytes() <= 227 * 1024
         assert MosaicConfig().smem_bytes() > 220 * 1024  # Q + 2 stages nearly fill it
+        # P in the KV slots: the 8 KiB P buffer gone (a 1 KiB placeholder), one more 1 KiB row block
+        assert MosaicConfig().smem_bytes() - MosaicConfig(p_in_kv=True).smem_bytes() == 7 * 1024 - 16
 
     def test_heuristic(self):
         cfg = MLAConfig(num_heads=16, page_size=64)
@@ -360,8 +375,8 @@ class TestGPU:
         assert_matches(out, lse, ref_out, ref_lse, dtype, f"{scenario.name} {tuning}")
 
     @pytest.mark.parametrize("variant", [dict(schedule="split"), dict(schedule="three_wg"),
-                                         dict(transposed_scores=True), dict(pdl=True)],
-                             ids=["split", "three_wg", "transposed_scores", "pdl"])
+                                         dict(transposed_scores=True), dict(pdl=True), dict(p_in_kv=True)],
+                             ids=["split", "three_wg", "transposed_scores", "pdl", "p_in_kv"])
     @pytest.mark.parametrize("name", sorted(SCENARIOS))
     def test_scenario_other_schedules(self, name, variant):
         scenario = SCENARIOS[name]
@@ -373,8 +388,8 @@ class TestGPU:
         assert_matches(out, lse, ref_out, ref_lse, "bfloat16", f"{name} {variant}")
 
     @pytest.mark.parametrize("variant", [dict(schedule="split"), dict(schedule="flashmla"), dict(schedule="three_wg"),
-                                         dict(transposed_scores=True), dict(pdl=True)],
-                             ids=["split", "flashmla", "three_wg", "transposed_scores", "pdl"])
+                                         dict(transposed_scores=True), dict(pdl=True), dict(p_in_kv=True)],
+                             ids=["split", "flashmla", "three_wg", "transposed_scores", "pdl", "p_in_kv"])
     def test_deterministic(self, variant):
         batch, _, _ = batch_and_reference(SCENARIOS["spec_decode"], "bfloat16")
         tuning = MosaicConfig(num_splits=3, **variant)
