@@ -120,7 +120,7 @@ REDUCTION_SCRATCH_BYTES = 1024  # transposed scores: the column max / sum across
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 SUPPORTED_DTYPES = ("bfloat16", "float16")
-SCHEDULES = ("split", "flashmla", "three_wg")
+SCHEDULES = ("split", "flashmla", "three_wg", "seesaw")
 # three_wg's register split (setmaxnreg; 128 threads each, at most 65536 registers in all): the scores
 # warpgroup holds a 64 x 64 fp32 score tile, each P @ V warpgroup a 64 x 256 fp32 accumulator
 THREE_WG_REGISTERS = (152, 176, 176)
@@ -155,6 +155,12 @@ class MosaicConfig:
         scores and the softmax, warpgroups 1 and 2 each do P @ V for one output half (2 the TMAs), so
         warpgroup 0's next scores overlap both P @ V halves (the H200 profile of "flashmla" showed
         warpgroup 1 idle half the time while warpgroup 0 ran scores, softmax and its P @ V in series).
+        "seesaw" (opt-in; bf16/fp16 cache, plain scores, 2 stages): FlashMLA's seesaw. Steps go in
+        pairs, one per ring slot; warpgroup 0 computes the scores and softmax of the first (slot 0),
+        warpgroup 1 those of the second (slot 1) against warpgroup 0's new row max, and each does
+        P @ V of both steps for its 256 output columns (P of a step in its slot's rope columns, as
+        p_in_kv): each warpgroup's softmax runs while the other's wgmmas do, where "flashmla" leaves
+        the tensor cores idle during warpgroup 0's softmax every step.
         memory_warpgroup=True needs schedule="split".
     transposed_scores: warpgroup 0 computes the scores transposed, S^T = K Q^T (wgmma M = the 64 keys
         of a step, N = the rows of the query tile in use: 16 at H = 16 and q_len 1), instead of
@@ -208,6 +214,9 @@ class MosaicConfig:
             raise ValueError(f"transposed_scores must be a bool, got transposed_scores={self.transposed_scores!r}")
         if self.transposed_scores and self.schedule != "flashmla":
             raise ValueError(f"transposed_scores=True needs schedule='flashmla', got schedule={self.schedule!r}")
+        if self.schedule == "seesaw" and (self.transposed_scores or max_concurrent_steps != 2):
+            raise ValueError(f"schedule='seesaw' needs plain scores and 2 stages (one per step of a pair), got "
+                             f"transposed_scores={self.transposed_scores}, {max_concurrent_steps=}")
         if not isinstance(self.p_in_kv, bool):
             raise ValueError(f"p_in_kv must be a bool, got p_in_kv={self.p_in_kv!r}")
         if self.p_in_kv and (self.schedule != "flashmla" or self.transposed_scores):
@@ -242,8 +251,9 @@ class MosaicConfig:
 
         q = alloc(BLOCK_H * HEAD_DIM * dtype_bytes)
         kv = alloc(self.max_concurrent_steps * self.block_kv * HEAD_DIM * dtype_bytes)
-        p = alloc(4) if self.p_in_kv else alloc(BLOCK_H * self.block_kv * dtype_bytes)  # (p_in_kv: a placeholder)
-        f32_misc = alloc(((self.max_concurrent_steps + 1) if self.p_in_kv else NUM_COMPUTE_WGS) * BLOCK_H * 4)
+        p_in_slots = self.p_in_kv or self.schedule == "seesaw"  # P in the KV slots: a placeholder
+        p = alloc(4) if p_in_slots else alloc(BLOCK_H * self.block_kv * dtype_bytes)
+        f32_misc = alloc((4 if p_in_slots else NUM_COMPUTE_WGS) * BLOCK_H * 4)
         i32_misc = alloc((INFO_WORDS + self.bt_chunk) * 4)
         barriers = 8 * (2 + (3 if self.p_in_kv else 2) * self.max_concurrent_steps + 3)
         return q + kv + p + f32_misc + i32_misc + barriers
@@ -369,6 +379,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     split_out = num_splits > 1
     flashmla = schedule == "flashmla"
     three = schedule == "three_wg"
+    seesaw = schedule == "seesaw"
+    if seesaw and (score_rows or fp8 or stages != 2 or memory_wg):
+        raise ValueError(f"schedule='seesaw' needs plain scores, a 16-bit cache and 2 stages, got {score_rows=}, "
+                         f"{fp8=}, {stages=}, {memory_wg=}")
     if score_rows and (not flashmla or score_rows % hp or not 0 < score_rows < BLOCK_H):
         raise ValueError(f"score_rows={score_rows} needs schedule='flashmla' and a multiple of {hp=} below {BLOCK_H}")
     if p_in_kv and (not flashmla or score_rows or fp8):
@@ -377,7 +391,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     q_rows = score_rows or BLOCK_H  # rows of q in SMEM
     q_toks = q_rows // hp  # tokens of q loaded per tile
     # FlashMLA: warpgroup 1 has the lighter step; three_wg: a P @ V warpgroup
-    producer_wg = 1 if flashmla else 2 if three else 0
+    producer_wg = 1 if flashmla or seesaw else 2 if three else 0
 
     def body(q_ref, kv_ref, sched_ref, out_ref, lse_ref,
              q_kv_or_stage, p_smem, x_smem, i_smem,
@@ -605,7 +619,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         plgpu.barrier_wait(kv_consumed.at[lax.rem(k - begin, jnp.int32(stages))])
                         issue_step(i, begin, last_page)
 
-                tile = compute_tile_flashmla if flashmla or three else compute_tile
+                tile = (compute_tile_seesaw if seesaw else compute_tile_flashmla if flashmla or three
+                        else compute_tile)
                 tile(w, first_tok, ntok, first_pos, kv_len, begin, end, refill if producer else None)
                 if producer:
                     drain(n)
@@ -862,6 +877,155 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 plgpu.barrier_wait(sync_a)
                 finish(half, acc, plgpu.load(x_smem.at[sums_row], layout=row_layout), None, first_tok, ntok)
 
+        def compute_tile_seesaw(w, first_tok, ntok, first_pos, kv_len, begin, end, refill):
+            """FlashMLA's seesaw ("seesaw"): the steps in pairs (a, b) = (begin + 2j, begin + 2j + 1) in ring slots
+            0 and 1. Warpgroup 0 computes S_a = Q K_a^T, the new row max m_a = max(m, rowmax S_a), P_a and hands
+            P_a (slot 0's rope columns) and m_a (x_smem[0]) over (`sync_a`); warpgroup 1 computes S_b, then
+            m_b = max(m_a, rowmax S_b), P_b, and hands them over (slot 1, x_smem[1], `sync_b`). Each does
+            acc = (acc * 2^(m - m_a) + P_a V_a) * 2^(m_a - m_b) + P_b V_b for its 256 output columns and keeps
+            the row sums of its own steps (l0 of the a's, l1 of the b's, both relative to the running max),
+            added at the end. A last unpaired step (odd count) is warpgroup 0's, as in "flashmla". A slot is
+            released after both P @ V of its step, and P of a step is only rewritten after its slot is refilled,
+            so neither hand-off needs a release barrier; each barrier's next arrival waits on the other
+            warpgroup's last one, so neither runs two phases ahead."""
+            row_layout = plgpu.Layout.WGMMA.reduce(1)
+            v_cols = pl.ds(w * V_HALF, V_HALF)
+
+            def p_ref(slot: int):
+                return kv_smem.at[slot, :, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)]
+
+            def pv(acc, slot: int):
+                return accumulate(acc, lambda acc_ref: plgpu.wgmma(acc_ref, p_ref(slot), kv_smem.at[slot, :, v_cols]))
+
+            def rescale(acc, f):
+                return acc * lax.broadcast_in_dim(f, acc.shape, [0])
+
+            def scores(k, slot: int, masked: bool):
+                """The scaled, masked scores of step k (in `slot`), [64, 64] fp32."""
+                def qk(s_ref):
+                    plgpu.wgmma(s_ref, q_smem, kv_smem.at[slot].transpose((1, 0)))
+                    return s_ref[...]
+
+                with jax.named_scope("kv_wait"):
+                    plgpu.barrier_wait(kv_ready.at[slot])
+                with jax.named_scope("qk"):
+                    s = pl.run_scoped(qk, plgpu.ACC((BLOCK_H, block_kv), jnp.float32))
+                if not masked:
+                    return s * scale_log2
+                shape = (BLOCK_H, block_kv)
+                row = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
+                kv_pos = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA) + k * block_kv
+                visible = ((kv_pos - first_pos) * hp <= row) & (kv_pos < kv_len)
+                return jnp.where(visible, s * scale_log2, MASK_VALUE)
+
+            def hand_over(k, slot: int, p, m_new, bar, masked: bool):
+                """P (slot's rope columns: the step's scores, their only reader, are done) and the row max
+                to the other warpgroup; V rows past kv_len zeroed first (NaN-safe P @ V)."""
+                p_ref(slot)[...] = p.astype(dtype)
+                x_smem[slot] = m_new
+                if masked:
+                    @pl.when(k * block_kv + block_kv > kv_len)
+                    def _zero_tail():
+                        zero_v_tail(slot, kv_len - k * block_kv, 0, KV_LORA_RANK)
+                plgpu.commit_smem()
+                plgpu.barrier_arrive(bar)
+
+            def release(k, slot: int):
+                plgpu.barrier_arrive(kv_consumed.at[slot])
+                if refill is not None:
+                    refill(k)
+
+            def pair(j, carry, masked: bool):
+                acc, m, l = carry
+                a = begin + 2 * j
+                b = a + 1
+                if w == 0:
+                    s = scores(a, 0, masked)
+                    m_a = jnp.maximum(m, s.max(axis=1))
+                    p = jnp.exp2(s - lax.broadcast_in_dim(m_a, s.shape, [0]))
+                    alpha = jnp.exp2(m - m_a)
+                    l = l * alpha + p.sum(axis=1)
+                    hand_over(a, 0, p, m_a, sync_a, masked)
+                    with jax.named_scope("pv"):
+                        acc = pv(rescale(acc, alpha), 0)
+                    release(a, 0)
+                    with jax.named_scope("p_ready_wait"):
+                        plgpu.barrier_wait(sync_b)
+                    m_b = plgpu.load(x_smem.at[1], layout=row_layout)
+                    beta = jnp.exp2(m_a - m_b)
+                    l = l * beta
+                    with jax.named_scope("pv"):
+                        acc = pv(rescale(acc, beta), 1)
+                    release(b, 1)
+                else:
+                    s = scores(b, 1, masked)
+                    with jax.named_scope("p_ready_wait"):
+                        plgpu.barrier_wait(sync_a)
+                    m_a = plgpu.load(x_smem.at[0], layout=row_layout)
+                    m_b = jnp.maximum(m_a, s.max(axis=1))
+                    p = jnp.exp2(s - lax.broadcast_in_dim(m_b, s.shape, [0]))
+                    l = l * jnp.exp2(m - m_b) + p.sum(axis=1)
+                    hand_over(b, 1, p, m_b, sync_b, masked)
+                    with jax.named_scope("pv"):
+                        acc = pv(rescale(acc, jnp.exp2(m - m_a)), 0)
+                    release(a, 0)
+                    with jax.named_scope("pv"):
+                        acc = pv(rescale(acc, jnp.exp2(m_a - m_b)), 1)
+                    release(b, 1)
+                return acc, m_b, l
+
+            def last(carry):
+                """The unpaired last step (slot 0): warpgroup 0's scores and softmax."""
+                acc, m, l = carry
+                a = end - 1
+                if w == 0:
+                    s = scores(a, 0, True)
+                    m_a = jnp.maximum(m, s.max(axis=1))
+                    p = jnp.exp2(s - lax.broadcast_in_dim(m_a, s.shape, [0]))
+                    alpha = jnp.exp2(m - m_a)
+                    l = l * alpha + p.sum(axis=1)
+                    hand_over(a, 0, p, m_a, sync_a, True)
+                else:
+                    with jax.named_scope("p_ready_wait"):
+                        plgpu.barrier_wait(sync_a)
+                    m_a = plgpu.load(x_smem.at[0], layout=row_layout)
+                    alpha = jnp.exp2(m - m_a)
+                    l = l * alpha
+                with jax.named_scope("pv"):
+                    acc = pv(rescale(acc, alpha), 0)
+                release(a, 0)
+                return acc, m_a, l
+
+            plgpu.barrier_wait(q_bar)
+            carry = (plgpu.layout_cast(jnp.full((BLOCK_H, V_HALF), 0.0, jnp.float32), plgpu.Layout.WGMMA),
+                     plgpu.layout_cast(jnp.full((BLOCK_H,), -jnp.inf, jnp.float32), row_layout),
+                     plgpu.layout_cast(jnp.full((BLOCK_H,), 0.0, jnp.float32), row_layout))
+            n = end - begin
+            num_pairs = lax.div(n, jnp.int32(2))
+            # pairs wholly before the first step that needs the mask skip it
+            mid = jnp.clip(lax.div(first_pos + 1, jnp.int32(block_kv)), begin, end)
+            clean = jnp.minimum(lax.div(mid - begin, jnp.int32(2)), num_pairs)
+            carry = lax.fori_loop(0, clean, functools.partial(pair, masked=False), carry)
+            carry = lax.fori_loop(clean, num_pairs, functools.partial(pair, masked=True), carry)
+            acc, m, l = lax.cond(lax.rem(n, jnp.int32(2)) == 1, last, lambda c: c, carry)
+
+            # the row sums: warpgroup 0's (of the a steps) and 1's (of the b steps), relative to the same max
+            if w == 0:
+                x_smem[2] = l
+                plgpu.commit_smem()
+                plgpu.barrier_arrive(sync_a)
+                plgpu.barrier_wait(sync_b)
+                l_tot = l + plgpu.load(x_smem.at[3], layout=row_layout)
+                lse = (m + jnp.log(l_tot) * (1.0 / LN2)) * LN2
+                finish(0, acc, l_tot, lse, first_tok, ntok)
+            else:
+                plgpu.barrier_wait(sync_a)
+                l_tot = l + plgpu.load(x_smem.at[2], layout=row_layout)
+                x_smem[3] = l
+                plgpu.commit_smem()
+                plgpu.barrier_arrive(sync_b)
+                finish(1, acc, l_tot, None, first_tok, ntok)
+
         def finish(half, acc, l_tot, lse, first_tok, ntok):
             """Writes the output columns [256 half, 256 half + 256) normalized by l_tot (half None: none)
             and the lse (None: not this warpgroup) for the tile's tokens: the final out / lse, or with
@@ -905,7 +1069,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     # wgmma needs one swizzle for both operands. Split schedule: a P half is `half` columns
     # wide, so every wgmma operand (Q, the KV ring, P) is tiled (8, half) with a (half * 2)-byte
     # swizzle (64 bytes for block_kv=64). FlashMLA schedule: P is [64, block_kv], 128 bytes.
-    p_cols = block_kv if flashmla or three else half
+    p_cols = block_kv if flashmla or three or seesaw else half
     transforms = (plgpu.TilingTransform((8, p_cols)), plgpu.SwizzleTransform(p_cols * 2))
     stage_dtype = jnp.float32 if split_out else out_dtype
     stage_cols = 128 // jnp.dtype(stage_dtype).itemsize  # one 128-byte swizzle row
@@ -927,19 +1091,22 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), stage_dtype, transforms=stage_transforms),
         ),
         # P (split: the two halves; p_in_kv: none, a 1-element placeholder)
-        plgpu.SMEM((1,), jnp.float32) if p_in_kv else
+        plgpu.SMEM((1,), jnp.float32) if p_in_kv or seesaw else
         plgpu.SMEM((BLOCK_H, block_kv) if flashmla or three else (NUM_COMPUTE_WGS, BLOCK_H, half), dtype,
                    transforms=transforms),
         # row max / row sum exchange, lse (p_in_kv: the rescale factor per slot, then the row sums)
-        plgpu.SMEM((stages + 1 if p_in_kv else NUM_COMPUTE_WGS, BLOCK_H), jnp.float32),
+        # (seesaw: the two steps' row maxima, then the two warpgroups' row sums)
+        plgpu.SMEM((4 if seesaw else stages + 1 if p_in_kv else NUM_COMPUTE_WGS, BLOCK_H), jnp.float32),
         plgpu.SMEM((INFO_WORDS + bt_chunk,), jnp.int32),  # request info + block-table chunk
         plgpu.Barrier(num_arrivals=q_toks),  # q_bar: one TMA per token of the tile (one for H >= 64)
         plgpu.Barrier(),  # info_bar
         plgpu.Barrier(),  # bt_bar
         plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=stages),  # kv_ready
         plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS, num_barriers=stages),  # kv_consumed
-        plgpu.Barrier(num_arrivals=1 if flashmla or three else NUM_COMPUTE_WGS),  # sync_a (FlashMLA, three_wg: p_ready)
-        plgpu.Barrier(num_arrivals=1 if flashmla else NUM_COMPUTE_WGS),  # sync_b (FlashMLA, three_wg: p_free)
+        # sync_a (FlashMLA, three_wg: p_ready; seesaw: the first step's P and row max ready)
+        plgpu.Barrier(num_arrivals=1 if flashmla or three or seesaw else NUM_COMPUTE_WGS),
+        # sync_b (FlashMLA, three_wg: p_free; seesaw: the second step's P and row max ready)
+        plgpu.Barrier(num_arrivals=1 if flashmla or seesaw else NUM_COMPUTE_WGS),
     ]
     if fp8:
         scratch.append(plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS))  # deq_ready: both column sets dequantized

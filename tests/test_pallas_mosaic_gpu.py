@@ -103,6 +103,17 @@ CASES = [
      MosaicConfig(num_splits=2, p_in_kv=True)),
     (Scenario("p_in_kv_one_stage", seq_lens=(150, 9), query_lens=(2, 1), page_size=32), "bfloat16",
      MosaicConfig(max_concurrent_steps=1, p_in_kv=True)),
+    # FlashMLA's seesaw (steps in pairs, one softmax per warpgroup): H=128 with splits (odd and even step counts,
+    # a masked tail, a split with one step), spec decode at page 16 (4 pages a step) in fp16, H=8 at page 8,
+    # padded heads with empty splits
+    (Scenario("seesaw_h128_p64", seq_lens=(33, 97, 520), query_lens=(1, 2, 1), num_heads=128, page_size=64),
+     "bfloat16", MosaicConfig(num_splits=3, schedule="seesaw")),
+    (Scenario("seesaw_spec_p16", seq_lens=(8, 100, 200, 129), query_lens=(3, 6, 2, 1), page_size=16), "float16",
+     MosaicConfig(num_splits=2, schedule="seesaw")),
+    (Scenario("seesaw_p8_h8", seq_lens=(30, 330), query_lens=(1, 3), num_heads=8, page_size=8), "bfloat16",
+     MosaicConfig(num_splits=1, schedule="seesaw")),
+    (Scenario("seesaw_heads20_split4", seq_lens=(70, 5, 260), query_lens=(5, 1, 2), num_heads=20, page_size=32),
+     "bfloat16", MosaicConfig(num_splits=4, schedule="seesaw")),
     # the warp-specialized variant (a third warpgroup issues the TMAs)
     (Scenario("memory_wg_p16", seq_lens=(8, 300, 200), query_lens=(3, 6, 2), page_size=16), "bfloat16",
      MosaicConfig(num_splits=2, memory_warpgroup=True, schedule="split")),
@@ -137,8 +148,9 @@ class TestInterpret:
 
     @pytest.mark.parametrize("variant", [dict(schedule="split"), dict(memory_warpgroup=True, schedule="split"),
                                          dict(schedule="flashmla"), dict(schedule="three_wg"),
-                                         dict(transposed_scores=True), dict(p_in_kv=True)],
-                             ids=["split", "memory_wg", "flashmla", "three_wg", "transposed_scores", "p_in_kv"])
+                                         dict(transposed_scores=True), dict(p_in_kv=True), dict(schedule="seesaw")],
+                             ids=["split", "memory_wg", "flashmla", "three_wg", "transposed_scores", "p_in_kv",
+                                  "seesaw"])
     def test_no_data_races(self, variant):
         """The interpreter's race detector: the producer (warpgroup 0, or the memory warpgroup),
         the KV ring, P and the row-max exchange are ordered by their barriers."""
@@ -202,6 +214,8 @@ class TestGPULowering:
             (16, 16, MosaicConfig(num_splits=1, pdl=True, transposed_scores=True)),
             (128, 64, MosaicConfig(num_splits=2, p_in_kv=True)),
             (16, 16, MosaicConfig(num_splits=1, max_concurrent_steps=1, p_in_kv=True)),
+            (128, 64, MosaicConfig(num_splits=1, schedule="seesaw")),
+            (16, 16, MosaicConfig(num_splits=3, schedule="seesaw")),
         ],
     )
     def test_lowers_for_cuda(self, num_heads, page_size, tuning):
@@ -247,6 +261,9 @@ class TestConfig:
             (dict(p_in_kv=1), "p_in_kv=1"),
             (dict(p_in_kv=True, schedule="split"), "schedule='split'"),
             (dict(p_in_kv=True, transposed_scores=True), "transposed_scores=True"),
+            (dict(schedule="seesaw", transposed_scores=True), "transposed_scores=True"),
+            (dict(schedule="seesaw", max_concurrent_steps=1), "max_concurrent_steps=1"),
+            (dict(schedule="seesaw", memory_warpgroup=True), "memory_warpgroup=True"),
         ],
     )
     def test_invalid_config(self, kwargs, needle):
@@ -375,8 +392,9 @@ class TestGPU:
         assert_matches(out, lse, ref_out, ref_lse, dtype, f"{scenario.name} {tuning}")
 
     @pytest.mark.parametrize("variant", [dict(schedule="split"), dict(schedule="three_wg"),
-                                         dict(transposed_scores=True), dict(pdl=True), dict(p_in_kv=True)],
-                             ids=["split", "three_wg", "transposed_scores", "pdl", "p_in_kv"])
+                                         dict(transposed_scores=True), dict(pdl=True), dict(p_in_kv=True),
+                                         dict(schedule="seesaw")],
+                             ids=["split", "three_wg", "transposed_scores", "pdl", "p_in_kv", "seesaw"])
     @pytest.mark.parametrize("name", sorted(SCENARIOS))
     def test_scenario_other_schedules(self, name, variant):
         scenario = SCENARIOS[name]
@@ -388,8 +406,9 @@ class TestGPU:
         assert_matches(out, lse, ref_out, ref_lse, "bfloat16", f"{name} {variant}")
 
     @pytest.mark.parametrize("variant", [dict(schedule="split"), dict(schedule="flashmla"), dict(schedule="three_wg"),
-                                         dict(transposed_scores=True), dict(pdl=True), dict(p_in_kv=True)],
-                             ids=["split", "flashmla", "three_wg", "transposed_scores", "pdl", "p_in_kv"])
+                                         dict(transposed_scores=True), dict(pdl=True), dict(p_in_kv=True),
+                                         dict(schedule="seesaw")],
+                             ids=["split", "flashmla", "three_wg", "transposed_scores", "pdl", "p_in_kv", "seesaw"])
     def test_deterministic(self, variant):
         batch, _, _ = batch_and_reference(SCENARIOS["spec_decode"], "bfloat16")
         tuning = MosaicConfig(num_splits=3, **variant)
