@@ -35,7 +35,7 @@ SHAPES = [
 VARIANTS = {
     "pallas_triton": dict(block_kv=(16, 32, 64, 128), num_warps=(4, 8), num_stages=(1, 2, 3, 4), num_splits="x0.5,x2",
                           block_h=(32, 64), block_q=(1, 2)),
-    "pallas_mosaic_gpu": dict(schedule=("flashmla", "split", "three_wg"), memory_warpgroup=(True, False), max_concurrent_steps=(1,),
+    "pallas_mosaic_gpu": dict(schedule=("flashmla", "split", "three_wg", "seesaw"), memory_warpgroup=(True, False), max_concurrent_steps=(1,),
                               num_splits="x0.5,x2,=1", transposed_scores=(True, False), pdl=(True, False),
                               p_in_kv=(True, False)),
 }
@@ -87,7 +87,8 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--impl", default="pallas_triton", choices=sorted(VARIANTS))
     p.add_argument("--shapes", help="comma-separated shape names such as H128_B8_S1024_q2 (default: all of SHAPES)")
-    p.add_argument("--fields", help="comma-separated tuning fields to vary (default: all of the impl's; \"none\": the "
+    p.add_argument("--fields", help="comma-separated tuning fields to vary, each optionally narrowed to one of its "
+                   "values (field=value, e.g. schedule=seesaw) (default: all of the impl's; \"none\": the "
                    "heuristic's pick alone, beside FA3)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--rounds", type=int, default=1,
@@ -100,9 +101,15 @@ def main(argv=None) -> int:
     p.add_argument("--json")
     args = p.parse_args(argv)
     fields = args.fields.split(",") if args.fields else list(VARIANTS[args.impl])
+    narrowed = dict(f.split("=", 1) for f in fields if "=" in f)  # field -> the one value (as text) to time
+    fields = [f.split("=", 1)[0] for f in fields]
     unknown = sorted(set(fields) - set(VARIANTS[args.impl]) - {"none"})
     if unknown:
         p.error(f"--fields: {', '.join(unknown)} not among {args.impl}'s ({', '.join(VARIANTS[args.impl])}) or none")
+    for f, text in narrowed.items():
+        values = VARIANTS[args.impl][f]
+        if isinstance(values, str) or text not in [str(v) for v in values]:
+            p.error(f"--fields: {f}={text} is not one of {f}'s values ({values})")
     if args.rounds < 1:
         p.error(f"--rounds must be >= 1, got {args.rounds}")
     shapes = [parse_shape(n) for n in args.shapes.split(",")] if args.shapes else SHAPES
@@ -128,7 +135,8 @@ def main(argv=None) -> int:
             fa3 = dict(round_seconds=[]), timer
         except Exception as e:  # FA3 missing: the sweep still ranks the variants
             print(f"{shape.name}: no FA3 ({type(e).__name__}: {e})", file=sys.stderr)
-        spec = {f: v for f, v in VARIANTS[args.impl].items() if f in fields}
+        spec = {f: tuple(x for x in v if f not in narrowed or str(x) == narrowed[f])
+                for f, v in VARIANTS[args.impl].items() if f in fields}
         shape_rows = []
         for label, tuning in variants(base, spec):
             row = dict(shape=shape.name, variant=label, tuning=dataclasses.asdict(tuning))

@@ -372,6 +372,12 @@ def test_sweep_refuses_unknown_fields_and_shapes(capsys):
     with pytest.raises(SystemExit):
         main(["--impl", "pallas_mosaic_gpu", "--fields", "none", "--rounds", "0"])
     assert "--rounds must be >= 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a value the field does not take
+        main(["--impl", "pallas_mosaic_gpu", "--fields", "schedule=pingpong"])
+    assert "schedule=pingpong is not one of schedule's values" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # relative values (x2, =1) cannot be narrowed
+        main(["--impl", "pallas_mosaic_gpu", "--fields", "num_splits=2"])
+    assert "num_splits=2 is not one of" in capsys.readouterr().err
 
 
 def test_triton_sass_compiles_the_triton_kernel_for_sm90_here(capsys):
