@@ -47,6 +47,13 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
   warpgroups 1 and 2 each do P @ V for one 256-column output half (2 also issues the TMAs),
   with registers rebalanced (setmaxnreg 152 / 176 / 176), so that the next step's scores
   overlap both P @ V halves.
+* P in the KV slot (`MosaicConfig(p_in_kv=True)`, opt-in; 0.4-5% slower at H = 128 on the H200):
+  "flashmla" with P of a step stored in its slot's 64 rope columns (free after the step's
+  scores, until the slot is released): no P buffer and no `p_free` wait.
+* Seesaw (`MosaicConfig(schedule="seesaw")`, opt-in; 1.23-1.38x slower than "flashmla" at
+  H = 128 on the H200): FlashMLA's seesaw, steps in pairs, one per ring slot; each warpgroup
+  computes one step's scores and softmax (warpgroup 1 against warpgroup 0's new row max) and
+  P @ V of both steps for its output half, P in the slots' rope columns.
 * Transposed scores (`MosaicConfig(transposed_scores=True)`, the heuristic's pick for H < 64):
   where a tile uses fewer than its 64 rows (H = 16 at q_len 1 uses 16), warpgroup 0 of
   "flashmla" computes S^T = K Q^T (M = the step's 64 keys, N = the rows in use) and the
@@ -155,7 +162,8 @@ class MosaicConfig:
         scores and the softmax, warpgroups 1 and 2 each do P @ V for one output half (2 the TMAs), so
         warpgroup 0's next scores overlap both P @ V halves (the H200 profile of "flashmla" showed
         warpgroup 1 idle half the time while warpgroup 0 ran scores, softmax and its P @ V in series).
-        "seesaw" (opt-in; bf16/fp16 cache, plain scores, 2 stages): FlashMLA's seesaw. Steps go in
+        "seesaw" (opt-in; bf16/fp16 cache, plain scores, 2 stages; 1.23-1.38x slower than "flashmla" on three
+        H = 128 shapes of the H200, session 7): FlashMLA's seesaw. Steps go in
         pairs, one per ring slot; warpgroup 0 computes the scores and softmax of the first (slot 0),
         warpgroup 1 those of the second (slot 1) against warpgroup 0's new row max, and each does
         P @ V of both steps for its 256 output columns (P of a step in its slot's rope columns, as
@@ -170,7 +178,8 @@ class MosaicConfig:
         the tile is in use (H >= 64, or q_len >= 64 / H). Needs schedule="flashmla". heuristic_config
         turns it on for H < 64: 1.04-1.16x faster than the plain scores on four H = 16, q_len 1 shapes
         of the H200 (S = 4096 and 16384, B = 8 to 128; three interleaved rounds, session 5).
-    p_in_kv: ("flashmla", plain scores, bf16/fp16 cache; opt-in) P of a step is stored into that step's 64
+    p_in_kv: ("flashmla", plain scores, bf16/fp16 cache; opt-in: 0.4-5% slower on five H = 128 shapes of the
+        H200, session 7, where it made room for the profiler's buffer) P of a step is stored into that step's 64
         rope columns in its KV slot, which only warpgroup 0's scores read and which stay free until both
         P @ V halves release the slot: no separate P buffer (8 KiB less shared memory) and no wait for
         warpgroup 1 to release P before the next P is written (`p_free`); the rescale factor and the
