@@ -181,7 +181,7 @@ class MosaicConfig:
     p_in_kv: ("flashmla", plain scores, bf16/fp16 cache; opt-in: 0.4-5% slower on five H = 128 shapes of the
         H200, session 7, where it made room for the profiler's buffer) P of a step is stored into that step's 64
         rope columns in its KV slot, which only warpgroup 0's scores read and which stay free until both
-        P @ V halves release the slot: no separate P buffer (8 KiB less shared memory) and no wait for
+        P @ V halves release the slot: no separate P buffer (7 KiB less shared memory) and no wait for
         warpgroup 1 to release P before the next P is written (`p_free`); the rescale factor and the
         hand-off barrier are per slot instead. The same math (no effect on the results).
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
@@ -1099,7 +1099,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # wgmma accumulator rows do not conflict on shared-memory banks (8-way unswizzled)
             plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), stage_dtype, transforms=stage_transforms),
         ),
-        # P (split: the two halves; p_in_kv: none, a 1-element placeholder)
+        # P (split: the two halves; p_in_kv, seesaw: in the KV slots, a 1-element placeholder here)
         plgpu.SMEM((1,), jnp.float32) if p_in_kv or seesaw else
         plgpu.SMEM((BLOCK_H, block_kv) if flashmla or three else (NUM_COMPUTE_WGS, BLOCK_H, half), dtype,
                    transforms=transforms),
