@@ -128,6 +128,7 @@ LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 SUPPORTED_DTYPES = ("bfloat16", "float16")
 SCHEDULES = ("split", "flashmla", "three_wg", "seesaw")
+DEQUANT_LAYOUTS = ("wgmma", "wgmma_8bit")
 # three_wg's register split (setmaxnreg; 128 threads each, at most 65536 registers in all): the scores
 # warpgroup holds a 64 x 64 fp32 score tile, each P @ V warpgroup a 64 x 256 fp32 accumulator
 THREE_WG_REGISTERS = (152, 176, 176)
@@ -184,6 +185,11 @@ class MosaicConfig:
         P @ V halves release the slot: no separate P buffer (7 KiB less shared memory) and no wait for
         warpgroup 1 to release P before the next P is written (`p_free`); the rescale factor and the
         hand-off barrier are per slot instead. The same math (no effect on the results).
+    dequant_layout: (fp8 cache) the register layout of the fp8 -> f16 dequantization's shared-memory reads and
+        writes: "wgmma" (the default, measured: session 6's v9e), each thread 2 fp8 values a load (16-bit
+        loads, 32-bit stores); "wgmma_8bit" (a candidate, CPU-checked only: interpret mode and the CUDA
+        lowering), 4 a load (32-bit loads, 64-bit stores), half the shared-memory instructions of the
+        dequantization for the same conversions. No effect on the results (both exact), none without fp8.
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -201,6 +207,7 @@ class MosaicConfig:
     schedule: str = "flashmla"
     transposed_scores: bool = False
     p_in_kv: bool = False
+    dequant_layout: str = "wgmma"
     pdl: bool = False
 
     def __post_init__(self):
@@ -226,6 +233,8 @@ class MosaicConfig:
         if self.schedule == "seesaw" and (self.transposed_scores or max_concurrent_steps != 2):
             raise ValueError(f"schedule='seesaw' needs plain scores and 2 stages (one per step of a pair), got "
                              f"transposed_scores={self.transposed_scores}, {max_concurrent_steps=}")
+        if self.dequant_layout not in DEQUANT_LAYOUTS:
+            raise ValueError(f"dequant_layout must be one of {DEQUANT_LAYOUTS}, got dequant_layout={self.dequant_layout!r}")
         if not isinstance(self.p_in_kv, bool):
             raise ValueError(f"p_in_kv must be a bool, got p_in_kv={self.p_in_kv!r}")
         if self.p_in_kv and (self.schedule != "flashmla" or self.transposed_scores):
@@ -359,7 +368,7 @@ def unsupported_reason(config: MLAConfig, device=None) -> str | None:
 def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int, num_h_tiles: int, q_tiles: int,
                   num_reqs: int, num_splits: int, block_kv: int, stages: int, bt_chunk: int, scale_log2: float,
                   memory_wg: bool, schedule: str, score_rows: int = 0, pdl: bool = False, fp8: bool = False,
-                  p_in_kv: bool = False, out_dtype=None, interpret: bool = False):
+                  p_in_kv: bool = False, dequant_layout: str = "wgmma", out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile): CTA (hb, split, g) takes request g // q_tiles,
@@ -367,7 +376,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     [hb * 64, hb * 64 + 64) (or all `heads` x tpt tokens when heads < 64), and its split of the KV.
     score_rows > 0 (a multiple of hp below 64; "flashmla" only): the tile's rows in use, whose scores
     warpgroup 0 computes transposed (MosaicConfig.transposed_scores); q holds only those rows.
-    pdl: programmatic dependent launch (MosaicConfig.pdl). p_in_kv: MosaicConfig.p_in_kv.
+    pdl: programmatic dependent launch (MosaicConfig.pdl). p_in_kv, dequant_layout: MosaicConfig's.
     fp8 ("flashmla" only): the cache is float8_e4m3fn; the TMAs fill a ring of fp8 steps, and each compute
     warpgroup dequantizes its own columns of the next step into one `dtype` buffer after its P @ V of the
     current one (`deq_ready`); the per-tensor k_scale (info word 3, float32 bits) scales the scores and the
@@ -467,11 +476,13 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             with jax.named_scope("deq_wait"):
                 plgpu.barrier_wait(kv_ready.at[slot])
             num_chunks = V_HALF // 64 + (1 if w == 0 else 0)  # 64-column chunks (warpgroup 0: + rope)
+            # the registers' layout of a chunk: WGMMA (2 fp8 values a thread and load) or WGMMA_8BIT (4)
+            deq_layout = plgpu.Layout.WGMMA_8BIT if dequant_layout == "wgmma_8bit" else plgpu.Layout.WGMMA
             valid = kv_len - k * block_kv
 
             def convert(masked: bool):
                 if masked:
-                    rows = plgpu.broadcasted_iota(jnp.int32, (block_kv, 64), 0, layout=plgpu.Layout.WGMMA)
+                    rows = plgpu.broadcasted_iota(jnp.int32, (block_kv, 64), 0, layout=deq_layout)
                     keep = rows < valid
 
                 # a loop over the chunks (not unrolled)
@@ -482,7 +493,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     c = w * (V_HALF // 64) + i + rope * (KV_LORA_RANK // 64 - V_HALF // 64)
                     cols = pl.ds(pl.multiple_of(c * 64, 64), 64)
                     # e4m3 -> f16: exact, one cvt.rn.f16x2.e4m3x2 per two values
-                    x = plgpu.load(kv_smem.at[slot, :, cols], layout=plgpu.Layout.WGMMA).astype(dtype)
+                    x = plgpu.load(kv_smem.at[slot, :, cols], layout=deq_layout).astype(dtype)
                     if masked:
                         x = jnp.where(keep, x, jnp.zeros_like(x))
                     deq_smem.at[0, :, cols][...] = x
@@ -1204,7 +1215,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         stages=tuning.max_concurrent_steps, bt_chunk=bt_chunk, scale_log2=config.softmax_scale * LOG2E,
         memory_wg=tuning.memory_warpgroup, schedule=tuning.schedule,
         score_rows=score_rows if score_rows < BLOCK_H else 0, pdl=tuning.pdl, fp8=fp8, p_in_kv=tuning.p_in_kv,
-        interpret=interpret,
+        dequant_layout=tuning.dequant_layout, interpret=interpret,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     if num_splits > 1:

@@ -264,6 +264,7 @@ class TestConfig:
             (dict(schedule="seesaw", transposed_scores=True), "transposed_scores=True"),
             (dict(schedule="seesaw", max_concurrent_steps=1), "max_concurrent_steps=1"),
             (dict(schedule="seesaw", memory_warpgroup=True), "memory_warpgroup=True"),
+            (dict(dequant_layout="wgmma8"), "dequant_layout='wgmma8'"),
         ],
     )
     def test_invalid_config(self, kwargs, needle):

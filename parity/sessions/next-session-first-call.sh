@@ -1,25 +1,21 @@
 #!/usr/bin/env bash
-# For the next session's first call(s). Written at the end of session 5 (no device time left).
-# Issue #5's whole grid with v8 (transposed scores for H < 64) and --trace: each row also timed on the device
-# (the kernels' span per call from the JAX profiler's trace), so the summary gives both geomeans, host-timed
-# t(N)/N and device span (session 5: the JAX loop's launches carry 0.1-0.7 ms outside its kernels).
-# Usage: one shard per GPU, in parallel, e.g.
-#   bash parity/sessions/next-session-first-call.sh 0/2 1/2     # nvidia-h200-x2, both halves in one call (~9 min)
-#   bash parity/sessions/next-session-first-call.sh 0/2         # nvidia-h200: one half a call, then 1/2
-# then, here: python -m parity merge <shard JSONs> --json parity/results/h200-bench-mosaic-grid-v8-trace-<date>.json
+# For the next session's first call (nvidia-h200). Written at the end of session 7 (no device time left).
+# (Session 5's plan that stood here, the whole grid with --trace, ran as 2026-12-01-s7-a.sh.)
+# 1. The fp8 dequantization's 4-values-a-thread layout (MosaicConfig(dequant_layout="wgmma_8bit"), CPU-checked:
+#    interpret mode, CUDA lowering): its compiled tests, then an A/B against the default layout on the fp8 grid's
+#    shapes in three interleaved rounds. Prediction (parity/NOTES_pallas_mosaic_gpu.md, session 7): the
+#    dequantization ~1.5 -> ~1.0 us a step, fp8 from ~0.75x to ~0.85-0.9x of bf16 at H = 16.
+# 2. If it is faster everywhere: the fp8 grid again with it (bench --grid fp8), before making it the default.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT/logs"; L="$OUT/logs"
 bash .fa3/unpack.sh /tmp/fa3 >/dev/null && export PYTHONPATH=/tmp/fa3:$PWD
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
-gpu=0
-for shard in "$@"; do
-  tag=${shard/\//of}
-  ( CUDA_VISIBLE_DEVICES=$gpu timeout 560 python3 -m parity bench --grid mosaic --shard "$shard" --trace \
-      --impls torch.fa3,jax.pallas_mosaic_gpu --check --reps 3 --json "$OUT/grid-v8-trace-shard$tag.json" \
-      > "$L/bench_shard$tag.log" 2>&1; echo "shard $shard rc=$?" >> "$L/bench_shard$tag.log" ) &
-  gpu=$((gpu + 1))
-done
-wait
+timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs tests/test_fp8.py -k "mosaic_gpu_fp8_compiled" \
+  > "$L/pytest_fp8.log" 2>&1; echo "pytest rc=$?" >> "$L/pytest_fp8.log"
+timeout 300 python3 -m parity.sweep --impl pallas_mosaic_gpu --fp8 --fields dequant_layout=wgmma_8bit --rounds 3 \
+  --reps 3 --shapes H16_B128_S16384_q1,H16_B32_S16384_q1,H16_B64_S4096_q2,H128_B64_S16384_q1,H16_B1_S1024_q1 \
+  --json "$OUT/sweep-fp8-dequant-layout.json" > "$L/sweep.log" 2>&1; echo "sweep rc=$?" >> "$L/sweep.log"
 tar czf "$OUT/logs.tgz" -C "$OUT" logs
-grep -h "rc=" "$L"/bench_shard*.log; grep -h "check FAIL\|ERROR" "$L"/bench_shard*.log | head -5; tail -4 "$L"/bench_shard*.log
+grep -E "passed|failed|^FAILED|rc=" "$L/pytest_fp8.log" | tail -5
+cut -c1-160 "$L/sweep.log" | tail -18
 rm -rf "$L"
