@@ -10,10 +10,10 @@ bytes a range for the kernel's two compute warpgroups; bounds-checked: ranges pa
 as a Perfetto trace per call. This tool patches those parameters in for one call of the heuristic's tuning
 (with `--set` fields replaced) and prints, per warpgroup role, each region's mean time and count per trace.
 
-A role is the set of region names a warpgroup's trace has (e.g. warpgroup 0 of "flashmla": kv_wait, qk,
-pv): traces are grouped by it, and each region's mean is its own total over its own count, so roles that
-record different numbers of steps (the buffer fills after fewer steps for a warpgroup with more regions a
-step) are not mixed. The shared memory the buffer takes must fit beside the kernel's (at H = 128 the q tile
+Traces are grouped by warpgroup (the profiler numbers a block's warpgroups' traces consecutively: thread
+id = 1 + warpgroup + warpgroups x block), and each region's mean is its own total over its own count, so
+warpgroups that record different numbers of steps (the buffer fills after fewer steps for a warpgroup with
+more regions a step) are not mixed. The shared memory the buffer takes must fit beside the kernel's (at H = 128 the q tile
 and two stages leave none: `--set p_in_kv=True` frees 7 KiB, ~240 ranges).
 """
 
@@ -30,10 +30,11 @@ import sys
 import tempfile
 
 
-def summarize(trace: dict) -> dict:
+def summarize(trace: dict, warpgroups: int | None = None) -> dict:
     """{role: {"traces": n, "span_us": mean span of a trace, "regions": {name: {"mean_us", "count"}}}}
     for a Perfetto trace of the Mosaic GPU profiler (B/E events per thread id = one warpgroup of a block).
-    role: the sorted region names of a trace joined by '+'. count: the region's ranges per trace."""
+    role: "wg<i>" with the kernel's number of warpgroups per block given (thread id = 1 + i + warpgroups x
+    block), else the sorted region names of a trace joined by '+'. count: the region's ranges per trace."""
     per_tid = collections.defaultdict(list)
     for e in trace["traceEvents"]:
         if e.get("ph") in ("B", "E"):
@@ -52,7 +53,8 @@ def summarize(trace: dict) -> dict:
                 totals[b["name"]][1] += 1
         if not totals:
             continue
-        role = "+".join(sorted(totals))
+        tid = events[0]["tid"]
+        role = f"wg{(tid - 1) % warpgroups}" if warpgroups else "+".join(sorted(totals))
         r = roles.setdefault(role, {"traces": 0, "span": 0.0, "tot": collections.defaultdict(lambda: [0.0, 0])})
         r["traces"] += 1
         r["span"] += events[-1]["ts"] - events[0]["ts"]
@@ -111,8 +113,9 @@ def profile(shape, sets: dict, space: int, out_dir: str, fp8: bool = False) -> d
         raise RuntimeError(f"the profiler wrote no trace under {out_dir}")
     with open(files[-1]) as f:
         trace = json.load(f)
+    warpgroups = 2 + int(tuning.memory_warpgroup or tuning.schedule == "three_wg")  # the kernel's per block
     return {"shape": shape.name, "tuning": dataclasses.asdict(tuning), "fp8": fp8, "profile_space": space,
-            "roles": summarize(trace)}
+            "roles": summarize(trace, warpgroups)}
 
 
 def format_row(row: dict) -> str:

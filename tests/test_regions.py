@@ -34,6 +34,17 @@ def test_summarize_groups_traces_by_role_and_averages_each_region_over_its_own_c
     assert wg1["regions"]["p_ready_wait"]["mean_us"] == 5.0
 
 
+def test_summarize_by_warpgroup_index():
+    # the profiler's thread ids: 1 + warpgroup + 2 x block; warpgroups 0 of both blocks are tids 1 and 3
+    tr = _trace()
+    for e in tr["traceEvents"]:
+        e["tid"] = {0: 1, 2: 3, 1: 2}[e["tid"]]
+    out = regions.summarize(tr, warpgroups=2)
+    assert set(out) == {"wg0", "wg1"}
+    assert out["wg0"]["traces"] == 2 and out["wg0"]["regions"]["qk"]["count"] == 2.0
+    assert out["wg1"]["regions"]["pv"] == {"mean_us": 3.0, "count": 3.0}
+
+
 def test_parse_sets():
     assert regions.parse_sets("p_in_kv=True,num_splits=2,schedule=seesaw,pdl=False") == {
         "p_in_kv": True, "num_splits": 2, "schedule": "seesaw", "pdl": False}
