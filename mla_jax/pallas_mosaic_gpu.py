@@ -955,23 +955,32 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 if refill is not None:
                     refill(k)
 
+            def first_step(a, m, l, masked: bool):
+                """Warpgroup 0's part of step a (slot 0): scores, row max m_a, P handed over. -> (m_a, alpha, l)."""
+                s = scores(a, 0, masked)
+                m_a = jnp.maximum(m, s.max(axis=1))
+                p = jnp.exp2(s - lax.broadcast_in_dim(m_a, s.shape, [0]))
+                alpha = jnp.exp2(m - m_a)
+                l = l * alpha + p.sum(axis=1)
+                hand_over(a, 0, p, m_a, sync_a, masked)
+                return m_a, alpha, l
+
+            def received_max(bar, slot: int):
+                """The other warpgroup's row max of the step in `slot`, once it handed that step over."""
+                with jax.named_scope("p_ready_wait"):
+                    plgpu.barrier_wait(bar)
+                return plgpu.load(x_smem.at[slot], layout=row_layout)
+
             def pair(j, carry, masked: bool):
                 acc, m, l = carry
                 a = begin + 2 * j
                 b = a + 1
                 if w == 0:
-                    s = scores(a, 0, masked)
-                    m_a = jnp.maximum(m, s.max(axis=1))
-                    p = jnp.exp2(s - lax.broadcast_in_dim(m_a, s.shape, [0]))
-                    alpha = jnp.exp2(m - m_a)
-                    l = l * alpha + p.sum(axis=1)
-                    hand_over(a, 0, p, m_a, sync_a, masked)
+                    m_a, alpha, l = first_step(a, m, l, masked)
                     with jax.named_scope("pv"):
                         acc = pv(rescale(acc, alpha), 0)
                     release(a, 0)
-                    with jax.named_scope("p_ready_wait"):
-                        plgpu.barrier_wait(sync_b)
-                    m_b = plgpu.load(x_smem.at[1], layout=row_layout)
+                    m_b = received_max(sync_b, 1)
                     beta = jnp.exp2(m_a - m_b)
                     l = l * beta
                     with jax.named_scope("pv"):
@@ -979,9 +988,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     release(b, 1)
                 else:
                     s = scores(b, 1, masked)
-                    with jax.named_scope("p_ready_wait"):
-                        plgpu.barrier_wait(sync_a)
-                    m_a = plgpu.load(x_smem.at[0], layout=row_layout)
+                    m_a = received_max(sync_a, 0)
                     m_b = jnp.maximum(m_a, s.max(axis=1))
                     p = jnp.exp2(s - lax.broadcast_in_dim(m_b, s.shape, [0]))
                     l = l * jnp.exp2(m - m_b) + p.sum(axis=1)
@@ -999,16 +1006,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 acc, m, l = carry
                 a = end - 1
                 if w == 0:
-                    s = scores(a, 0, True)
-                    m_a = jnp.maximum(m, s.max(axis=1))
-                    p = jnp.exp2(s - lax.broadcast_in_dim(m_a, s.shape, [0]))
-                    alpha = jnp.exp2(m - m_a)
-                    l = l * alpha + p.sum(axis=1)
-                    hand_over(a, 0, p, m_a, sync_a, True)
+                    m_a, alpha, l = first_step(a, m, l, True)
                 else:
-                    with jax.named_scope("p_ready_wait"):
-                        plgpu.barrier_wait(sync_a)
-                    m_a = plgpu.load(x_smem.at[0], layout=row_layout)
+                    m_a = received_max(sync_a, 0)
                     alpha = jnp.exp2(m - m_a)
                     l = l * alpha
                 with jax.named_scope("pv"):
