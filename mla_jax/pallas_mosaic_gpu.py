@@ -518,13 +518,31 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 return acc + pl.run_scoped(fresh, plgpu.ACC((BLOCK_H, V_HALF), jnp.float32))
             return pl.run_state(issue)(plgpu.ACC.init(acc))  # accumulates in the tensor core
 
-        def zero_v_tail(slot, n_valid, col0: int, ncols: int):
-            """Zeroes rows >= n_valid of KV slot `slot`, columns [col0, col0 + ncols) (64 at a time):
-            their cache slots may hold NaN, and P = 0 times NaN is NaN."""
-            rows = plgpu.broadcasted_iota(jnp.int32, (block_kv, 64), 0, layout=plgpu.Layout.WGMMA)
-            for c in range(ncols // 64):
-                ref = kv_smem.at[slot, :, pl.ds(col0 + c * 64, 64)]
-                ref[...] = jnp.where(rows < n_valid, ref[...], jnp.zeros((), dtype))
+        def zero_v_tail(slot, kv_start, kv_len, col0: int, ncols: int):
+            """If the step in `slot` (its first position kv_start) runs past kv_len, zeroes its rows from
+            kv_len on, columns [col0, col0 + ncols) (64 at a time): their cache slots may hold NaN, and
+            P = 0 times NaN is NaN."""
+            @pl.when(kv_start + block_kv > kv_len)
+            def _zero_tail():
+                n_valid = kv_len - kv_start
+                rows = plgpu.broadcasted_iota(jnp.int32, (block_kv, 64), 0, layout=plgpu.Layout.WGMMA)
+                for c in range(ncols // 64):
+                    ref = kv_smem.at[slot, :, pl.ds(col0 + c * 64, 64)]
+                    ref[...] = jnp.where(rows < n_valid, ref[...], jnp.zeros((), dtype))
+
+        def mask_scores(s, first_key, first_pos, kv_len, scale, row_ax: int = 0, key_ax: int = 1):
+            """Scores s * scale, and MASK_VALUE where a row may not see the key: row i holds token i // hp
+            of the tile, at position first_pos + i // hp, and key j (along key_ax) is at first_key + j;
+            kv_pos <= first_pos + i // hp  <=>  (kv_pos - first_pos) * hp <= i, and kv_pos < kv_len."""
+            row = plgpu.broadcasted_iota(jnp.int32, s.shape, row_ax, layout=plgpu.Layout.WGMMA)
+            kv_pos = plgpu.broadcasted_iota(jnp.int32, s.shape, key_ax, layout=plgpu.Layout.WGMMA) + first_key
+            visible = ((kv_pos - first_pos) * hp <= row) & (kv_pos < kv_len)
+            return jnp.where(visible, s * scale, MASK_VALUE)
+
+        def p_in_slot(slot):
+            """The 64 rope columns of KV slot `slot` (P's tiles and swizzle), where p_in_kv and the seesaw keep
+            P of the slot's step: only the scores read them, and the slot is refilled only after its P @ V."""
+            return kv_smem.at[slot, :, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)]
 
         # ---------------------------------------------------------------- the producer
         def load_info():
@@ -664,14 +682,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 acc, m_i, l_i = carry
                 slot = lax.rem(k - begin, jnp.int32(stages))
                 kv_start = k * block_kv
-                if masked:
-                    row = plgpu.broadcasted_iota(jnp.int32, (BLOCK_H, half), 0, layout=plgpu.Layout.WGMMA)
-                    col = plgpu.broadcasted_iota(jnp.int32, (BLOCK_H, half), 1, layout=plgpu.Layout.WGMMA)
-                    kv_pos = col + (kv_start + w * half)
-                    # Row i holds token i // hp of the tile, at position first_pos + i // hp:
-                    # kv_pos <= first_pos + i // hp  <=>  (kv_pos - first_pos) * hp <= i.
-                    visible = ((kv_pos - first_pos) * hp <= row) & (kv_pos < kv_len)
-                    s = jnp.where(visible, s * scale_log2, MASK_VALUE)
+                if masked:  # this warpgroup's keys begin at kv_start + w * half
+                    s = mask_scores(s, kv_start + w * half, first_pos, kv_len, scale_log2)
                 else:
                     s = s * scale_log2
 
@@ -692,9 +704,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 # zero this warpgroup's V half of the invalid rows (their cache slots may hold
                 # NaN; 0 * NaN = NaN). Both warpgroups finished reading K of this slot before sync_a.
                 if masked:
-                    @pl.when(kv_start + block_kv > kv_len)
-                    def _zero_tail():
-                        zero_v_tail(slot, kv_len - kv_start, w * V_HALF, V_HALF)
+                    zero_v_tail(slot, kv_start, kv_len, w * V_HALF, V_HALF)
 
                 plgpu.commit_smem()
                 plgpu.barrier_arrive(sync_b)
@@ -756,7 +766,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
             def p_ref(slot):
                 """Where P of the step in `slot` is: the slot's rope columns (p_in_kv), else the P buffer."""
-                return kv_smem.at[slot, :, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)] if p_in_kv else p_smem
+                return p_in_slot(slot) if p_in_kv else p_smem
 
             # (p_in_kv) the row of x_smem holding the rescale factor of the step in `slot`, and the row sums'
             alpha_row = (lambda slot: slot) if p_in_kv else (lambda slot: 0)
@@ -806,10 +816,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     with jax.named_scope("qk"):
                         s = pl.run_scoped(qk, plgpu.ACC(shape, jnp.float32))
                     if masked:
-                        row = plgpu.broadcasted_iota(jnp.int32, shape, row_ax, layout=plgpu.Layout.WGMMA)
-                        kv_pos = plgpu.broadcasted_iota(jnp.int32, shape, key_ax, layout=plgpu.Layout.WGMMA) + kv_start
-                        visible = ((kv_pos - first_pos) * hp <= row) & (kv_pos < kv_len)
-                        s = jnp.where(visible, s * scale, MASK_VALUE)
+                        s = mask_scores(s, kv_start, first_pos, kv_len, scale, row_ax, key_ax)
                     else:
                         s = s * scale
                     m_new = jnp.maximum(m_i, s.max(axis=key_ax))
@@ -834,9 +841,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         # The step past kv_len: zero V's invalid rows (all 512 columns) before any
                         # P @ V reads them (their slots may hold NaN; 0 * NaN = NaN). The scores of
                         # this step, the only reader of K, are done.
-                        @pl.when(kv_start + block_kv > kv_len)
-                        def _zero_tail():
-                            zero_v_tail(slot, kv_len - kv_start, 0, KV_LORA_RANK)
+                        zero_v_tail(slot, kv_start, kv_len, 0, KV_LORA_RANK)
 
                     plgpu.commit_smem()  # (a warpgroup barrier too: alpha may be read back below)
                     plgpu.barrier_arrive(p_ready_slot.at[slot] if p_in_kv else sync_a)  # p_ready
@@ -911,11 +916,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             row_layout = plgpu.Layout.WGMMA.reduce(1)
             v_cols = pl.ds(w * V_HALF, V_HALF)
 
-            def p_ref(slot: int):
-                return kv_smem.at[slot, :, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)]
-
             def pv(acc, slot: int):
-                return accumulate(acc, lambda acc_ref: plgpu.wgmma(acc_ref, p_ref(slot), kv_smem.at[slot, :, v_cols]))
+                return accumulate(acc, lambda acc_ref: plgpu.wgmma(acc_ref, p_in_slot(slot), kv_smem.at[slot, :, v_cols]))
 
             def rescale(acc, f):
                 return acc * lax.broadcast_in_dim(f, acc.shape, [0])
@@ -930,23 +932,15 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     plgpu.barrier_wait(kv_ready.at[slot])
                 with jax.named_scope("qk"):
                     s = pl.run_scoped(qk, plgpu.ACC((BLOCK_H, block_kv), jnp.float32))
-                if not masked:
-                    return s * scale_log2
-                shape = (BLOCK_H, block_kv)
-                row = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA)
-                kv_pos = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA) + k * block_kv
-                visible = ((kv_pos - first_pos) * hp <= row) & (kv_pos < kv_len)
-                return jnp.where(visible, s * scale_log2, MASK_VALUE)
+                return mask_scores(s, k * block_kv, first_pos, kv_len, scale_log2) if masked else s * scale_log2
 
             def hand_over(k, slot: int, p, m_new, bar, masked: bool):
                 """P (slot's rope columns: the step's scores, their only reader, are done) and the row max
                 to the other warpgroup; V rows past kv_len zeroed first (NaN-safe P @ V)."""
-                p_ref(slot)[...] = p.astype(dtype)
+                p_in_slot(slot)[...] = p.astype(dtype)
                 x_smem[slot] = m_new
                 if masked:
-                    @pl.when(k * block_kv + block_kv > kv_len)
-                    def _zero_tail():
-                        zero_v_tail(slot, kv_len - k * block_kv, 0, KV_LORA_RANK)
+                    zero_v_tail(slot, k * block_kv, kv_len, 0, KV_LORA_RANK)
                 plgpu.commit_smem()
                 plgpu.barrier_arrive(bar)
 
