@@ -134,11 +134,22 @@ def add_arguments(p):
                         "geomean of the span ratios")
     p.add_argument("--slope", action="store_true",
                    help="also time launches of 2N calls: seconds_slope = (t(2N) - t(N)) / N per row (a diagnostic)")
-    p.add_argument("--launch-ms", type=float, default=LAUNCH_SECONDS * 1e3,
+    p.add_argument("--launch-ms", type=parse_launch_ms, default=LAUNCH_SECONDS * 1e3,
                    help=f"what one timed launch of N calls lasts, N chosen per shape (default {LAUNCH_SECONDS * 1e3:g}; "
                         "sessions 1-6 used 3)")
     p.add_argument("--no-ceilings", action="store_true",
                    help="do not measure the copy/matmul ceilings (the roofline then uses the anchors' numbers)")
+
+
+def parse_launch_ms(text: str) -> float:
+    """--launch-ms: a positive number of milliseconds."""
+    try:
+        ms = float(text)
+    except ValueError:
+        ms = math.nan
+    if not ms > 0:
+        raise ValueError(f"launch-ms must be a positive number of milliseconds, got launch_ms={text!r}")
+    return ms
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -701,10 +712,12 @@ def main(args) -> int:
             ceilings = {"ceilings_error": f"{type(e).__name__}: {e}"[:400]}
             print(f"ceilings not measured ({ceilings['ceilings_error']}); the roofline uses the anchors'", flush=True)
 
+    launch_ms = getattr(args, "launch_ms", LAUNCH_SECONDS * 1e3)
+
     def result(rows, summ=None):
         return {"grid": args.grid, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                 "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""),
-                "launch_ms": getattr(args, "launch_ms", LAUNCH_SECONDS * 1e3),
+                "launch_ms": launch_ms,
                 "method": __doc__.split("Method")[1].split("Bytes")[0].strip(), **ceilings, "complete": summ is not None, "impls": impls, "unavailable": unavailable,
                 "summary": summ, "rows": rows, **({"shard": f"{shard[0]}/{shard[1]}"} if shard else {})}
 
@@ -718,7 +731,7 @@ def main(args) -> int:
     try:
         rows = run_bench(shapes, impls, reps=args.reps, check=args.check, log=progress.log, checkpoint=write,
                          progress=progress, trace=getattr(args, "trace", False), slope=getattr(args, "slope", False),
-                         launch_seconds=getattr(args, "launch_ms", LAUNCH_SECONDS * 1e3) * 1e-3)
+                         launch_seconds=launch_ms * 1e-3)
     finally:
         progress.close()
     text, summ = summary(rows, impls)

@@ -177,6 +177,13 @@ def test_calibrate_sizes_the_launch(monkeypatch, launch_seconds, n):
     assert result == "once" and timer.n == n and timer.n % 4 == 0 and made == ([20] if n == 20 else [20, n])
 
 
+def test_launch_ms_must_be_a_positive_number():
+    assert bench.parse_launch_ms("25") == 25.0 and bench.parse_launch_ms("0.5") == 0.5
+    for bad in ("0", "-3", "nan", "fast"):
+        with pytest.raises(ValueError, match=f"launch_ms={bad!r}"):
+            bench.parse_launch_ms(bad)
+
+
 def test_calibrate_rejects_a_launch_of_no_length():
     with pytest.raises(ValueError, match="launch_seconds must be > 0, got launch_seconds=0"):
         bench.calibrate(lambda inp: (None, None), None, launch_seconds=0)
