@@ -8,7 +8,7 @@ dequant; mla_jax.pallas_mosaic_gpu's docstring). With `plgpu.CompilerParams(prof
 each warpgroup of each block records them into a buffer in shared memory (`--space` ranges a warpgroup, 32
 bytes a range for the kernel's two compute warpgroups; bounds-checked: ranges past it are dropped), written
 as a Perfetto trace per call. This tool patches those parameters in for one call of the heuristic's tuning
-(with `--set` fields replaced) and prints, per warpgroup role, each region's mean time and count per trace.
+(with `--set` fields replaced) and prints, per warpgroup, each region's mean time and count per trace.
 
 Traces are grouped by warpgroup (the profiler numbers a block's warpgroups' traces consecutively: thread
 id = 1 + warpgroup + warpgroups x block), and each region's mean is its own total over its own count, so
