@@ -90,7 +90,8 @@ With fp8: Q + 2 fp8 stages x 36 KiB + one dequantized step of 72 KiB, the same 2
 
 The phases of a step are `jax.named_scope` regions (kv_wait, qk, p_free_wait, pv, p_ready_wait, deq_wait,
 dequant): with the Mosaic GPU profiler on (plgpu.CompilerParams(profile_space=..., profile_dir=...)) each
-warpgroup's time in them is traced (`python -m parity.regions` runs one call under it and reads the traces); off, they cost nothing.
+warpgroup's time in them is traced (`python -m parity.regions` runs one call under it and reads the
+traces); off, they cost nothing.
 
 Interpret mode (`interpret=True`) runs the same kernel on CPU through
 `plgpu.force_gpu_interpret_mode`; P is staged through SMEM for the P @ V wgmma,
