@@ -343,7 +343,11 @@ def _torch_graph_timer(fn, q):
             for i in range(n):
                 fn(q[i % 4])
 
-        def run():
+        def run(_inputs=(fn, q)):
+            # _inputs: the graph reads what fn and q hold (FA3's metadata, FlashMLA's block table...) at
+            # their captured addresses; without this reference they were freed when the caller dropped
+            # fn, and a later torch allocation (quantize_fp8's copy) overwrote them: an illegal address or
+            # a hang at the next replay (session 8, the fp8 sweep)
             graph.replay()
             torch.cuda.synchronize()
 

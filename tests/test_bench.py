@@ -480,3 +480,48 @@ def test_trace_adds_the_device_span_and_its_geomean(monkeypatch):
     text, summ = bench.summary(rows, ["torch.fa3", "jax.pallas_mosaic_gpu"])
     assert summ["jax.pallas_mosaic_gpu"]["span_geomean_speedup"] == pytest.approx(mo["span_speedup_vs_torch.fa3"])
     assert "(device span, --trace)" in text
+
+
+def test_graph_timer_keeps_what_the_graph_reads_alive(monkeypatch):
+    """The replay closure of a torch runner holds fn and q: the captured graph reads their tensors (FA3's
+    metadata) at fixed addresses, and once freed a later torch allocation could overwrite them (seen on the
+    H200: FA3's replay faulted after quantize_fp8). CUDA streams and graphs are faked: this checks lifetimes."""
+    import contextlib
+    import gc
+    import weakref
+
+    class FakeGraph:
+        def replay(self):
+            pass
+
+    class FakeStream:
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g, **kw: contextlib.nullcontext())
+
+    class Metadata:  # stands for the tensors fn's closure holds
+        pass
+
+    md = Metadata()
+    calls = []
+
+    def fn(q, md=md):
+        calls.append(q)
+
+    alive = weakref.ref(md)
+    time_n = bench._torch_graph_timer(fn, [1, 2, 3, 4])
+    run = time_n(8)
+    del fn, time_n, md
+    gc.collect()
+    assert alive() is not None, "the replay closure let go of fn's tensors"
+    run()
+    assert len(calls) == 3 + 8  # the warm-up and the capture
+    del run
+    gc.collect()
+    assert alive() is None
