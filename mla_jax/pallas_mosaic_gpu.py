@@ -187,10 +187,11 @@ class MosaicConfig:
         warpgroup 1 to release P before the next P is written (`p_free`); the rescale factor and the
         hand-off barrier are per slot instead. The same math (no effect on the results).
     dequant_layout: (fp8 cache) the register layout of the fp8 -> f16 dequantization's shared-memory reads and
-        writes: "wgmma" (the default, measured: session 6's v9e), each thread 2 fp8 values a load (16-bit
-        loads, 32-bit stores); "wgmma_8bit" (a candidate, CPU-checked only: interpret mode and the CUDA
-        lowering), 4 a load (32-bit loads, 64-bit stores), half the shared-memory instructions of the
-        dequantization for the same conversions. No effect on the results (both exact), none without fp8.
+        writes: "wgmma_8bit" (the default since session 8), each thread 4 fp8 values a load (32-bit loads,
+        64-bit stores); "wgmma", 2 a load (16-bit loads, 32-bit stores: session 6's v9e), twice the
+        shared-memory instructions for the same conversions. On the H200 (parity.sweep, 3 interleaved
+        rounds) "wgmma_8bit" was 1.01-1.06x faster on four large shapes (H = 16 and 128) and 0.5 us slower
+        at H = 16, B = 1, S = 1024 (12.6 vs 12.1 us). No effect on the results (both exact), none without fp8.
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -208,7 +209,7 @@ class MosaicConfig:
     schedule: str = "flashmla"
     transposed_scores: bool = False
     p_in_kv: bool = False
-    dequant_layout: str = "wgmma"
+    dequant_layout: str = "wgmma_8bit"
     pdl: bool = False
 
     def __post_init__(self):

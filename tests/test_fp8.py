@@ -248,9 +248,9 @@ MOSAIC_FP8_CASES = [
     ("spec_decode_page_16", "bfloat16", dict(num_splits=3, transposed_scores=False)),
     ("heads_128", "float16", dict(num_splits=2)),
     ("contiguous_blocks", "bfloat16", dict(num_splits=2, max_concurrent_steps=1)),
-    # the dequantization's 4-values-a-thread layout (a candidate): H=16 transposed with splits, H=128 in fp16
-    ("spec_decode_page_16", "bfloat16", dict(num_splits=3, dequant_layout="wgmma_8bit")),
-    ("heads_128", "float16", dict(num_splits=2, dequant_layout="wgmma_8bit")),
+    # the dequantization's 2-values-a-thread layout (the default is 4): H=16 transposed with splits, H=128 in fp16
+    ("spec_decode_page_16", "bfloat16", dict(num_splits=3, dequant_layout="wgmma")),
+    ("heads_128", "float16", dict(num_splits=2, dequant_layout="wgmma")),
 ]
 
 
@@ -330,8 +330,8 @@ def test_mosaic_gpu_fp8_q_beyond_f16_is_not_silently_clamped():
 
 
 @pytest.mark.parametrize("num_heads,tuning", [(16, None), (128, dict(num_splits=2, pdl=True)),
-                                              (16, dict(num_splits=1, dequant_layout="wgmma_8bit")),
-                                              (128, dict(num_splits=2, dequant_layout="wgmma_8bit"))])
+                                              (16, dict(num_splits=1, dequant_layout="wgmma")),
+                                              (128, dict(num_splits=2, dequant_layout="wgmma"))])
 def test_mosaic_gpu_fp8_lowers_for_cuda(num_heads, tuning):
     """The fp8 ring (8 x 64 tiles, 64-byte swizzle), its WGMMA-layout loads and the conversion lower for CUDA."""
     from mla_jax import pallas_mosaic_gpu
