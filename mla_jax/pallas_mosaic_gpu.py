@@ -1025,21 +1025,33 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             carry = lax.fori_loop(clean, num_pairs, functools.partial(pair, masked=True), carry)
             acc, m, l = lax.cond(lax.rem(n, jnp.int32(2)) == 1, last, lambda c: c, carry)
 
-            # the row sums: warpgroup 0's (of the a steps) and 1's (of the b steps), relative to the same max
+            # The row sums: warpgroup 0's (of the a steps) and 1's (of the b steps), relative to the same max,
+            # exchanged through x_smem[2] and [3]. Who arrives first keeps every barrier from completing a phase
+            # its waiter has not seen: after a pair, warpgroup 1 last waited on sync_a and warpgroup 0 on sync_b,
+            # so warpgroup 0 arrives (sync_a) first; after the unpaired last step warpgroup 0's last arrival on
+            # sync_a has no wait of its own behind it, so warpgroup 1 arrives (sync_b) first. (Arriving on sync_a
+            # twice in a row let the sums' phase complete before warpgroup 1 saw the last step's: the interpreter's
+            # barrier check caught it, session 8; on the GPU a parity wait would then wait for the wrong phase.)
+            odd = lax.rem(n, jnp.int32(2)) == 1
+            bar_mine, bar_other = (sync_a, sync_b) if w == 0 else (sync_b, sync_a)
+            x_smem[2 + w] = l
+            plgpu.commit_smem()
+
+            @pl.when(odd if w == 1 else jnp.logical_not(odd))
+            def _arrive_first():
+                plgpu.barrier_arrive(bar_mine)
+                plgpu.barrier_wait(bar_other)
+
+            @pl.when(jnp.logical_not(odd) if w == 1 else odd)
+            def _wait_first():
+                plgpu.barrier_wait(bar_other)
+                plgpu.barrier_arrive(bar_mine)
+
+            l_tot = l + plgpu.load(x_smem.at[3 - w], layout=row_layout)
             if w == 0:
-                x_smem[2] = l
-                plgpu.commit_smem()
-                plgpu.barrier_arrive(sync_a)
-                plgpu.barrier_wait(sync_b)
-                l_tot = l + plgpu.load(x_smem.at[3], layout=row_layout)
                 lse = (m + jnp.log(l_tot) * (1.0 / LN2)) * LN2
                 finish(0, acc, l_tot, lse, first_tok, ntok)
             else:
-                plgpu.barrier_wait(sync_a)
-                l_tot = l + plgpu.load(x_smem.at[2], layout=row_layout)
-                x_smem[3] = l
-                plgpu.commit_smem()
-                plgpu.barrier_arrive(sync_b)
                 finish(1, acc, l_tot, None, first_tok, ntok)
 
         def finish(half, acc, l_tot, lse, first_tok, ntok):
