@@ -11,16 +11,21 @@
 #    kv_wait near 0 at q_len 2 (compute-latency bound) and larger at q_len 1 (memory bound).
 # 2. A sweep of the split count and of the plain scores at the q_len 2 shapes (3 interleaved rounds), to see
 #    whether more, shorter blocks or the other score layout shorten the chain there.
+# 0. First, the seesaw's compiled tests: its row sums' exchange changed at the end of session 8 (a barrier-phase
+#    hazard the interpreter caught), CPU-checked only.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT/logs"; L="$OUT/logs"
 bash .fa3/unpack.sh /tmp/fa3 >/dev/null && export PYTHONPATH=/tmp/fa3:$PWD
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+timeout 100 python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs tests/test_pallas_mosaic_gpu.py -k seesaw \
+  > "$L/pytest_seesaw.log" 2>&1; echo "pytest rc=$?" >> "$L/pytest_seesaw.log"
 timeout 150 python3 -m parity.regions --shapes H16_B128_S16384_q2,H16_B128_S16384_q1,H16_B64_S4096_q2 --space 1024 \
   --json "$OUT/regions-h16-q2-q1.json" > "$L/regions.log" 2>&1; echo "regions rc=$?" >> "$L/regions.log"
 timeout 330 python3 -m parity.sweep --impl pallas_mosaic_gpu --fields num_splits,transposed_scores --rounds 3 --reps 3 \
   --shapes H16_B128_S16384_q2,H16_B64_S16384_q2,H16_B32_S16384_q2 --json "$OUT/sweep-h16-q2.json" > "$L/sweep.log" 2>&1
 echo "sweep rc=$?" >> "$L/sweep.log"
 tar czf "$OUT/logs.tgz" -C "$OUT" logs
+grep -E "passed|failed|^FAILED|rc=" "$L/pytest_seesaw.log" | tail -4
 grep -v Warning "$L/regions.log" | cut -c1-160 | tail -45
 cut -c1-160 "$L/sweep.log" | grep -v Warning | tail -16
 rm -rf "$L"
