@@ -192,6 +192,14 @@ class MosaicConfig:
         shared-memory instructions for the same conversions. On the H200 (parity.sweep, 3 interleaved
         rounds) "wgmma_8bit" was 1.01-1.06x faster on four large shapes (H = 16 and 128) and 0.5 us slower
         at H = 16, B = 1, S = 1024 (12.6 vs 12.1 us). No effect on the results (both exact), none without fp8.
+    fused_dequant: (fp8 cache; opt-in, CPU-checked only: interpret mode and the CUDA lowering) warpgroup 0
+        dequantizes its columns of a step (the 64 rope columns and its P @ V half) at the start of that step's
+        scores, one 64-column chunk at a time, issuing each chunk's wgmma right after storing it, so the
+        tensor cores run the scores while it converts the next chunk; then it waits for warpgroup 1's half
+        and issues the rest. Default False: warpgroup 0 dequantizes its columns of the next step after its
+        P @ V, then computes the scores once the whole step is there, so the conversion and the scores run
+        in series on its chain. The same math with the scores summed chunk by chunk in another order (not
+        bitwise the default's). None without fp8.
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -210,6 +218,7 @@ class MosaicConfig:
     transposed_scores: bool = False
     p_in_kv: bool = False
     dequant_layout: str = "wgmma_8bit"
+    fused_dequant: bool = False
     pdl: bool = False
 
     def __post_init__(self):
@@ -239,6 +248,8 @@ class MosaicConfig:
             raise ValueError(f"dequant_layout must be one of {DEQUANT_LAYOUTS}, got dequant_layout={self.dequant_layout!r}")
         if not isinstance(self.p_in_kv, bool):
             raise ValueError(f"p_in_kv must be a bool, got p_in_kv={self.p_in_kv!r}")
+        if not isinstance(self.fused_dequant, bool):
+            raise ValueError(f"fused_dequant must be a bool, got fused_dequant={self.fused_dequant!r}")
         if self.p_in_kv and (self.schedule != "flashmla" or self.transposed_scores):
             raise ValueError(f"p_in_kv=True needs schedule='flashmla' with plain scores, got "
                              f"schedule={self.schedule!r}, transposed_scores={self.transposed_scores}")
@@ -370,7 +381,8 @@ def unsupported_reason(config: MLAConfig, device=None) -> str | None:
 def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int, num_h_tiles: int, q_tiles: int,
                   num_reqs: int, num_splits: int, block_kv: int, stages: int, bt_chunk: int, scale_log2: float,
                   memory_wg: bool, schedule: str, score_rows: int = 0, pdl: bool = False, fp8: bool = False,
-                  p_in_kv: bool = False, dequant_layout: str = "wgmma", out_dtype=None, interpret: bool = False):
+                  p_in_kv: bool = False, dequant_layout: str = "wgmma", fused_dequant: bool = False, out_dtype=None,
+                  interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile): CTA (hb, split, g) takes request g // q_tiles,
@@ -378,7 +390,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     [hb * 64, hb * 64 + 64) (or all `heads` x tpt tokens when heads < 64), and its split of the KV.
     score_rows > 0 (a multiple of hp below 64; "flashmla" only): the tile's rows in use, whose scores
     warpgroup 0 computes transposed (MosaicConfig.transposed_scores); q holds only those rows.
-    pdl: programmatic dependent launch (MosaicConfig.pdl). p_in_kv, dequant_layout: MosaicConfig's.
+    pdl: programmatic dependent launch (MosaicConfig.pdl). p_in_kv, dequant_layout, fused_dequant: MosaicConfig's
+    (fused_dequant: fp8 only).
     fp8 ("flashmla" only): the cache is float8_e4m3fn; the TMAs fill a ring of fp8 steps, and each compute
     warpgroup dequantizes its own columns of the next step into one `dtype` buffer after its P @ V of the
     current one (`deq_ready`); the per-tensor k_scale (info word 3, float32 bits) scales the scores and the
@@ -506,6 +519,23 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 plgpu.commit_smem()
             plgpu.barrier_arrive(deq_ready)
             plgpu.barrier_arrive(kv_consumed.at[slot])
+
+        def fused_chunks(w: int) -> list[int]:
+            """(fused_dequant) the 64-column chunks of the head dim warpgroup w converts: warpgroup 0 the
+            rope chunk first (its scores' wgmma can start at once), then its P @ V half; 1 its half."""
+            v = [w * (V_HALF // 64) + i for i in range(V_HALF // 64)]
+            return [KV_LORA_RANK // 64] + v if w == 0 else v
+
+        def convert_chunk(slot, c: int, kv_start, kv_len, masked: bool):
+            """(fused_dequant) chunk c (64 columns) of the fp8 step in ring slot `slot` -> the dequantized
+            step; with `masked`, rows past kv_len become 0 (their cache slots may hold NaN)."""
+            deq_layout = plgpu.Layout.WGMMA_8BIT if dequant_layout == "wgmma_8bit" else plgpu.Layout.WGMMA
+            cols = pl.ds(c * 64, 64)
+            x = plgpu.load(kv_smem.at[slot, :, cols], layout=deq_layout).astype(dtype)
+            if masked:
+                rows = plgpu.broadcasted_iota(jnp.int32, (block_kv, 64), 0, layout=deq_layout)
+                x = jnp.where(rows < kv_len - kv_start, x, jnp.zeros_like(x))
+            deq_smem.at[0, :, cols][...] = x
 
         def accumulate(acc, issue):
             """acc + the wgmmas `issue(acc_ref)` makes (acc: a [64, 256] fp32 WGMMA-layout value)."""
@@ -778,7 +808,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 v_cols = pl.ds(half * V_HALF, V_HALF)
                 return accumulate(acc, lambda acc_ref: plgpu.wgmma(acc_ref, p_ref(slot), kv_tile(slot).at[:, v_cols]))
 
-            if fp8:  # the first step, dequantized (each warpgroup its columns)
+            if fp8 and not (fused_dequant and w == 0):  # the first step, dequantized (each warpgroup its columns;
+                # fused_dequant: warpgroup 0 converts its columns of every step inside that step's scores)
                 pl.when(end > begin)(lambda: dequantize(w, begin, begin, kv_len))
             scale = scale_log2 * k_scale() if fp8 else scale_log2  # scores -> log2 units
 
@@ -804,14 +835,40 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     acc, m_i, l_i = carry
                     slot = lax.rem(k - begin, jnp.int32(stages))
                     kv_start = k * block_kv
-                    with jax.named_scope("kv_wait"):
-                        plgpu.barrier_wait(deq_ready if fp8 else kv_ready.at[slot])
+                    if not fused_dequant:
+                        with jax.named_scope("kv_wait"):
+                            plgpu.barrier_wait(deq_ready if fp8 else kv_ready.at[slot])
+
+                    def qk_chunk(s_ref, c: int | None = None):
+                        """The scores' wgmma over the head dim's 64 columns [64 c, 64 c + 64) (None: all)."""
+                        kv_c, q_c = kv_tile(slot), q_smem
+                        if c is not None:
+                            kv_c, q_c = kv_c.at[:, pl.ds(c * 64, 64)], q_c.at[:, pl.ds(c * 64, 64)]
+                        if tr:
+                            plgpu.wgmma(s_ref, kv_c, q_c.transpose((1, 0)))
+                        else:
+                            plgpu.wgmma(s_ref, q_c, kv_c.transpose((1, 0)))
 
                     def qk(s_ref):
-                        if tr:
-                            plgpu.wgmma(s_ref, kv_tile(slot), q_smem.transpose((1, 0)))
-                        else:
-                            plgpu.wgmma(s_ref, q_smem, kv_tile(slot).transpose((1, 0)))
+                        if not fused_dequant:
+                            qk_chunk(s_ref)
+                            return s_ref[...]
+                        # warpgroup 0's columns of step k, a chunk at a time, each chunk's wgmma issued as soon
+                        # as it is stored (the tensor cores run while the next one converts); then warpgroup
+                        # 1's half (converted after its P @ V of step k - 1) once it says so (deq_ready)
+                        with jax.named_scope("deq_wait"):
+                            plgpu.barrier_wait(kv_ready.at[slot])
+                        with jax.named_scope("dequant"):
+                            for c in fused_chunks(0):
+                                convert_chunk(slot, c, kv_start, kv_len, masked)
+                                plgpu.commit_smem()  # visible to the wgmma (async proxy)
+                                qk_chunk(s_ref, c)
+                        plgpu.barrier_arrive(kv_consumed.at[slot])  # this warpgroup is done with the fp8 step
+                        plgpu.barrier_arrive(deq_ready)
+                        with jax.named_scope("kv_wait"):
+                            plgpu.barrier_wait(deq_ready)
+                        for c in fused_chunks(1):
+                            qk_chunk(s_ref, c)
                         return s_ref[...]
 
                     shape = (block_kv, n) if tr else (BLOCK_H, block_kv)
@@ -852,8 +909,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         alpha_rows = plgpu.load(x_smem.at[0], layout=row_layout) if tr else alpha
                         with jax.named_scope("pv"):
                             acc = pv(acc * lax.broadcast_in_dim(alpha_rows, acc.shape, [0]), 0, slot)
-                        if fp8:  # the next step, this warpgroup's columns (its P @ V of this one is done)
-                            pl.when(k + 1 < end)(lambda: dequantize(0, k + 1, begin, kv_len))
+                        if fp8:  # the next step, this warpgroup's columns (its P @ V of this one is done;
+                            # fused_dequant: converted in the next step's scores, the slot released there)
+                            if not fused_dequant:
+                                pl.when(k + 1 < end)(lambda: dequantize(0, k + 1, begin, kv_len))
                         else:
                             plgpu.barrier_arrive(kv_consumed.at[slot])
                     return acc, m_new, l_i
@@ -1223,7 +1282,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         stages=tuning.max_concurrent_steps, bt_chunk=bt_chunk, scale_log2=config.softmax_scale * LOG2E,
         memory_wg=tuning.memory_warpgroup, schedule=tuning.schedule,
         score_rows=score_rows if score_rows < BLOCK_H else 0, pdl=tuning.pdl, fp8=fp8, p_in_kv=tuning.p_in_kv,
-        dequant_layout=tuning.dequant_layout, interpret=interpret,
+        dequant_layout=tuning.dequant_layout, fused_dequant=fp8 and tuning.fused_dequant, interpret=interpret,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     if num_splits > 1:

@@ -265,6 +265,7 @@ class TestConfig:
             (dict(schedule="seesaw", max_concurrent_steps=1), "max_concurrent_steps=1"),
             (dict(schedule="seesaw", memory_warpgroup=True), "memory_warpgroup=True"),
             (dict(dequant_layout="wgmma8"), "dequant_layout='wgmma8'"),
+            (dict(fused_dequant=1), "fused_dequant=1"),
         ],
     )
     def test_invalid_config(self, kwargs, needle):
