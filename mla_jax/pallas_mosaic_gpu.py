@@ -481,6 +481,22 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             """The fp8 cache's per-tensor scale, float32 bits in info word 3 (after tile_info's wait)."""
             return lax.bitcast_convert_type(info_smem[3], jnp.float32)
 
+        # the registers' layout of an fp8 chunk: WGMMA (2 fp8 values a thread and load) or WGMMA_8BIT (4)
+        deq_layout = plgpu.Layout.WGMMA_8BIT if dequant_layout == "wgmma_8bit" else plgpu.Layout.WGMMA
+
+        def rows_below(valid):
+            """[block_kv, 64] in deq_layout: row < valid (the rows of a step kept by its dequantization)."""
+            return plgpu.broadcasted_iota(jnp.int32, (block_kv, 64), 0, layout=deq_layout) < valid
+
+        def convert_chunk(slot, cols, keep=None):
+            """Columns `cols` (64) of the fp8 step in ring slot `slot` -> the dequantized step; rows where
+            `keep` (rows_below) is False become 0 (their cache slots may hold NaN)."""
+            # e4m3 -> f16: exact, one cvt.rn.f16x2.e4m3x2 per two values
+            x = plgpu.load(kv_smem.at[slot, :, cols], layout=deq_layout).astype(dtype)
+            if keep is not None:
+                x = jnp.where(keep, x, jnp.zeros_like(x))
+            deq_smem.at[0, :, cols][...] = x
+
         def dequantize(w: int, k, begin, kv_len):
             """fp8 step k (ring slot) -> the dequantized step, this warpgroup's columns: those of its P @ V
             half (warpgroup 0 also the 64 rope columns, which only its scores read), so that neither
@@ -491,14 +507,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             with jax.named_scope("deq_wait"):
                 plgpu.barrier_wait(kv_ready.at[slot])
             num_chunks = V_HALF // 64 + (1 if w == 0 else 0)  # 64-column chunks (warpgroup 0: + rope)
-            # the registers' layout of a chunk: WGMMA (2 fp8 values a thread and load) or WGMMA_8BIT (4)
-            deq_layout = plgpu.Layout.WGMMA_8BIT if dequant_layout == "wgmma_8bit" else plgpu.Layout.WGMMA
             valid = kv_len - k * block_kv
 
             def convert(masked: bool):
-                if masked:
-                    rows = plgpu.broadcasted_iota(jnp.int32, (block_kv, 64), 0, layout=deq_layout)
-                    keep = rows < valid
+                keep = rows_below(valid) if masked else None
 
                 # a loop over the chunks (not unrolled)
                 @pl.loop(0, num_chunks)
@@ -506,12 +518,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     # chunk i of this warpgroup's columns: V half w, then (warpgroup 0) the rope chunk
                     rope = (i == V_HALF // 64).astype(jnp.int32)
                     c = w * (V_HALF // 64) + i + rope * (KV_LORA_RANK // 64 - V_HALF // 64)
-                    cols = pl.ds(pl.multiple_of(c * 64, 64), 64)
-                    # e4m3 -> f16: exact, one cvt.rn.f16x2.e4m3x2 per two values
-                    x = plgpu.load(kv_smem.at[slot, :, cols], layout=deq_layout).astype(dtype)
-                    if masked:
-                        x = jnp.where(keep, x, jnp.zeros_like(x))
-                    deq_smem.at[0, :, cols][...] = x
+                    convert_chunk(slot, pl.ds(pl.multiple_of(c * 64, 64), 64), keep)
 
             with jax.named_scope("dequant"):
                 pl.when(valid < block_kv)(lambda: convert(True))
@@ -525,17 +532,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             rope chunk first (its scores' wgmma can start at once), then its P @ V half; 1 its half."""
             v = [w * (V_HALF // 64) + i for i in range(V_HALF // 64)]
             return [KV_LORA_RANK // 64] + v if w == 0 else v
-
-        def convert_chunk(slot, c: int, kv_start, kv_len, masked: bool):
-            """(fused_dequant) chunk c (64 columns) of the fp8 step in ring slot `slot` -> the dequantized
-            step; with `masked`, rows past kv_len become 0 (their cache slots may hold NaN)."""
-            deq_layout = plgpu.Layout.WGMMA_8BIT if dequant_layout == "wgmma_8bit" else plgpu.Layout.WGMMA
-            cols = pl.ds(c * 64, 64)
-            x = plgpu.load(kv_smem.at[slot, :, cols], layout=deq_layout).astype(dtype)
-            if masked:
-                rows = plgpu.broadcasted_iota(jnp.int32, (block_kv, 64), 0, layout=deq_layout)
-                x = jnp.where(rows < kv_len - kv_start, x, jnp.zeros_like(x))
-            deq_smem.at[0, :, cols][...] = x
 
         def accumulate(acc, issue):
             """acc + the wgmmas `issue(acc_ref)` makes (acc: a [64, 256] fp32 WGMMA-layout value)."""
@@ -859,8 +855,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         with jax.named_scope("deq_wait"):
                             plgpu.barrier_wait(kv_ready.at[slot])
                         with jax.named_scope("dequant"):
+                            keep = rows_below(kv_len - kv_start) if masked else None
                             for c in fused_chunks(0):
-                                convert_chunk(slot, c, kv_start, kv_len, masked)
+                                convert_chunk(slot, pl.ds(c * 64, 64), keep)
                                 plgpu.commit_smem()  # visible to the wgmma (async proxy)
                                 qk_chunk(s_ref, c)
                         plgpu.barrier_arrive(kv_consumed.at[slot])  # this warpgroup is done with the fp8 step
@@ -1010,6 +1007,14 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 if refill is not None:
                     refill(k)
 
+            def pv_release(acc, f, k, slot: int):
+                """acc rescaled by f, plus P @ V of step k (in `slot`) for this warpgroup's columns; then the
+                slot released."""
+                with jax.named_scope("pv"):
+                    acc = pv(rescale(acc, f), slot)
+                release(k, slot)
+                return acc
+
             def first_step(a, m, l, masked: bool):
                 """Warpgroup 0's part of step a (slot 0): scores, row max m_a, P handed over. -> (m_a, alpha, l)."""
                 s = scores(a, 0, masked)
@@ -1032,15 +1037,11 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 b = a + 1
                 if w == 0:
                     m_a, alpha, l = first_step(a, m, l, masked)
-                    with jax.named_scope("pv"):
-                        acc = pv(rescale(acc, alpha), 0)
-                    release(a, 0)
+                    acc = pv_release(acc, alpha, a, 0)
                     m_b = received_max(sync_b, 1)
                     beta = jnp.exp2(m_a - m_b)
                     l = l * beta
-                    with jax.named_scope("pv"):
-                        acc = pv(rescale(acc, beta), 1)
-                    release(b, 1)
+                    acc = pv_release(acc, beta, b, 1)
                 else:
                     s = scores(b, 1, masked)
                     m_a = received_max(sync_a, 0)
@@ -1048,12 +1049,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     p = jnp.exp2(s - lax.broadcast_in_dim(m_b, s.shape, [0]))
                     l = l * jnp.exp2(m - m_b) + p.sum(axis=1)
                     hand_over(b, 1, p, m_b, sync_b, masked)
-                    with jax.named_scope("pv"):
-                        acc = pv(rescale(acc, jnp.exp2(m - m_a)), 0)
-                    release(a, 0)
-                    with jax.named_scope("pv"):
-                        acc = pv(rescale(acc, jnp.exp2(m_a - m_b)), 1)
-                    release(b, 1)
+                    acc = pv_release(acc, jnp.exp2(m - m_a), a, 0)
+                    acc = pv_release(acc, jnp.exp2(m_a - m_b), b, 1)
                 return acc, m_b, l
 
             def last(carry):
@@ -1066,10 +1063,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     m_a = received_max(sync_a, 0)
                     alpha = jnp.exp2(m - m_a)
                     l = l * alpha
-                with jax.named_scope("pv"):
-                    acc = pv(rescale(acc, alpha), 0)
-                release(a, 0)
-                return acc, m_a, l
+                return pv_release(acc, alpha, a, 0), m_a, l
 
             plgpu.barrier_wait(q_bar)
             carry = (plgpu.layout_cast(jnp.full((BLOCK_H, V_HALF), 0.0, jnp.float32), plgpu.Layout.WGMMA),
