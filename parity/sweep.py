@@ -66,6 +66,13 @@ def with_overrides(config, overrides: dict):
     return dataclasses.replace(config, **overrides)
 
 
+def sweep_spec(impl: str, fields, narrowed: dict) -> dict:
+    """The values of each field in `fields` to time (VARIANTS' order), a narrowed field's only its one: a tuple
+    of values, or a relative spec such as "x0.5,x2,=1" kept whole (variants() reads it against the heuristic)."""
+    return {f: v if isinstance(v, str) else tuple(x for x in v if f not in narrowed or str(x) == narrowed[f])
+            for f, v in VARIANTS[impl].items() if f in fields}
+
+
 def variants(base, spec: dict):
     seen = {base}
     yield "heuristic", base
@@ -136,8 +143,7 @@ def main(argv=None) -> int:
             fa3 = dict(round_seconds=[]), timer
         except Exception as e:  # FA3 missing: the sweep still ranks the variants
             print(f"{shape.name}: no FA3 ({type(e).__name__}: {e})", file=sys.stderr)
-        spec = {f: tuple(x for x in v if f not in narrowed or str(x) == narrowed[f])
-                for f, v in VARIANTS[args.impl].items() if f in fields}
+        spec = sweep_spec(args.impl, fields, narrowed)
         shape_rows = []
         for label, tuning in variants(base, spec):
             row = dict(shape=shape.name, variant=label, tuning=dataclasses.asdict(tuning))

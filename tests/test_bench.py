@@ -387,6 +387,20 @@ def test_sweep_refuses_unknown_fields_and_shapes(capsys):
     assert "num_splits=2 is not one of" in capsys.readouterr().err
 
 
+def test_sweep_times_the_relative_split_counts_beside_other_fields():
+    """--fields num_splits,transposed_scores: the split counts x0.5, x2 and 1 of the heuristic's, then the other
+    score layout (session 9 found the relative spec split into characters, every split count dropped)."""
+    from mla_jax.pallas_mosaic_gpu import MosaicConfig
+    from parity.sweep import sweep_spec, variants
+
+    spec = sweep_spec("pallas_mosaic_gpu", ["num_splits", "transposed_scores"], {})
+    assert spec == {"num_splits": "x0.5,x2,=1", "transposed_scores": (True, False)}
+    labels = [label for label, _ in variants(MosaicConfig(num_splits=4, transposed_scores=True), spec)]
+    assert labels == ["heuristic", "num_splits=2", "num_splits=8", "num_splits=1", "transposed_scores=False"]
+    narrowed = sweep_spec("pallas_mosaic_gpu", ["num_splits", "schedule"], {"schedule": "seesaw"})
+    assert narrowed == {"schedule": ("seesaw",), "num_splits": "x0.5,x2,=1"}
+
+
 def test_triton_sass_compiles_the_triton_kernel_for_sm90_here(capsys):
     """python -m parity.triton_sass: lowered for an abstract H200, compiled by the installed Triton, and
     its SASS counted: the fp8 tile is converted (F2F / F2FP), a 16-row tile runs mma.sync (HMMA)."""
