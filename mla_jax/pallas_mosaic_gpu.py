@@ -192,14 +192,15 @@ class MosaicConfig:
         shared-memory instructions for the same conversions. On the H200 (parity.sweep, 3 interleaved
         rounds) "wgmma_8bit" was 1.01-1.06x faster on four large shapes (H = 16 and 128) and 0.5 us slower
         at H = 16, B = 1, S = 1024 (12.6 vs 12.1 us). No effect on the results (both exact), none without fp8.
-    fused_dequant: (fp8 cache; opt-in, CPU-checked only: interpret mode and the CUDA lowering) warpgroup 0
-        dequantizes its columns of a step (the 64 rope columns and its P @ V half) at the start of that step's
-        scores, one 64-column chunk at a time, issuing each chunk's wgmma right after storing it, so the
-        tensor cores run the scores while it converts the next chunk; then it waits for warpgroup 1's half
-        and issues the rest. Default False: warpgroup 0 dequantizes its columns of the next step after its
-        P @ V, then computes the scores once the whole step is there, so the conversion and the scores run
-        in series on its chain. The same math with the scores summed chunk by chunk in another order (not
-        bitwise the default's). None without fp8.
+    fused_dequant: (fp8 cache) True (the default since session 9): warpgroup 0 dequantizes its columns of a
+        step (the 64 rope columns and its P @ V half) at the start of that step's scores, one 64-column chunk
+        at a time, issuing each chunk's wgmma right after storing it, so the tensor cores run the scores while
+        it converts the next chunk; then it waits for warpgroup 1's half and issues the rest. False (session 8's
+        default): warpgroup 0 dequantizes its columns of the next step after its P @ V, then computes the
+        scores once the whole step is there, so the conversion and the scores run in series on its chain. On
+        the H200 (parity.sweep, 3 interleaved rounds) True was 1.04-1.06x faster on three large shapes (H = 16
+        and 128) and even at H = 16 with q_len 2 and at B = 1. The same math with the scores summed chunk by
+        chunk in another order (not bitwise False's). None without fp8.
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -218,7 +219,7 @@ class MosaicConfig:
     transposed_scores: bool = False
     p_in_kv: bool = False
     dequant_layout: str = "wgmma_8bit"
-    fused_dequant: bool = False
+    fused_dequant: bool = True
     pdl: bool = False
 
     def __post_init__(self):

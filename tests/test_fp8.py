@@ -251,11 +251,11 @@ MOSAIC_FP8_CASES = [
     # the dequantization's 2-values-a-thread layout (the default is 4): H=16 transposed with splits, H=128 in fp16
     ("spec_decode_page_16", "bfloat16", dict(num_splits=3, dequant_layout="wgmma")),
     ("heads_128", "float16", dict(num_splits=2, dequant_layout="wgmma")),
-    # warpgroup 0 converting its columns inside the scores (fused_dequant): H=16 transposed with splits, H=128
-    # plain in fp16, one stage (the fp8 slot is released inside the scores)
-    ("spec_decode_page_16", "bfloat16", dict(num_splits=3, fused_dequant=True)),
-    ("heads_128", "float16", dict(num_splits=2, fused_dequant=True)),
-    ("contiguous_blocks", "bfloat16", dict(num_splits=2, max_concurrent_steps=1, fused_dequant=True)),
+    # warpgroup 0 converting its columns before the scores (fused_dequant=False; the default converts them inside
+    # the scores): H=16 transposed with splits, H=128 plain in fp16, one stage
+    ("spec_decode_page_16", "bfloat16", dict(num_splits=3, fused_dequant=False)),
+    ("heads_128", "float16", dict(num_splits=2, fused_dequant=False)),
+    ("contiguous_blocks", "bfloat16", dict(num_splits=2, max_concurrent_steps=1, fused_dequant=False)),
 ]
 
 
@@ -286,7 +286,7 @@ def test_mosaic_gpu_fp8_no_data_races_and_through_the_api():
     from mla_jax import pallas_mosaic_gpu
 
     params = pallas_mosaic_gpu.plgpu.InterpretGPUParams(detect_races=True)
-    for tuning in (dict(num_splits=2), dict(num_splits=2, fused_dequant=True)):
+    for tuning in (dict(num_splits=2), dict(num_splits=2, fused_dequant=False)):
         _mosaic_fp8("spec_decode_page_16", "bfloat16", tuning, interpret=params)
         assert not ipc.get_races().races_found, tuning
     # through mla_jax.mla_decode, k_scale traced under jit. (An f16 q: a bf16 one is converted to f16 first, and
@@ -338,8 +338,8 @@ def test_mosaic_gpu_fp8_q_beyond_f16_is_not_silently_clamped():
 @pytest.mark.parametrize("num_heads,tuning", [(16, None), (128, dict(num_splits=2, pdl=True)),
                                               (16, dict(num_splits=1, dequant_layout="wgmma")),
                                               (128, dict(num_splits=2, dequant_layout="wgmma")),
-                                              (16, dict(num_splits=1, fused_dequant=True)),
-                                              (128, dict(num_splits=2, fused_dequant=True))])
+                                              (16, dict(num_splits=1, fused_dequant=False)),
+                                              (128, dict(num_splits=2, fused_dequant=False))])
 def test_mosaic_gpu_fp8_lowers_for_cuda(num_heads, tuning):
     """The fp8 ring (8 x 64 tiles, 64-byte swizzle), its WGMMA-layout loads and the conversion lower for CUDA."""
     from mla_jax import pallas_mosaic_gpu
