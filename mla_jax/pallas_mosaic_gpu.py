@@ -54,11 +54,13 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
   H = 128 on the H200): FlashMLA's seesaw, steps in pairs, one per ring slot; each warpgroup
   computes one step's scores and softmax (warpgroup 1 against warpgroup 0's new row max) and
   P @ V of both steps for its output half, P in the slots' rope columns.
-* Transposed scores (`MosaicConfig(transposed_scores=True)`, the heuristic's pick for H < 64):
+* Transposed scores (`MosaicConfig(transposed_scores=True)`, the heuristic's pick where a tile uses at most
+  16 rows: H = 16 at q_len 1):
   where a tile uses fewer than its 64 rows (H = 16 at q_len 1 uses 16), warpgroup 0 of
   "flashmla" computes S^T = K Q^T (M = the step's 64 keys, N = the rows in use) and the
   softmax down the columns, and stores P transposed; P @ V is unchanged (P's other rows are 0).
-  The H200 timed it 1.04-1.16x faster on four H = 16 shapes (interleaved rounds, session 5).
+  The H200 timed it 1.04-1.16x faster on four H = 16, q_len 1 shapes (interleaved rounds, session 5),
+  but 1.04-1.12x slower at q_len 2 (32 rows) and 1.35x at q_len 3 (session 9).
 * Rows past seq_len. The cache slots past a request's `seq_len` may hold anything
   (NaN in tests). Scores of masked positions are replaced by a finite -1e30 with
   `where` (so NaN scores never propagate), and on the (single) step of a split
@@ -178,8 +180,10 @@ class MosaicConfig:
         work for the scores there); the softmax then runs down the columns (cross-warp reductions),
         and P is stored transposed for the P @ V, which is unchanged. No effect where every row of
         the tile is in use (H >= 64, or q_len >= 64 / H). Needs schedule="flashmla". heuristic_config
-        turns it on for H < 64: 1.04-1.16x faster than the plain scores on four H = 16, q_len 1 shapes
-        of the H200 (S = 4096 and 16384, B = 8 to 128; three interleaved rounds, session 5).
+        turns it on where a tile uses at most 16 rows (TRANSPOSED_MAX_ROWS; H = 16 at q_len 1): 1.04-1.16x
+        faster than the plain scores on four H = 16, q_len 1 shapes of the H200 (S = 4096 and 16384, B = 8
+        to 128; three interleaved rounds, session 5), but 1.04-1.12x slower with 32 rows (H = 16, q_len 2,
+        four shapes) and 1.35x slower with 48 (q_len 3, B64 S4096) in session 9's rounds.
     p_in_kv: ("flashmla", plain scores, bf16/fp16 cache; opt-in: 0.4-5% slower on five H = 128 shapes of the
         H200, session 7, where it made room for the profiler's buffer) P of a step is stored into that step's 64
         rope columns in its KV slot, which only warpgroup 0's scores read and which stay free until both
@@ -312,11 +316,15 @@ CTA_US = 3.0
 COMBINE_LAUNCH_US = 2.0
 COMBINE_BYTES_PER_US = 3e6
 MAX_SPLITS = 128
+# The heuristic's transposed scores: on the H200 (parity.sweep, 3 interleaved rounds, session 9) they were
+# 1.12x faster than the plain ones at H = 16, q_len 1 (16 rows) on B128 S16384 and even at B8 S4096, but
+# 1.04-1.12x slower at q_len 2 (32 rows) on four shapes and 1.35x slower at q_len 3 (48 rows, B64 S4096).
+TRANSPOSED_MAX_ROWS = 16
 
 
 def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_reqs: int | None = None,
                      num_sms: int = NUM_SMS_H200, max_query_len: int | None = None) -> MosaicConfig:
-    """Picks transposed scores where a tile has fewer heads than rows (H < 64), and the split count
+    """Picks transposed scores where a tile uses at most 16 of its 64 rows (H = 16 at q_len 1), and the split count
     with the least modelled time: waves of CTAs (one CTA per SM: the
     Q tile and two KV stages fill its shared memory) x (the longest split's steps + a CTA's fixed
     cost), plus the combine of the fp32 partials. Splits of one 64-token step are allowed.
@@ -340,9 +348,12 @@ def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_re
         return t
 
     num_splits = min(range(1, min(MAX_SPLITS, max_steps) + 1), key=cost)  # ties: the fewest splits
-    # a tile of fewer heads than rows: scores over the rows in use (no effect once q_len fills the tile)
+    # Transposed scores where a tile uses at most TRANSPOSED_MAX_ROWS of its 64 rows (without max_query_len:
+    # where every request has one token, num_tokens <= num_reqs).
+    q_len = max_query_len if max_query_len is not None else 1 if num_tokens <= num_reqs else tpt
+    rows = hp * min(tpt, max(1, q_len))
     return MosaicConfig(block_kv=block_kv, num_splits=num_splits, max_concurrent_steps=2,
-                        transposed_scores=hp < BLOCK_H)
+                        transposed_scores=rows <= TRANSPOSED_MAX_ROWS)
 
 
 def supported_page_size(page_size: int, block_kv: int = 64) -> bool:

@@ -241,19 +241,19 @@ def test_fa3_still_refuses_fp8_with_the_seed_message():
 
 # ----------------------------------------------------------------------------- Mosaic GPU
 
-# (scenario, dtype, tuning): H = 16 with up to 8 query tokens at page 16 (transposed scores, the heuristic's pick),
-# the plain scores with 3 splits, H = 128 at page 64 in fp16 (two head tiles a token), H = 8 at page 8 with one stage
+# (scenario, dtype, tuning): H = 16 with up to 8 query tokens at page 16 (the heuristic's pick: plain scores),
+# transposed scores with 3 splits, H = 128 at page 64 in fp16 (two head tiles a token), one stage
 MOSAIC_FP8_CASES = [
     ("spec_decode_page_16", "bfloat16", None),
-    ("spec_decode_page_16", "bfloat16", dict(num_splits=3, transposed_scores=False)),
+    ("spec_decode_page_16", "bfloat16", dict(num_splits=3, transposed_scores=True)),
     ("heads_128", "float16", dict(num_splits=2)),
     ("contiguous_blocks", "bfloat16", dict(num_splits=2, max_concurrent_steps=1)),
     # the dequantization's 2-values-a-thread layout (the default is 4): H=16 transposed with splits, H=128 in fp16
-    ("spec_decode_page_16", "bfloat16", dict(num_splits=3, dequant_layout="wgmma")),
+    ("spec_decode_page_16", "bfloat16", dict(num_splits=3, transposed_scores=True, dequant_layout="wgmma")),
     ("heads_128", "float16", dict(num_splits=2, dequant_layout="wgmma")),
     # warpgroup 0 converting its columns before the scores (fused_dequant=False; the default converts them inside
     # the scores): H=16 transposed with splits, H=128 plain in fp16, one stage
-    ("spec_decode_page_16", "bfloat16", dict(num_splits=3, fused_dequant=False)),
+    ("spec_decode_page_16", "bfloat16", dict(num_splits=3, transposed_scores=True, fused_dequant=False)),
     ("heads_128", "float16", dict(num_splits=2, fused_dequant=False)),
     ("contiguous_blocks", "bfloat16", dict(num_splits=2, max_concurrent_steps=1, fused_dequant=False)),
 ]

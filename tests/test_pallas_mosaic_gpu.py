@@ -294,9 +294,17 @@ class TestConfig:
         # B=8, H=128, S=4096: 16 CTAs x 8 splits of 8 steps is one full wave; 7 splits would leave
         # 10-step splits, 9 a second wave
         assert heuristic_config(MLAConfig(num_heads=128), num_tokens=8, max_blocks=64).num_splits == 8
-        # transposed scores where a tile has fewer heads than its 64 rows
+        # transposed scores where a tile uses at most 16 of its 64 rows: H = 16 at q_len 1
         assert big.transposed_scores and not h128.transposed_scores
-        assert heuristic_config(MLAConfig(num_heads=32), num_tokens=4, max_blocks=4).transposed_scores
+        h16 = MLAConfig(num_heads=16)
+        assert heuristic_config(h16, num_tokens=8, max_blocks=4, num_reqs=8, max_query_len=1).transposed_scores
+        for q_len in (2, 3, 4, 8):
+            assert not heuristic_config(h16, num_tokens=8 * q_len, max_blocks=4, num_reqs=8,
+                                        max_query_len=q_len).transposed_scores, q_len
+        # without max_query_len: one token a request (tokens <= requests) or not
+        assert heuristic_config(h16, num_tokens=8, max_blocks=4, num_reqs=8).transposed_scores
+        assert not heuristic_config(h16, num_tokens=16, max_blocks=4, num_reqs=8).transposed_scores
+        assert not heuristic_config(MLAConfig(num_heads=32), num_tokens=4, max_blocks=4).transposed_scores
         assert not heuristic_config(MLAConfig(num_heads=64), num_tokens=4, max_blocks=4).transposed_scores
 
     def test_metadata_caps_splits(self):
