@@ -99,6 +99,8 @@ GRIDS = {
     "triton": _grid((16, 128), (1, 8, 32, 64, 128), (1024, 4096, 16384), (1, 2)),
     # issue [mosaic]: the same plus (H=128, B=128, S=8192, q_len=2)
     "mosaic": _grid((16, 128), (1, 8, 32, 64, 128), (1024, 4096, 16384), (1, 2)) + [Shape(128, 128, 8192, 2)],
+    # issue [mosaic]'s H = 16, q_len 2 rows alone (where session 9 moved the heuristic to the plain scores)
+    "mosaic_h16_q2": _grid((16,), (1, 8, 32, 64, 128), (1024, 4096, 16384), (2,)),
     # the anchors' headline shapes (memory-bound, compute-bound, latency)
     "headline": [Shape(16, 128, 16384), Shape(128, 64, 16384), Shape(16, 1, 1024), Shape(128, 1, 1024),
                  Shape(16, 64, 4096, 2), Shape(128, 32, 4096)],
