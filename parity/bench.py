@@ -130,6 +130,9 @@ def add_arguments(p):
     p.add_argument("--shard", type=parse_shard, default=None, metavar="I/N",
                    help="time only shapes I, I+N, I+2N, ... of the grid (0 <= I < N), e.g. one half per GPU; "
                         "`python -m parity merge` joins the shards' JSONs")
+    p.add_argument("--shapes", type=lambda s: [x for x in s.split(",") if x], default=None,
+                   help="time only these shapes of the grid, comma-separated names such as H16_B64_S1024_q2 "
+                        "(each must be in the grid; with --shard, those of the shard)")
     p.add_argument("--trace", action="store_true",
                    help="also time each row on the device: one N-call launch traced with the JAX profiler "
                         "(parity.timeline), its kernels' span and busy time per call; the summary adds the "
@@ -165,6 +168,24 @@ def parse_shard(text: str) -> tuple[int, int]:
     return i, n
 
 
+def grid_shapes(grid: str, shard: tuple[int, int] | None = None, names: list[str] | None = None) -> list:
+    """The shapes of GRIDS[grid] a run times: every N-th from the I-th with shard (I, N), then only those
+    named in `names` (in grid order); a name not in the grid is a ValueError naming it."""
+    shapes = GRIDS[grid]
+    if names is not None:
+        unknown = [n for n in names if n not in {s.name for s in shapes}]
+        if unknown:
+            raise ValueError(f"--shapes {','.join(unknown)} not in grid {grid!r} "
+                             f"({', '.join(s.name for s in shapes)})")
+    if shard is not None:
+        shapes = shapes[shard[0]::shard[1]]
+    if names is not None:
+        shapes = [s for s in shapes if s.name in names]
+        if not shapes:
+            raise ValueError(f"--shapes {','.join(names)}: none in shard {shard[0]}/{shard[1]} of grid {grid!r}")
+    return shapes
+
+
 def merge(results: list[dict]) -> dict:
     """Joins bench JSONs of shards of one grid (same impls; rows concatenated, in grid order) and
     recomputes the summary over all rows. complete: every shard finished and every shape is there."""
@@ -179,7 +200,7 @@ def merge(results: list[dict]) -> dict:
     rows = sorted((row for r in results for row in r["rows"]), key=lambda row: order.get(row["name"], len(order)))
     names = {row["name"] for row in rows}
     _, summ = summary(rows, first["impls"])
-    merged = {k: v for k, v in first.items() if k not in ("rows", "summary", "shard")}
+    merged = {k: v for k, v in first.items() if k not in ("rows", "summary", "shard", "shapes")}
     merged.update(rows=rows, summary=summ, shards=[r.get("shard") for r in results],
                   complete=all(r.get("complete") for r in results) and names >= set(order),
                   unavailable={k: v for r in results for k, v in r.get("unavailable", {}).items()})
@@ -677,6 +698,8 @@ def summary(rows, impls):
 def main(args) -> int:
     import torch
 
+    grid_shapes(args.grid, getattr(args, "shard", None), getattr(args, "shapes", None))  # a bad name fails here
+
     if not torch.cuda.is_available():
         print("python -m parity bench needs a CUDA GPU (FA3 and the Pallas kernels are timed on it, and the "
               "roofline's ceilings measured there); none here. To draw committed results: "
@@ -697,10 +720,9 @@ def main(args) -> int:
         if reason is not None:
             unavailable[name] = reason
     impls = [i for i in requested if i not in unavailable]
-    shapes = GRIDS[args.grid]
     shard = getattr(args, "shard", None)
-    if shard is not None:
-        shapes = shapes[shard[0]::shard[1]]
+    names = getattr(args, "shapes", None)
+    shapes = grid_shapes(args.grid, shard, names)
     print(f"bench grid={args.grid}{f' shard {shard[0]}/{shard[1]}' if shard else ''} ({len(shapes)} shapes) on {torch.cuda.get_device_name()}; "
           f"torch {torch.__version__}, jax {jax.__version__}; baseline {impls[0] if impls else '-'}", flush=True)
     for name, reason in unavailable.items():
@@ -725,7 +747,8 @@ def main(args) -> int:
                 "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""),
                 "launch_ms": launch_ms,
                 "method": __doc__.split("Method")[1].split("Bytes")[0].strip(), **ceilings, "complete": summ is not None, "impls": impls, "unavailable": unavailable,
-                "summary": summ, "rows": rows, **({"shard": f"{shard[0]}/{shard[1]}"} if shard else {})}
+                "summary": summ, "rows": rows, **({"shard": f"{shard[0]}/{shard[1]}"} if shard else {}),
+                **({"shapes": [s.name for s in shapes]} if names is not None else {})}
 
     def write(rows, summ=None):
         if args.json:

@@ -305,6 +305,23 @@ def test_profile_rejects_a_loop_that_is_not_a_multiple_of_4(capsys):
     assert "--loop must be a positive multiple of 4" in capsys.readouterr().err
 
 
+def test_bench_shapes_picks_named_shapes_of_the_grid():
+    """`bench --shapes`: only the named shapes of the grid, in grid order (with --shard, of the shard); a name
+    not in the grid fails before anything runs, naming it."""
+    names = ["H16_B128_S4096_q2", "H16_B64_S1024_q2"]
+    assert [s.name for s in bench.grid_shapes("mosaic_h16_q2", names=names)] == names[::-1]
+    assert [s.name for s in bench.grid_shapes("mosaic_h16_q2", (1, 3), names)] == ["H16_B128_S4096_q2"]
+    assert len(bench.grid_shapes("mosaic_h16_q2")) == 15
+    with pytest.raises(ValueError, match="H16_B64_S1024_q1"):
+        bench.grid_shapes("mosaic_h16_q2", names=["H16_B64_S1024_q1"])
+    with pytest.raises(ValueError, match="none in shard 0/3"):
+        bench.grid_shapes("mosaic_h16_q2", (0, 3), ["H16_B128_S4096_q2"])
+    from parity.__main__ import main
+
+    with pytest.raises(ValueError, match="H16_B1_S1_q1"):
+        main(["bench", "--grid", "smoke", "--shapes", "H16_B1_S1_q1"])
+
+
 def test_shard_parse_and_merge_rejoin_a_grid(tmp_path):
     """`bench --shard I/N` takes every N-th shape; `python -m parity merge` joins the shards in grid order
     and recomputes the summary over all rows."""
