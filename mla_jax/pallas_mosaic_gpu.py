@@ -132,6 +132,7 @@ LN2 = math.log(2.0)
 SUPPORTED_DTYPES = ("bfloat16", "float16")
 SCHEDULES = ("split", "flashmla", "three_wg", "seesaw")
 DEQUANT_LAYOUTS = ("wgmma", "wgmma_8bit")
+FUSED_GROUPS = (1, 2, 4)  # MosaicConfig.fused_group: V-half chunks converted between two fences
 # three_wg's register split (setmaxnreg; 128 threads each, at most 65536 registers in all): the scores
 # warpgroup holds a 64 x 64 fp32 score tile, each P @ V warpgroup a 64 x 256 fp32 accumulator
 THREE_WG_REGISTERS = (152, 176, 176)
@@ -205,6 +206,10 @@ class MosaicConfig:
         the H200 (parity.sweep, 3 interleaved rounds) True was 1.04-1.06x faster on three large shapes (H = 16
         and 128) and even at H = 16 with q_len 2 and at B = 1. The same math with the scores summed chunk by
         chunk in another order (not bitwise False's). None without fp8.
+    fused_group: (fp8 with fused_dequant; opt-in) how many of warpgroup 0's 4 V-half chunks it converts between
+        two fences (`commit_smem`) and their wgmmas: 1 (the default) fences after every chunk (5 a step with the
+        rope chunk, which always goes alone and first), 2 after every second (3 a step), 4 once for the half (2 a
+        step). Fewer fences, later first wgmmas. The same math as 1 (the same chunk order); none without fp8.
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -224,6 +229,7 @@ class MosaicConfig:
     p_in_kv: bool = False
     dequant_layout: str = "wgmma_8bit"
     fused_dequant: bool = True
+    fused_group: int = 1
     pdl: bool = False
 
     def __post_init__(self):
@@ -255,6 +261,8 @@ class MosaicConfig:
             raise ValueError(f"p_in_kv must be a bool, got p_in_kv={self.p_in_kv!r}")
         if not isinstance(self.fused_dequant, bool):
             raise ValueError(f"fused_dequant must be a bool, got fused_dequant={self.fused_dequant!r}")
+        if isinstance(self.fused_group, bool) or self.fused_group not in FUSED_GROUPS:
+            raise ValueError(f"fused_group must be one of {FUSED_GROUPS}, got fused_group={self.fused_group!r}")
         if self.p_in_kv and (self.schedule != "flashmla" or self.transposed_scores):
             raise ValueError(f"p_in_kv=True needs schedule='flashmla' with plain scores, got "
                              f"schedule={self.schedule!r}, transposed_scores={self.transposed_scores}")
@@ -393,8 +401,8 @@ def unsupported_reason(config: MLAConfig, device=None) -> str | None:
 def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int, num_h_tiles: int, q_tiles: int,
                   num_reqs: int, num_splits: int, block_kv: int, stages: int, bt_chunk: int, scale_log2: float,
                   memory_wg: bool, schedule: str, score_rows: int = 0, pdl: bool = False, fp8: bool = False,
-                  p_in_kv: bool = False, dequant_layout: str = "wgmma", fused_dequant: bool = False, out_dtype=None,
-                  interpret: bool = False):
+                  p_in_kv: bool = False, dequant_layout: str = "wgmma", fused_dequant: bool = False,
+                  fused_group: int = 1, out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile): CTA (hb, split, g) takes request g // q_tiles,
@@ -402,8 +410,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     [hb * 64, hb * 64 + 64) (or all `heads` x tpt tokens when heads < 64), and its split of the KV.
     score_rows > 0 (a multiple of hp below 64; "flashmla" only): the tile's rows in use, whose scores
     warpgroup 0 computes transposed (MosaicConfig.transposed_scores); q holds only those rows.
-    pdl: programmatic dependent launch (MosaicConfig.pdl). p_in_kv, dequant_layout, fused_dequant: MosaicConfig's
-    (fused_dequant: fp8 only).
+    pdl: programmatic dependent launch (MosaicConfig.pdl). p_in_kv, dequant_layout, fused_dequant, fused_group:
+    MosaicConfig's (fused_dequant, fused_group: fp8 only).
     fp8 ("flashmla" only): the cache is float8_e4m3fn; the TMAs fill a ring of fp8 steps, and each compute
     warpgroup dequantizes its own columns of the next step into one `dtype` buffer after its P @ V of the
     current one (`deq_ready`); the per-tensor k_scale (info word 3, float32 bits) scales the scores and the
@@ -868,10 +876,15 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                             plgpu.barrier_wait(kv_ready.at[slot])
                         with jax.named_scope("dequant"):
                             keep = rows_below(kv_len - kv_start) if masked else None
-                            for c in fused_chunks(0):
-                                convert_chunk(slot, pl.ds(c * 64, 64), keep)
-                                plgpu.commit_smem()  # visible to the wgmma (async proxy)
-                                qk_chunk(s_ref, c)
+                            chunks = fused_chunks(0)  # the rope chunk alone, then the V half fused_group at a time
+                            groups = [chunks[:1]] + [chunks[i:i + fused_group]
+                                                     for i in range(1, len(chunks), fused_group)]
+                            for group in groups:
+                                for c in group:
+                                    convert_chunk(slot, pl.ds(c * 64, 64), keep)
+                                plgpu.commit_smem()  # visible to the wgmmas (async proxy)
+                                for c in group:
+                                    qk_chunk(s_ref, c)
                         plgpu.barrier_arrive(kv_consumed.at[slot])  # this warpgroup is done with the fp8 step
                         plgpu.barrier_arrive(deq_ready)
                         with jax.named_scope("kv_wait"):
@@ -1288,7 +1301,8 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         stages=tuning.max_concurrent_steps, bt_chunk=bt_chunk, scale_log2=config.softmax_scale * LOG2E,
         memory_wg=tuning.memory_warpgroup, schedule=tuning.schedule,
         score_rows=score_rows if score_rows < BLOCK_H else 0, pdl=tuning.pdl, fp8=fp8, p_in_kv=tuning.p_in_kv,
-        dequant_layout=tuning.dequant_layout, fused_dequant=fp8 and tuning.fused_dequant, interpret=interpret,
+        dequant_layout=tuning.dequant_layout, fused_dequant=fp8 and tuning.fused_dequant,
+        fused_group=tuning.fused_group, interpret=interpret,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     if num_splits > 1:

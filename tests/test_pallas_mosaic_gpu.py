@@ -266,6 +266,8 @@ class TestConfig:
             (dict(schedule="seesaw", memory_warpgroup=True), "memory_warpgroup=True"),
             (dict(dequant_layout="wgmma8"), "dequant_layout='wgmma8'"),
             (dict(fused_dequant=1), "fused_dequant=1"),
+            (dict(fused_group=3), "fused_group=3"),
+            (dict(fused_group=True), "fused_group=True"),
         ],
     )
     def test_invalid_config(self, kwargs, needle):
