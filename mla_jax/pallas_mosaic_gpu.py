@@ -206,10 +206,13 @@ class MosaicConfig:
         the H200 (parity.sweep, 3 interleaved rounds) True was 1.04-1.06x faster on three large shapes (H = 16
         and 128) and even at H = 16 with q_len 2 and at B = 1. The same math with the scores summed chunk by
         chunk in another order (not bitwise False's). None without fp8.
-    fused_group: (fp8 with fused_dequant; opt-in) how many of warpgroup 0's 4 V-half chunks it converts between
-        two fences (`commit_smem`) and their wgmmas: 1 (the default) fences after every chunk (5 a step with the
-        rope chunk, which always goes alone and first), 2 after every second (3 a step), 4 once for the half (2 a
-        step). Fewer fences, later first wgmmas. The same math as 1 (the same chunk order); none without fp8.
+    fused_group: (fp8 with fused_dequant) how many of warpgroup 0's 4 V-half chunks it converts between two
+        fences (`commit_smem`) and their wgmmas: 4 (the default since session 9) fences once for the half (2
+        fences a step with the rope chunk, which always goes alone and first), 2 after every second (3 a step),
+        1 after every chunk (5 a step: session 9's first fused_dequant). Fewer fences, later first wgmmas. On the
+        H200 (parity.sweep, 2 interleaved rounds, session 9) 4 was 1.13x faster than 1 at H16 B128 S16384 and
+        1.08x at H128 B64 S16384, 2 nearly as fast. The same math for every value (the same chunk order);
+        none without fp8.
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -229,7 +232,7 @@ class MosaicConfig:
     p_in_kv: bool = False
     dequant_layout: str = "wgmma_8bit"
     fused_dequant: bool = True
-    fused_group: int = 1
+    fused_group: int = 4
     pdl: bool = False
 
     def __post_init__(self):
