@@ -198,9 +198,10 @@ class MosaicConfig:
         rounds) "wgmma_8bit" was 1.01-1.06x faster on four large shapes (H = 16 and 128) and 0.5 us slower
         at H = 16, B = 1, S = 1024 (12.6 vs 12.1 us). No effect on the results (both exact), none without fp8.
     fused_dequant: (fp8 cache) True (the default since session 9): warpgroup 0 dequantizes its columns of a
-        step (the 64 rope columns and its P @ V half) at the start of that step's scores, one 64-column chunk
-        at a time, issuing each chunk's wgmma right after storing it, so the tensor cores run the scores while
-        it converts the next chunk; then it waits for warpgroup 1's half and issues the rest. False (session 8's
+        step (the 64 rope columns and its P @ V half) at the start of that step's scores in 64-column chunks,
+        issuing their wgmmas right after storing them (the rope chunk first and alone, then the V half's
+        chunks `fused_group` at a time), so the tensor cores run the scores while it converts the next
+        chunks; then it waits for warpgroup 1's half and issues the rest. False (session 8's
         default): warpgroup 0 dequantizes its columns of the next step after its P @ V, then computes the
         scores once the whole step is there, so the conversion and the scores run in series on its chain. On
         the H200 (parity.sweep, 3 interleaved rounds) True was 1.04-1.06x faster on three large shapes (H = 16

@@ -182,7 +182,8 @@ def grid_shapes(grid: str, shard: tuple[int, int] | None = None, names: list[str
     if names is not None:
         shapes = [s for s in shapes if s.name in names]
         if not shapes:
-            raise ValueError(f"--shapes {','.join(names)}: none in shard {shard[0]}/{shard[1]} of grid {grid!r}")
+            where = f"shard {shard[0]}/{shard[1]} of grid {grid!r}" if shard else f"grid {grid!r}"
+            raise ValueError(f"--shapes {','.join(names)!r}: none in {where}")
     return shapes
 
 

@@ -316,6 +316,8 @@ def test_bench_shapes_picks_named_shapes_of_the_grid():
         bench.grid_shapes("mosaic_h16_q2", names=["H16_B64_S1024_q1"])
     with pytest.raises(ValueError, match="none in shard 0/3"):
         bench.grid_shapes("mosaic_h16_q2", (0, 3), ["H16_B128_S4096_q2"])
+    with pytest.raises(ValueError, match="none in grid 'smoke'"):
+        bench.grid_shapes("smoke", names=[])
     from parity.__main__ import main
 
     with pytest.raises(ValueError, match="H16_B1_S1_q1"):
