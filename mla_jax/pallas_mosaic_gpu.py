@@ -108,9 +108,13 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.pallas import mosaic_gpu as plgpu
+from jax._src.lib.mlir import ir
+from jax._src.lib.mlir.dialects import llvm
 
 from mla_jax.combine import combine, combine_ref
 from mla_spec import DecodeMetadata, MLAConfig
@@ -133,6 +137,7 @@ SUPPORTED_DTYPES = ("bfloat16", "float16")
 SCHEDULES = ("split", "flashmla", "three_wg", "seesaw")
 DEQUANT_LAYOUTS = ("wgmma", "wgmma_8bit")
 FUSED_GROUPS = (1, 2, 4)  # MosaicConfig.fused_group: V-half chunks converted between two fences
+FP8_CONVERTS = ("cvt", "bits")  # MosaicConfig.fp8_convert: how e4m3 becomes f16 in registers
 # three_wg's register split (setmaxnreg; 128 threads each, at most 65536 registers in all): the scores
 # warpgroup holds a 64 x 64 fp32 score tile, each P @ V warpgroup a 64 x 256 fp32 accumulator
 THREE_WG_REGISTERS = (152, 176, 176)
@@ -140,6 +145,66 @@ THREE_WG_REGISTERS = (152, 176, 176)
 
 def _is_pow2(x: int) -> bool:
     return x >= 1 and (x & (x - 1)) == 0
+
+
+# e4m3 -> f16 by integer arithmetic (MosaicConfig.fp8_convert="bits"; Marlin's fast FP8 -> FP16): each fp8
+# byte goes to the top of a 16-bit half (prmt), the sign stays, the other 7 bits (4 exponent, 3 mantissa)
+# move down one (into f16's 5-bit exponent and 10-bit mantissa), and a multiplication by 2^8 (the biases,
+# 15 - 7) makes it the value: exact for every finite e4m3 value, subnormals included; NaN (0x7f, 0xff)
+# becomes +-480 (the kernel zeroes cache rows past kv_len before any NaN could matter). Two prmt, two
+# shifts, two lop3 and two f16x2 multiplications for four values, on the integer and FMA pipes, where
+# "cvt" issues two cvt.rn.f16x2.e4m3x2 on the conversion pipe.
+_E4M3_TO_F16_PTX = """{
+.reg .b32 lo, hi, t, two8;
+prmt.b32 lo, $2, 0, 0x1404;
+prmt.b32 hi, $2, 0, 0x3424;
+mov.b32 two8, 0x5C005C00;
+shr.b32 t, lo, 1;
+and.b32 t, t, 0x3F803F80;
+and.b32 lo, lo, 0x80008000;
+or.b32 lo, lo, t;
+shr.b32 t, hi, 1;
+and.b32 t, t, 0x3F803F80;
+and.b32 hi, hi, 0x80008000;
+or.b32 hi, hi, t;
+mul.rn.f16x2 $0, lo, two8;
+mul.rn.f16x2 $1, hi, two8;
+}"""
+
+
+def e4m3_bits_to_f16(b: np.ndarray) -> np.ndarray:
+    """The "bits" conversion in numpy (uint8 e4m3 bit patterns -> float16), for the tests: what the PTX above
+    computes for each byte."""
+    h = b.astype(np.uint16) << 8
+    f = ((h & 0x8000) | ((h >> 1) & 0x3F80)).view(np.float16)
+    return (f * np.float16(256.0)).astype(np.float16)
+
+
+def _e4m3_to_f16(x, layout):
+    """x: an fp8 e4m3 register array in `layout` (4 or 2 values a register piece) -> float16, the "bits"
+    conversion (above), via inline Mosaic GPU; compiled kernels only (the interpreter has no rule for it)."""
+
+    @plgpu.inline_mgpu(arg_types=(layout,),
+                       return_type=plgpu.ShapeDtypeStruct(x.shape, jnp.float16, layout=layout))
+    def convert(ctx, fa):
+        del ctx
+        i32, f16 = ir.IntegerType.get_signless(32), ir.F16Type.get()
+        regs = np.empty_like(fa.registers)
+        for idx, reg in np.ndenumerate(fa.registers):
+            n = ir.VectorType(reg.type).shape[0]
+            if n % 4:
+                raise NotImplementedError(f"fp8_convert='bits' needs 4 fp8 values a register piece, got {n}")
+            parts = []
+            for j in range(0, n, 4):
+                word = mgpu.utils.bitcast(mgpu.utils.vector_slice(reg, slice(j, j + 4)), i32)
+                pair = llvm.inline_asm(llvm.StructType.get_literal([i32, i32]), [word], _E4M3_TO_F16_PTX,
+                                       "=r,=r,r")
+                parts += [mgpu.utils.bitcast(llvm.extractvalue(i32, pair, [k]), ir.VectorType.get((2,), f16))
+                          for k in (0, 1)]
+            regs[idx] = mgpu.utils.vector_concat(parts)
+        return mgpu.FragmentedArray(_registers=regs, _layout=fa.layout, _is_signed=None)
+
+    return convert(x)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,6 +279,12 @@ class MosaicConfig:
         H200 (parity.sweep, 2 interleaved rounds, session 9) 4 was 1.13x faster than 1 at H16 B128 S16384 and
         1.08x at H128 B64 S16384, 2 nearly as fast. The same math for every value (the same chunk order);
         none without fp8.
+    fp8_convert: (fp8 cache) how the dequantization turns e4m3 into f16 in registers: "cvt" (the hardware
+        conversion, cvt.rn.f16x2.e4m3x2, two values an instruction, on the conversion pipe) or "bits" (integer
+        arithmetic and one f16x2 multiplication, Marlin's fast FP8 -> FP16: prmt, shift, lop3, mul, on the
+        integer and FMA pipes; needs dequant_layout="wgmma_8bit"). Both exact, so the same results bit for
+        bit; interpret mode runs "cvt" for both (the interpreter has no rule for inline Mosaic GPU). None
+        without fp8.
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -234,6 +305,7 @@ class MosaicConfig:
     dequant_layout: str = "wgmma_8bit"
     fused_dequant: bool = True
     fused_group: int = 4
+    fp8_convert: str = "cvt"
     pdl: bool = False
 
     def __post_init__(self):
@@ -267,6 +339,11 @@ class MosaicConfig:
             raise ValueError(f"fused_dequant must be a bool, got fused_dequant={self.fused_dequant!r}")
         if isinstance(self.fused_group, bool) or self.fused_group not in FUSED_GROUPS:
             raise ValueError(f"fused_group must be one of {FUSED_GROUPS}, got fused_group={self.fused_group!r}")
+        if self.fp8_convert not in FP8_CONVERTS:
+            raise ValueError(f"fp8_convert must be one of {FP8_CONVERTS}, got fp8_convert={self.fp8_convert!r}")
+        if self.fp8_convert == "bits" and self.dequant_layout != "wgmma_8bit":
+            raise ValueError(f"fp8_convert='bits' converts 4 fp8 values at once: it needs "
+                             f"dequant_layout='wgmma_8bit', got dequant_layout={self.dequant_layout!r}")
         if self.p_in_kv and (self.schedule != "flashmla" or self.transposed_scores):
             raise ValueError(f"p_in_kv=True needs schedule='flashmla' with plain scores, got "
                              f"schedule={self.schedule!r}, transposed_scores={self.transposed_scores}")
@@ -406,7 +483,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   num_reqs: int, num_splits: int, block_kv: int, stages: int, bt_chunk: int, scale_log2: float,
                   memory_wg: bool, schedule: str, score_rows: int = 0, pdl: bool = False, fp8: bool = False,
                   p_in_kv: bool = False, dequant_layout: str = "wgmma", fused_dequant: bool = False,
-                  fused_group: int = 1, out_dtype=None, interpret: bool = False):
+                  fused_group: int = 1, fp8_convert: str = "cvt", out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile): CTA (hb, split, g) takes request g // q_tiles,
@@ -414,8 +491,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     [hb * 64, hb * 64 + 64) (or all `heads` x tpt tokens when heads < 64), and its split of the KV.
     score_rows > 0 (a multiple of hp below 64; "flashmla" only): the tile's rows in use, whose scores
     warpgroup 0 computes transposed (MosaicConfig.transposed_scores); q holds only those rows.
-    pdl: programmatic dependent launch (MosaicConfig.pdl). p_in_kv, dequant_layout, fused_dequant, fused_group:
-    MosaicConfig's (fused_dequant, fused_group: fp8 only).
+    pdl: programmatic dependent launch (MosaicConfig.pdl). p_in_kv, dequant_layout, fused_dequant, fused_group,
+    fp8_convert: MosaicConfig's (fused_dequant, fused_group, fp8_convert: fp8 only).
     fp8 ("flashmla" only): the cache is float8_e4m3fn; the TMAs fill a ring of fp8 steps, and each compute
     warpgroup dequantizes its own columns of the next step into one `dtype` buffer after its P @ V of the
     current one (`deq_ready`); the per-tensor k_scale (info word 3, float32 bits) scales the scores and the
@@ -515,8 +592,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         def convert_chunk(slot, cols, keep=None):
             """Columns `cols` (64) of the fp8 step in ring slot `slot` -> the dequantized step; rows where
             `keep` (rows_below) is False become 0 (their cache slots may hold NaN)."""
-            # e4m3 -> f16: exact, one cvt.rn.f16x2.e4m3x2 per two values
-            x = plgpu.load(kv_smem.at[slot, :, cols], layout=deq_layout).astype(dtype)
+            # e4m3 -> f16, exact: "cvt" one cvt.rn.f16x2.e4m3x2 per two values, "bits" integer arithmetic
+            x = plgpu.load(kv_smem.at[slot, :, cols], layout=deq_layout)
+            x = _e4m3_to_f16(x, deq_layout) if fp8_convert == "bits" and not interpret else x.astype(dtype)
             if keep is not None:
                 x = jnp.where(keep, x, jnp.zeros_like(x))
             deq_smem.at[0, :, cols][...] = x
@@ -1306,7 +1384,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         memory_wg=tuning.memory_warpgroup, schedule=tuning.schedule,
         score_rows=score_rows if score_rows < BLOCK_H else 0, pdl=tuning.pdl, fp8=fp8, p_in_kv=tuning.p_in_kv,
         dequant_layout=tuning.dequant_layout, fused_dequant=fp8 and tuning.fused_dequant,
-        fused_group=tuning.fused_group, interpret=interpret,
+        fused_group=tuning.fused_group, fp8_convert=tuning.fp8_convert, interpret=interpret,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     if num_splits > 1:

@@ -38,7 +38,7 @@ VARIANTS = {
     "pallas_mosaic_gpu": dict(schedule=("flashmla", "split", "three_wg", "seesaw"), memory_warpgroup=(True, False), max_concurrent_steps=(1,),
                               num_splits="x0.5,x2,=1", transposed_scores=(True, False), pdl=(True, False),
                               p_in_kv=(True, False), dequant_layout=("wgmma", "wgmma_8bit"),
-                              fused_dequant=(True, False), fused_group=(1, 2, 4)),
+                              fused_dequant=(True, False), fused_group=(1, 2, 4), fp8_convert=("cvt", "bits")),
 }
 
 

@@ -344,7 +344,9 @@ def test_mosaic_gpu_fp8_q_beyond_f16_is_not_silently_clamped():
                                               (16, dict(num_splits=1, fused_dequant=False)),
                                               (128, dict(num_splits=2, fused_dequant=False)),
                                               (16, dict(num_splits=1, fused_group=2)),
-                                              (128, dict(num_splits=2, fused_group=1))])
+                                              (128, dict(num_splits=2, fused_group=1)),
+                                              (16, dict(num_splits=1, fp8_convert="bits")),
+                                              (128, dict(num_splits=2, fp8_convert="bits", fused_dequant=False))])
 def test_mosaic_gpu_fp8_lowers_for_cuda(num_heads, tuning):
     """The fp8 ring (8 x 64 tiles, 64-byte swizzle), its WGMMA-layout loads and the conversion lower for CUDA."""
     from mla_jax import pallas_mosaic_gpu
@@ -361,10 +363,17 @@ def test_mosaic_gpu_fp8_lowers_for_cuda(num_heads, tuning):
     assert "mosaic_gpu" in text
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("name,dtype,tuning", MOSAIC_FP8_CASES + [("decode_mixed_lengths", "bfloat16", None),
-                                                                  ("heads_128_spec", "bfloat16", None)])
-def test_mosaic_gpu_fp8_compiled(name, dtype, tuning):
+# the integer-arithmetic conversion (fp8_convert="bits"; interpret mode runs "cvt" for it, so compiled only): H=16
+# transposed with splits, H=128 plain in fp16, the conversion before the scores with one stage
+MOSAIC_FP8_BITS_CASES = [
+    ("spec_decode_page_16", "bfloat16", dict(num_splits=3, transposed_scores=True, fp8_convert="bits")),
+    ("heads_128", "float16", dict(num_splits=2, fp8_convert="bits")),
+    ("contiguous_blocks", "bfloat16", dict(num_splits=2, max_concurrent_steps=1, fused_dequant=False,
+                                           fp8_convert="bits")),
+]
+
+
+def _skip_without_hopper():
     from mla_jax import pallas_mosaic_gpu
 
     if jax.default_backend() != "gpu":
@@ -372,7 +381,60 @@ def test_mosaic_gpu_fp8_compiled(name, dtype, tuning):
     reason = pallas_mosaic_gpu.unsupported_reason(MLAConfig(num_heads=16), jax.devices()[0])
     if reason is not None:
         pytest.skip(reason)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,dtype,tuning", MOSAIC_FP8_CASES + MOSAIC_FP8_BITS_CASES
+                         + [("decode_mixed_lengths", "bfloat16", None), ("heads_128_spec", "bfloat16", None)])
+def test_mosaic_gpu_fp8_compiled(name, dtype, tuning):
+    _skip_without_hopper()
     _mosaic_fp8(name, dtype, tuning, interpret=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,dtype,tuning", [("spec_decode_page_16", "bfloat16", dict(transposed_scores=True)),
+                                               ("heads_128_spec", "float16", dict(num_splits=2))])
+def test_mosaic_gpu_fp8_convert_bits_is_bitwise_cvt(name, dtype, tuning):
+    """Both conversions are exact, so fp8_convert="bits" and "cvt" give the same out and lse bit for bit (the
+    cache's NaN slots are zeroed before either could matter)."""
+    from mla_jax import pallas_mosaic_gpu
+
+    _skip_without_hopper()
+    batch, k_scale, _, _ = fp8_batch_and_reference(name, dtype)
+    q, kv, md = jax_inputs(batch, dtype)
+    runs = [pallas_mosaic_gpu.mla_decode(q, None, kv, md, batch.config, k_scale=k_scale,
+                                         tuning=pallas_mosaic_gpu.MosaicConfig(fp8_convert=c, **tuning))
+            for c in ("cvt", "bits")]
+    (out_c, lse_c), (out_b, lse_b) = [(np.asarray(o.astype(jnp.float32)), np.asarray(l)) for o, l in runs]
+    assert np.isfinite(out_c).all()
+    np.testing.assert_array_equal(out_b.view(np.uint32), out_c.view(np.uint32))
+    np.testing.assert_array_equal(lse_b.view(np.uint32), lse_c.view(np.uint32))
+
+
+def test_fp8_convert_bits_formula_is_exact():
+    """The "bits" conversion (prmt, shift, lop3, times 2^8), in numpy: every finite e4m3 value to the f16 that
+    ml_dtypes gives, bit for bit (signed zero and subnormals included); NaN to +-480."""
+    import ml_dtypes
+
+    from mla_jax.pallas_mosaic_gpu import e4m3_bits_to_f16
+
+    b = np.arange(256, dtype=np.uint8)
+    want = b.view(ml_dtypes.float8_e4m3fn).astype(np.float16)
+    got = e4m3_bits_to_f16(b)
+    finite = ~np.isnan(want)
+    assert finite.sum() == 254
+    np.testing.assert_array_equal(got[finite].view(np.uint16), want[finite].view(np.uint16))
+    np.testing.assert_array_equal(got[~finite], np.array([480, -480], np.float16))
+
+
+def test_fp8_convert_config_is_validated():
+    from mla_jax.pallas_mosaic_gpu import MosaicConfig
+
+    assert MosaicConfig().fp8_convert == "cvt"
+    with pytest.raises(ValueError, match="fp8_convert='bitz'"):
+        MosaicConfig(fp8_convert="bitz")
+    with pytest.raises(ValueError, match="dequant_layout='wgmma'"):
+        MosaicConfig(fp8_convert="bits", dequant_layout="wgmma")
 
 
 def test_triton_unsupported_reason_for_fp8_devices():

@@ -1,0 +1,161 @@
+"""python -m parity.convert_probe: how fast a CTA turns one fp8 KV step into f16 in shared memory, by method
+(a diagnosis of the Mosaic GPU kernel's fp8 step, not a test).
+
+Each CTA (two warpgroups, one per SM) holds two fp8 steps [64, 576] (the kernel's ring layout: 8 x 64 tiles,
+64-byte swizzle) and two f16 steps (the wgmma layout: 8 x 64 tiles, 128-byte swizzle). Each iteration, each
+warpgroup converts its columns of one fp8 step (as the kernel splits them: warpgroup 0 the rope chunk and the
+first V half, 1 the second) into one f16 step, chunk by chunk (load in the WGMMA_8BIT layout, convert, store),
+then fences (commit_smem), as the kernel's dequantization does. The time of an iteration is the slope of the
+kernel's time over the iteration count (the launch and set-up cancel), one CTA per SM on every SM.
+
+Methods: "cvt" (astype: cvt.rn.f16x2.e4m3x2), "bits" (the kernel's fp8_convert="bits"), "copy" (the fp8
+bytes stored unconverted into an fp8 buffer: the loads and stores without a conversion, half the bytes stored).
+Each converted f16 step is checked bit for bit against numpy's conversion.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+METHODS = ("cvt", "bits", "copy")
+BLOCK_KV, HEAD_DIM = 64, 576
+
+
+def build(method: str, iters: int, num_ctas: int):
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    from mla_jax import pallas_mosaic_gpu as mg
+
+    layout = plgpu.Layout.WGMMA_8BIT
+    fp8_t = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(64))
+    f16_t = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+    out_dtype = jnp.float8_e4m3fn if method == "copy" else jnp.float16
+
+    def body(x_ref, o_ref, x_smem, y_smem, bar, done):
+        wg = lax.axis_index("wg")
+        cta = lax.axis_index("cta")
+
+        @pl.when(wg == 0)
+        def _():
+            for s in range(2):
+                plgpu.copy_gmem_to_smem(x_ref.at[s], x_smem.at[s], bar)
+
+        plgpu.barrier_wait(bar)
+        chunks = [[8, 0, 1, 2, 3], [4, 5, 6, 7]]  # warpgroup 0: rope, V half 0; 1: V half 1
+
+        def one(w, i):
+            slot = lax.rem(i, jnp.int32(2))
+            for c in chunks[w]:
+                x = plgpu.load(x_smem.at[slot, :, pl.ds(c * 64, 64)], layout=layout)
+                if method == "cvt":
+                    y = x.astype(jnp.float16)
+                elif method == "bits":
+                    y = mg._e4m3_to_f16(x, layout)
+                else:
+                    y = x
+                y_smem.at[slot, :, pl.ds(c * 64, 64)][...] = y
+            plgpu.commit_smem()
+
+        for w in range(2):
+            @pl.when(wg == w)
+            def _(w=w):
+                @pl.loop(0, iters)
+                def _(i):
+                    one(w, i)
+
+                plgpu.barrier_arrive(done)
+
+        @pl.when((wg == 0) & (cta == 0))
+        def _():
+            plgpu.barrier_wait(done)
+            for s in range(2):
+                plgpu.copy_smem_to_gmem(y_smem.at[s], o_ref.at[s])
+            plgpu.wait_smem_to_gmem(0)
+
+    kernel = plgpu.kernel(
+        body,
+        out_type=jax.ShapeDtypeStruct((2, BLOCK_KV, HEAD_DIM), out_dtype),
+        scratch_types=[
+            plgpu.SMEM((2, BLOCK_KV, HEAD_DIM), jnp.float8_e4m3fn, transforms=fp8_t),
+            plgpu.SMEM((2, BLOCK_KV, HEAD_DIM), out_dtype, transforms=fp8_t if method == "copy" else f16_t),
+            plgpu.Barrier(num_arrivals=2),  # bar: the two fp8 steps loaded
+            plgpu.Barrier(num_arrivals=2),  # done: both warpgroups' last iteration stored
+        ],
+        grid=(num_ctas,),
+        grid_names=("cta",),
+        num_threads=2,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
+    )
+    return jax.jit(kernel)
+
+
+def _median_time(fn, x, reps: int) -> float:
+    fn(x).block_until_ready()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn(x).block_until_ready()
+        ts.append(time.perf_counter() - t0)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m parity.convert_probe", description=__doc__.split("\n\n")[0])
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--iters", default="200,2200", help="two iteration counts; the slope between them is timed")
+    p.add_argument("--ctas", type=int, default=132, help="CTAs (one per SM on the H200)")
+    p.add_argument("--reps", type=int, default=9)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    methods = args.methods.split(",")
+    for m in methods:
+        if m not in METHODS:
+            raise ValueError(f"--methods: {m!r} is not one of {METHODS}")
+    lo, hi = (int(x) for x in args.iters.split(","))
+    if not 0 < lo < hi:
+        raise ValueError(f"--iters must be two counts 0 < lo < hi, got {args.iters!r}")
+
+    import jax
+    import ml_dtypes
+    import numpy as np
+
+    if jax.default_backend() != "gpu":
+        print(f"convert_probe: needs a GPU (JAX's default backend is {jax.default_backend()!r})", file=sys.stderr)
+        return 2
+    from mla_jax.pallas_mosaic_gpu import e4m3_bits_to_f16
+
+    rng = np.random.default_rng(0)
+    bits = rng.integers(0, 256, size=(2, BLOCK_KV, HEAD_DIM), dtype=np.uint8)
+    bits[(bits & 0x7F) == 0x7F] = 0x3C  # no NaN: the methods differ there by design
+    x = jax.numpy.asarray(bits.view(ml_dtypes.float8_e4m3fn))
+    want = {"cvt": bits.view(ml_dtypes.float8_e4m3fn).astype(np.float16), "bits": e4m3_bits_to_f16(bits),
+            "copy": bits.view(ml_dtypes.float8_e4m3fn)}
+    rows = []
+    for m in methods:
+        f_lo, f_hi = build(m, lo, args.ctas), build(m, hi, args.ctas)
+        got = np.asarray(f_hi(x))
+        exact = bool((got.view(np.uint8) == want[m].view(np.uint8)).all())
+        t_lo, t_hi = _median_time(f_lo, x, args.reps), _median_time(f_hi, x, args.reps)
+        us = (t_hi - t_lo) / (hi - lo) * 1e6
+        rows.append(dict(method=m, us_per_step=us, exact=exact, t_lo_ms=t_lo * 1e3, t_hi_ms=t_hi * 1e3,
+                         iters=[lo, hi], ctas=args.ctas))
+    print(f"{'method':<6} {'us/step':>8} {'exact':>6}  (one [64, 576] fp8 step a CTA, {args.ctas} CTAs)")
+    for r in rows:
+        print(f"{r['method']:<6} {r['us_per_step']:8.3f} {str(r['exact']):>6}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=str(jax.devices()[0].device_kind), rows=rows), f, indent=1)
+    return 0 if all(r["exact"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
