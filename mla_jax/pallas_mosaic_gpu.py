@@ -137,7 +137,10 @@ SUPPORTED_DTYPES = ("bfloat16", "float16")
 SCHEDULES = ("split", "flashmla", "three_wg", "seesaw")
 DEQUANT_LAYOUTS = ("wgmma", "wgmma_8bit")
 FUSED_GROUPS = (1, 2, 4)  # MosaicConfig.fused_group: V-half chunks converted between two fences
-FP8_CONVERTS = ("cvt", "bits")  # MosaicConfig.fp8_convert: how e4m3 becomes f16 in registers
+FP8_CONVERTS = ("cvt", "bits", "mixed")  # MosaicConfig.fp8_convert: how e4m3 becomes f16 in registers
+# MosaicConfig.overlap_dequant: the most rows of a tile in use (transposed scores) for which the two f16 copies of
+# V's first half fit in shared memory beside q (32 rows: 36 KiB), the fp8 ring (72), V (3 x 32) and the rope (8)
+OVERLAP_MAX_ROWS = 32
 # three_wg's register split (setmaxnreg; 128 threads each, at most 65536 registers in all): the scores
 # warpgroup holds a 64 x 64 fp32 score tile, each P @ V warpgroup a 64 x 256 fp32 accumulator
 THREE_WG_REGISTERS = (152, 176, 176)
@@ -275,16 +278,32 @@ class MosaicConfig:
     fused_group: (fp8 with fused_dequant) how many of warpgroup 0's 4 V-half chunks it converts between two
         fences (`commit_smem`) and their wgmmas: 4 (the default since session 9) fences once for the half (2
         fences a step with the rope chunk, which always goes alone and first), 2 after every second (3 a step),
-        1 after every chunk (5 a step: session 9's first fused_dequant). Fewer fences, later first wgmmas. On the
-        H200 (parity.sweep, 2 interleaved rounds, session 9) 4 was 1.13x faster than 1 at H16 B128 S16384 and
-        1.08x at H128 B64 S16384, 2 nearly as fast. The same math for every value (the same chunk order);
-        none without fp8.
+        1 after every chunk (5 a step: session 9's first fused_dequant). 2 is the default since session 11: on the
+        H200 (parity.sweep, 3 interleaved rounds, session 10) 2 was 1.01-1.12x faster than 4 on four shapes (H16
+        B128 S16384, H16 B32 S16384, H16 B64 S4096 q_len 2, H128 B64 S16384), and 4 1.02-1.13x faster than 1
+        (sessions 9 and 10). The same math for every value (the same chunk order); none without fp8.
     fp8_convert: (fp8 cache) how the dequantization turns e4m3 into f16 in registers: "cvt" (the hardware
         conversion, cvt.rn.f16x2.e4m3x2, two values an instruction, on the conversion pipe) or "bits" (integer
         arithmetic and one f16x2 multiplication, Marlin's fast FP8 -> FP16: prmt, shift, lop3, mul, on the
-        integer and FMA pipes; needs dequant_layout="wgmma_8bit"). Both exact, so the same results bit for
-        bit; interpret mode runs "cvt" for both (the interpreter has no rule for inline Mosaic GPU). None
+        integer and FMA pipes; needs dequant_layout="wgmma_8bit"), or "mixed": "cvt" for the even 64-column
+        chunks of the head dim and "bits" for the odd ones, so that a warpgroup's conversions keep both pipes
+        busy (also needs "wgmma_8bit"). All exact, so the same results bit for bit; interpret mode runs "cvt"
+        for all (the interpreter has no rule for inline Mosaic GPU). "bits" measured 1.13-1.15x slower than
+        "cvt" on four shapes of the H200 (session 10), and 1.05x slower in python -m parity.convert_probe (one
+        step's conversion: cvt 1.01 us, bits 1.06, the same loads and stores without a conversion 0.43). None
         without fp8.
+    overlap_dequant: (fp8 cache, transposed scores with at most OVERLAP_MAX_ROWS rows in use: H = 16 at q_len 1
+        and 2, H = 8; elsewhere no effect) the next step's conversion runs under this step's P @ V: V's first half
+        has two f16 buffers (by step parity), its second half and the rope one each. Each warpgroup issues its
+        P @ V of step k and, while the wgmma runs, converts its part of step k + 1's rope and first V half
+        (warpgroup 0 the rope and two chunks, 1 two chunks); once warpgroup 1's P @ V of step k is done (`p_free`),
+        each converts two chunks of V's second half of step k + 1, and the scores of step k + 1 wait only for that
+        (`deq_ready`).
+        fused_dequant and fused_group have no effect under it. The same math as fused_dequant=False (the scores
+        of a step summed over the whole head dim in order), bitwise equal to it on the H200. The default since
+        session 11: on the H200 (parity.sweep, 3 interleaved rounds) 1.12x faster than fused_dequant at H16 B128
+        S16384 and 1.11x at H16 B32 S16384, equal at H16 B8 S4096 and B1 S1024 (session 11's first split, warpgroup
+        0 converting 7 chunks a step and warpgroup 1 2, was only 1.06x faster).
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -304,8 +323,9 @@ class MosaicConfig:
     p_in_kv: bool = False
     dequant_layout: str = "wgmma_8bit"
     fused_dequant: bool = True
-    fused_group: int = 4
+    fused_group: int = 2
     fp8_convert: str = "cvt"
+    overlap_dequant: bool = True
     pdl: bool = False
 
     def __post_init__(self):
@@ -341,9 +361,11 @@ class MosaicConfig:
             raise ValueError(f"fused_group must be one of {FUSED_GROUPS}, got fused_group={self.fused_group!r}")
         if self.fp8_convert not in FP8_CONVERTS:
             raise ValueError(f"fp8_convert must be one of {FP8_CONVERTS}, got fp8_convert={self.fp8_convert!r}")
-        if self.fp8_convert == "bits" and self.dequant_layout != "wgmma_8bit":
-            raise ValueError(f"fp8_convert='bits' converts 4 fp8 values at once: it needs "
+        if self.fp8_convert != "cvt" and self.dequant_layout != "wgmma_8bit":
+            raise ValueError(f"fp8_convert={self.fp8_convert!r} converts 4 fp8 values at once: it needs "
                              f"dequant_layout='wgmma_8bit', got dequant_layout={self.dequant_layout!r}")
+        if not isinstance(self.overlap_dequant, bool):
+            raise ValueError(f"overlap_dequant must be a bool, got overlap_dequant={self.overlap_dequant!r}")
         if self.p_in_kv and (self.schedule != "flashmla" or self.transposed_scores):
             raise ValueError(f"p_in_kv=True needs schedule='flashmla' with plain scores, got "
                              f"schedule={self.schedule!r}, transposed_scores={self.transposed_scores}")
@@ -483,7 +505,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   num_reqs: int, num_splits: int, block_kv: int, stages: int, bt_chunk: int, scale_log2: float,
                   memory_wg: bool, schedule: str, score_rows: int = 0, pdl: bool = False, fp8: bool = False,
                   p_in_kv: bool = False, dequant_layout: str = "wgmma", fused_dequant: bool = False,
-                  fused_group: int = 1, fp8_convert: str = "cvt", out_dtype=None, interpret: bool = False):
+                  fused_group: int = 1, fp8_convert: str = "cvt", overlap_dequant: bool = False, out_dtype=None,
+                  interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile): CTA (hb, split, g) takes request g // q_tiles,
@@ -492,7 +515,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     score_rows > 0 (a multiple of hp below 64; "flashmla" only): the tile's rows in use, whose scores
     warpgroup 0 computes transposed (MosaicConfig.transposed_scores); q holds only those rows.
     pdl: programmatic dependent launch (MosaicConfig.pdl). p_in_kv, dequant_layout, fused_dequant, fused_group,
-    fp8_convert: MosaicConfig's (fused_dequant, fused_group, fp8_convert: fp8 only).
+    fp8_convert, overlap_dequant: MosaicConfig's (fused_dequant, fused_group, fp8_convert, overlap_dequant: fp8 only;
+    overlap_dequant needs transposed scores of at most OVERLAP_MAX_ROWS rows, and then fused_dequant is ignored).
     fp8 ("flashmla" only): the cache is float8_e4m3fn; the TMAs fill a ring of fp8 steps, and each compute
     warpgroup dequantizes its own columns of the next step into one `dtype` buffer after its P @ V of the
     current one (`deq_ready`); the per-tensor k_scale (info word 3, float32 bits) scales the scores and the
@@ -522,6 +546,11 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     if p_in_kv and (not flashmla or score_rows or fp8):
         raise ValueError(f"p_in_kv needs schedule='flashmla', plain scores and a 16-bit cache, got {schedule=}, "
                          f"{score_rows=}, {fp8=}")
+    if overlap_dequant and not (fp8 and flashmla and 0 < score_rows <= OVERLAP_MAX_ROWS):
+        raise ValueError(f"overlap_dequant needs an fp8 cache, schedule='flashmla' and transposed scores of at most "
+                         f"{OVERLAP_MAX_ROWS} rows, got {fp8=}, {schedule=}, {score_rows=}")
+    if overlap_dequant:
+        fused_dequant = False  # (the scores of a step wait for its whole f16 copy, converted during the last step)
     q_rows = score_rows or BLOCK_H  # rows of q in SMEM
     q_toks = q_rows // hp  # tokens of q loaded per tile
     # FlashMLA: warpgroup 1 has the lighter step; three_wg: a P @ V warpgroup
@@ -530,7 +559,13 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     def body(q_ref, kv_ref, sched_ref, out_ref, lse_ref,
              q_kv_or_stage, p_smem, x_smem, i_smem,
              q_bar, info_bar, bt_bar, kv_ready, kv_consumed, sync_a, sync_b, *extra_barriers):
-        if fp8:
+        deq_smem = deq_v = deq_rope = None
+        if fp8 and overlap_dequant:
+            # kv_smem: the ring of fp8 steps; deq_v: f16 V halves (0, 1: the first half of even / odd steps, 2: the
+            # second half); deq_rope: the rope columns of a step
+            (q_smem, kv_smem, deq_v, deq_rope), stage = q_kv_or_stage
+            (deq_ready,) = extra_barriers
+        elif fp8:
             # kv_smem: the ring of fp8 steps the TMAs fill; deq_smem: the step the wgmmas read
             (q_smem, kv_smem, deq_smem), stage = q_kv_or_stage
             (deq_ready,) = extra_barriers
@@ -578,6 +613,38 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             spill (ptxas: ~1 KiB a thread; session 6 in parity/NOTES_pallas_mosaic_gpu.md)."""
             return deq_smem.at[info_smem[4]] if fp8 else kv_smem.at[slot]
 
+        def deq_chunk(k, c: int):
+            """(overlap_dequant) chunk c (static; columns [64 c, 64 c + 64)) of step k's f16 copy: V's first half
+            in deq_v[k % 2], its second half in deq_v[2], the rope in deq_rope (dynamic indices, as kv_tile's)."""
+            if c == KV_LORA_RANK // 64:
+                return deq_rope.at[info_smem[4]]
+            if c < V_HALF // 64:
+                return deq_v.at[lax.rem(k, jnp.int32(2)), :, pl.ds(c * 64, 64)]
+            return deq_v.at[info_smem[4] + 2, :, pl.ds((c - V_HALF // 64) * 64, 64)]
+
+        def deq_half(k, half: int):
+            """(overlap_dequant) V half `half` of step k's f16 copy, [block_kv, 256]."""
+            return deq_v.at[lax.rem(k, jnp.int32(2)) if half == 0 else info_smem[4] + 2]
+
+        def overlap_convert(k, begin, kv_len, chunks, wait: bool = True):
+            """(overlap_dequant) chunks (static) of fp8 step k, from its ring slot (wait: once its TMA is done;
+            a warpgroup waits once for each phase of a barrier) into their f16 buffers (deq_chunk); rows past
+            kv_len become 0 (their cache slots may hold NaN). No fence."""
+            slot = lax.rem(k - begin, jnp.int32(stages))
+            if wait:
+                with jax.named_scope("deq_wait"):
+                    plgpu.barrier_wait(kv_ready.at[slot])
+            valid = kv_len - k * block_kv
+
+            def convert(masked: bool):
+                keep = rows_below(valid) if masked else None
+                for c in chunks:
+                    convert_chunk(slot, c, keep, deq_chunk(k, c))
+
+            with jax.named_scope("dequant"):
+                pl.when(valid < block_kv)(lambda: convert(True))
+                pl.when(valid >= block_kv)(lambda: convert(False))
+
         def k_scale():
             """The fp8 cache's per-tensor scale, float32 bits in info word 3 (after tile_info's wait)."""
             return lax.bitcast_convert_type(info_smem[3], jnp.float32)
@@ -589,15 +656,19 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             """[block_kv, 64] in deq_layout: row < valid (the rows of a step kept by its dequantization)."""
             return plgpu.broadcasted_iota(jnp.int32, (block_kv, 64), 0, layout=deq_layout) < valid
 
-        def convert_chunk(slot, cols, keep=None):
-            """Columns `cols` (64) of the fp8 step in ring slot `slot` -> the dequantized step; rows where
-            `keep` (rows_below) is False become 0 (their cache slots may hold NaN)."""
-            # e4m3 -> f16, exact: "cvt" one cvt.rn.f16x2.e4m3x2 per two values, "bits" integer arithmetic
+        def convert_chunk(slot, c, keep=None, dst=None):
+            """Chunk c (columns [64 c, 64 c + 64)) of the fp8 step in ring slot `slot` -> the dequantized step
+            (or `dst`, a [64, 64] ref); rows where `keep` (rows_below) is False become 0 (their cache slots may
+            hold NaN). c is static under fp8_convert="mixed"."""
+            # e4m3 -> f16, exact: "cvt" one cvt.rn.f16x2.e4m3x2 per two values, "bits" integer arithmetic,
+            # "mixed" cvt for the even chunks and bits for the odd ones
+            cols = pl.ds(c * 64 if isinstance(c, int) else pl.multiple_of(c * 64, 64), 64)
             x = plgpu.load(kv_smem.at[slot, :, cols], layout=deq_layout)
-            x = _e4m3_to_f16(x, deq_layout) if fp8_convert == "bits" and not interpret else x.astype(dtype)
+            bits = fp8_convert == "bits" or (fp8_convert == "mixed" and c % 2 == 1)
+            x = _e4m3_to_f16(x, deq_layout) if bits and not interpret else x.astype(dtype)
             if keep is not None:
                 x = jnp.where(keep, x, jnp.zeros_like(x))
-            deq_smem.at[0, :, cols][...] = x
+            (deq_smem.at[0, :, cols] if dst is None else dst)[...] = x
 
         def dequantize(w: int, k, begin, kv_len):
             """fp8 step k (ring slot) -> the dequantized step, this warpgroup's columns: those of its P @ V
@@ -614,13 +685,17 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             def convert(masked: bool):
                 keep = rows_below(valid) if masked else None
 
+                if fp8_convert == "mixed":  # the method by chunk: unrolled
+                    for c in [w * (V_HALF // 64) + i for i in range(V_HALF // 64)] + [KV_LORA_RANK // 64] * (w == 0):
+                        convert_chunk(slot, c, keep)
+                    return
+
                 # a loop over the chunks (not unrolled)
                 @pl.loop(0, num_chunks)
                 def _(i):
                     # chunk i of this warpgroup's columns: V half w, then (warpgroup 0) the rope chunk
                     rope = (i == V_HALF // 64).astype(jnp.int32)
-                    c = w * (V_HALF // 64) + i + rope * (KV_LORA_RANK // 64 - V_HALF // 64)
-                    convert_chunk(slot, pl.ds(pl.multiple_of(c * 64, 64), 64), keep)
+                    convert_chunk(slot, w * (V_HALF // 64) + i + rope * (KV_LORA_RANK // 64 - V_HALF // 64), keep)
 
             with jax.named_scope("dequant"):
                 pl.when(valid < block_kv)(lambda: convert(True))
@@ -906,7 +981,21 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 v_cols = pl.ds(half * V_HALF, V_HALF)
                 return accumulate(acc, lambda acc_ref: plgpu.wgmma(acc_ref, p_ref(slot), kv_tile(slot).at[:, v_cols]))
 
-            if fp8 and not (fused_dequant and w == 0):  # the first step, dequantized (each warpgroup its columns;
+            # (overlap_dequant) the chunks of the next step each warpgroup converts: under its own P @ V of this
+            # step the rope and V's first half (warpgroup 0 three chunks, 1 two), then V's second half (two chunks
+            # each) once warpgroup 1's P @ V is done
+            ov_early = [0, 1, KV_LORA_RANK // 64] if w == 0 else [2, 3]
+            ov_late = [4, 5] if w == 0 else [6, 7]
+            if overlap_dequant:  # the first step, each warpgroup its chunks
+                @pl.when(end > begin)
+                def _first_step():
+                    overlap_convert(begin, begin, kv_len, ov_early + ov_late)
+                    plgpu.commit_smem()
+                    plgpu.barrier_arrive(deq_ready)
+                    plgpu.barrier_arrive(kv_consumed.at[0])
+                    if refill is not None:
+                        refill(begin)
+            elif fp8 and not (fused_dequant and w == 0):  # the first step, dequantized (each warpgroup its columns;
                 # fused_dequant: warpgroup 0 converts its columns of every step inside that step's scores)
                 pl.when(end > begin)(lambda: dequantize(w, begin, begin, kv_len))
             scale = scale_log2 * k_scale() if fp8 else scale_log2  # scores -> log2 units
@@ -939,15 +1028,20 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                     def qk_chunk(s_ref, c: int | None = None):
                         """The scores' wgmma over the head dim's 64 columns [64 c, 64 c + 64) (None: all)."""
-                        kv_c, q_c = kv_tile(slot), q_smem
+                        kv_c, q_c = None if overlap_dequant else kv_tile(slot), q_smem
                         if c is not None:
-                            kv_c, q_c = kv_c.at[:, pl.ds(c * 64, 64)], q_c.at[:, pl.ds(c * 64, 64)]
+                            q_c = q_c.at[:, pl.ds(c * 64, 64)]
+                            kv_c = deq_chunk(k, c) if overlap_dequant else kv_c.at[:, pl.ds(c * 64, 64)]
                         if tr:
                             plgpu.wgmma(s_ref, kv_c, q_c.transpose((1, 0)))
                         else:
                             plgpu.wgmma(s_ref, q_c, kv_c.transpose((1, 0)))
 
                     def qk(s_ref):
+                        if overlap_dequant:  # the f16 copy in three buffers: a wgmma each chunk, in head-dim order
+                            for c in range(HEAD_DIM // 64):
+                                qk_chunk(s_ref, c)
+                            return s_ref[...]
                         if not fused_dequant:
                             qk_chunk(s_ref)
                             return s_ref[...]
@@ -963,7 +1057,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                                                      for i in range(1, len(chunks), fused_group)]
                             for group in groups:
                                 for c in group:
-                                    convert_chunk(slot, pl.ds(c * 64, 64), keep)
+                                    convert_chunk(slot, c, keep)
                                 plgpu.commit_smem()  # visible to the wgmmas (async proxy)
                                 for c in group:
                                     qk_chunk(s_ref, c)
@@ -987,7 +1081,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [row_ax]))
                     l_i = l_i * alpha + p.sum(axis=key_ax)
 
-                    if not p_in_kv:
+                    if not p_in_kv and not overlap_dequant:  # (overlap_dequant: awaited after step k - 1)
                         @pl.when(k > begin)
                         @jax.named_scope("p_free_wait")
                         def _():
@@ -1011,9 +1105,31 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     if not three:  # its own P @ V half; P from SMEM here too (the interpreter's
                         # wgmma takes only SMEM left operands)
                         alpha_rows = plgpu.load(x_smem.at[0], layout=row_layout) if tr else alpha
-                        with jax.named_scope("pv"):
-                            acc = pv(acc * lax.broadcast_in_dim(alpha_rows, acc.shape, [0]), 0, slot)
-                        if fp8:  # the next step, this warpgroup's columns (its P @ V of this one is done;
+                        acc = acc * lax.broadcast_in_dim(alpha_rows, acc.shape, [0])
+                        if overlap_dequant:
+                            def pv_convert(acc_ref):
+                                """P @ V of step k (async), and under it the rope and two chunks of V's first half of
+                                step k + 1."""
+                                plgpu.wgmma(acc_ref, p_smem, deq_half(k, 0))
+                                pl.when(k + 1 < end)(lambda: overlap_convert(k + 1, begin, kv_len, ov_early))
+
+                            with jax.named_scope("pv"):
+                                acc = accumulate(acc, pv_convert)
+
+                            @pl.when(k + 1 < end)
+                            def _second_half():
+                                with jax.named_scope("p_free_wait"):
+                                    plgpu.barrier_wait(sync_b)  # p_free: warpgroup 1 is done with step k
+                                overlap_convert(k + 1, begin, kv_len, ov_late, wait=False)  # (awaited above)
+                                plgpu.commit_smem()
+                                plgpu.barrier_arrive(kv_consumed.at[lax.rem(k + 1 - begin, jnp.int32(stages))])
+                                plgpu.barrier_arrive(deq_ready)
+                        else:
+                            with jax.named_scope("pv"):
+                                acc = pv(acc, 0, slot)
+                        if overlap_dequant:
+                            pass  # (the next step converted above; its slot released there)
+                        elif fp8:  # the next step, this warpgroup's columns (its P @ V of this one is done;
                             # fused_dequant: converted in the next step's scores, the slot released there)
                             if not fused_dequant:
                                 pl.when(k + 1 < end)(lambda: dequantize(0, k + 1, begin, kv_len))
@@ -1049,10 +1165,30 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     with jax.named_scope("p_ready_wait"):
                         plgpu.barrier_wait(p_ready_slot.at[slot] if p_in_kv else sync_a)  # p_ready
                     alpha = plgpu.load(x_smem.at[alpha_row(slot)], layout=row_layout)
+                    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
                     with jax.named_scope("pv"):
-                        acc = pv(acc * lax.broadcast_in_dim(alpha, acc.shape, [0]), half, slot)
+                        if overlap_dequant:
+                            def pv_convert(acc_ref):
+                                """P @ V of step k (async), and under it two chunks of V's first half of step k + 1
+                                (their buffer's last readers, step k - 1's scores and P @ V, were done before P)."""
+                                plgpu.wgmma(acc_ref, p_smem, deq_half(k, 1))
+                                pl.when(k + 1 < end)(lambda: overlap_convert(k + 1, begin, kv_len, ov_early))
+
+                            acc = accumulate(acc, pv_convert)
+                        else:
+                            acc = pv(acc, half, slot)
                     if not p_in_kv:  # (p_in_kv: P lives in the slot, released below)
                         plgpu.barrier_arrive(sync_b)  # p_free
+                    if overlap_dequant:  # V's second half of step k + 1 (warpgroup 0 converts the other two chunks)
+                        @pl.when(k + 1 < end)
+                        def _next_step():
+                            overlap_convert(k + 1, begin, kv_len, ov_late, wait=False)  # (awaited above)
+                            plgpu.commit_smem()
+                            plgpu.barrier_arrive(deq_ready)
+                            plgpu.barrier_arrive(kv_consumed.at[lax.rem(k + 1 - begin, jnp.int32(stages))])
+                            if refill is not None:
+                                refill(k + 1)
+                        return acc
                     if not fp8:
                         plgpu.barrier_arrive(kv_consumed.at[slot])
                     if refill is not None:  # (fp8: the slot was released when step k was dequantized)
@@ -1264,10 +1400,15 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     stage_transforms = (plgpu.TilingTransform((8, stage_cols)), plgpu.SwizzleTransform(128))
     if fp8:
         # the ring of fp8 steps (8 x 64 tiles, 64-byte swizzle: one 64-column chunk a row of a tile, read in
-        # the WGMMA layout to dequantize) and the dequantized step the wgmmas read (the 16-bit ring's layout)
-        kv_bufs = (plgpu.SMEM((stages, block_kv, HEAD_DIM), jnp.float8_e4m3fn,
-                              transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(64))),
-                   plgpu.SMEM((1, block_kv, HEAD_DIM), dtype, transforms=transforms))
+        # the WGMMA layout to dequantize) and the dequantized step the wgmmas read (the 16-bit ring's layout;
+        # overlap_dequant: three V halves and the rope columns)
+        ring = plgpu.SMEM((stages, block_kv, HEAD_DIM), jnp.float8_e4m3fn,
+                          transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(64)))
+        if overlap_dequant:
+            kv_bufs = (ring, plgpu.SMEM((3, block_kv, V_HALF), dtype, transforms=transforms),
+                       plgpu.SMEM((1, block_kv, QK_ROPE_HEAD_DIM), dtype, transforms=transforms))
+        else:
+            kv_bufs = (ring, plgpu.SMEM((1, block_kv, HEAD_DIM), dtype, transforms=transforms))
     else:
         kv_bufs = (plgpu.SMEM((stages, block_kv, HEAD_DIM), dtype, transforms=transforms),)  # KV ring
     scratch = [
@@ -1385,6 +1526,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         score_rows=score_rows if score_rows < BLOCK_H else 0, pdl=tuning.pdl, fp8=fp8, p_in_kv=tuning.p_in_kv,
         dequant_layout=tuning.dequant_layout, fused_dequant=fp8 and tuning.fused_dequant,
         fused_group=tuning.fused_group, fp8_convert=tuning.fp8_convert, interpret=interpret,
+        overlap_dequant=fp8 and tuning.overlap_dequant and 0 < score_rows <= OVERLAP_MAX_ROWS,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     if num_splits > 1:

@@ -38,21 +38,22 @@ VARIANTS = {
     "pallas_mosaic_gpu": dict(schedule=("flashmla", "split", "three_wg", "seesaw"), memory_warpgroup=(True, False), max_concurrent_steps=(1,),
                               num_splits="x0.5,x2,=1", transposed_scores=(True, False), pdl=(True, False),
                               p_in_kv=(True, False), dequant_layout=("wgmma", "wgmma_8bit"),
-                              fused_dequant=(True, False), fused_group=(1, 2, 4), fp8_convert=("cvt", "bits")),
+                              fused_dequant=(True, False), fused_group=(1, 2, 4), fp8_convert=("cvt", "bits", "mixed"),
+                              overlap_dequant=(True, False)),
 }
 
 
 def parse_overrides(text: str) -> dict:
-    """'num_warps=8,block_kv=64' -> {'num_warps': 8, 'block_kv': 64} (int values)."""
+    """'num_warps=8,block_kv=64,pdl=True' -> {'num_warps': 8, 'block_kv': 64, 'pdl': True} (int or bool values)."""
     out = {}
     for item in filter(None, text.split(",")):
         field, sep, value = item.partition("=")
         try:
             if not sep or not field:
                 raise ValueError
-            out[field] = int(value)
+            out[field] = value == "True" if value in ("True", "False") else int(value)
         except ValueError:
-            raise ValueError(f"--set takes field=int pairs separated by commas, got {item!r}") from None
+            raise ValueError(f"--set takes field=int (or True / False) pairs separated by commas, got {item!r}") from None
     return out
 
 
@@ -102,7 +103,8 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=1,
                    help="time every variant (and FA3) this many times in turn, keeping each one's median")
     p.add_argument("--set", dest="overrides", type=parse_overrides, default={},
-                   help="comma-separated field=int pairs replaced in the heuristic's pick before the variants "
+                   help="comma-separated field=int (or True / False) pairs replaced in the heuristic's pick before "
+                        "the variants "
                         "(e.g. num_warps=8): sweep around another base")
     p.add_argument("--fp8", action="store_true",
                    help="run the kernel on an fp8_e4m3 copy of the cache (bench.quantize_fp8); FA3 stays bf16")

@@ -369,8 +369,9 @@ def test_sweep_set_takes_field_int_pairs():
 
     assert parse_overrides("num_warps=8,block_kv=64") == {"num_warps": 8, "block_kv": 64}
     assert parse_overrides("") == {}
-    for bad in ("num_warps", "num_warps=eight", "=8"):
-        with pytest.raises(ValueError, match=f"field=int pairs.*{bad!r}"):
+    assert parse_overrides("overlap_dequant=True,pdl=False") == {"overlap_dequant": True, "pdl": False}
+    for bad in ("num_warps", "num_warps=eight", "=8", "pdl=true"):
+        with pytest.raises(ValueError, match=f"field=int \\(or True / False\\) pairs.*{bad!r}"):
             parse_overrides(bad)
 
 

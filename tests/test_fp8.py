@@ -30,13 +30,16 @@ from parity.compare import TOLERANCES, compare
 from parity.scenarios import FP8_E4M3_MAX, SCENARIOS, Scenario, make_fp8_batch
 
 JNP_DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# the parity scenarios and, for the Mosaic kernel's overlap_dequant, H = 16 at q_len 2 (32 rows of a tile in use)
+FP8_SCENARIOS = {**SCENARIOS, "decode_q2_page_32": Scenario("decode_q2_page_32", seq_lens=(70, 200, 131),
+                                                            query_lens=(2, 1, 2), page_size=32)}
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @functools.lru_cache(maxsize=None)
 def fp8_batch_and_reference(name: str, dtype: str = "bfloat16", seed: int = 0):
     """(batch, k_scale, ref_out, ref_lse): the float64 reference on the dequantized cache."""
-    batch, k_scale = make_fp8_batch(SCENARIOS[name], dtype, seed=seed)
+    batch, k_scale = make_fp8_batch(FP8_SCENARIOS[name], dtype, seed=seed)
     dequantized = batch.kv_cache.astype(np.float64) * k_scale
     ref_out, ref_lse = reference.mla_decode(
         batch.q, dequantized, batch.metadata, batch.config.replace(kv_cache_dtype="auto")
@@ -256,10 +259,26 @@ MOSAIC_FP8_CASES = [
     ("spec_decode_page_16", "bfloat16", dict(num_splits=3, transposed_scores=True, fused_dequant=False)),
     ("heads_128", "float16", dict(num_splits=2, fused_dequant=False)),
     ("contiguous_blocks", "bfloat16", dict(num_splits=2, max_concurrent_steps=1, fused_dequant=False)),
-    # warpgroup 0's V-half chunks converted two and one between fences (fused_group; the default is four)
-    ("spec_decode_page_16", "bfloat16", dict(num_splits=3, transposed_scores=True, fused_group=2)),
+    # warpgroup 0's V-half chunks converted four and one between fences (fused_group; the default is two)
+    ("spec_decode_page_16", "bfloat16", dict(num_splits=3, transposed_scores=True, fused_group=4)),
     ("heads_128", "float16", dict(num_splits=2, fused_group=1)),
+    # the next step converted under this one's P @ V (overlap_dequant, the default): H = 16 at q_len 1 (16 rows) in
+    # fp16, with 4 splits, with one stage, at q_len 2 (32 rows); H = 128 (plain scores: no effect, the fused path);
+    # and without it at 16 rows (the fused conversion)
+    ("page_size_16", "float16", dict(transposed_scores=True, overlap_dequant=True)),
+    ("decode_mixed_lengths", "bfloat16", dict(num_splits=4, transposed_scores=True, overlap_dequant=True)),
+    ("contiguous_blocks", "bfloat16", dict(max_concurrent_steps=1, transposed_scores=True, overlap_dequant=True)),
+    ("decode_q2_page_32", "bfloat16", dict(num_splits=2, transposed_scores=True, overlap_dequant=True)),
+    ("heads_128", "float16", dict(num_splits=2, overlap_dequant=True)),
+    ("page_size_16", "float16", dict(num_splits=2, transposed_scores=True, overlap_dequant=False)),
 ]
+
+
+def _case_id(case) -> str:
+    """A test id naming the tuning (e.g. page_size_16-float16-transposed_scores-overlap_dequant): -k can pick cases."""
+    name, dtype, tuning = case
+    fields = [k if v is True else f"{k}={v}" for k, v in (tuning or {}).items()]
+    return "-".join([name, dtype] + fields)
 
 
 def _mosaic_fp8(name, dtype, tuning, interpret):
@@ -274,7 +293,7 @@ def _mosaic_fp8(name, dtype, tuning, interpret):
     assert_close(out.astype(jnp.float32), lse, ref_out, ref_lse, dtype, f"mosaic fp8 {name} {tuning}")
 
 
-@pytest.mark.parametrize("name,dtype,tuning", MOSAIC_FP8_CASES)
+@pytest.mark.parametrize("name,dtype,tuning", MOSAIC_FP8_CASES, ids=[_case_id(c) for c in MOSAIC_FP8_CASES])
 def test_mosaic_gpu_fp8_interpret(name, dtype, tuning):
     """The Mosaic GPU kernel's fp8 path in interpret mode: each compute warpgroup dequantizes its columns of
     the next step; NaN in the unreadable slots (and in the tail of a request's last page) must not leak."""
@@ -289,9 +308,12 @@ def test_mosaic_gpu_fp8_no_data_races_and_through_the_api():
     from mla_jax import pallas_mosaic_gpu
 
     params = pallas_mosaic_gpu.plgpu.InterpretGPUParams(detect_races=True)
-    for tuning in (dict(num_splits=2), dict(num_splits=2, fused_dequant=False), dict(num_splits=2, fused_group=1)):
-        _mosaic_fp8("spec_decode_page_16", "bfloat16", tuning, interpret=params)
-        assert not ipc.get_races().races_found, tuning
+    for name, tuning in [("spec_decode_page_16", dict(num_splits=2)),
+                         ("spec_decode_page_16", dict(num_splits=2, fused_dequant=False)),
+                         ("spec_decode_page_16", dict(num_splits=2, fused_group=1)),
+                         ("page_size_16", dict(num_splits=2, transposed_scores=True, overlap_dequant=True))]:
+        _mosaic_fp8(name, "bfloat16", tuning, interpret=params)
+        assert not ipc.get_races().races_found, (name, tuning)
     # through mla_jax.mla_decode, k_scale traced under jit. (An f16 q: a bf16 one is converted to f16 first, and
     # that op inside the same CPU computation as the interpreted kernel can deadlock the interpreter; the
     # eager calls above and the compiled tests cover bf16 q.)
@@ -343,10 +365,15 @@ def test_mosaic_gpu_fp8_q_beyond_f16_is_not_silently_clamped():
                                               (128, dict(num_splits=2, dequant_layout="wgmma")),
                                               (16, dict(num_splits=1, fused_dequant=False)),
                                               (128, dict(num_splits=2, fused_dequant=False)),
-                                              (16, dict(num_splits=1, fused_group=2)),
+                                              (16, dict(num_splits=1, fused_group=4)),
                                               (128, dict(num_splits=2, fused_group=1)),
                                               (16, dict(num_splits=1, fp8_convert="bits")),
-                                              (128, dict(num_splits=2, fp8_convert="bits", fused_dequant=False))])
+                                              (128, dict(num_splits=2, fp8_convert="bits", fused_dequant=False)),
+                                              (16, dict(num_splits=1, fp8_convert="mixed")),
+                                              (128, dict(num_splits=2, fp8_convert="mixed", fused_dequant=False)),
+                                              (16, dict(num_splits=1, transposed_scores=True, overlap_dequant=True)),
+                                              (16, dict(num_splits=2, transposed_scores=True, overlap_dequant=True,
+                                                        fp8_convert="mixed"))])
 def test_mosaic_gpu_fp8_lowers_for_cuda(num_heads, tuning):
     """The fp8 ring (8 x 64 tiles, 64-byte swizzle), its WGMMA-layout loads and the conversion lower for CUDA."""
     from mla_jax import pallas_mosaic_gpu
@@ -363,13 +390,18 @@ def test_mosaic_gpu_fp8_lowers_for_cuda(num_heads, tuning):
     assert "mosaic_gpu" in text
 
 
-# the integer-arithmetic conversion (fp8_convert="bits"; interpret mode runs "cvt" for it, so compiled only): H=16
-# transposed with splits, H=128 plain in fp16, the conversion before the scores with one stage
+# the integer-arithmetic conversion (fp8_convert="bits", and "mixed" with "cvt"; interpret mode runs "cvt" for
+# them, so compiled only): H=16 transposed with splits, H=128 plain in fp16, the conversion before the scores with
+# one stage, the conversion under the P @ V
 MOSAIC_FP8_BITS_CASES = [
     ("spec_decode_page_16", "bfloat16", dict(num_splits=3, transposed_scores=True, fp8_convert="bits")),
     ("heads_128", "float16", dict(num_splits=2, fp8_convert="bits")),
     ("contiguous_blocks", "bfloat16", dict(num_splits=2, max_concurrent_steps=1, fused_dequant=False,
                                            fp8_convert="bits")),
+    ("spec_decode_page_16", "bfloat16", dict(num_splits=3, transposed_scores=True, fp8_convert="mixed")),
+    ("heads_128", "float16", dict(num_splits=2, fp8_convert="mixed")),
+    ("decode_mixed_lengths", "bfloat16", dict(num_splits=2, transposed_scores=True, overlap_dequant=True,
+                                              fp8_convert="mixed")),
 ]
 
 
@@ -383,9 +415,12 @@ def _skip_without_hopper():
         pytest.skip(reason)
 
 
+COMPILED_FP8_CASES = (MOSAIC_FP8_CASES + MOSAIC_FP8_BITS_CASES
+                      + [("decode_mixed_lengths", "bfloat16", None), ("heads_128_spec", "bfloat16", None)])
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("name,dtype,tuning", MOSAIC_FP8_CASES + MOSAIC_FP8_BITS_CASES
-                         + [("decode_mixed_lengths", "bfloat16", None), ("heads_128_spec", "bfloat16", None)])
+@pytest.mark.parametrize("name,dtype,tuning", COMPILED_FP8_CASES, ids=[_case_id(c) for c in COMPILED_FP8_CASES])
 def test_mosaic_gpu_fp8_compiled(name, dtype, tuning):
     _skip_without_hopper()
     _mosaic_fp8(name, dtype, tuning, interpret=False)
@@ -395,8 +430,8 @@ def test_mosaic_gpu_fp8_compiled(name, dtype, tuning):
 @pytest.mark.parametrize("name,dtype,tuning", [("spec_decode_page_16", "bfloat16", dict(transposed_scores=True)),
                                                ("heads_128_spec", "float16", dict(num_splits=2))])
 def test_mosaic_gpu_fp8_convert_bits_is_bitwise_cvt(name, dtype, tuning):
-    """Both conversions are exact, so fp8_convert="bits" and "cvt" give the same out and lse bit for bit (the
-    cache's NaN slots are zeroed before either could matter)."""
+    """The conversions are exact, so fp8_convert="bits", "mixed" and "cvt" give the same out and lse bit for bit
+    (the cache's NaN slots are zeroed before any could matter)."""
     from mla_jax import pallas_mosaic_gpu
 
     _skip_without_hopper()
@@ -404,11 +439,12 @@ def test_mosaic_gpu_fp8_convert_bits_is_bitwise_cvt(name, dtype, tuning):
     q, kv, md = jax_inputs(batch, dtype)
     runs = [pallas_mosaic_gpu.mla_decode(q, None, kv, md, batch.config, k_scale=k_scale,
                                          tuning=pallas_mosaic_gpu.MosaicConfig(fp8_convert=c, **tuning))
-            for c in ("cvt", "bits")]
-    (out_c, lse_c), (out_b, lse_b) = [(np.asarray(o.astype(jnp.float32)), np.asarray(l)) for o, l in runs]
+            for c in ("cvt", "bits", "mixed")]
+    (out_c, lse_c), *others = [(np.asarray(o.astype(jnp.float32)), np.asarray(l)) for o, l in runs]
     assert np.isfinite(out_c).all()
-    np.testing.assert_array_equal(out_b.view(np.uint32), out_c.view(np.uint32))
-    np.testing.assert_array_equal(lse_b.view(np.uint32), lse_c.view(np.uint32))
+    for out_b, lse_b in others:
+        np.testing.assert_array_equal(out_b.view(np.uint32), out_c.view(np.uint32))
+        np.testing.assert_array_equal(lse_b.view(np.uint32), lse_c.view(np.uint32))
 
 
 def test_fp8_convert_bits_formula_is_exact():
@@ -435,6 +471,56 @@ def test_fp8_convert_config_is_validated():
         MosaicConfig(fp8_convert="bitz")
     with pytest.raises(ValueError, match="dequant_layout='wgmma'"):
         MosaicConfig(fp8_convert="bits", dequant_layout="wgmma")
+    with pytest.raises(ValueError, match="fp8_convert='mixed'.*dequant_layout='wgmma'"):
+        MosaicConfig(fp8_convert="mixed", dequant_layout="wgmma")
+    with pytest.raises(ValueError, match="overlap_dequant=1"):
+        MosaicConfig(overlap_dequant=1)
+    assert MosaicConfig().fused_group == 2 and MosaicConfig().overlap_dequant is True
+
+
+def _mosaic_fp8_runs(name, dtype, tunings, interpret):
+    from mla_jax import pallas_mosaic_gpu
+
+    batch, k_scale, _, _ = fp8_batch_and_reference(name, dtype)
+    q, kv, md = jax_inputs(batch, dtype)
+    runs = [pallas_mosaic_gpu.mla_decode(q, None, kv, md, batch.config, k_scale=k_scale, interpret=interpret,
+                                         tuning=pallas_mosaic_gpu.MosaicConfig(**t)) for t in tunings]
+    return [(np.asarray(o.astype(jnp.float32)), np.asarray(l)) for o, l in runs]
+
+
+def _assert_bitwise_overlap(interpret):
+    """overlap_dequant issues a step's scores as 9 wgmmas of K = 64 over the head dim in order, fused_dequant=False
+    as one of K = 576, which Mosaic GPU emits as the same 36 wgmma instructions of K = 16 in the same order, and
+    its P @ V halves read the same values: the same out and lse bit for bit on the GPU. (Not in interpret mode: its
+    wgmma is one matmul, so 9 of K = 64 round differently from one of K = 576.)"""
+    base = dict(num_splits=2, transposed_scores=True)
+    for name in ("page_size_16", "decode_q2_page_32"):
+        (out_a, lse_a), (out_b, lse_b) = _mosaic_fp8_runs(
+            name, "bfloat16", [dict(base, overlap_dequant=True),
+                               dict(base, fused_dequant=False, overlap_dequant=False)], interpret)
+        assert np.isfinite(out_a).all(), name
+        np.testing.assert_array_equal(out_a.view(np.uint32), out_b.view(np.uint32), err_msg=name)
+        np.testing.assert_array_equal(lse_a.view(np.uint32), lse_b.view(np.uint32), err_msg=name)
+
+
+@pytest.mark.gpu
+def test_mosaic_gpu_fp8_overlap_dequant_is_bitwise_unfused():
+    _skip_without_hopper()
+    _assert_bitwise_overlap(interpret=False)
+
+
+def test_mosaic_gpu_overlap_dequant_is_refused_where_it_does_not_fit():
+    """The kernel builder refuses overlap_dequant beyond 32 rows of transposed scores (its SMEM would not fit);
+    the wrapper applies it only where it fits."""
+    from mla_jax import pallas_mosaic_gpu
+
+    kw = dict(dtype=jnp.float16, page_size=64, num_tokens=4, heads=16, hp=16, num_h_tiles=1, q_tiles=1, num_reqs=4,
+              num_splits=1, block_kv=64, stages=2, bt_chunk=224, scale_log2=1.0, memory_wg=False,
+              schedule="flashmla", fp8=True, overlap_dequant=True)
+    with pytest.raises(ValueError, match="score_rows=48"):
+        pallas_mosaic_gpu._build_kernel(score_rows=48, **kw)
+    with pytest.raises(ValueError, match="score_rows=0"):
+        pallas_mosaic_gpu._build_kernel(score_rows=0, **kw)
 
 
 def test_triton_unsupported_reason_for_fp8_devices():
