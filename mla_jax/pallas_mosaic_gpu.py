@@ -304,6 +304,12 @@ class MosaicConfig:
         session 11: on the H200 (parity.sweep, 3 interleaved rounds) 1.12x faster than fused_dequant at H16 B128
         S16384 and 1.11x at H16 B32 S16384, equal at H16 B8 S4096 and B1 S1024 (session 11's first split, warpgroup
         0 converting 7 chunks a step and warpgroup 1 2, was only 1.06x faster).
+    overlap_wait: (with overlap_dequant, where it applies; opt-in, CPU-checked only: not yet timed) warpgroup 1
+        converts V's first half of step k + 1 while it waits for P of step k (its buffer is free once `deq_ready` of
+        step k completes: warpgroup 0 arrives there after its P @ V of step k - 1), and warpgroup 0 only the rope
+        under its P @ V: in session 11's region profile warpgroup 0's 3 chunks under its P @ V took ~0.9 us (longer
+        than the wgmma) while warpgroup 1 waited 1.8 us a step for P. Both warpgroups then wait on `deq_ready`. The
+        same math as overlap_dequant alone.
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -326,6 +332,7 @@ class MosaicConfig:
     fused_group: int = 2
     fp8_convert: str = "cvt"
     overlap_dequant: bool = True
+    overlap_wait: bool = False
     pdl: bool = False
 
     def __post_init__(self):
@@ -366,6 +373,8 @@ class MosaicConfig:
                              f"dequant_layout='wgmma_8bit', got dequant_layout={self.dequant_layout!r}")
         if not isinstance(self.overlap_dequant, bool):
             raise ValueError(f"overlap_dequant must be a bool, got overlap_dequant={self.overlap_dequant!r}")
+        if not isinstance(self.overlap_wait, bool):
+            raise ValueError(f"overlap_wait must be a bool, got overlap_wait={self.overlap_wait!r}")
         if self.p_in_kv and (self.schedule != "flashmla" or self.transposed_scores):
             raise ValueError(f"p_in_kv=True needs schedule='flashmla' with plain scores, got "
                              f"schedule={self.schedule!r}, transposed_scores={self.transposed_scores}")
@@ -505,8 +514,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   num_reqs: int, num_splits: int, block_kv: int, stages: int, bt_chunk: int, scale_log2: float,
                   memory_wg: bool, schedule: str, score_rows: int = 0, pdl: bool = False, fp8: bool = False,
                   p_in_kv: bool = False, dequant_layout: str = "wgmma", fused_dequant: bool = False,
-                  fused_group: int = 1, fp8_convert: str = "cvt", overlap_dequant: bool = False, out_dtype=None,
-                  interpret: bool = False):
+                  fused_group: int = 1, fp8_convert: str = "cvt", overlap_dequant: bool = False,
+                  overlap_wait: bool = False, out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile): CTA (hb, split, g) takes request g // q_tiles,
@@ -515,7 +524,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     score_rows > 0 (a multiple of hp below 64; "flashmla" only): the tile's rows in use, whose scores
     warpgroup 0 computes transposed (MosaicConfig.transposed_scores); q holds only those rows.
     pdl: programmatic dependent launch (MosaicConfig.pdl). p_in_kv, dequant_layout, fused_dequant, fused_group,
-    fp8_convert, overlap_dequant: MosaicConfig's (fused_dequant, fused_group, fp8_convert, overlap_dequant: fp8 only;
+    fp8_convert, overlap_dequant, overlap_wait: MosaicConfig's (fused_dequant, fused_group, fp8_convert, overlap_dequant: fp8 only;
     overlap_dequant needs transposed scores of at most OVERLAP_MAX_ROWS rows, and then fused_dequant is ignored).
     fp8 ("flashmla" only): the cache is float8_e4m3fn; the TMAs fill a ring of fp8 steps, and each compute
     warpgroup dequantizes its own columns of the next step into one `dtype` buffer after its P @ V of the
@@ -985,6 +994,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # step the rope and V's first half (warpgroup 0 three chunks, 1 two), then V's second half (two chunks
             # each) once warpgroup 1's P @ V is done
             ov_early = [0, 1, KV_LORA_RANK // 64] if w == 0 else [2, 3]
+            if overlap_wait:  # warpgroup 1 converts the whole first half before P, warpgroup 0 the rope only
+                ov_early = [KV_LORA_RANK // 64] if w == 0 else [0, 1, 2, 3]
             ov_late = [4, 5] if w == 0 else [6, 7]
             if overlap_dequant:  # the first step, each warpgroup its chunks
                 @pl.when(end > begin)
@@ -1162,12 +1173,20 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                 def step(k, acc):
                     slot = lax.rem(k - begin, jnp.int32(stages))
+                    if overlap_dequant and overlap_wait:
+                        # step k's copy is whole: warpgroup 0 is past its P @ V of step k - 1, so V's first half of
+                        # step k + 1 (that P @ V's buffer) converts while P of step k is computed
+                        with jax.named_scope("kv_wait"):
+                            plgpu.barrier_wait(deq_ready)
+                        pl.when(k + 1 < end)(lambda: overlap_convert(k + 1, begin, kv_len, ov_early))
                     with jax.named_scope("p_ready_wait"):
                         plgpu.barrier_wait(p_ready_slot.at[slot] if p_in_kv else sync_a)  # p_ready
                     alpha = plgpu.load(x_smem.at[alpha_row(slot)], layout=row_layout)
                     acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
                     with jax.named_scope("pv"):
-                        if overlap_dequant:
+                        if overlap_dequant and overlap_wait:  # (the first half converted above)
+                            acc = accumulate(acc, lambda acc_ref: plgpu.wgmma(acc_ref, p_smem, deq_half(k, 1)))
+                        elif overlap_dequant:
                             def pv_convert(acc_ref):
                                 """P @ V of step k (async), and under it two chunks of V's first half of step k + 1
                                 (their buffer's last readers, step k - 1's scores and P @ V, were done before P)."""
@@ -1182,7 +1201,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     if overlap_dequant:  # V's second half of step k + 1 (warpgroup 0 converts the other two chunks)
                         @pl.when(k + 1 < end)
                         def _next_step():
-                            overlap_convert(k + 1, begin, kv_len, ov_late, wait=False)  # (awaited above)
+                            overlap_convert(k + 1, begin, kv_len, ov_late, wait=False)  # (awaited before)
                             plgpu.commit_smem()
                             plgpu.barrier_arrive(deq_ready)
                             plgpu.barrier_arrive(kv_consumed.at[lax.rem(k + 1 - begin, jnp.int32(stages))])
@@ -1527,6 +1546,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         dequant_layout=tuning.dequant_layout, fused_dequant=fp8 and tuning.fused_dequant,
         fused_group=tuning.fused_group, fp8_convert=tuning.fp8_convert, interpret=interpret,
         overlap_dequant=fp8 and tuning.overlap_dequant and 0 < score_rows <= OVERLAP_MAX_ROWS,
+        overlap_wait=tuning.overlap_wait,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     if num_splits > 1:

@@ -271,6 +271,11 @@ MOSAIC_FP8_CASES = [
     ("decode_q2_page_32", "bfloat16", dict(num_splits=2, transposed_scores=True, overlap_dequant=True)),
     ("heads_128", "float16", dict(num_splits=2, overlap_dequant=True)),
     ("page_size_16", "float16", dict(num_splits=2, transposed_scores=True, overlap_dequant=False)),
+    # warpgroup 1 converting V's first half of the next step while it waits for P (overlap_wait): 16 rows with 4
+    # splits, one stage, 32 rows
+    ("decode_mixed_lengths", "bfloat16", dict(num_splits=4, transposed_scores=True, overlap_wait=True)),
+    ("contiguous_blocks", "bfloat16", dict(max_concurrent_steps=1, transposed_scores=True, overlap_wait=True)),
+    ("decode_q2_page_32", "float16", dict(num_splits=2, transposed_scores=True, overlap_wait=True)),
 ]
 
 
@@ -311,7 +316,8 @@ def test_mosaic_gpu_fp8_no_data_races_and_through_the_api():
     for name, tuning in [("spec_decode_page_16", dict(num_splits=2)),
                          ("spec_decode_page_16", dict(num_splits=2, fused_dequant=False)),
                          ("spec_decode_page_16", dict(num_splits=2, fused_group=1)),
-                         ("page_size_16", dict(num_splits=2, transposed_scores=True, overlap_dequant=True))]:
+                         ("page_size_16", dict(num_splits=2, transposed_scores=True, overlap_dequant=True)),
+                         ("page_size_16", dict(num_splits=2, transposed_scores=True, overlap_wait=True))]:
         _mosaic_fp8(name, "bfloat16", tuning, interpret=params)
         assert not ipc.get_races().races_found, (name, tuning)
     # through mla_jax.mla_decode, k_scale traced under jit. (An f16 q: a bf16 one is converted to f16 first, and
@@ -373,7 +379,8 @@ def test_mosaic_gpu_fp8_q_beyond_f16_is_not_silently_clamped():
                                               (128, dict(num_splits=2, fp8_convert="mixed", fused_dequant=False)),
                                               (16, dict(num_splits=1, transposed_scores=True, overlap_dequant=True)),
                                               (16, dict(num_splits=2, transposed_scores=True, overlap_dequant=True,
-                                                        fp8_convert="mixed"))])
+                                                        fp8_convert="mixed")),
+                                              (16, dict(num_splits=2, transposed_scores=True, overlap_wait=True))])
 def test_mosaic_gpu_fp8_lowers_for_cuda(num_heads, tuning):
     """The fp8 ring (8 x 64 tiles, 64-byte swizzle), its WGMMA-layout loads and the conversion lower for CUDA."""
     from mla_jax import pallas_mosaic_gpu
@@ -475,6 +482,9 @@ def test_fp8_convert_config_is_validated():
         MosaicConfig(fp8_convert="mixed", dequant_layout="wgmma")
     with pytest.raises(ValueError, match="overlap_dequant=1"):
         MosaicConfig(overlap_dequant=1)
+    with pytest.raises(ValueError, match="overlap_wait='yes'"):
+        MosaicConfig(overlap_wait="yes")
+    assert MosaicConfig().overlap_wait is False
     assert MosaicConfig().fused_group == 2 and MosaicConfig().overlap_dequant is True
 
 
@@ -495,12 +505,13 @@ def _assert_bitwise_overlap(interpret):
     wgmma is one matmul, so 9 of K = 64 round differently from one of K = 576.)"""
     base = dict(num_splits=2, transposed_scores=True)
     for name in ("page_size_16", "decode_q2_page_32"):
-        (out_a, lse_a), (out_b, lse_b) = _mosaic_fp8_runs(
-            name, "bfloat16", [dict(base, overlap_dequant=True),
-                               dict(base, fused_dequant=False, overlap_dequant=False)], interpret)
-        assert np.isfinite(out_a).all(), name
-        np.testing.assert_array_equal(out_a.view(np.uint32), out_b.view(np.uint32), err_msg=name)
-        np.testing.assert_array_equal(lse_a.view(np.uint32), lse_b.view(np.uint32), err_msg=name)
+        (out_b, lse_b), *overlaps = _mosaic_fp8_runs(
+            name, "bfloat16", [dict(base, fused_dequant=False, overlap_dequant=False),
+                               dict(base, overlap_dequant=True), dict(base, overlap_wait=True)], interpret)
+        for out_a, lse_a in overlaps:  # overlap_dequant, and with overlap_wait
+            assert np.isfinite(out_a).all(), name
+            np.testing.assert_array_equal(out_a.view(np.uint32), out_b.view(np.uint32), err_msg=name)
+            np.testing.assert_array_equal(lse_a.view(np.uint32), lse_b.view(np.uint32), err_msg=name)
 
 
 @pytest.mark.gpu
