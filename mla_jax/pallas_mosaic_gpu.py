@@ -141,6 +141,9 @@ FP8_CONVERTS = ("cvt", "bits", "mixed")  # MosaicConfig.fp8_convert: how e4m3 be
 # MosaicConfig.overlap_dequant: the most rows of a tile in use (transposed scores) for which the two f16 copies of
 # V's first half fit in shared memory beside q (32 rows: 36 KiB), the fp8 ring (72), V (3 x 32) and the rope (8)
 OVERLAP_MAX_ROWS = 32
+# MosaicConfig.transposed_pv: the rows in use it runs at (its transpose back: rows of 32 or 64 bytes, a swizzle each;
+# the identity's K a multiple of 16)
+TRANSPOSED_PV_ROWS = (16, 32)
 # three_wg's register split (setmaxnreg; 128 threads each, at most 65536 registers in all): the scores
 # warpgroup holds a 64 x 64 fp32 score tile, each P @ V warpgroup a 64 x 256 fp32 accumulator
 THREE_WG_REGISTERS = (152, 176, 176)
@@ -310,6 +313,13 @@ class MosaicConfig:
         under its P @ V: in session 11's region profile warpgroup 0's 3 chunks under its P @ V took ~0.9 us (longer
         than the wgmma) while warpgroup 1 waited 1.8 us a step for P. Both warpgroups then wait on `deq_ready`. The
         same math as overlap_dequant alone.
+    transposed_pv: (needs transposed_scores; where 16 or 32 rows of the tile are in use, TRANSPOSED_PV_ROWS: H = 16
+        at q_len 1 or 2; elsewhere no effect; opt-in, CPU-checked only: not yet timed) P @ V transposed as well, O^T = V^T P^T: each warpgroup's
+        [256 columns, rows in use] accumulator from 4 wgmmas of M = 64 (V^T a transposed operand from shared
+        memory, N = the rows in use), instead of [64 rows, 256] with the rows past those in use padding (4x the
+        tensor work at H = 16, q_len 1). The output is transposed back once per tile by the tensor cores: O^T is
+        split into two bf16 parts (hi + lo, ~16 bits) and multiplied by an identity. The same online softmax;
+        results within ~1e-5 of the untransposed path (not bitwise).
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -333,6 +343,7 @@ class MosaicConfig:
     fp8_convert: str = "cvt"
     overlap_dequant: bool = True
     overlap_wait: bool = False
+    transposed_pv: bool = False
     pdl: bool = False
 
     def __post_init__(self):
@@ -375,6 +386,11 @@ class MosaicConfig:
             raise ValueError(f"overlap_dequant must be a bool, got overlap_dequant={self.overlap_dequant!r}")
         if not isinstance(self.overlap_wait, bool):
             raise ValueError(f"overlap_wait must be a bool, got overlap_wait={self.overlap_wait!r}")
+        if not isinstance(self.transposed_pv, bool):
+            raise ValueError(f"transposed_pv must be a bool, got transposed_pv={self.transposed_pv!r}")
+        if self.transposed_pv and not self.transposed_scores:
+            raise ValueError("transposed_pv=True needs transposed_scores=True (P^T is the transposed scores' P), "
+                             f"got transposed_scores={self.transposed_scores}")
         if self.p_in_kv and (self.schedule != "flashmla" or self.transposed_scores):
             raise ValueError(f"p_in_kv=True needs schedule='flashmla' with plain scores, got "
                              f"schedule={self.schedule!r}, transposed_scores={self.transposed_scores}")
@@ -515,7 +531,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   memory_wg: bool, schedule: str, score_rows: int = 0, pdl: bool = False, fp8: bool = False,
                   p_in_kv: bool = False, dequant_layout: str = "wgmma", fused_dequant: bool = False,
                   fused_group: int = 1, fp8_convert: str = "cvt", overlap_dequant: bool = False,
-                  overlap_wait: bool = False, out_dtype=None, interpret: bool = False):
+                  overlap_wait: bool = False, transposed_pv: bool = False, out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile): CTA (hb, split, g) takes request g // q_tiles,
@@ -524,7 +540,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     score_rows > 0 (a multiple of hp below 64; "flashmla" only): the tile's rows in use, whose scores
     warpgroup 0 computes transposed (MosaicConfig.transposed_scores); q holds only those rows.
     pdl: programmatic dependent launch (MosaicConfig.pdl). p_in_kv, dequant_layout, fused_dequant, fused_group,
-    fp8_convert, overlap_dequant, overlap_wait: MosaicConfig's (fused_dequant, fused_group, fp8_convert, overlap_dequant: fp8 only;
+    fp8_convert, overlap_dequant, overlap_wait, transposed_pv: MosaicConfig's (fused_dequant, fused_group, fp8_convert, overlap_dequant: fp8 only;
     overlap_dequant needs transposed scores of at most OVERLAP_MAX_ROWS rows, and then fused_dequant is ignored).
     fp8 ("flashmla" only): the cache is float8_e4m3fn; the TMAs fill a ring of fp8 steps, and each compute
     warpgroup dequantizes its own columns of the next step into one `dtype` buffer after its P @ V of the
@@ -558,6 +574,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     if overlap_dequant and not (fp8 and flashmla and 0 < score_rows <= OVERLAP_MAX_ROWS):
         raise ValueError(f"overlap_dequant needs an fp8 cache, schedule='flashmla' and transposed scores of at most "
                          f"{OVERLAP_MAX_ROWS} rows, got {fp8=}, {schedule=}, {score_rows=}")
+    if transposed_pv and not (flashmla and score_rows in TRANSPOSED_PV_ROWS):
+        raise ValueError(f"transposed_pv needs schedule='flashmla' and transposed scores of {TRANSPOSED_PV_ROWS} rows, "
+                         f"got {schedule=}, {score_rows=}")
     if overlap_dequant:
         fused_dequant = False  # (the scores of a step wait for its whole f16 copy, converted during the last step)
     q_rows = score_rows or BLOCK_H  # rows of q in SMEM
@@ -568,7 +587,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     def body(q_ref, kv_ref, sched_ref, out_ref, lse_ref,
              q_kv_or_stage, p_smem, x_smem, i_smem,
              q_bar, info_bar, bt_bar, kv_ready, kv_consumed, sync_a, sync_b, *extra_barriers):
-        deq_smem = deq_v = deq_rope = None
+        deq_smem = deq_v = deq_rope = t_smem = e_smem = None
+        if transposed_pv:  # the stage, then O^T's two bf16 parts and the identity that transposes them back
+            q_group, (stage, t_smem, e_smem) = q_kv_or_stage
+            q_kv_or_stage = q_group, stage
         if fp8 and overlap_dequant:
             # kv_smem: the ring of fp8 steps; deq_v: f16 V halves (0, 1: the first half of even / odd steps, 2: the
             # second half); deq_rope: the rope columns of a step
@@ -729,7 +751,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     issue(acc_ref)
                     return acc_ref[...]
 
-                return acc + pl.run_scoped(fresh, plgpu.ACC((BLOCK_H, V_HALF), jnp.float32))
+                return acc + pl.run_scoped(fresh, plgpu.ACC(acc.shape, jnp.float32))
             return pl.run_state(issue)(plgpu.ACC.init(acc))  # accumulates in the tensor core
 
         def zero_v_tail(slot, kv_start, kv_len, col0: int, ncols: int):
@@ -975,8 +997,27 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             every P @ V warpgroup released it: from then on no warpgroup reads q or the KV ring."""
             row_layout = plgpu.Layout.WGMMA.reduce(1)
 
+            # transposed_pv: the accumulator is O^T [256 columns, rows in use], rescaled along its columns
+            acc_shape = (V_HALF, score_rows) if transposed_pv else (BLOCK_H, V_HALF)
+            acc_ax = 1 if transposed_pv else 0
+            col_layout = plgpu.Layout.WGMMA.reduce(0)
+
             def zeros_acc():
-                return plgpu.layout_cast(jnp.full((BLOCK_H, V_HALF), 0.0, jnp.float32), plgpu.Layout.WGMMA)
+                return plgpu.layout_cast(jnp.full(acc_shape, 0.0, jnp.float32), plgpu.Layout.WGMMA)
+
+            def pv_wgmma(acc_ref, v_ref, p=None):
+                """acc += P @ V (v_ref: [block_kv, 256] of V), or transposed_pv's O^T += V^T P^T a 64-column chunk
+                at a time (P^T: the P buffer's rows in use, seen transposed)."""
+                p = p_smem if p is None else p
+                if not transposed_pv:
+                    plgpu.wgmma(acc_ref, p, v_ref)
+                    return
+                p_t = p.at[pl.ds(0, score_rows)].transpose((1, 0))
+                for c in range(V_HALF // 64):
+                    plgpu.wgmma(acc_ref.at[pl.ds(c * 64, 64)], v_ref.at[:, pl.ds(c * 64, 64)].transpose((1, 0)), p_t)
+
+            def rescale(acc, f):
+                return acc * lax.broadcast_in_dim(f, acc.shape, [acc_ax])
 
             def p_ref(slot):
                 """Where P of the step in `slot` is: the slot's rope columns (p_in_kv), else the P buffer."""
@@ -988,7 +1029,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
             def pv(acc, half, slot):
                 v_cols = pl.ds(half * V_HALF, V_HALF)
-                return accumulate(acc, lambda acc_ref: plgpu.wgmma(acc_ref, p_ref(slot), kv_tile(slot).at[:, v_cols]))
+                return accumulate(acc, lambda acc_ref: pv_wgmma(acc_ref, kv_tile(slot).at[:, v_cols], p_ref(slot)))
 
             # (overlap_dequant) the chunks of the next step each warpgroup converts: under its own P @ V of this
             # step the rope and V's first half (warpgroup 0 three chunks, 1 two), then V's second half (two chunks
@@ -1115,13 +1156,13 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     plgpu.barrier_arrive(p_ready_slot.at[slot] if p_in_kv else sync_a)  # p_ready
                     if not three:  # its own P @ V half; P from SMEM here too (the interpreter's
                         # wgmma takes only SMEM left operands)
-                        alpha_rows = plgpu.load(x_smem.at[0], layout=row_layout) if tr else alpha
-                        acc = acc * lax.broadcast_in_dim(alpha_rows, acc.shape, [0])
+                        alpha_rows = plgpu.load(x_smem.at[0], layout=row_layout) if tr and not transposed_pv else alpha
+                        acc = rescale(acc, alpha_rows)
                         if overlap_dequant:
                             def pv_convert(acc_ref):
                                 """P @ V of step k (async), and under it the rope and two chunks of V's first half of
                                 step k + 1."""
-                                plgpu.wgmma(acc_ref, p_smem, deq_half(k, 0))
+                                pv_wgmma(acc_ref, deq_half(k, 0))
                                 pl.when(k + 1 < end)(lambda: overlap_convert(k + 1, begin, kv_len, ov_early))
 
                             with jax.named_scope("pv"):
@@ -1166,7 +1207,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 plgpu.commit_smem()
                 plgpu.barrier_arrive(sync_a)
                 lse = (m_i + jnp.log(l_i) * (1.0 / LN2)) * LN2  # [n]
-                l_rows = plgpu.load(x_smem.at[sums_row], layout=row_layout) if tr else l_i
+                l_rows = plgpu.load(x_smem.at[sums_row], layout=row_layout) if tr and not transposed_pv else l_i
                 finish(None if three else 0, acc, l_rows, lse, first_tok, ntok)
             else:
                 half = w - 1 if three else 1
@@ -1181,16 +1222,19 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         pl.when(k + 1 < end)(lambda: overlap_convert(k + 1, begin, kv_len, ov_early))
                     with jax.named_scope("p_ready_wait"):
                         plgpu.barrier_wait(p_ready_slot.at[slot] if p_in_kv else sync_a)  # p_ready
-                    alpha = plgpu.load(x_smem.at[alpha_row(slot)], layout=row_layout)
-                    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+                    if transposed_pv:  # (in the transposed scores' column layout, the rows in use)
+                        alpha = plgpu.load(x_smem.at[0, pl.ds(0, score_rows)], layout=col_layout)
+                    else:
+                        alpha = plgpu.load(x_smem.at[alpha_row(slot)], layout=row_layout)
+                    acc = rescale(acc, alpha)
                     with jax.named_scope("pv"):
                         if overlap_dequant and overlap_wait:  # (the first half converted above)
-                            acc = accumulate(acc, lambda acc_ref: plgpu.wgmma(acc_ref, p_smem, deq_half(k, 1)))
+                            acc = accumulate(acc, lambda acc_ref: pv_wgmma(acc_ref, deq_half(k, 1)))
                         elif overlap_dequant:
                             def pv_convert(acc_ref):
                                 """P @ V of step k (async), and under it two chunks of V's first half of step k + 1
                                 (their buffer's last readers, step k - 1's scores and P @ V, were done before P)."""
-                                plgpu.wgmma(acc_ref, p_smem, deq_half(k, 1))
+                                pv_wgmma(acc_ref, deq_half(k, 1))
                                 pl.when(k + 1 < end)(lambda: overlap_convert(k + 1, begin, kv_len, ov_early))
 
                             acc = accumulate(acc, pv_convert)
@@ -1220,7 +1264,11 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 if p_in_kv:  # done with the last alpha: warpgroup 0 may write the row sums
                     pl.when(end > begin)(lambda: plgpu.barrier_arrive(sync_b))
                 plgpu.barrier_wait(sync_a)
-                finish(half, acc, plgpu.load(x_smem.at[sums_row], layout=row_layout), None, first_tok, ntok)
+                if transposed_pv:
+                    l_tot = plgpu.load(x_smem.at[sums_row, pl.ds(0, score_rows)], layout=col_layout)
+                else:
+                    l_tot = plgpu.load(x_smem.at[sums_row], layout=row_layout)
+                finish(half, acc, l_tot, None, first_tok, ntok)
 
         def compute_tile_seesaw(w, first_tok, ntok, first_pos, kv_len, begin, end, refill):
             """FlashMLA's seesaw ("seesaw"): the steps in pairs (a, b) = (begin + 2j, begin + 2j + 1) in ring slots
@@ -1369,6 +1417,26 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             else:
                 finish(1, acc, l_tot, None, first_tok, ntok)
 
+        def transpose_out(half: int, o_t):
+            """(transposed_pv) o_t [256, n] fp32 (WGMMA layout) -> its transpose padded to [64, 256] (rows past n 0):
+            o_t as two bf16 parts (hi, and lo = the rest: ~16 bits), each multiplied by an identity [64, n] (their
+            transposed view the wgmma's right operand; Mosaic GPU stores no WGMMA-layout array transposed)."""
+            n = o_t.shape[1]
+            hi = o_t.astype(jnp.bfloat16)
+            t_smem[half, 0] = hi
+            t_smem[half, 1] = (o_t - hi.astype(jnp.float32)).astype(jnp.bfloat16)
+            r = plgpu.broadcasted_iota(jnp.int32, (BLOCK_H, n), 0, layout=plgpu.Layout.WGMMA)
+            c = plgpu.broadcasted_iota(jnp.int32, (BLOCK_H, n), 1, layout=plgpu.Layout.WGMMA)
+            e_smem[half] = jnp.where(r == c, 1.0, 0.0).astype(jnp.bfloat16)
+            plgpu.commit_smem()  # visible to the wgmmas
+
+            def back(acc_ref):
+                for j in range(2):
+                    plgpu.wgmma(acc_ref, e_smem.at[half], t_smem.at[half, j].transpose((1, 0)))
+                return acc_ref[...]
+
+            return pl.run_scoped(back, plgpu.ACC((BLOCK_H, V_HALF), jnp.float32))
+
         def finish(half, acc, l_tot, lse, first_tok, ntok):
             """Writes the output columns [256 half, 256 half + 256) normalized by l_tot (half None: none)
             and the lse (None: not this warpgroup) for the tile's tokens: the final out / lse, or with
@@ -1378,7 +1446,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 inv = 1.0 / jnp.maximum(l_tot, 1e-30)
                 if fp8:  # V was read unscaled
                     inv = inv * k_scale()
-                out = acc * lax.broadcast_in_dim(inv, acc.shape, [0])
+                if transposed_pv:  # O^T [256, rows in use] -> O [64, 256]
+                    out = transpose_out(half, acc * lax.broadcast_in_dim(inv, acc.shape, [1]))
+                else:
+                    out = acc * lax.broadcast_in_dim(inv, acc.shape, [0])
                 stage[half] = out.astype(stage_dtype)
             if lse is not None:
                 if lse.shape[0] == BLOCK_H:
@@ -1417,6 +1488,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     stage_dtype = jnp.float32 if split_out else out_dtype
     stage_cols = 128 // jnp.dtype(stage_dtype).itemsize  # one 128-byte swizzle row
     stage_transforms = (plgpu.TilingTransform((8, stage_cols)), plgpu.SwizzleTransform(128))
+    # (transposed_pv) O^T's parts and the identity: rows of score_rows bf16 values, one swizzle row each
+    t_transforms = ((plgpu.TilingTransform((8, score_rows)), plgpu.SwizzleTransform(score_rows * 2))
+                    if transposed_pv else None)
     if fp8:
         # the ring of fp8 steps (8 x 64 tiles, 64-byte swizzle: one 64-column chunk a row of a tile, read in
         # the WGMMA layout to dequantize) and the dequantized step the wgmmas read (the 16-bit ring's layout;
@@ -1436,6 +1510,11 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # the output stage, once every read of q and the ring is done: per warpgroup its
             # [64, 256] half, each token's rows out in one TMA; swizzled, so that the stores of the
             # wgmma accumulator rows do not conflict on shared-memory banks (8-way unswizzled)
+            (plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), stage_dtype, transforms=stage_transforms),
+             # transposed_pv: per warpgroup O^T's two bf16 parts and the identity (after the stage)
+             plgpu.SMEM((NUM_COMPUTE_WGS, 2, V_HALF, score_rows), jnp.bfloat16, transforms=t_transforms),
+             plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, score_rows), jnp.bfloat16, transforms=t_transforms))
+            if transposed_pv else
             plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), stage_dtype, transforms=stage_transforms),
         ),
         # P (split: the two halves; p_in_kv, seesaw: in the KV slots, a 1-element placeholder here)
@@ -1547,6 +1626,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         fused_group=tuning.fused_group, fp8_convert=tuning.fp8_convert, interpret=interpret,
         overlap_dequant=fp8 and tuning.overlap_dequant and 0 < score_rows <= OVERLAP_MAX_ROWS,
         overlap_wait=tuning.overlap_wait,
+        transposed_pv=tuning.transposed_pv and score_rows in TRANSPOSED_PV_ROWS,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     if num_splits > 1:

@@ -39,7 +39,8 @@ VARIANTS = {
                               num_splits="x0.5,x2,=1", transposed_scores=(True, False), pdl=(True, False),
                               p_in_kv=(True, False), dequant_layout=("wgmma", "wgmma_8bit"),
                               fused_dequant=(True, False), fused_group=(1, 2, 4), fp8_convert=("cvt", "bits", "mixed"),
-                              overlap_dequant=(True, False), overlap_wait=(True, False)),
+                              overlap_dequant=(True, False), overlap_wait=(True, False),
+                              transposed_pv=(True, False)),
 }
 
 

@@ -276,6 +276,12 @@ MOSAIC_FP8_CASES = [
     ("decode_mixed_lengths", "bfloat16", dict(num_splits=4, transposed_scores=True, overlap_wait=True)),
     ("contiguous_blocks", "bfloat16", dict(max_concurrent_steps=1, transposed_scores=True, overlap_wait=True)),
     ("decode_q2_page_32", "float16", dict(num_splits=2, transposed_scores=True, overlap_wait=True)),
+    # P @ V transposed too (transposed_pv): with the overlap (16 rows, splits), with overlap_wait (32 rows), with the
+    # fused conversion (one stage)
+    ("page_size_16", "float16", dict(num_splits=2, transposed_scores=True, transposed_pv=True)),
+    ("decode_q2_page_32", "bfloat16", dict(transposed_scores=True, transposed_pv=True, overlap_wait=True)),
+    ("contiguous_blocks", "bfloat16", dict(max_concurrent_steps=1, transposed_scores=True, transposed_pv=True,
+                                           overlap_dequant=False)),
 ]
 
 
@@ -380,7 +386,8 @@ def test_mosaic_gpu_fp8_q_beyond_f16_is_not_silently_clamped():
                                               (16, dict(num_splits=1, transposed_scores=True, overlap_dequant=True)),
                                               (16, dict(num_splits=2, transposed_scores=True, overlap_dequant=True,
                                                         fp8_convert="mixed")),
-                                              (16, dict(num_splits=2, transposed_scores=True, overlap_wait=True))])
+                                              (16, dict(num_splits=2, transposed_scores=True, overlap_wait=True)),
+                                              (16, dict(num_splits=2, transposed_scores=True, transposed_pv=True))])
 def test_mosaic_gpu_fp8_lowers_for_cuda(num_heads, tuning):
     """The fp8 ring (8 x 64 tiles, 64-byte swizzle), its WGMMA-layout loads and the conversion lower for CUDA."""
     from mla_jax import pallas_mosaic_gpu

@@ -95,6 +95,17 @@ CASES = [
      "bfloat16", MosaicConfig(num_splits=2, transposed_scores=True)),
     (Scenario("tscores_heads20_one_stage", seq_lens=(150, 9), query_lens=(1, 1), num_heads=20, page_size=32),
      "bfloat16", MosaicConfig(max_concurrent_steps=1, transposed_scores=True)),
+    # P @ V transposed too (transposed_pv: O^T = V^T P^T, transposed back once per tile): H=16 q_len 1 (16 rows)
+    # with splits (fp32 partials), q_len 2 (32 rows) at page 16 in fp16, one stage with padded heads; q_len 3 (48
+    # rows: no effect, the untransposed P @ V)
+    (Scenario("tpv_decode_split3", seq_lens=(1, 65, 200, 70), query_lens=(1, 1, 1, 1), page_size=64), "bfloat16",
+     MosaicConfig(num_splits=3, transposed_scores=True, transposed_pv=True)),
+    (Scenario("tpv_q2_p16", seq_lens=(8, 100, 200), query_lens=(2, 1, 2), page_size=16), "float16",
+     MosaicConfig(num_splits=1, transposed_scores=True, transposed_pv=True)),
+    (Scenario("tpv_heads20_one_stage", seq_lens=(150, 9), query_lens=(1, 1), num_heads=20, page_size=32),
+     "bfloat16", MosaicConfig(max_concurrent_steps=1, transposed_scores=True, transposed_pv=True)),
+    (Scenario("tpv_q3_no_effect", seq_lens=(8, 100), query_lens=(3, 1), page_size=16), "bfloat16",
+     MosaicConfig(num_splits=2, transposed_scores=True, transposed_pv=True)),
     # P in the KV slot's rope columns (p_in_kv): H=128 with splits and a masked tail, spec decode with several
     # pages a step, one stage (slot 0 every step), fp16
     (Scenario("p_in_kv_h128_p64", seq_lens=(33, 97, 520), query_lens=(1, 2, 1), num_heads=128, page_size=64),
@@ -148,9 +159,10 @@ class TestInterpret:
 
     @pytest.mark.parametrize("variant", [dict(schedule="split"), dict(memory_warpgroup=True, schedule="split"),
                                          dict(schedule="flashmla"), dict(schedule="three_wg"),
-                                         dict(transposed_scores=True), dict(p_in_kv=True), dict(schedule="seesaw")],
+                                         dict(transposed_scores=True), dict(p_in_kv=True), dict(schedule="seesaw"),
+                                         dict(transposed_scores=True, transposed_pv=True)],
                              ids=["split", "memory_wg", "flashmla", "three_wg", "transposed_scores", "p_in_kv",
-                                  "seesaw"])
+                                  "seesaw", "transposed_pv"])
     def test_no_data_races(self, variant):
         """The interpreter's race detector: the producer (warpgroup 0, or the memory warpgroup),
         the KV ring, P and the row-max exchange are ordered by their barriers."""
@@ -216,6 +228,8 @@ class TestGPULowering:
             (16, 16, MosaicConfig(num_splits=1, max_concurrent_steps=1, p_in_kv=True)),
             (128, 64, MosaicConfig(num_splits=1, schedule="seesaw")),
             (16, 16, MosaicConfig(num_splits=3, schedule="seesaw")),
+            (16, 16, MosaicConfig(num_splits=2, transposed_scores=True, transposed_pv=True)),
+            (16, 64, MosaicConfig(num_splits=1, transposed_scores=True, transposed_pv=True)),
         ],
     )
     def test_lowers_for_cuda(self, num_heads, page_size, tuning):
@@ -258,6 +272,8 @@ class TestConfig:
             (dict(pdl=1), "pdl=1"),
             (dict(transposed_scores=True, schedule="split"), "schedule='split'"),
             (dict(transposed_scores=True, schedule="three_wg"), "schedule='three_wg'"),
+            (dict(transposed_pv=True), "transposed_scores=False"),
+            (dict(transposed_pv=1, transposed_scores=True), "transposed_pv=1"),
             (dict(p_in_kv=1), "p_in_kv=1"),
             (dict(p_in_kv=True, schedule="split"), "schedule='split'"),
             (dict(p_in_kv=True, transposed_scores=True), "transposed_scores=True"),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # For the next session's first call (nvidia-h200). Written at the end of session 11. Copy it to
-# parity/sessions/<date>-s12-a.sh before running; never edit it after. Then next-session-second-call.sh, twice
+# parity/sessions/<date>-s12-a.sh before running; never edit it after. Then next-session-tpv-call.sh, then next-session-second-call.sh, twice
 # (issue #5's whole grid, one half a call; not yet run).
 # Session 11's region profile (call E) of the fp8 step with overlap_dequant at H16 B128 S4096: warpgroup 0's P @ V
 # region 1.82 us a step (its 3 chunks of the next step inside, ~0.9 us, longer than the wgmma), then 2 late chunks
