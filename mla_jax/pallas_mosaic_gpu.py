@@ -295,18 +295,17 @@ class MosaicConfig:
         "cvt" on four shapes of the H200 (session 10), and 1.05x slower in python -m parity.convert_probe (one
         step's conversion: cvt 1.01 us, bits 1.06, the same loads and stores without a conversion 0.43). None
         without fp8.
-    overlap_dequant: (fp8 cache, transposed scores with at most OVERLAP_MAX_ROWS rows in use: H = 16 at q_len 1
-        and 2, H = 8; elsewhere no effect) the next step's conversion runs under this step's P @ V: V's first half
-        has two f16 buffers (by step parity), its second half and the rope one each. Each warpgroup issues its
-        P @ V of step k and, while the wgmma runs, converts its part of step k + 1's rope and first V half
-        (warpgroup 0 the rope and two chunks, 1 two chunks); once warpgroup 1's P @ V of step k is done (`p_free`),
-        each converts two chunks of V's second half of step k + 1, and the scores of step k + 1 wait only for that
-        (`deq_ready`).
-        fused_dequant and fused_group have no effect under it. The same math as fused_dequant=False (the scores
-        of a step summed over the whole head dim in order), bitwise equal to it on the H200. The default since
-        session 11: on the H200 (parity.sweep, 3 interleaved rounds) 1.12x faster than fused_dequant at H16 B128
-        S16384 and 1.11x at H16 B32 S16384, equal at H16 B8 S4096 and B1 S1024 (session 11's first split, warpgroup
-        0 converting 7 chunks a step and warpgroup 1 2, was only 1.06x faster).
+    overlap_dequant: (fp8 cache, transposed scores with at most OVERLAP_MAX_ROWS rows in use: H = 16 at q_len 1 and
+        2, H = 8 up to q_len 4; elsewhere no effect) the next step's conversion runs under this step's P @ V: V's
+        first half has two f16 buffers (by step parity), its second half and the rope one each. Each warpgroup
+        issues its P @ V of step k and, while the wgmma runs, converts its part of step k + 1's rope and first V
+        half (warpgroup 0 the rope and two chunks, 1 two chunks); once warpgroup 1's P @ V of step k is done
+        (`p_free`), each converts two chunks of V's second half of step k + 1, and the scores of step k + 1 wait
+        only for that (`deq_ready`). fused_dequant and fused_group have no effect under it. The same math as
+        fused_dequant=False (the scores of a step summed over the whole head dim in order), bitwise equal to it on
+        the H200. The default since session 11: on the H200 (parity.sweep, 3 interleaved rounds) 1.12x faster than
+        fused_dequant at H16 B128 S16384 and 1.11x at H16 B32 S16384, equal at H16 B8 S4096 and B1 S1024 (session
+        11's first split, warpgroup 0 converting 7 chunks a step and warpgroup 1 2, was only 1.06x faster).
     overlap_wait: (with overlap_dequant, where it applies; opt-in, CPU-checked only: not yet timed) warpgroup 1
         converts V's first half of step k + 1 while it waits for P of step k (its buffer is free once `deq_ready` of
         step k completes: warpgroup 0 arrives there after its P @ V of step k - 1), and warpgroup 0 only the rope
@@ -314,12 +313,12 @@ class MosaicConfig:
         than the wgmma) while warpgroup 1 waited 1.8 us a step for P. Both warpgroups then wait on `deq_ready`. The
         same math as overlap_dequant alone.
     transposed_pv: (needs transposed_scores; where 16 or 32 rows of the tile are in use, TRANSPOSED_PV_ROWS: H = 16
-        at q_len 1 or 2; elsewhere no effect; opt-in, CPU-checked only: not yet timed) P @ V transposed as well, O^T = V^T P^T: each warpgroup's
-        [256 columns, rows in use] accumulator from 4 wgmmas of M = 64 (V^T a transposed operand from shared
-        memory, N = the rows in use), instead of [64 rows, 256] with the rows past those in use padding (4x the
-        tensor work at H = 16, q_len 1). The output is transposed back once per tile by the tensor cores: O^T is
-        split into two bf16 parts (hi + lo, ~16 bits) and multiplied by an identity. The same online softmax;
-        results within ~1e-5 of the untransposed path (not bitwise).
+        at q_len 1 or 2; elsewhere no effect; opt-in, CPU-checked only: not yet timed) P @ V transposed as well, O^T
+        = V^T P^T: each warpgroup's [256 columns, rows in use] accumulator from 4 wgmmas of M = 64 (V^T a transposed
+        operand from shared memory, N = the rows in use), instead of [64 rows, 256] with the rows past those in use
+        padding (4x the tensor work at H = 16, q_len 1). The output is transposed back once per tile by the tensor
+        cores: O^T is split into two bf16 parts (hi + lo, ~16 bits) and multiplied by an identity. The same online
+        softmax; results within ~1e-5 of the untransposed path (not bitwise).
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -540,8 +539,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     score_rows > 0 (a multiple of hp below 64; "flashmla" only): the tile's rows in use, whose scores
     warpgroup 0 computes transposed (MosaicConfig.transposed_scores); q holds only those rows.
     pdl: programmatic dependent launch (MosaicConfig.pdl). p_in_kv, dequant_layout, fused_dequant, fused_group,
-    fp8_convert, overlap_dequant, overlap_wait, transposed_pv: MosaicConfig's (fused_dequant, fused_group, fp8_convert, overlap_dequant: fp8 only;
-    overlap_dequant needs transposed scores of at most OVERLAP_MAX_ROWS rows, and then fused_dequant is ignored).
+    fp8_convert, overlap_dequant, overlap_wait, transposed_pv: MosaicConfig's (all but transposed_pv fp8 only;
+    overlap_dequant needs transposed scores of at most OVERLAP_MAX_ROWS rows, and then fused_dequant is ignored;
+    transposed_pv transposed scores of TRANSPOSED_PV_ROWS rows).
     fp8 ("flashmla" only): the cache is float8_e4m3fn; the TMAs fill a ring of fp8 steps, and each compute
     warpgroup dequantizes its own columns of the next step into one `dtype` buffer after its P @ V of the
     current one (`deq_ready`); the per-tensor k_scale (info word 3, float32 bits) scales the scores and the

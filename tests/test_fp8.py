@@ -31,8 +31,12 @@ from parity.scenarios import FP8_E4M3_MAX, SCENARIOS, Scenario, make_fp8_batch
 
 JNP_DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16}
 # the parity scenarios and, for the Mosaic kernel's overlap_dequant, H = 16 at q_len 2 (32 rows of a tile in use)
-FP8_SCENARIOS = {**SCENARIOS, "decode_q2_page_32": Scenario("decode_q2_page_32", seq_lens=(70, 200, 131),
-                                                            query_lens=(2, 1, 2), page_size=32)}
+# and H = 8 up to q_len 3 (24 rows) at page 8
+FP8_SCENARIOS = {**SCENARIOS,
+                 "decode_q2_page_32": Scenario("decode_q2_page_32", seq_lens=(70, 200, 131), query_lens=(2, 1, 2),
+                                               page_size=32),
+                 "heads_8_page_8": Scenario("heads_8_page_8", seq_lens=(30, 150), query_lens=(1, 3), num_heads=8,
+                                            page_size=8)}
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -276,6 +280,8 @@ MOSAIC_FP8_CASES = [
     ("decode_mixed_lengths", "bfloat16", dict(num_splits=4, transposed_scores=True, overlap_wait=True)),
     ("contiguous_blocks", "bfloat16", dict(max_concurrent_steps=1, transposed_scores=True, overlap_wait=True)),
     ("decode_q2_page_32", "float16", dict(num_splits=2, transposed_scores=True, overlap_wait=True)),
+    ("heads_8_page_8", "bfloat16", dict(transposed_scores=True)),
+    ("heads_8_page_8", "bfloat16", dict(num_splits=2, transposed_scores=True, overlap_wait=True)),
     # P @ V transposed too (transposed_pv): with the overlap (16 rows, splits), with overlap_wait (32 rows), with the
     # fused conversion (one stage)
     ("page_size_16", "float16", dict(num_splits=2, transposed_scores=True, transposed_pv=True)),
