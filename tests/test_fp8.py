@@ -393,7 +393,9 @@ def test_mosaic_gpu_fp8_q_beyond_f16_is_not_silently_clamped():
                                               (16, dict(num_splits=2, transposed_scores=True, overlap_dequant=True,
                                                         fp8_convert="mixed")),
                                               (16, dict(num_splits=2, transposed_scores=True, overlap_wait=True)),
-                                              (16, dict(num_splits=2, transposed_scores=True, transposed_pv=True))])
+                                              (16, dict(num_splits=2, transposed_scores=True, transposed_pv=True)),
+                                              (8, None), (8, dict(num_splits=2, transposed_scores=True,
+                                                                  overlap_wait=True))])
 def test_mosaic_gpu_fp8_lowers_for_cuda(num_heads, tuning):
     """The fp8 ring (8 x 64 tiles, 64-byte swizzle), its WGMMA-layout loads and the conversion lower for CUDA."""
     from mla_jax import pallas_mosaic_gpu
