@@ -283,8 +283,9 @@ class MosaicConfig:
         fences a step with the rope chunk, which always goes alone and first), 2 after every second (3 a step),
         1 after every chunk (5 a step: session 9's first fused_dequant). 2 is the default since session 11: on the
         H200 (parity.sweep, 3 interleaved rounds, session 10) 2 was 1.01-1.12x faster than 4 on four shapes (H16
-        B128 S16384, H16 B32 S16384, H16 B64 S4096 q_len 2, H128 B64 S16384), and 4 1.02-1.13x faster than 1
-        (sessions 9 and 10). The same math for every value (the same chunk order); none without fp8.
+        B128 S16384, H16 B32 S16384, H16 B64 S4096 q_len 2, H128 B64 S16384); 1 was 1.005-1.02x slower than 4 on
+        three of them and 1.10x faster at H16 B32 S16384 (session 10; session 9, two rounds: 4 1.13x and 1.08x
+        faster than 1 on two shapes). The same math for every value (the same chunk order); none without fp8.
     fp8_convert: (fp8 cache) how the dequantization turns e4m3 into f16 in registers: "cvt" (the hardware
         conversion, cvt.rn.f16x2.e4m3x2, two values an instruction, on the conversion pipe) or "bits" (integer
         arithmetic and one f16x2 multiplication, Marlin's fast FP8 -> FP16: prmt, shift, lop3, mul, on the
@@ -350,6 +351,11 @@ class MosaicConfig:
             x = getattr(self, name)
             if isinstance(x, bool) or not isinstance(x, int):
                 raise ValueError(f"{name} must be an int, got {name}={x!r}")
+        for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
+                     "overlap_wait", "transposed_pv"):
+            x = getattr(self, name)
+            if not isinstance(x, bool):
+                raise ValueError(f"{name} must be a bool, got {name}={x!r}")
         block_kv, num_splits = self.block_kv, self.num_splits
         max_concurrent_steps, block_h, bt_chunk = self.max_concurrent_steps, self.block_h, self.bt_chunk
         if self.schedule not in SCHEDULES:
@@ -357,12 +363,6 @@ class MosaicConfig:
         if self.schedule != "split" and self.memory_warpgroup is True:
             raise ValueError(f"schedule={self.schedule!r} has a compute warpgroup issue the TMAs: it needs "
                              f"memory_warpgroup=False, got memory_warpgroup=True")
-        if not isinstance(self.memory_warpgroup, bool):
-            raise ValueError(f"memory_warpgroup must be a bool, got memory_warpgroup={self.memory_warpgroup!r}")
-        if not isinstance(self.pdl, bool):
-            raise ValueError(f"pdl must be a bool, got pdl={self.pdl!r}")
-        if not isinstance(self.transposed_scores, bool):
-            raise ValueError(f"transposed_scores must be a bool, got transposed_scores={self.transposed_scores!r}")
         if self.transposed_scores and self.schedule != "flashmla":
             raise ValueError(f"transposed_scores=True needs schedule='flashmla', got schedule={self.schedule!r}")
         if self.schedule == "seesaw" and (self.transposed_scores or max_concurrent_steps != 2):
@@ -370,10 +370,6 @@ class MosaicConfig:
                              f"transposed_scores={self.transposed_scores}, {max_concurrent_steps=}")
         if self.dequant_layout not in DEQUANT_LAYOUTS:
             raise ValueError(f"dequant_layout must be one of {DEQUANT_LAYOUTS}, got dequant_layout={self.dequant_layout!r}")
-        if not isinstance(self.p_in_kv, bool):
-            raise ValueError(f"p_in_kv must be a bool, got p_in_kv={self.p_in_kv!r}")
-        if not isinstance(self.fused_dequant, bool):
-            raise ValueError(f"fused_dequant must be a bool, got fused_dequant={self.fused_dequant!r}")
         if isinstance(self.fused_group, bool) or self.fused_group not in FUSED_GROUPS:
             raise ValueError(f"fused_group must be one of {FUSED_GROUPS}, got fused_group={self.fused_group!r}")
         if self.fp8_convert not in FP8_CONVERTS:
@@ -381,12 +377,6 @@ class MosaicConfig:
         if self.fp8_convert != "cvt" and self.dequant_layout != "wgmma_8bit":
             raise ValueError(f"fp8_convert={self.fp8_convert!r} converts 4 fp8 values at once: it needs "
                              f"dequant_layout='wgmma_8bit', got dequant_layout={self.dequant_layout!r}")
-        if not isinstance(self.overlap_dequant, bool):
-            raise ValueError(f"overlap_dequant must be a bool, got overlap_dequant={self.overlap_dequant!r}")
-        if not isinstance(self.overlap_wait, bool):
-            raise ValueError(f"overlap_wait must be a bool, got overlap_wait={self.overlap_wait!r}")
-        if not isinstance(self.transposed_pv, bool):
-            raise ValueError(f"transposed_pv must be a bool, got transposed_pv={self.transposed_pv!r}")
         if self.transposed_pv and not self.transposed_scores:
             raise ValueError("transposed_pv=True needs transposed_scores=True (P^T is the transposed scores' P), "
                              f"got transposed_scores={self.transposed_scores}")
@@ -657,24 +647,29 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             """(overlap_dequant) V half `half` of step k's f16 copy, [block_kv, 256]."""
             return deq_v.at[lax.rem(k, jnp.int32(2)) if half == 0 else info_smem[4] + 2]
 
-        def overlap_convert(k, begin, kv_len, chunks, wait: bool = True):
-            """(overlap_dequant) chunks (static) of fp8 step k, from its ring slot (wait: once its TMA is done;
-            a warpgroup waits once for each phase of a barrier) into their f16 buffers (deq_chunk); rows past
-            kv_len become 0 (their cache slots may hold NaN). No fence."""
+        def convert_step(k, begin, kv_len, convert_chunks, wait: bool = True, fence: bool = False):
+            """Converts columns of fp8 step k (its ring slot; wait: once its TMA is done, a warpgroup waiting once
+            for each phase of a barrier): convert_chunks(slot, keep), keep the rows kept (rows_below) in the step
+            that runs past kv_len (their cache slots may hold NaN), else None; fence: then commit_smem. -> the slot."""
             slot = lax.rem(k - begin, jnp.int32(stages))
             if wait:
                 with jax.named_scope("deq_wait"):
                     plgpu.barrier_wait(kv_ready.at[slot])
             valid = kv_len - k * block_kv
+            with jax.named_scope("dequant"):
+                pl.when(valid < block_kv)(lambda: convert_chunks(slot, rows_below(valid)))
+                pl.when(valid >= block_kv)(lambda: convert_chunks(slot, None))
+                if fence:
+                    plgpu.commit_smem()
+            return slot
 
-            def convert(masked: bool):
-                keep = rows_below(valid) if masked else None
+        def overlap_convert(k, begin, kv_len, chunks, wait: bool = True):
+            """(overlap_dequant) chunks (static) of fp8 step k into their f16 buffers (deq_chunk). No fence."""
+            def convert_chunks(slot, keep):
                 for c in chunks:
                     convert_chunk(slot, c, keep, deq_chunk(k, c))
 
-            with jax.named_scope("dequant"):
-                pl.when(valid < block_kv)(lambda: convert(True))
-                pl.when(valid >= block_kv)(lambda: convert(False))
+            convert_step(k, begin, kv_len, convert_chunks, wait=wait)
 
         def k_scale():
             """The fp8 cache's per-tensor scale, float32 bits in info word 3 (after tile_info's wait)."""
@@ -707,17 +702,11 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             warpgroup writes columns the other may still be reading. In the step that runs past kv_len,
             rows past it become 0 (their cache slots may hold NaN; P = 0 times NaN is NaN). Then releases
             the slot to the TMAs."""
-            slot = lax.rem(k - begin, jnp.int32(stages))
-            with jax.named_scope("deq_wait"):
-                plgpu.barrier_wait(kv_ready.at[slot])
             num_chunks = V_HALF // 64 + (1 if w == 0 else 0)  # 64-column chunks (warpgroup 0: + rope)
-            valid = kv_len - k * block_kv
 
-            def convert(masked: bool):
-                keep = rows_below(valid) if masked else None
-
+            def convert_chunks(slot, keep):
                 if fp8_convert == "mixed":  # the method by chunk: unrolled
-                    for c in [w * (V_HALF // 64) + i for i in range(V_HALF // 64)] + [KV_LORA_RANK // 64] * (w == 0):
+                    for c in fused_chunks(w):
                         convert_chunk(slot, c, keep)
                     return
 
@@ -728,16 +717,13 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     rope = (i == V_HALF // 64).astype(jnp.int32)
                     convert_chunk(slot, w * (V_HALF // 64) + i + rope * (KV_LORA_RANK // 64 - V_HALF // 64), keep)
 
-            with jax.named_scope("dequant"):
-                pl.when(valid < block_kv)(lambda: convert(True))
-                pl.when(valid >= block_kv)(lambda: convert(False))
-                plgpu.commit_smem()
+            slot = convert_step(k, begin, kv_len, convert_chunks, fence=True)
             plgpu.barrier_arrive(deq_ready)
             plgpu.barrier_arrive(kv_consumed.at[slot])
 
         def fused_chunks(w: int) -> list[int]:
-            """(fused_dequant) the 64-column chunks of the head dim warpgroup w converts: warpgroup 0 the
-            rope chunk first (its scores' wgmma can start at once), then its P @ V half; 1 its half."""
+            """The 64-column chunks of the head dim warpgroup w converts (fused_dequant, fp8_convert="mixed"):
+            warpgroup 0 the rope chunk first (its scores' wgmma can start at once), then its P @ V half; 1 its half."""
             v = [w * (V_HALF // 64) + i for i in range(V_HALF // 64)]
             return [KV_LORA_RANK // 64] + v if w == 0 else v
 
@@ -1038,15 +1024,37 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             if overlap_wait:  # warpgroup 1 converts the whole first half before P, warpgroup 0 the rope only
                 ov_early = [KV_LORA_RANK // 64] if w == 0 else [0, 1, 2, 3]
             ov_late = [4, 5] if w == 0 else [6, 7]
+
+            def overlap_release(k, chunks, wait: bool):
+                """(overlap_dequant) chunks of step k converted, fenced, this warpgroup's part of step k's copy
+                done (`deq_ready`) and its ring slot released (then refilled, by the producer)."""
+                overlap_convert(k, begin, kv_len, chunks, wait=wait)
+                plgpu.commit_smem()
+                plgpu.barrier_arrive(deq_ready)
+                plgpu.barrier_arrive(kv_consumed.at[lax.rem(k - begin, jnp.int32(stages))])
+                if refill is not None:
+                    refill(k)
+
+            def overlap_pv(acc, k, half: int, chunks):
+                """(overlap_dequant) acc + P @ V of step k's V half `half` (async) and, while the wgmma runs,
+                `chunks` of step k + 1 (their buffer's last readers, step k - 1's scores and P @ V, were done
+                before P of step k)."""
+                def issue(acc_ref):
+                    pv_wgmma(acc_ref, deq_half(k, half))
+                    if chunks:
+                        pl.when(k + 1 < end)(lambda: overlap_convert(k + 1, begin, kv_len, chunks))
+
+                return accumulate(acc, issue)
+
+            def load_vec(row):
+                """Row `row` of x_smem (alpha, the row sums): in the row layout, or transposed_pv's column layout
+                over the rows in use."""
+                if transposed_pv:
+                    return plgpu.load(x_smem.at[row, pl.ds(0, score_rows)], layout=col_layout)
+                return plgpu.load(x_smem.at[row], layout=row_layout)
+
             if overlap_dequant:  # the first step, each warpgroup its chunks
-                @pl.when(end > begin)
-                def _first_step():
-                    overlap_convert(begin, begin, kv_len, ov_early + ov_late)
-                    plgpu.commit_smem()
-                    plgpu.barrier_arrive(deq_ready)
-                    plgpu.barrier_arrive(kv_consumed.at[0])
-                    if refill is not None:
-                        refill(begin)
+                pl.when(end > begin)(lambda: overlap_release(begin, ov_early + ov_late, wait=True))
             elif fp8 and not (fused_dequant and w == 0):  # the first step, dequantized (each warpgroup its columns;
                 # fused_dequant: warpgroup 0 converts its columns of every step inside that step's scores)
                 pl.when(end > begin)(lambda: dequantize(w, begin, begin, kv_len))
@@ -1156,34 +1164,23 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     plgpu.barrier_arrive(p_ready_slot.at[slot] if p_in_kv else sync_a)  # p_ready
                     if not three:  # its own P @ V half; P from SMEM here too (the interpreter's
                         # wgmma takes only SMEM left operands)
-                        alpha_rows = plgpu.load(x_smem.at[0], layout=row_layout) if tr and not transposed_pv else alpha
-                        acc = rescale(acc, alpha_rows)
+                        acc = rescale(acc, load_vec(0) if tr and not transposed_pv else alpha)
                         if overlap_dequant:
-                            def pv_convert(acc_ref):
-                                """P @ V of step k (async), and under it the rope and two chunks of V's first half of
-                                step k + 1."""
-                                pv_wgmma(acc_ref, deq_half(k, 0))
-                                pl.when(k + 1 < end)(lambda: overlap_convert(k + 1, begin, kv_len, ov_early))
-
                             with jax.named_scope("pv"):
-                                acc = accumulate(acc, pv_convert)
+                                acc = overlap_pv(acc, k, 0, ov_early)
 
                             @pl.when(k + 1 < end)
                             def _second_half():
                                 with jax.named_scope("p_free_wait"):
                                     plgpu.barrier_wait(sync_b)  # p_free: warpgroup 1 is done with step k
-                                overlap_convert(k + 1, begin, kv_len, ov_late, wait=False)  # (awaited above)
-                                plgpu.commit_smem()
-                                plgpu.barrier_arrive(kv_consumed.at[lax.rem(k + 1 - begin, jnp.int32(stages))])
-                                plgpu.barrier_arrive(deq_ready)
+                                overlap_release(k + 1, ov_late, wait=False)  # (awaited under the P @ V)
                         else:
                             with jax.named_scope("pv"):
                                 acc = pv(acc, 0, slot)
-                        if overlap_dequant:
-                            pass  # (the next step converted above; its slot released there)
-                        elif fp8:  # the next step, this warpgroup's columns (its P @ V of this one is done;
-                            # fused_dequant: converted in the next step's scores, the slot released there)
-                            if not fused_dequant:
+                        if fp8:  # the next step, this warpgroup's columns (its P @ V of this one is done;
+                            # fused_dequant: converted in the next step's scores, the slot released there;
+                            # overlap_dequant: converted above)
+                            if not (fused_dequant or overlap_dequant):
                                 pl.when(k + 1 < end)(lambda: dequantize(0, k + 1, begin, kv_len))
                         else:
                             plgpu.barrier_arrive(kv_consumed.at[slot])
@@ -1207,7 +1204,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 plgpu.commit_smem()
                 plgpu.barrier_arrive(sync_a)
                 lse = (m_i + jnp.log(l_i) * (1.0 / LN2)) * LN2  # [n]
-                l_rows = plgpu.load(x_smem.at[sums_row], layout=row_layout) if tr and not transposed_pv else l_i
+                l_rows = load_vec(sums_row) if tr and not transposed_pv else l_i
                 finish(None if three else 0, acc, l_rows, lse, first_tok, ntok)
             else:
                 half = w - 1 if three else 1
@@ -1222,35 +1219,16 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         pl.when(k + 1 < end)(lambda: overlap_convert(k + 1, begin, kv_len, ov_early))
                     with jax.named_scope("p_ready_wait"):
                         plgpu.barrier_wait(p_ready_slot.at[slot] if p_in_kv else sync_a)  # p_ready
-                    if transposed_pv:  # (in the transposed scores' column layout, the rows in use)
-                        alpha = plgpu.load(x_smem.at[0, pl.ds(0, score_rows)], layout=col_layout)
-                    else:
-                        alpha = plgpu.load(x_smem.at[alpha_row(slot)], layout=row_layout)
-                    acc = rescale(acc, alpha)
+                    acc = rescale(acc, load_vec(alpha_row(slot)))
                     with jax.named_scope("pv"):
-                        if overlap_dequant and overlap_wait:  # (the first half converted above)
-                            acc = accumulate(acc, lambda acc_ref: pv_wgmma(acc_ref, deq_half(k, 1)))
-                        elif overlap_dequant:
-                            def pv_convert(acc_ref):
-                                """P @ V of step k (async), and under it two chunks of V's first half of step k + 1
-                                (their buffer's last readers, step k - 1's scores and P @ V, were done before P)."""
-                                pv_wgmma(acc_ref, deq_half(k, 1))
-                                pl.when(k + 1 < end)(lambda: overlap_convert(k + 1, begin, kv_len, ov_early))
-
-                            acc = accumulate(acc, pv_convert)
+                        if overlap_dequant:  # (overlap_wait: the first half converted above)
+                            acc = overlap_pv(acc, k, 1, [] if overlap_wait else ov_early)
                         else:
                             acc = pv(acc, half, slot)
                     if not p_in_kv:  # (p_in_kv: P lives in the slot, released below)
                         plgpu.barrier_arrive(sync_b)  # p_free
                     if overlap_dequant:  # V's second half of step k + 1 (warpgroup 0 converts the other two chunks)
-                        @pl.when(k + 1 < end)
-                        def _next_step():
-                            overlap_convert(k + 1, begin, kv_len, ov_late, wait=False)  # (awaited before)
-                            plgpu.commit_smem()
-                            plgpu.barrier_arrive(deq_ready)
-                            plgpu.barrier_arrive(kv_consumed.at[lax.rem(k + 1 - begin, jnp.int32(stages))])
-                            if refill is not None:
-                                refill(k + 1)
+                        pl.when(k + 1 < end)(lambda: overlap_release(k + 1, ov_late, wait=False))  # (awaited before)
                         return acc
                     if not fp8:
                         plgpu.barrier_arrive(kv_consumed.at[slot])
@@ -1264,11 +1242,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 if p_in_kv:  # done with the last alpha: warpgroup 0 may write the row sums
                     pl.when(end > begin)(lambda: plgpu.barrier_arrive(sync_b))
                 plgpu.barrier_wait(sync_a)
-                if transposed_pv:
-                    l_tot = plgpu.load(x_smem.at[sums_row, pl.ds(0, score_rows)], layout=col_layout)
-                else:
-                    l_tot = plgpu.load(x_smem.at[sums_row], layout=row_layout)
-                finish(half, acc, l_tot, None, first_tok, ntok)
+                finish(half, acc, load_vec(sums_row), None, first_tok, ntok)
 
         def compute_tile_seesaw(w, first_tok, ntok, first_pos, kv_len, begin, end, refill):
             """FlashMLA's seesaw ("seesaw"): the steps in pairs (a, b) = (begin + 2j, begin + 2j + 1) in ring slots
