@@ -454,19 +454,8 @@ def test_mosaic_gpu_fp8_compiled(name, dtype, tuning):
 def test_mosaic_gpu_fp8_convert_bits_is_bitwise_cvt(name, dtype, tuning):
     """The conversions are exact, so fp8_convert="bits", "mixed" and "cvt" give the same out and lse bit for bit
     (the cache's NaN slots are zeroed before any could matter)."""
-    from mla_jax import pallas_mosaic_gpu
-
     _skip_without_hopper()
-    batch, k_scale, _, _ = fp8_batch_and_reference(name, dtype)
-    q, kv, md = jax_inputs(batch, dtype)
-    runs = [pallas_mosaic_gpu.mla_decode(q, None, kv, md, batch.config, k_scale=k_scale,
-                                         tuning=pallas_mosaic_gpu.MosaicConfig(fp8_convert=c, **tuning))
-            for c in ("cvt", "bits", "mixed")]
-    (out_c, lse_c), *others = [(np.asarray(o.astype(jnp.float32)), np.asarray(l)) for o, l in runs]
-    assert np.isfinite(out_c).all()
-    for out_b, lse_b in others:
-        np.testing.assert_array_equal(out_b.view(np.uint32), out_c.view(np.uint32))
-        np.testing.assert_array_equal(lse_b.view(np.uint32), lse_c.view(np.uint32))
+    _assert_bitwise(name, dtype, [dict(tuning, fp8_convert=c) for c in ("cvt", "bits", "mixed")])
 
 
 def test_fp8_convert_bits_formula_is_exact():
@@ -503,36 +492,34 @@ def test_fp8_convert_config_is_validated():
     assert MosaicConfig().fused_group == 2 and MosaicConfig().overlap_dequant is True
 
 
-def _mosaic_fp8_runs(name, dtype, tunings, interpret):
+def _assert_bitwise(name, dtype, tunings):
+    """The compiled kernel under each of `tunings` (MosaicConfig fields) gives finite outputs, and the same out and
+    lse bit for bit as under the first."""
     from mla_jax import pallas_mosaic_gpu
 
     batch, k_scale, _, _ = fp8_batch_and_reference(name, dtype)
     q, kv, md = jax_inputs(batch, dtype)
-    runs = [pallas_mosaic_gpu.mla_decode(q, None, kv, md, batch.config, k_scale=k_scale, interpret=interpret,
+    runs = [pallas_mosaic_gpu.mla_decode(q, None, kv, md, batch.config, k_scale=k_scale,
                                          tuning=pallas_mosaic_gpu.MosaicConfig(**t)) for t in tunings]
-    return [(np.asarray(o.astype(jnp.float32)), np.asarray(l)) for o, l in runs]
-
-
-def _assert_bitwise_overlap(interpret):
-    """overlap_dequant issues a step's scores as 9 wgmmas of K = 64 over the head dim in order, fused_dequant=False
-    as one of K = 576, which Mosaic GPU emits as the same 36 wgmma instructions of K = 16 in the same order, and
-    its P @ V halves read the same values: the same out and lse bit for bit on the GPU. (Not in interpret mode: its
-    wgmma is one matmul, so 9 of K = 64 round differently from one of K = 576.)"""
-    base = dict(num_splits=2, transposed_scores=True)
-    for name in ("page_size_16", "decode_q2_page_32"):
-        (out_b, lse_b), *overlaps = _mosaic_fp8_runs(
-            name, "bfloat16", [dict(base, fused_dequant=False, overlap_dequant=False),
-                               dict(base, overlap_dequant=True), dict(base, overlap_wait=True)], interpret)
-        for out_a, lse_a in overlaps:  # overlap_dequant, and with overlap_wait
-            assert np.isfinite(out_a).all(), name
-            np.testing.assert_array_equal(out_a.view(np.uint32), out_b.view(np.uint32), err_msg=name)
-            np.testing.assert_array_equal(lse_a.view(np.uint32), lse_b.view(np.uint32), err_msg=name)
+    (out_b, lse_b), *others = [(np.asarray(o.astype(jnp.float32)), np.asarray(l)) for o, l in runs]
+    assert np.isfinite(out_b).all(), name
+    for t, (out_a, lse_a) in zip(tunings[1:], others):
+        assert np.isfinite(out_a).all(), (name, t)
+        np.testing.assert_array_equal(out_a.view(np.uint32), out_b.view(np.uint32), err_msg=f"{name} {t}")
+        np.testing.assert_array_equal(lse_a.view(np.uint32), lse_b.view(np.uint32), err_msg=f"{name} {t}")
 
 
 @pytest.mark.gpu
 def test_mosaic_gpu_fp8_overlap_dequant_is_bitwise_unfused():
+    """overlap_dequant issues a step's scores as 9 wgmmas of K = 64 over the head dim in order, fused_dequant=False
+    as one of K = 576, which Mosaic GPU emits as the same 36 wgmma instructions of K = 16 in the same order, and
+    its P @ V halves read the same values: the same out and lse bit for bit on the GPU. (Not in interpret mode: its
+    wgmma is one matmul, so 9 of K = 64 round differently from one of K = 576.)"""
     _skip_without_hopper()
-    _assert_bitwise_overlap(interpret=False)
+    base = dict(num_splits=2, transposed_scores=True)
+    for name in ("page_size_16", "decode_q2_page_32"):
+        _assert_bitwise(name, "bfloat16", [dict(base, fused_dequant=False, overlap_dequant=False),
+                                           dict(base, overlap_dequant=True), dict(base, overlap_wait=True)])
 
 
 def test_mosaic_gpu_overlap_dequant_is_refused_where_it_does_not_fit():
