@@ -55,12 +55,13 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
   computes one step's scores and softmax (warpgroup 1 against warpgroup 0's new row max) and
   P @ V of both steps for its output half, P in the slots' rope columns.
 * Transposed scores (`MosaicConfig(transposed_scores=True)`, the heuristic's pick where a tile uses at most
-  16 rows: H = 16 at q_len 1):
+  16 rows, H = 16 at q_len 1, or 32 with transposed_pv, H = 16 at q_len 2):
   where a tile uses fewer than its 64 rows (H = 16 at q_len 1 uses 16), warpgroup 0 of
   "flashmla" computes S^T = K Q^T (M = the step's 64 keys, N = the rows in use) and the
   softmax down the columns, and stores P transposed; P @ V is unchanged (P's other rows are 0).
   The H200 timed it 1.04-1.16x faster on four H = 16, q_len 1 shapes (interleaved rounds, session 5),
-  but 1.04-1.12x slower at q_len 2 (32 rows) and 1.35x at q_len 3 (session 9).
+  but 1.04-1.12x slower at q_len 2 (32 rows) and 1.35x at q_len 3 (session 9); with P @ V transposed as well
+  (`transposed_pv`, below) it is the heuristic's pick at q_len 2 too (session 12).
 * Rows past seq_len. The cache slots past a request's `seq_len` may hold anything
   (NaN in tests). Scores of masked positions are replaced by a finite -1e30 with
   `where` (so NaN scores never propagate), and on the (single) step of a split
@@ -307,19 +308,25 @@ class MosaicConfig:
         the H200. The default since session 11: on the H200 (parity.sweep, 3 interleaved rounds) 1.12x faster than
         fused_dequant at H16 B128 S16384 and 1.11x at H16 B32 S16384, equal at H16 B8 S4096 and B1 S1024 (session
         11's first split, warpgroup 0 converting 7 chunks a step and warpgroup 1 2, was only 1.06x faster).
-    overlap_wait: (with overlap_dequant, where it applies; opt-in, CPU-checked only: not yet timed) warpgroup 1
+    overlap_wait: (with overlap_dequant, where it applies; elsewhere no effect) warpgroup 1
         converts V's first half of step k + 1 while it waits for P of step k (its buffer is free once `deq_ready` of
         step k completes: warpgroup 0 arrives there after its P @ V of step k - 1), and warpgroup 0 only the rope
         under its P @ V: in session 11's region profile warpgroup 0's 3 chunks under its P @ V took ~0.9 us (longer
         than the wgmma) while warpgroup 1 waited 1.8 us a step for P. Both warpgroups then wait on `deq_ready`. The
-        same math as overlap_dequant alone.
+        same math as overlap_dequant alone. The default since session 12: on the H200 (parity.sweep, 3 interleaved
+        rounds) 1.07x faster than overlap_dequant alone at H16 B128 S16384 q_len 1 (711.2 -> 667.4 us), 1.03x at H16
+        B32 S16384, equal at B8 S4096 and B1 S1024; with transposed_pv 1.05x (663.0 -> 628.8 us) and 1.05x at B32.
     transposed_pv: (needs transposed_scores; where 16 or 32 rows of the tile are in use, TRANSPOSED_PV_ROWS: H = 16
-        at q_len 1 or 2; elsewhere no effect; opt-in, CPU-checked only: not yet timed) P @ V transposed as well, O^T
+        at q_len 1 or 2; elsewhere no effect; the heuristic's pick there) P @ V transposed as well, O^T
         = V^T P^T: each warpgroup's [256 columns, rows in use] accumulator from 4 wgmmas of M = 64 (V^T a transposed
         operand from shared memory, N = the rows in use), instead of [64 rows, 256] with the rows past those in use
         padding (4x the tensor work at H = 16, q_len 1). The output is transposed back once per tile by the tensor
         cores: O^T is split into two bf16 parts (hi + lo, ~16 bits) and multiplied by an identity. The same online
-        softmax; results within ~1e-5 of the untransposed path (not bitwise).
+        softmax; results within ~1e-5 of the untransposed path (not bitwise). On the H200 (parity.sweep, 3
+        interleaved rounds, session 12), against transposed scores alone: bf16 1.05x faster at H16 B128 S16384 q_len
+        1 (594.3 -> 567.5 us, 4.26 TB/s), 1.03x at B32 S16384, 1.04x at B8 S4096; q_len 2 1.08x (673.4 -> 620.8 us),
+        1.13x at B64 S16384, 1.10x at B64 S4096; fp8 (with the overlap) 1.13x and 1.14x at q_len 1 (B128, B32
+        S16384), 1.13x and 1.10x at q_len 2 (B128 S16384, B64 S4096).
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -342,7 +349,7 @@ class MosaicConfig:
     fused_group: int = 2
     fp8_convert: str = "cvt"
     overlap_dequant: bool = True
-    overlap_wait: bool = False
+    overlap_wait: bool = True
     transposed_pv: bool = False
     pdl: bool = False
 
@@ -444,12 +451,14 @@ MAX_SPLITS = 128
 # The heuristic's transposed scores: on the H200 (parity.sweep, 3 interleaved rounds, session 9) they were
 # 1.12x faster than the plain ones at H = 16, q_len 1 (16 rows) on B128 S16384 and even at B8 S4096, but
 # 1.04-1.12x slower at q_len 2 (32 rows) on four shapes and 1.35x slower at q_len 3 (48 rows, B64 S4096).
+# With P @ V transposed too (transposed_pv, at TRANSPOSED_PV_ROWS) they win at 32 rows as well (session 12).
 TRANSPOSED_MAX_ROWS = 16
 
 
 def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_reqs: int | None = None,
                      num_sms: int = NUM_SMS_H200, max_query_len: int | None = None) -> MosaicConfig:
-    """Picks transposed scores where a tile uses at most 16 of its 64 rows (H = 16 at q_len 1), and the split count
+    """Picks transposed scores where a tile uses at most 16 of its 64 rows (H = 16 at q_len 1) or 32 (H = 16 at
+    q_len 2, H = 32 at q_len 1), with P @ V transposed too at 16 and 32 rows (transposed_pv), and the split count
     with the least modelled time: waves of CTAs (one CTA per SM: the
     Q tile and two KV stages fill its shared memory) x (the longest split's steps + a CTA's fixed
     cost), plus the combine of the fp32 partials. Splits of one 64-token step are allowed.
@@ -475,10 +484,15 @@ def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_re
     num_splits = min(range(1, min(MAX_SPLITS, max_steps) + 1), key=cost)  # ties: the fewest splits
     # Transposed scores where a tile uses at most TRANSPOSED_MAX_ROWS of its 64 rows (without max_query_len:
     # where every request has one token, num_tokens <= num_reqs).
+    # And where transposed_pv runs (TRANSPOSED_PV_ROWS: 16 or 32 rows), both transposed: on the H200 (parity.sweep,
+    # 3 interleaved rounds, session 12) transposed_pv was 1.03-1.05x faster than transposed scores alone at H = 16,
+    # q_len 1 and 1.08-1.13x at q_len 2 (1.02-1.08x faster than the plain scores there, two sweeps of one call); fp8
+    # 1.10-1.14x.
     q_len = max_query_len if max_query_len is not None else 1 if num_tokens <= num_reqs else tpt
     rows = hp * min(tpt, max(1, q_len))
+    transposed_pv = rows in TRANSPOSED_PV_ROWS
     return MosaicConfig(block_kv=block_kv, num_splits=num_splits, max_concurrent_steps=2,
-                        transposed_scores=rows <= TRANSPOSED_MAX_ROWS)
+                        transposed_scores=rows <= TRANSPOSED_MAX_ROWS or transposed_pv, transposed_pv=transposed_pv)
 
 
 def supported_page_size(page_size: int, block_kv: int = 64) -> bool:

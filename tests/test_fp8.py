@@ -266,13 +266,16 @@ MOSAIC_FP8_CASES = [
     # warpgroup 0's V-half chunks converted four and one between fences (fused_group; the default is two)
     ("spec_decode_page_16", "bfloat16", dict(num_splits=3, transposed_scores=True, fused_group=4)),
     ("heads_128", "float16", dict(num_splits=2, fused_group=1)),
-    # the next step converted under this one's P @ V (overlap_dequant, the default): H = 16 at q_len 1 (16 rows) in
-    # fp16, with 4 splits, with one stage, at q_len 2 (32 rows); H = 128 (plain scores: no effect, the fused path);
-    # and without it at 16 rows (the fused conversion)
-    ("page_size_16", "float16", dict(transposed_scores=True, overlap_dequant=True)),
-    ("decode_mixed_lengths", "bfloat16", dict(num_splits=4, transposed_scores=True, overlap_dequant=True)),
-    ("contiguous_blocks", "bfloat16", dict(max_concurrent_steps=1, transposed_scores=True, overlap_dequant=True)),
-    ("decode_q2_page_32", "bfloat16", dict(num_splits=2, transposed_scores=True, overlap_dequant=True)),
+    # the next step converted under this one's P @ V (overlap_dequant, the default), without overlap_wait (the
+    # default since session 12): H = 16 at q_len 1 (16 rows) in fp16, with 4 splits, with one stage, at q_len 2 (32
+    # rows); H = 128 (plain scores: no effect, the fused path); and without it at 16 rows (the fused conversion)
+    ("page_size_16", "float16", dict(transposed_scores=True, overlap_dequant=True, overlap_wait=False)),
+    ("decode_mixed_lengths", "bfloat16", dict(num_splits=4, transposed_scores=True, overlap_dequant=True,
+                                              overlap_wait=False)),
+    ("contiguous_blocks", "bfloat16", dict(max_concurrent_steps=1, transposed_scores=True, overlap_dequant=True,
+                                           overlap_wait=False)),
+    ("decode_q2_page_32", "bfloat16", dict(num_splits=2, transposed_scores=True, overlap_dequant=True,
+                                           overlap_wait=False)),
     ("heads_128", "float16", dict(num_splits=2, overlap_dequant=True)),
     ("page_size_16", "float16", dict(num_splits=2, transposed_scores=True, overlap_dequant=False)),
     # warpgroup 1 converting V's first half of the next step while it waits for P (overlap_wait): 16 rows with 4
@@ -328,7 +331,7 @@ def test_mosaic_gpu_fp8_no_data_races_and_through_the_api():
     for name, tuning in [("spec_decode_page_16", dict(num_splits=2)),
                          ("spec_decode_page_16", dict(num_splits=2, fused_dequant=False)),
                          ("spec_decode_page_16", dict(num_splits=2, fused_group=1)),
-                         ("page_size_16", dict(num_splits=2, transposed_scores=True, overlap_dequant=True)),
+                         ("page_size_16", dict(num_splits=2, transposed_scores=True, overlap_wait=False)),
                          ("page_size_16", dict(num_splits=2, transposed_scores=True, overlap_wait=True))]:
         _mosaic_fp8(name, "bfloat16", tuning, interpret=params)
         assert not ipc.get_races().races_found, (name, tuning)
@@ -389,8 +392,8 @@ def test_mosaic_gpu_fp8_q_beyond_f16_is_not_silently_clamped():
                                               (128, dict(num_splits=2, fp8_convert="bits", fused_dequant=False)),
                                               (16, dict(num_splits=1, fp8_convert="mixed")),
                                               (128, dict(num_splits=2, fp8_convert="mixed", fused_dequant=False)),
-                                              (16, dict(num_splits=1, transposed_scores=True, overlap_dequant=True)),
-                                              (16, dict(num_splits=2, transposed_scores=True, overlap_dequant=True,
+                                              (16, dict(num_splits=1, transposed_scores=True, overlap_wait=False)),
+                                              (16, dict(num_splits=2, transposed_scores=True, overlap_wait=False,
                                                         fp8_convert="mixed")),
                                               (16, dict(num_splits=2, transposed_scores=True, overlap_wait=True)),
                                               (16, dict(num_splits=2, transposed_scores=True, transposed_pv=True)),
@@ -488,7 +491,7 @@ def test_fp8_convert_config_is_validated():
         MosaicConfig(overlap_dequant=1)
     with pytest.raises(ValueError, match="overlap_wait='yes'"):
         MosaicConfig(overlap_wait="yes")
-    assert MosaicConfig().overlap_wait is False
+    assert MosaicConfig().overlap_wait is True
     assert MosaicConfig().fused_group == 2 and MosaicConfig().overlap_dequant is True
 
 
@@ -519,7 +522,7 @@ def test_mosaic_gpu_fp8_overlap_dequant_is_bitwise_unfused():
     base = dict(num_splits=2, transposed_scores=True)
     for name in ("page_size_16", "decode_q2_page_32"):
         _assert_bitwise(name, "bfloat16", [dict(base, fused_dequant=False, overlap_dequant=False),
-                                           dict(base, overlap_dequant=True), dict(base, overlap_wait=True)])
+                                           dict(base, overlap_wait=False), dict(base, overlap_wait=True)])
 
 
 def test_mosaic_gpu_overlap_dequant_is_refused_where_it_does_not_fit():

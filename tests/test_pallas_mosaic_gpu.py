@@ -312,17 +312,28 @@ class TestConfig:
         # B=8, H=128, S=4096: 16 CTAs x 8 splits of 8 steps is one full wave; 7 splits would leave
         # 10-step splits, 9 a second wave
         assert heuristic_config(MLAConfig(num_heads=128), num_tokens=8, max_blocks=64).num_splits == 8
-        # transposed scores where a tile uses at most 16 of its 64 rows: H = 16 at q_len 1
-        assert big.transposed_scores and not h128.transposed_scores
+        # transposed scores where a tile uses at most 16 of its 64 rows (H = 16 at q_len 1), or 32 (q_len 2), with
+        # P @ V transposed too at 16 and 32 rows
+        assert big.transposed_scores and big.transposed_pv and not h128.transposed_scores and not h128.transposed_pv
         h16 = MLAConfig(num_heads=16)
-        assert heuristic_config(h16, num_tokens=8, max_blocks=4, num_reqs=8, max_query_len=1).transposed_scores
-        for q_len in (2, 3, 4, 8):
-            assert not heuristic_config(h16, num_tokens=8 * q_len, max_blocks=4, num_reqs=8,
-                                        max_query_len=q_len).transposed_scores, q_len
+        for q_len in (1, 2):
+            t = heuristic_config(h16, num_tokens=8 * q_len, max_blocks=4, num_reqs=8, max_query_len=q_len)
+            assert t.transposed_scores and t.transposed_pv, q_len
+        for q_len in (3, 4, 8):
+            t = heuristic_config(h16, num_tokens=8 * q_len, max_blocks=4, num_reqs=8, max_query_len=q_len)
+            assert not t.transposed_scores and not t.transposed_pv, q_len
+        # H = 8: 8 rows at q_len 1 (transposed scores, P @ V not: 8 rows is not one of TRANSPOSED_PV_ROWS), 16 at
+        # q_len 2 (both), 24 at q_len 3 (neither), 32 at q_len 4 (both)
+        h8 = MLAConfig(num_heads=8)
+        picks = [heuristic_config(h8, num_tokens=8 * q, max_blocks=4, num_reqs=8, max_query_len=q) for q in (1, 2, 3, 4)]
+        assert [(t.transposed_scores, t.transposed_pv) for t in picks] == [(True, False), (True, True), (False, False),
+                                                                          (True, True)]
         # without max_query_len: one token a request (tokens <= requests) or not
         assert heuristic_config(h16, num_tokens=8, max_blocks=4, num_reqs=8).transposed_scores
         assert not heuristic_config(h16, num_tokens=16, max_blocks=4, num_reqs=8).transposed_scores
-        assert not heuristic_config(MLAConfig(num_heads=32), num_tokens=4, max_blocks=4).transposed_scores
+        # H = 32 at q_len 1: 32 rows, both transposed (the tile of H = 16 at q_len 2); H = 64: the plain path
+        h32 = heuristic_config(MLAConfig(num_heads=32), num_tokens=4, max_blocks=4)
+        assert h32.transposed_scores and h32.transposed_pv
         assert not heuristic_config(MLAConfig(num_heads=64), num_tokens=4, max_blocks=4).transposed_scores
 
     def test_metadata_caps_splits(self):
