@@ -75,6 +75,11 @@ def sweep_spec(impl: str, fields, narrowed: dict) -> dict:
             for f, v in VARIANTS[impl].items() if f in fields}
 
 
+# A field that needs another: turning the other off turns it off too (transposed_scores=False with the heuristic's
+# transposed_pv is the plain path, not an invalid combination skipped).
+DEPENDENTS = {"transposed_scores": ("transposed_pv",)}
+
+
 def variants(base, spec: dict):
     seen = {base}
     yield "heuristic", base
@@ -83,8 +88,9 @@ def variants(base, spec: dict):
             cur = getattr(base, field)
             values = [max(1, int(cur * float(v[1:]))) if v[0] == "x" else int(v[1:]) for v in values.split(",")]
         for v in values:
+            off = {d: False for d in DEPENDENTS.get(field, ()) if v is False and hasattr(base, d)}
             try:
-                t = dataclasses.replace(base, **{field: v})
+                t = dataclasses.replace(base, **{field: v}, **off)
             except ValueError:  # an invalid combination for this shape
                 continue
             if t not in seen:

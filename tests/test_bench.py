@@ -417,6 +417,9 @@ def test_sweep_times_the_relative_split_counts_beside_other_fields():
     assert spec == {"num_splits": "x0.5,x2,=1", "transposed_scores": (True, False)}
     labels = [label for label, _ in variants(MosaicConfig(num_splits=4, transposed_scores=True), spec)]
     assert labels == ["heuristic", "num_splits=2", "num_splits=8", "num_splits=1", "transposed_scores=False"]
+    # from the heuristic's pick at H = 16 q_len 1 / 2 (transposed_pv needs transposed scores): the plain path
+    both = MosaicConfig(transposed_scores=True, transposed_pv=True)
+    assert list(variants(both, {"transposed_scores": (False,)}))[1] == ("transposed_scores=False", MosaicConfig())
     narrowed = sweep_spec("pallas_mosaic_gpu", ["num_splits", "schedule"], {"schedule": "seesaw"})
     assert narrowed == {"schedule": ("seesaw",), "num_splits": "x0.5,x2,=1"}
 
