@@ -458,7 +458,8 @@ TRANSPOSED_MAX_ROWS = 16
 def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_reqs: int | None = None,
                      num_sms: int = NUM_SMS_H200, max_query_len: int | None = None) -> MosaicConfig:
     """Picks transposed scores where a tile uses at most 16 of its 64 rows (H = 16 at q_len 1) or 32 (H = 16 at
-    q_len 2, H = 32 at q_len 1), with P @ V transposed too at 16 and 32 rows (transposed_pv), and the split count
+    q_len 2, H = 32 at q_len 1; with an fp8 cache 16 only), with P @ V transposed too (transposed_pv) wherever
+    the scores are at 16 or 32 rows, and the split count
     with the least modelled time: waves of CTAs (one CTA per SM: the
     Q tile and two KV stages fill its shared memory) x (the longest split's steps + a CTA's fixed
     cost), plus the combine of the fp32 partials. Splits of one 64-token step are allowed.
@@ -486,11 +487,14 @@ def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_re
     # where every request has one token, num_tokens <= num_reqs).
     # And where transposed_pv runs (TRANSPOSED_PV_ROWS: 16 or 32 rows), both transposed: on the H200 (parity.sweep,
     # 3 interleaved rounds, session 12) transposed_pv was 1.03-1.05x faster than transposed scores alone at H = 16,
-    # q_len 1 and 1.08-1.13x at q_len 2 (1.02-1.08x faster than the plain scores there, two sweeps of one call); fp8
-    # 1.10-1.14x.
+    # q_len 1 and 1.08-1.13x at q_len 2; at q_len 2 both transposed were 1.07x faster than the plain scores at H16
+    # B128 S16384 and equal at B64 S4096. With an fp8 cache only at 16 rows (1.13-1.14x over transposed scores
+    # alone): at q_len 2 the plain path (the fused conversion) was 1.06x faster at B64 S4096 and 1.01x at B128
+    # S16384 than both transposed with the overlap.
     q_len = max_query_len if max_query_len is not None else 1 if num_tokens <= num_reqs else tpt
     rows = hp * min(tpt, max(1, q_len))
-    transposed_pv = rows in TRANSPOSED_PV_ROWS
+    pv_rows = TRANSPOSED_PV_ROWS[:1] if config.kv_cache_dtype.startswith("fp8") else TRANSPOSED_PV_ROWS
+    transposed_pv = rows in pv_rows
     return MosaicConfig(block_kv=block_kv, num_splits=num_splits, max_concurrent_steps=2,
                         transposed_scores=rows <= TRANSPOSED_MAX_ROWS or transposed_pv, transposed_pv=transposed_pv)
 

@@ -328,6 +328,12 @@ class TestConfig:
         picks = [heuristic_config(h8, num_tokens=8 * q, max_blocks=4, num_reqs=8, max_query_len=q) for q in (1, 2, 3, 4)]
         assert [(t.transposed_scores, t.transposed_pv) for t in picks] == [(True, False), (True, True), (False, False),
                                                                           (True, True)]
+        # an fp8 cache: both transposed at 16 rows only (the plain, fused path was faster at 32 rows)
+        fp8 = MLAConfig(num_heads=16, kv_cache_dtype="fp8_e4m3")
+        picks = [heuristic_config(fp8, num_tokens=8 * q, max_blocks=4, num_reqs=8, max_query_len=q) for q in (1, 2)]
+        assert [(t.transposed_scores, t.transposed_pv) for t in picks] == [(True, True), (False, False)]
+        fp8_h32 = heuristic_config(MLAConfig(num_heads=32, kv_cache_dtype="fp8_e4m3"), num_tokens=4, max_blocks=4)
+        assert not fp8_h32.transposed_scores and not fp8_h32.transposed_pv
         # without max_query_len: one token a request (tokens <= requests) or not
         assert heuristic_config(h16, num_tokens=8, max_blocks=4, num_reqs=8).transposed_scores
         assert not heuristic_config(h16, num_tokens=16, max_blocks=4, num_reqs=8).transposed_scores
