@@ -1,32 +1,27 @@
 #!/usr/bin/env bash
-# For the next session's first call (nvidia-h200). Written at the end of session 11. Copy it to
-# parity/sessions/<date>-s12-a.sh before running; never edit it after. Then next-session-tpv-call.sh, then next-session-second-call.sh, twice
-# (issue #5's whole grid, one half a call; not yet run).
-# Session 11's region profile (call E) of the fp8 step with overlap_dequant at H16 B128 S4096: warpgroup 0's P @ V
-# region 1.82 us a step (its 3 chunks of the next step inside, ~0.9 us, longer than the wgmma), then 2 late chunks
-# another 0.89; warpgroup 1 still waited 1.80 us a step for P. The candidate MosaicConfig(overlap_wait=True),
-# CPU-checked in session 11 (interpret cases at 16 and 32 rows, one stage, the race detector, CUDA lowering):
-# warpgroup 1 converts V's first half of step k + 1 while it waits for P of step k, warpgroup 0 only the rope under
-# its P @ V.
-# 1. Compiled: the overlap_wait cases, H = 8 (24 rows, overlap and overlap_wait), and overlap / overlap_wait ==
-#    fused_dequant=False bitwise.
-# 2. Sweep, 3 interleaved rounds: heuristic (overlap_dequant) vs overlap_wait=True, four H = 16 q_len 1 shapes.
-#    Prediction: 1.08-1.15x at H16 B128 S16384 (673-683 us -> ~600-630: warpgroup 0's P @ V region back to
-#    ~0.9 us, the step 2.6 -> ~2.3-2.4 us); equal at B8 S4096 and B1 S1024.
-# 3. The region profile of both (`--space 512`). Prediction: warpgroup 0's pv ~0.9-1.0, wg1 p_ready_wait ~1.0.
+# For the next session's first call (nvidia-h200). Written at the end of session 12 (which had no device time left
+# for it). Copy it to parity/sessions/<date>-s13-a.sh before running; never edit it after. Prepare here first:
+#   rm -rf .old && mkdir .old && git archive 3f9c7f5 mla_jax mla_spec parity | tar -x -C .old
+# and call with carry [".fa3", ".old"] (.old/ is gitignored).
+# Question: session 12's sweeps timed the fp8 overlap default (H16 B128 S16384 q_len 1) at 711.2 / 712.3 us against
+# 682.9 in session 11's sweep, FA3 ~583 in both. Between them the overlap path changed in 1e86bbf (overlap_wait
+# added) and 2704253 (the review refactor: warpgroup 0 arrives deq_ready before kv_consumed). Here session 11's tree
+# (3f9c7f5, which timed 682.9) and HEAD with the same tuning (overlap, no overlap_wait, no transposed_pv),
+# alternating old / new twice, each a sweep with FA3 beside it (--fields none). Prediction: if the refactor's
+# ordering costs, HEAD ~1.04x slower than the old tree in both pairs (FA3 equal); if it is the machine, equal.
+# Then issue #5's whole grid on the new defaults: next-session-second-call.sh, one half a call.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT/logs"; L="$OUT/logs"
-bash .fa3/unpack.sh /tmp/fa3 >/dev/null && export PYTHONPATH=/tmp/fa3:$PWD
+bash .fa3/unpack.sh /tmp/fa3 >/dev/null
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
-timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs tests/test_fp8.py \
-  -k "(compiled and (overlap_wait or heads_8)) or overlap_dequant_is_bitwise" > "$L/pytest.log" 2>&1; echo "pytest rc=$?" >> "$L/pytest.log"
-timeout 200 python3 -m parity.sweep --impl pallas_mosaic_gpu --fp8 --fields overlap_wait=True \
-  --rounds 3 --reps 3 --shapes H16_B128_S16384_q1,H16_B32_S16384_q1,H16_B8_S4096_q1,H16_B1_S1024_q1 \
-  --json "$OUT/sweep-fp8-overlap-wait.json" > "$L/sweep.log" 2>&1; echo "sweep rc=$?" >> "$L/sweep.log"
-timeout 75 python3 -m parity.regions --fp8 --shapes H16_B128_S4096_q1 --space 512 --set overlap_wait=True \
-  --json "$OUT/regions-fp8-overlap-wait.json" > "$L/regions-wait.log" 2>&1; echo "regions rc=$?" >> "$L/regions-wait.log"
+ROOT=$PWD S=H16_B128_S16384_q1,H16_B32_S16384_q1
+for r in 1 2; do
+  (cd "$ROOT/.old" && PYTHONPATH=/tmp/fa3:$ROOT/.old timeout 100 python3 -m parity.sweep --impl pallas_mosaic_gpu \
+    --fp8 --fields none --reps 3 --shapes $S --json "$OUT/old-$r.json" > "$L/old-$r.log" 2>&1; echo "old $r rc=$?" >> "$L/old-$r.log")
+  (cd "$ROOT" && PYTHONPATH=/tmp/fa3:$ROOT timeout 100 python3 -m parity.sweep --impl pallas_mosaic_gpu --fp8 \
+    --fields none --set overlap_wait=False,transposed_pv=False --reps 3 --shapes $S --json "$OUT/new-$r.json" \
+    > "$L/new-$r.log" 2>&1; echo "new $r rc=$?" >> "$L/new-$r.log")
+done
 tar czf "$OUT/logs.tgz" -C "$OUT" logs
-grep -E "passed|failed|^FAILED|^ERROR|rc=" "$L/pytest.log" | tail -8
-cut -c1-130 "$L/sweep.log" | grep -v Warning | tail -14
-grep -v "Warning\|warn" "$L/regions-wait.log" | cut -c1-160 | tail -18
+for f in old-1 new-1 old-2 new-2; do echo "== $f"; cut -c1-110 "$L/$f.log" | grep -E " us |rc="; done
 rm -rf "$L"

@@ -6,6 +6,9 @@
 # (session 9 timed 11 of those 15 rows: 1.025-1.153x faster than in session 7's grid, geomean 1.057).
 # Prediction: the whole-grid geomean FA3/Mosaic 1.047 (host) / 1.085 (span) -> ~1.06 / ~1.10 (the 15 rows'
 # gain spread over 61), the other 46 rows as in session 7 within the run-to-run spread (~2%).
+# Session 12 (not yet run then): the heuristic now has both transposed (scores and P @ V) at H = 16 q_len 1 and 2;
+# its bench of the q_len 2 S = 16384 column had geomean FA3/Mosaic 1.092 over 5 rows and 4.23 / 4.08 TB/s at B128 /
+# B64. Revised prediction: geomean ~1.07 host / ~1.11 span; H = 128 rows unchanged.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT/logs"; L="$OUT/logs"
 bash .fa3/unpack.sh /tmp/fa3 >/dev/null && export PYTHONPATH=/tmp/fa3:$PWD
