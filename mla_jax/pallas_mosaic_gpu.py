@@ -458,8 +458,8 @@ TRANSPOSED_MAX_ROWS = 16
 def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_reqs: int | None = None,
                      num_sms: int = NUM_SMS_H200, max_query_len: int | None = None) -> MosaicConfig:
     """Picks transposed scores where a tile uses at most 16 of its 64 rows (H = 16 at q_len 1) or 32 (H = 16 at
-    q_len 2, H = 32 at q_len 1; with an fp8 cache 16 only), with P @ V transposed too (transposed_pv) wherever
-    the scores are at 16 or 32 rows, and the split count
+    q_len 2, H = 32 at q_len 1, H = 8 at q_len 4: the same tiles, not timed; with an fp8 cache 16 only), with P @ V
+    transposed too (transposed_pv) wherever the scores are at 16 or 32 rows, and the split count
     with the least modelled time: waves of CTAs (one CTA per SM: the
     Q tile and two KV stages fill its shared memory) x (the longest split's steps + a CTA's fixed
     cost), plus the combine of the fp32 partials. Splits of one 64-token step are allowed.

@@ -106,6 +106,12 @@ CASES = [
      "bfloat16", MosaicConfig(max_concurrent_steps=1, transposed_scores=True, transposed_pv=True)),
     (Scenario("tpv_q3_no_effect", seq_lens=(8, 100), query_lens=(3, 1), page_size=16), "bfloat16",
      MosaicConfig(num_splits=2, transposed_scores=True, transposed_pv=True)),
+    # H=8 (8 tokens a tile), where the heuristic picks both transposed too: q_len 2 (16 rows) at page 8 with
+    # splits, q_len 4 (32 rows) with a shorter request
+    (Scenario("tpv_h8_q2_p8", seq_lens=(30, 110), query_lens=(2, 2), num_heads=8, page_size=8), "bfloat16",
+     MosaicConfig(num_splits=2, transposed_scores=True, transposed_pv=True)),
+    (Scenario("tpv_h8_q4_p32", seq_lens=(70, 140), query_lens=(4, 3), num_heads=8, page_size=32), "float16",
+     MosaicConfig(num_splits=1, transposed_scores=True, transposed_pv=True)),
     # P in the KV slot's rope columns (p_in_kv): H=128 with splits and a masked tail, spec decode with several
     # pages a step, one stage (slot 0 every step), fp16
     (Scenario("p_in_kv_h128_p64", seq_lens=(33, 97, 520), query_lens=(1, 2, 1), num_heads=128, page_size=64),
@@ -230,6 +236,7 @@ class TestGPULowering:
             (16, 16, MosaicConfig(num_splits=3, schedule="seesaw")),
             (16, 16, MosaicConfig(num_splits=2, transposed_scores=True, transposed_pv=True)),
             (16, 64, MosaicConfig(num_splits=1, transposed_scores=True, transposed_pv=True)),
+            (8, 8, MosaicConfig(num_splits=2, transposed_scores=True, transposed_pv=True)),
         ],
     )
     def test_lowers_for_cuda(self, num_heads, page_size, tuning):
