@@ -30,13 +30,15 @@ from parity.compare import TOLERANCES, compare
 from parity.scenarios import FP8_E4M3_MAX, SCENARIOS, Scenario, make_fp8_batch
 
 JNP_DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16}
-# the parity scenarios and, for the Mosaic kernel's overlap_dequant, H = 16 at q_len 2 (32 rows of a tile in use)
-# and H = 8 up to q_len 3 (24 rows) at page 8
+# the parity scenarios and, for the Mosaic kernel's overlap_dequant, H = 16 at q_len 2 (32 rows of a tile in use),
+# H = 8 up to q_len 3 (24 rows) at page 8 and H = 8 at q_len 2 (16 rows: the heuristic's transposed_pv too)
 FP8_SCENARIOS = {**SCENARIOS,
                  "decode_q2_page_32": Scenario("decode_q2_page_32", seq_lens=(70, 200, 131), query_lens=(2, 1, 2),
                                                page_size=32),
                  "heads_8_page_8": Scenario("heads_8_page_8", seq_lens=(30, 150), query_lens=(1, 3), num_heads=8,
-                                            page_size=8)}
+                                            page_size=8),
+                 "heads_8_q2": Scenario("heads_8_q2", seq_lens=(45, 150), query_lens=(2, 2), num_heads=8,
+                                        page_size=16)}
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -291,6 +293,8 @@ MOSAIC_FP8_CASES = [
     ("decode_q2_page_32", "bfloat16", dict(transposed_scores=True, transposed_pv=True, overlap_wait=True)),
     ("contiguous_blocks", "bfloat16", dict(max_concurrent_steps=1, transposed_scores=True, transposed_pv=True,
                                            overlap_dequant=False)),
+    # the heuristic's pick at H = 8, q_len 2 (16 rows: both transposed, the overlap with overlap_wait)
+    ("heads_8_q2", "bfloat16", None),
 ]
 
 
