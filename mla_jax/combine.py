@@ -7,6 +7,9 @@ The merged result is
 
     m = max_s lse_s,  w_s = exp(lse_s - m),  out = sum_s w_s o_s / sum_s w_s,  lse = m + log(sum_s w_s)
 
+with empty splits (lse -inf) weighing 0 and a row with every split empty giving out 0, lse -inf; a NaN lse (a
+non-finite q entry of that head) gives that row out NaN, lse NaN, never a plausible-looking 0.
+
 `combine_ref` is that formula in jnp (XLA makes three kernels of it on the GPU: ~8.6 us at
 H=16, B=8, S=1024 on the H200, by ncu in session 3); `combine` is one Pallas Triton kernel
 that reads each partial once. A program takes one token, a block of heads and 64 of the L
@@ -37,6 +40,7 @@ def combine_ref(o_part, lse_part, dtype):
     w_sum = jnp.sum(w, axis=0)
     out = jnp.sum(jnp.where(w[..., None] > 0, w[..., None] * o_part, 0.0), axis=0)
     out = out / jnp.where(w_sum > 0, w_sum, 1.0)[..., None]
+    out = jnp.where(jnp.isnan(w_sum)[..., None], jnp.nan, out)  # a NaN split: NaN, not 0
     return out.astype(dtype), lse_max_safe + jnp.log(w_sum)
 
 
@@ -61,6 +65,7 @@ def _combine_kernel(lse_ref, o_ref, out_ref, lse_out_ref, *, num_splits, num_hea
     num = jnp.sum(jnp.where(w[:, :, None] > 0, w[:, :, None] * o, 0.0), axis=0)
     den = jnp.sum(w, axis=0)
     out = num / jnp.where(den > 0, den, 1.0)[:, None]
+    out = jnp.where((den != den)[:, None], jnp.nan, out)  # a NaN split (den NaN): NaN, not 0
     plgpu_triton.store(out_ref.at[t, h[:, None], c[None, :]], out.astype(out_ref.dtype), mask=h_ok[:, None])
 
     @pl.when(pl.program_id(2) == 0)

@@ -114,6 +114,7 @@ def _build(mesh: Mesh, axis_name: str, config: MLAConfig, impl: str, interpret: 
         w_sum = jax.lax.psum(w, axis_name)
         acc = jax.lax.psum(jnp.where(w[..., None] > 0, w[..., None] * o, 0.0), axis_name)
         out = acc / jnp.where(w_sum > 0, w_sum, 1.0)[..., None]
+        out = jnp.where(jnp.isnan(w_sum)[..., None], jnp.nan, out)  # a NaN shard: NaN, not 0 (combine_ref's rule)
         return out.astype(q_nope.dtype), m_safe + jnp.log(w_sum)
 
     replicated = PartitionSpec()

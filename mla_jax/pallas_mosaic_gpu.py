@@ -625,6 +625,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         req = lax.div(g, jnp.int32(q_tiles))
         lt = lax.rem(g, jnp.int32(q_tiles))
         info_smem = i_smem.at[pl.ds(0, INFO_WORDS)]
+        sums_row = stages if p_in_kv else 1  # ("flashmla") the row of x_smem with warpgroup 0's row sums
         bt_smem = i_smem.at[pl.ds(INFO_WORDS, bt_chunk)]
 
         def tile_info():
@@ -1027,9 +1028,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 """Where P of the step in `slot` is: the slot's rope columns (p_in_kv), else the P buffer."""
                 return p_in_slot(slot) if p_in_kv else p_smem
 
-            # (p_in_kv) the row of x_smem holding the rescale factor of the step in `slot`, and the row sums'
+            # (p_in_kv) the row of x_smem holding the rescale factor of the step in `slot` (the row sums': sums_row)
             alpha_row = (lambda slot: slot) if p_in_kv else (lambda slot: 0)
-            sums_row = stages if p_in_kv else 1
 
             def pv(acc, half, slot):
                 v_cols = pl.ds(half * V_HALF, V_HALF)
@@ -1409,11 +1409,16 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             else:
                 finish(1, acc, l_tot, None, first_tok, ntok)
 
-        def transpose_out(half: int, o_t):
+        def transpose_out(half: int, o_t, l_tot):
             """(transposed_pv) o_t [256, n] fp32 (WGMMA layout) -> its transpose padded to [64, 256] (rows past n 0):
             o_t as two bf16 parts (hi, and lo = the rest: ~16 bits), each multiplied by an identity [64, n] (their
-            transposed view the wgmma's right operand; Mosaic GPU stores no WGMMA-layout array transposed)."""
+            transposed view the wgmma's right operand; Mosaic GPU stores no WGMMA-layout array transposed).
+            A row whose sum l_tot [n] is NaN (a non-finite q entry of that head: its scores, P and output NaN) is
+            zeroed before the identity (0 x NaN would spread it to every row) and set to NaN after it, from the
+            row sums in x_smem: the other rows stay right, as without transposed_pv."""
             n = o_t.shape[1]
+            nan_col = lax.broadcast_in_dim(jnp.where(l_tot == l_tot, 0.0, 1.0), o_t.shape, [1])
+            o_t = jnp.where(nan_col > 0.5, 0.0, o_t)
             hi = o_t.astype(jnp.bfloat16)
             t_smem[half, 0] = hi
             t_smem[half, 1] = (o_t - hi.astype(jnp.float32)).astype(jnp.bfloat16)
@@ -1427,7 +1432,11 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     plgpu.wgmma(acc_ref, e_smem.at[half], t_smem.at[half, j].transpose((1, 0)))
                 return acc_ref[...]
 
-            return pl.run_scoped(back, plgpu.ACC((BLOCK_H, V_HALF), jnp.float32))
+            out = pl.run_scoped(back, plgpu.ACC((BLOCK_H, V_HALF), jnp.float32))
+            # the row sums in the row layout (rows past n are never written out)
+            l_rows = plgpu.load(x_smem.at[sums_row], layout=plgpu.Layout.WGMMA.reduce(1))
+            nan_row = lax.broadcast_in_dim(jnp.where(l_rows == l_rows, 0.0, 1.0), out.shape, [0])
+            return jnp.where(nan_row > 0.5, jnp.nan, out)
 
         def finish(half, acc, l_tot, lse, first_tok, ntok):
             """Writes the output columns [256 half, 256 half + 256) normalized by l_tot (half None: none)
@@ -1439,7 +1448,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 if fp8:  # V was read unscaled
                     inv = inv * k_scale()
                 if transposed_pv:  # O^T [256, rows in use] -> O [64, 256]
-                    out = transpose_out(half, acc * lax.broadcast_in_dim(inv, acc.shape, [1]))
+                    out = transpose_out(half, acc * lax.broadcast_in_dim(inv, acc.shape, [1]), l_tot)
                 else:
                     out = acc * lax.broadcast_in_dim(inv, acc.shape, [0])
                 stage[half] = out.astype(stage_dtype)

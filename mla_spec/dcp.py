@@ -216,7 +216,8 @@ def merge_partials(outs, lses):
     """The exact LSE merge, float64 NumPy (the definition the backends follow):
     outs `[W, T, H, L]` (each normalized over its shard), lses `[W, T, H]` (-inf for an empty
     shard) -> `(out [T, H, L], lse [T, H])`; lse = logsumexp over shards,
-    out = sum_s exp(lse_s - lse) * out_s. A row with every shard empty gives out 0, lse -inf."""
+    out = sum_s exp(lse_s - lse) * out_s. A row with every shard empty gives out 0, lse -inf; a NaN lse (a
+    non-finite q entry of that head) gives its row out NaN, lse NaN, never a plausible-looking 0."""
     outs = np.asarray(outs, np.float64)
     lses = np.asarray(lses, np.float64)
     m = lses.max(axis=0)
@@ -224,6 +225,7 @@ def merge_partials(outs, lses):
     w = np.exp(lses - m_safe)
     w_sum = w.sum(axis=0)
     out = np.where(w[..., None] > 0, w[..., None] * outs, 0.0).sum(axis=0) / np.where(w_sum > 0, w_sum, 1.0)[..., None]
+    out = np.where(np.isnan(w_sum)[..., None], np.nan, out)
     with np.errstate(divide="ignore"):
         lse = m_safe + np.log(w_sum)
     return out, lse

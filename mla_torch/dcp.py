@@ -36,7 +36,7 @@ def merge_attn_states(outs, lses, out_dtype: torch.dtype | None = None):
     lses `[W, T, H]` float32 (-inf for an empty shard). Returns `(out [T, H, L] in out_dtype
     (default outs' dtype), lse [T, H] float32)`: lse = logsumexp over shards,
     out = sum_s exp(lse_s - lse) * out_s, computed in float32. A row with every shard empty
-    gives out 0, lse -inf (no NaN)."""
+    gives out 0, lse -inf (no NaN); a NaN lse gives its row out NaN, lse NaN (never a plausible-looking 0)."""
     if not isinstance(outs, torch.Tensor):
         outs = torch.stack(list(outs))
     if not isinstance(lses, torch.Tensor):
@@ -54,6 +54,7 @@ def merge_attn_states(outs, lses, out_dtype: torch.dtype | None = None):
     w_sum = w.sum(dim=0)
     weighted = torch.where(w[..., None] > 0, w[..., None] * outs.float(), torch.zeros((), device=outs.device))
     out = weighted.sum(dim=0) / torch.where(w_sum > 0, w_sum, torch.ones_like(w_sum))[..., None]
+    out = torch.where(torch.isnan(w_sum)[..., None], torch.full((), float("nan"), device=out.device), out)
     return out.to(out_dtype), m_safe + torch.log(w_sum)
 
 

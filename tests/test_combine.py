@@ -38,6 +38,20 @@ def test_kernel_matches_formula(num_splits, num_tokens, num_heads, dtype):
     np.testing.assert_allclose(np.asarray(lse_out)[finite], np.asarray(ref_lse)[finite], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("num_splits", [2, 5])
+def test_a_nan_split_gives_nan_in_that_row_only(num_splits):
+    """A split whose lse is NaN (a non-finite q entry of that head): that row's out and lse are NaN, never a
+    plausible-looking 0; the other rows as without it. The kernel and the formula alike."""
+    o, lse = _partials(num_splits, 2, 16)
+    o, lse = o.at[0, 1, 5].set(jnp.nan), lse.at[0, 1, 5].set(jnp.nan)
+    for out, lse_out in (combine(o, lse, jnp.float32, interpret=True), combine_ref(o, lse, jnp.float32)):
+        out, lse_out = np.asarray(out), np.asarray(lse_out)
+        assert np.isnan(out[1, 5]).all() and np.isnan(lse_out[1, 5])
+        keep = np.ones((2, 16), bool)
+        keep[1, 5] = False
+        assert not np.isnan(out[keep]).any()
+
+
 def test_one_split_is_the_identity():
     rng = np.random.default_rng(1)
     o = jnp.asarray(rng.standard_normal((1, 2, 16, 512)), jnp.float32)

@@ -202,6 +202,29 @@ def test_merge_with_every_shard_empty_gives_zero_and_minus_inf(backend):
     np.testing.assert_allclose(lse[1], 0.5, rtol=1e-6)
 
 
+@pytest.mark.parametrize("backend", ["numpy", "jax", "torch"])
+def test_merge_of_a_nan_shard_is_nan_in_that_row_only(backend):
+    """A NaN lse (a non-finite q entry of that head) makes that row's out and lse NaN, not a plausible 0; the
+    other rows merge as usual."""
+    rng = np.random.default_rng(3)
+    outs = rng.standard_normal((3, 2, 4, 8)).astype(np.float32)
+    lses = rng.standard_normal((3, 2, 4)).astype(np.float32)
+    lses[1, 0, 2] = np.nan
+    outs[1, 0, 2] = np.nan
+    ref_out, ref_lse = sdcp.merge_partials(np.where(np.isnan(outs), 0, outs), np.where(np.isnan(lses), 0, lses))
+    if backend == "numpy":
+        out, lse = sdcp.merge_partials(outs, lses)
+    elif backend == "jax":
+        out, lse = (np.asarray(x) for x in jdcp.merge_partials(jnp.asarray(outs), jnp.asarray(lses)))
+    else:
+        out, lse = (x.numpy() for x in tdcp.merge_attn_states(torch.tensor(outs), torch.tensor(lses)))
+    assert np.isnan(out[0, 2]).all() and np.isnan(lse[0, 2])
+    keep = np.ones((2, 4), bool)
+    keep[0, 2] = False
+    np.testing.assert_allclose(out[keep], ref_out[keep], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(lse[keep], ref_lse[keep], rtol=1e-5, atol=1e-6)
+
+
 def test_merge_keeps_out_dtype_and_rejects_bad_shapes():
     outs, lses, _, _ = _split_softmax(2)
     out, _ = jdcp.merge_partials(jnp.asarray(outs, jnp.bfloat16), jnp.asarray(lses, jnp.float32))

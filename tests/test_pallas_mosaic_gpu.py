@@ -144,6 +144,35 @@ def _run(batch, dtype, tuning, interpret):
     return mgpu_mla.mla_decode(q_nope, q_pe, kv, md, batch.config, tuning=tuning, interpret=interpret)
 
 
+# A NaN in one head's q, at 16 rows (H = 16, q_len 1) and 32 (q_len 2 beside q_len 1), with transposed_pv (its
+# transpose back multiplies by an identity, where 0 x NaN would spread the NaN to every row) and without
+NAN_HEAD_CASES = [(Scenario("nan_head_q1", seq_lens=(40, 130), query_lens=(1, 1), page_size=16), tpv)
+                  for tpv in (True, False)] + [
+                 (Scenario("nan_head_q2", seq_lens=(40, 130), query_lens=(2, 1), page_size=16), True)]
+
+
+def _check_nan_in_one_head(scenario, transposed_pv, interpret):
+    """Token 0's head 3 gets a NaN in q: its output and lse are NaN, every other head and token stays right."""
+    batch, ref_out, ref_lse = batch_and_reference(scenario, "bfloat16")
+    q_nope, q_pe, kv, md = device_inputs(batch, "bfloat16")
+    q_nope = q_nope.at[0, 3, 0].set(jnp.nan)
+    tuning = MosaicConfig(num_splits=2, transposed_scores=True, transposed_pv=transposed_pv)
+    out, lse = mgpu_mla.mla_decode(q_nope, q_pe, kv, md, batch.config, tuning=tuning, interpret=interpret)
+    out, lse = np.asarray(out.astype(jnp.float32)), np.asarray(lse)
+    assert np.isnan(out[0, 3]).all() and np.isnan(lse[0, 3])
+    keep = np.ones(out.shape[:2], bool)
+    keep[0, 3] = False
+    assert np.isfinite(out[keep]).all() and np.isfinite(lse[keep]).all()
+    np.testing.assert_allclose(out[keep], ref_out[keep], rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(lse[keep], ref_lse[keep], rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("scenario,transposed_pv", NAN_HEAD_CASES,
+                         ids=[f"{c[0].name}-tpv={c[1]}" for c in NAN_HEAD_CASES])
+def test_nan_in_one_head_stays_in_that_head(scenario, transposed_pv):
+    _check_nan_in_one_head(scenario, transposed_pv, interpret=True)
+
+
 class TestInterpret:
     @pytest.mark.parametrize("scenario,dtype,tuning", CASES, ids=[c[0].name for c in CASES])
     def test_matches_reference(self, scenario, dtype, tuning):
@@ -456,6 +485,11 @@ class TestGPU:
         batch, ref_out, ref_lse = batch_and_reference(scenario, "bfloat16")
         out, lse = _run(batch, "bfloat16", MosaicConfig(num_splits=3, **variant), interpret=False)
         assert_matches(out, lse, ref_out, ref_lse, "bfloat16", f"{name} {variant}")
+
+    @pytest.mark.parametrize("scenario,transposed_pv", NAN_HEAD_CASES,
+                             ids=[f"{c[0].name}-tpv={c[1]}" for c in NAN_HEAD_CASES])
+    def test_nan_in_one_head_stays_in_that_head(self, scenario, transposed_pv):
+        _check_nan_in_one_head(scenario, transposed_pv, interpret=False)
 
     @pytest.mark.parametrize("variant", [dict(schedule="split"), dict(schedule="flashmla"), dict(schedule="three_wg"),
                                          dict(transposed_scores=True), dict(pdl=True), dict(p_in_kv=True),
