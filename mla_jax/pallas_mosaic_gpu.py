@@ -62,6 +62,11 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
   The H200 timed it 1.04-1.16x faster on four H = 16, q_len 1 shapes (interleaved rounds, session 5),
   but 1.04-1.12x slower at q_len 2 (32 rows) and 1.35x at q_len 3 (session 9); with P @ V transposed as well
   (`transposed_pv`, below) it is the heuristic's pick at q_len 2 too (session 12).
+* Transposed P @ V (`MosaicConfig(transposed_pv=True)`, with transposed scores at 16 or 32 rows; the
+  heuristic's pick there since session 12, with an fp8 cache at 16 only): O^T = V^T P^T, each warpgroup a
+  [256, rows in use] accumulator (4x less tensor work than [64, 256] at 16 rows), transposed back once per
+  tile by two wgmmas of an identity by a bf16 hi / lo split of O^T (within ~1e-5; a row whose sum is NaN is
+  zeroed before them and set NaN after, so that a non-finite q entry stays in its head).
 * Rows past seq_len. The cache slots past a request's `seq_len` may hold anything
   (NaN in tests). Scores of masked positions are replaced by a finite -1e30 with
   `where` (so NaN scores never propagate), and on the (single) step of a split
@@ -86,6 +91,9 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
   exact, one cvt per two values (a bf16 step's bit trick took ~270 instructions a 64 x 64 chunk);
   bf16 q enters as f16 (exact for |q| in [2^-14, 65504]) and the output leaves in q's dtype. Rows
   past kv_len are zeroed there (NaN-safe). The per-tensor k_scale scales the scores and the output.
+  With transposed scores of at most 32 rows the next step converts under this step's P @ V instead
+  (overlap_dequant, two f16 buffers for V's first half), warpgroup 1 converting that half while it waits
+  for P (overlap_wait); MosaicConfig's docstring has the measured gains.
 
 SMEM: Q tile 72 KiB + 2 stages x 72 KiB (the output stage aliases them) + P 8 KiB +
 2 KiB of small buffers = 226 KiB, inside the 227 KiB a Hopper CTA can have (so 2 stages at most).
