@@ -501,7 +501,7 @@ def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_re
     # S16384 than both transposed with the overlap.
     q_len = max_query_len if max_query_len is not None else 1 if num_tokens <= num_reqs else tpt
     rows = hp * min(tpt, max(1, q_len))
-    pv_rows = TRANSPOSED_PV_ROWS[:1] if config.kv_cache_dtype.startswith("fp8") else TRANSPOSED_PV_ROWS
+    pv_rows = TRANSPOSED_PV_ROWS[:1] if config.is_fp8_kv_cache else TRANSPOSED_PV_ROWS
     transposed_pv = rows in pv_rows
     return MosaicConfig(block_kv=block_kv, num_splits=num_splits, max_concurrent_steps=2,
                         transposed_scores=rows <= TRANSPOSED_MAX_ROWS or transposed_pv, transposed_pv=transposed_pv)

@@ -184,18 +184,22 @@ def test_merge_equals_the_direct_softmax(world_size, backend):
     np.testing.assert_allclose(np.asarray(lse), ref_lse, rtol=1e-5, atol=1e-5)
 
 
+def _merge(backend, outs, lses):
+    """The LSE merge of float32 NumPy partials by one backend's merge, as NumPy arrays."""
+    if backend == "numpy":
+        return sdcp.merge_partials(outs, lses)
+    if backend == "jax":
+        return tuple(np.asarray(x) for x in jdcp.merge_partials(jnp.asarray(outs), jnp.asarray(lses)))
+    return tuple(x.numpy() for x in tdcp.merge_attn_states(torch.tensor(outs), torch.tensor(lses)))
+
+
 @pytest.mark.parametrize("backend", ["numpy", "jax", "torch"])
 def test_merge_with_every_shard_empty_gives_zero_and_minus_inf(backend):
     outs = np.zeros((3, 2, 4, 8), np.float32)
     lses = np.full((3, 2, 4), -np.inf, np.float32)
     lses[1, 1] = 0.5  # token 1 has one non-empty shard; token 0 none
     outs[1, 1] = 2.0
-    if backend == "numpy":
-        out, lse = sdcp.merge_partials(outs, lses)
-    elif backend == "jax":
-        out, lse = (np.asarray(x) for x in jdcp.merge_partials(jnp.asarray(outs), jnp.asarray(lses)))
-    else:
-        out, lse = (x.numpy() for x in tdcp.merge_attn_states(torch.tensor(outs), torch.tensor(lses)))
+    out, lse = _merge(backend, outs, lses)
     assert not np.isnan(out).any() and not np.isnan(lse).any()
     assert (out[0] == 0).all() and np.isneginf(lse[0]).all()
     np.testing.assert_allclose(out[1], 2.0, rtol=1e-6)
@@ -212,12 +216,7 @@ def test_merge_of_a_nan_shard_is_nan_in_that_row_only(backend):
     lses[1, 0, 2] = np.nan
     outs[1, 0, 2] = np.nan
     ref_out, ref_lse = sdcp.merge_partials(np.where(np.isnan(outs), 0, outs), np.where(np.isnan(lses), 0, lses))
-    if backend == "numpy":
-        out, lse = sdcp.merge_partials(outs, lses)
-    elif backend == "jax":
-        out, lse = (np.asarray(x) for x in jdcp.merge_partials(jnp.asarray(outs), jnp.asarray(lses)))
-    else:
-        out, lse = (x.numpy() for x in tdcp.merge_attn_states(torch.tensor(outs), torch.tensor(lses)))
+    out, lse = _merge(backend, outs, lses)
     assert np.isnan(out[0, 2]).all() and np.isnan(lse[0, 2])
     keep = np.ones((2, 4), bool)
     keep[0, 2] = False
