@@ -26,6 +26,11 @@ H200 the JAX loop's launches carried 0.1-0.7 ms outside its kernels' device span
 profiler's trace, `python -m parity.timeline`, session 5), varying from launch to launch, which
 `seconds` spreads over the N calls (so small JAX shapes read slower than their kernels run). Its
 noise is that jitter / N (some us at N = 80), so it is a diagnostic, not the ratio's number.
+With --cooldown S the GPU idles S seconds before each row's timed launches, so every impl starts them
+from the same state rather than right after the impl before it: on the H200 (session 13) the fp8
+Mosaic kernel, whose conversion keeps the SMs busy, timed 604 us at H16 B128 S16384 before FA3 ran,
+699 us right after FA3's timing and 604 us again after a 3 s idle (bf16 Mosaic, memory-bound: 559 /
+566 / 559); rows are timed in --impls order, so without it a later impl inherits the earlier ones' heat.
 
 Bytes = KV read once (sum of seq_lens x 576 x 2) + q + out; FLOPs = 2 x H x T x S x (576 + 512)
 (the causal savings of q_len > 1 are not subtracted, as for the FA3 anchors). An fp8 row
@@ -142,6 +147,9 @@ def add_arguments(p):
     p.add_argument("--launch-ms", type=parse_launch_ms, default=LAUNCH_SECONDS * 1e3,
                    help=f"what one timed launch of N calls lasts, N chosen per shape (default {LAUNCH_SECONDS * 1e3:g}; "
                         "sessions 1-6 used 3)")
+    p.add_argument("--cooldown", type=parse_cooldown, default=0.0, metavar="S",
+                   help="idle S seconds before each row's timed launches, so that no impl is timed right after "
+                        "another one's (default 0: timed back to back, as sessions 1-13 did)")
     p.add_argument("--no-ceilings", action="store_true",
                    help="do not measure the copy/matmul ceilings (the roofline then uses the anchors' numbers)")
 
@@ -155,6 +163,17 @@ def parse_launch_ms(text: str) -> float:
     if not ms > 0:
         raise ValueError(f"launch-ms must be a positive number of milliseconds, got launch_ms={text!r}")
     return ms
+
+
+def parse_cooldown(text: str) -> float:
+    """--cooldown: a finite number of seconds >= 0."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds < math.inf:
+        raise ValueError(f"cooldown must be a number of seconds >= 0, got cooldown={text!r}")
+    return seconds
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -194,7 +213,7 @@ def merge(results: list[dict]) -> dict:
         raise ValueError("merge needs at least one bench result")
     first = results[0]
     for r in results[1:]:
-        for key in ("grid", "impls", "xla_flags", "launch_ms"):
+        for key in ("grid", "impls", "xla_flags", "launch_ms", "cooldown_s"):
             if r.get(key) != first.get(key):
                 raise ValueError(f"cannot merge results of different {key}: {first.get(key)!r} vs {r.get(key)!r}")
     order = {shape.name: k for k, shape in enumerate(GRIDS[first["grid"]])}
@@ -571,7 +590,7 @@ def calibrate(make, inp: BenchInputs, slope: bool = False, launch_seconds: float
 
 
 def run_bench(shapes, impls, reps=7, check=False, log=print, checkpoint=None, progress=None, trace=False,
-              slope=False, launch_seconds=LAUNCH_SECONDS):
+              slope=False, launch_seconds=LAUNCH_SECONDS, cooldown_s=0.0):
     import torch
 
     from parity.compare import compare_out_lse
@@ -592,6 +611,8 @@ def run_bench(shapes, impls, reps=7, check=False, log=print, checkpoint=None, pr
                 row["kv_cache_dtype"] = "fp8_e4m3"
             try:
                 timer, (out, lse) = calibrate(RUNNERS[name], inp, slope=slope, launch_seconds=launch_seconds)
+                if cooldown_s:  # the timed launches start from an idle GPU, not from the last impl's heat
+                    time.sleep(cooldown_s)
                 sec, sec_slope = timer.measure(reps)
                 row.update(seconds=sec, n_calls=timer.n, TBps=nbytes / sec / 1e12, TFLOPps=shape.flops() / sec / 1e12)
                 if slope:
@@ -742,11 +763,12 @@ def main(args) -> int:
             print(f"ceilings not measured ({ceilings['ceilings_error']}); the roofline uses the anchors'", flush=True)
 
     launch_ms = getattr(args, "launch_ms", LAUNCH_SECONDS * 1e3)
+    cooldown_s = getattr(args, "cooldown", 0.0)
 
     def result(rows, summ=None):
         return {"grid": args.grid, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                 "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""),
-                "launch_ms": launch_ms,
+                "launch_ms": launch_ms, **({"cooldown_s": cooldown_s} if cooldown_s else {}),
                 "method": __doc__.split("Method")[1].split("Bytes")[0].strip(), **ceilings, "complete": summ is not None, "impls": impls, "unavailable": unavailable,
                 "summary": summ, "rows": rows, **({"shard": f"{shard[0]}/{shard[1]}"} if shard else {}),
                 **({"shapes": [s.name for s in shapes]} if names is not None else {})}
@@ -761,7 +783,7 @@ def main(args) -> int:
     try:
         rows = run_bench(shapes, impls, reps=args.reps, check=args.check, log=progress.log, checkpoint=write,
                          progress=progress, trace=getattr(args, "trace", False), slope=getattr(args, "slope", False),
-                         launch_seconds=launch_ms * 1e-3)
+                         launch_seconds=launch_ms * 1e-3, cooldown_s=cooldown_s)
     finally:
         progress.close()
     text, summ = summary(rows, impls)

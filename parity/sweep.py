@@ -11,6 +11,10 @@ each and the best per shape, to revise the heuristic from measurements.
 then timed R times in turn (FA3, variant 1, variant 2, ..., FA3, variant 1, ...), and each
 keeps the median of its R times (all R in the JSON as round_seconds): a slow spell of the
 GPU then falls on every variant alike instead of on whichever ran during it.
+
+--cooldown S: the GPU idles S seconds before each timing, so no variant is timed right after
+another one's (or FA3's) heat (the bench's --cooldown; session 13: the fp8 Mosaic kernel ran
+1.16x slower right after FA3's timing than after 3 s idle).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import json
 import os
 import statistics
 import sys
+import time
 
 from parity import bench
 from parity.bench import Shape
@@ -98,6 +103,23 @@ def variants(base, spec: dict):
                 yield f"{field}={v}", t
 
 
+def time_rounds(timed, rounds: int, reps: int, cooldown_s: float = 0.0):
+    """Each (row, timer) of `timed` measured `rounds` times in turn, each time after `cooldown_s` idle, its
+    per-launch seconds appended to row["round_seconds"]; one that raises gets row["error"] and drops out."""
+    timed = list(timed)
+    for _ in range(rounds):
+        for entry in list(timed):
+            row, timer = entry
+            if cooldown_s:
+                time.sleep(cooldown_s)
+            try:
+                row["round_seconds"].append(timer.measure(reps)[0])
+            except Exception as e:
+                row["error"] = f"{type(e).__name__}: {e}"[:300]
+                del row["round_seconds"]
+                timed.remove(entry)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m parity.sweep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -115,6 +137,8 @@ def main(argv=None) -> int:
                         "(e.g. num_warps=8): sweep around another base")
     p.add_argument("--fp8", action="store_true",
                    help="run the kernel on an fp8_e4m3 copy of the cache (bench.quantize_fp8); FA3 stays bf16")
+    p.add_argument("--cooldown", type=bench.parse_cooldown, default=0.0, metavar="S",
+                   help="idle S seconds before each timing (FA3's and every variant's, in every round)")
     p.add_argument("--json")
     args = p.parse_args(argv)
     fields = args.fields.split(",") if args.fields else list(VARIANTS[args.impl])
@@ -163,16 +187,7 @@ def main(argv=None) -> int:
                 runners.append((row, timer))
             except Exception as e:
                 row["error"] = f"{type(e).__name__}: {e}"[:300]
-        timed = ([fa3] if fa3 else []) + runners
-        for _ in range(args.rounds):
-            for entry in list(timed):
-                row, timer = entry
-                try:
-                    row["round_seconds"].append(timer.measure(args.reps)[0])
-                except Exception as e:
-                    row["error"] = f"{type(e).__name__}: {e}"[:300]
-                    del row["round_seconds"]
-                    timed.remove(entry)
+        time_rounds(([fa3] if fa3 else []) + runners, args.rounds, args.reps, args.cooldown)
         fa3_s = statistics.median(fa3[0]["round_seconds"]) if fa3 and "error" not in fa3[0] else None
         for r in shape_rows:
             r["fa3_s"] = fa3_s
@@ -195,7 +210,7 @@ def main(argv=None) -> int:
         if args.json:  # after every shape: a run cut short still leaves its numbers
             with open(args.json, "w") as f:
                 json.dump({"impl": args.impl, "fp8": args.fp8, "xla_flags": os.environ.get("XLA_FLAGS", ""),
-                           "rows": rows}, f, indent=1)
+                           **({"cooldown_s": args.cooldown} if args.cooldown else {}), "rows": rows}, f, indent=1)
     print("\nbest per shape:")
     for shape in shapes:
         ok = [r for r in rows if r["shape"] == shape.name and "seconds" in r]

@@ -364,6 +364,60 @@ def test_shard_parse_and_merge_rejoin_a_grid(tmp_path):
     assert json.loads(out.read_text())["complete"]
 
 
+def test_cooldown_is_seconds_at_least_zero():
+    assert bench.parse_cooldown("0") == 0.0 and bench.parse_cooldown("2.5") == 2.5
+    for bad in ("-1", "nan", "inf", "soon"):
+        with pytest.raises(ValueError, match=f"cooldown={bad!r}"):
+            bench.parse_cooldown(bad)
+
+
+def test_cooldown_idles_before_each_rows_timed_launches(monkeypatch):
+    """--cooldown S: every row's timed launches come S seconds of idle after whatever ran before (session 13:
+    right after FA3's timing the fp8 Mosaic kernel ran 1.16x slower than after 3 s idle); off, nothing sleeps."""
+    _fake_bench(monkeypatch, "torch.fa3", "jax.pallas_mosaic_gpu")
+    events = []
+    monkeypatch.setattr(bench.time, "sleep", lambda s: events.append(("sleep", s)))
+    measure = bench.LaunchTimer.measure
+    monkeypatch.setattr(bench.LaunchTimer, "measure", lambda self, reps: events.append("measure") or measure(self, reps))
+    shapes, impls = [Shape(16, 4, 1024), Shape(16, 8, 1024)], ["torch.fa3", "jax.pallas_mosaic_gpu"]
+    rows = bench.run_bench(shapes, impls, reps=1, log=lambda line: None, cooldown_s=2.5)
+    assert all("seconds" in r for r in rows) and events == [("sleep", 2.5), "measure"] * 4
+    events.clear()
+    bench.run_bench(shapes, impls, reps=1, log=lambda line: None)
+    assert events == ["measure"] * 4
+
+
+def test_merge_refuses_results_timed_with_different_cooldowns():
+    rows = [{"name": "H16_B1_S1024_q1", "impl": "torch.fa3", "seconds": 1.0}]
+    a = {"grid": "mosaic", "impls": ["torch.fa3"], "rows": rows, "complete": True, "unavailable": {}}
+    assert len(bench.merge([a, {**a, "cooldown_s": None}])["rows"]) == 2  # 0 s is written as no key
+    with pytest.raises(ValueError, match="cooldown_s: None vs 3.0"):
+        bench.merge([a, {**a, "cooldown_s": 3.0}])
+
+
+def test_sweep_rounds_idle_before_each_timing_and_drop_a_failing_variant(monkeypatch):
+    from parity import sweep
+
+    events = []
+
+    class Timer:
+        def __init__(self, name, fail=False):
+            self.name, self.fail = name, fail
+
+        def measure(self, reps):
+            events.append(self.name)
+            if self.fail:
+                raise RuntimeError("lost")
+            return 1e-5, float("nan")
+
+    monkeypatch.setattr(sweep.time, "sleep", lambda s: events.append(s))
+    fa3, ok, bad = ({"round_seconds": []} for _ in range(3))
+    sweep.time_rounds([(fa3, Timer("fa3")), (ok, Timer("ok")), (bad, Timer("bad", fail=True))], 2, 3, 1.5)
+    assert events == [1.5, "fa3", 1.5, "ok", 1.5, "bad", 1.5, "fa3", 1.5, "ok"]
+    assert fa3["round_seconds"] == ok["round_seconds"] == [1e-5, 1e-5]
+    assert bad == {"error": "RuntimeError: lost"}
+
+
 def test_sweep_set_takes_field_int_pairs():
     from parity.sweep import parse_overrides
 
