@@ -1,36 +1,30 @@
-"""Session 13 (CPU): issue #5's 61-shape grid on today's defaults, composed from committed runs, each row with FA3
-timed beside it in its own run: the 25 H = 16 rows of session 13 (q_len 1, q_len 2 at S <= 4096), the 5 q_len 2
-S = 16384 rows of session 12 (no --trace: no span), and session 7's other 31 rows (H = 128; that kernel path is
-unchanged since). Prints the geomeans and writes parity/results/h200-bench-mosaic-grid-composite-2026-12-02.json.
+"""Session 13 (CPU): issue #5's 61-shape grid on today's defaults, composed from committed runs, each shape's FA3 and
+Mosaic rows taken together from one run: the 25 H = 16 rows of session 13 (q_len 1, q_len 2 at S <= 4096), the 5
+q_len 2 S = 16384 rows of session 12 (no --trace: no span), and session 7's other 31 (H = 128; that kernel path is
+unchanged since). Writes a bench-format JSON (grid "mosaic", its summary recomputed by parity.bench.summary, each row
+with its `source`): parity/results/h200-bench-mosaic-grid-composite-2026-12-02.json.
   python parity/sessions/2026-12-02-s13-composite.py"""
 import json
-import math
 import pathlib
+
+from parity import bench
 
 R = pathlib.Path(__file__).resolve().parents[1] / "results"
 SOURCES = ["h200-bench-mosaic-grid-v8-trace-2026-12-01.json", "h200-bench-h16-q2-s16384-tpv-2026-12-02.json",
-           "h200-bench-mosaic-grid-h16-s13-2026-12-02.json"]  # later files replace earlier rows
-KEY = "speedup_vs_torch.fa3"
+           "h200-bench-mosaic-grid-h16-s13-2026-12-02.json"]  # a later file's shapes replace an earlier one's
+IMPLS = ["torch.fa3", "jax.pallas_mosaic_gpu"]
 
-
-def geomean(xs):
-    return math.exp(sum(map(math.log, xs)) / len(xs))
-
-
-rows = {}
+by_shape = {}
 for src in SOURCES:
-    for r in json.loads((R / src).read_text())["rows"]:
-        if r["impl"] == "jax.pallas_mosaic_gpu":
-            rows[r["name"]] = dict(r, source=src)
-host = [r[KEY] for r in rows.values()]
-span = [r["span_" + KEY] for r in rows.values() if "span_" + KEY in r]
-h128 = [r[KEY] for n, r in rows.items() if n.startswith("H128_")]
-h16 = [r[KEY] for n, r in rows.items() if n.startswith("H16_")]
-summary = {"shapes": len(host), "geomean_speedup": geomean(host), "span_shapes": len(span),
-           "span_geomean_speedup": geomean(span), "h16_geomean": geomean(h16), "h128_geomean": geomean(h128),
-           "min": min(host), "max": max(host)}
-print(json.dumps(summary, indent=1))
-out = {"what": __doc__.split("\n  python")[0], "sources": SOURCES, "summary": summary,
-       "rows": [{k: r.get(k) for k in ("name", "source", "seconds", "TBps", "TFLOPps", KEY, "span_" + KEY)}
-                for r in rows.values()]}
+    data = json.loads((R / src).read_text())
+    assert data["impls"] == IMPLS, (src, data["impls"])
+    for name in {r["name"] for r in data["rows"]}:
+        by_shape[name] = [dict(r, source=src) for r in data["rows"] if r["name"] == name]
+order = {s.name: k for k, s in enumerate(bench.GRIDS["mosaic"])}
+assert set(by_shape) == set(order), sorted(set(order) ^ set(by_shape))
+rows = [r for name in sorted(by_shape, key=order.get) for r in by_shape[name]]
+text, summary = bench.summary(rows, IMPLS)
+print(text)
+out = {"grid": "mosaic", "composite_of": SOURCES, "what": __doc__.split("\n  python")[0], "impls": IMPLS,
+       "device": "NVIDIA H200", "complete": True, "summary": summary, "rows": rows}
 (R / "h200-bench-mosaic-grid-composite-2026-12-02.json").write_text(json.dumps(out, indent=1) + "\n")
