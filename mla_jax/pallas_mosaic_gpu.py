@@ -8,7 +8,11 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
   * H + head); for `H >= 64`, one token's heads fill `H // 64` tiles. Grid = (head
   tile, split, request x query tile of the request): CTA (hb, split, g) takes request
   g // q_tiles and its tokens [lt * tpt, (lt + 1) * tpt) for lt = g % q_tiles
-  (q_tiles = ceil(max_query_len / tpt)); a CTA with no tokens returns. The kernel
+  (q_tiles = ceil(max_query_len / tpt)); a CTA with no tokens returns. The last grid
+  axis is CUDA's x, the launch order's fastest: requests first, so at H = 128 with more
+  CTAs than SMs a request's second head tile runs a wave after its first
+  (`MosaicConfig(heads_fastest=True)`, opt-in, not yet timed: head tiles first, FA3's
+  order, a request's tiles in one wave reading each KV step near together). The kernel
   reads the request's (q_start, q_len, seq_len) and block table from one small
   int32 schedule array (one XLA fusion per call), TMA-loads its q rows straight from
   q [T, H, 576], and writes out [T, H, 512] / lse [T, H] straight from SMEM per
@@ -138,6 +142,7 @@ INFO_WORDS = 32  # per-tile int32 metadata row (TMA copies must be multiples of 
 SMEM_LIMIT_BYTES = 227 * 1024  # Hopper opt-in shared memory per CTA
 SMEM_ALIGNMENT = 1024  # Mosaic GPU aligns each scratch allocation to 1 KiB
 NUM_SMS_H200 = 132
+MAX_GRID_YZ = 65535  # CUDA grid: y and z at most 65535 blocks (x: 2^31 - 1)
 MASK_VALUE = -1e30  # finite: a fully masked row stays NaN-free
 REDUCTION_SCRATCH_BYTES = 1024  # transposed scores: the column max / sum across the 4 warps of warpgroup 0
 LOG2E = math.log2(math.e)
@@ -335,6 +340,14 @@ class MosaicConfig:
         1 (594.3 -> 567.5 us, 4.26 TB/s), 1.03x at B32 S16384, 1.04x at B8 S4096; q_len 2 1.08x (673.4 -> 620.8 us),
         1.13x at B64 S16384, 1.10x at B64 S4096; fp8 (with the overlap) 1.13x and 1.14x at q_len 1 (B128, B32
         S16384), 1.13x and 1.10x at q_len 2 (B128 S16384, B64 S4096).
+    heads_fastest: (opt-in, not yet timed) the grid's fastest axis (CUDA's x, the launch order) is the head tile
+        instead of the request: the head tiles of a request (2 at H = 128, q_len 1; 4 at q_len 2) launch one after
+        another, so they run in the same wave and read each KV step at about the same time, the second read an L2
+        hit (FA3's order: its m-blocks are the fastest axis). With requests first (the default), at H = 128 and
+        more CTAs than SMs a request's second head tile runs a wave after its first and reads the KV from HBM
+        again; session 13 read the large H = 128 rows of issue #5's grid as (head tiles x KV bytes) / time = 3.8-4.2
+        TB/s, the copy ceiling, where FA3's same figure is 4.3-4.8. No effect on the results (bitwise). The
+        requests x query tiles then go on CUDA's z axis: at most 65535.
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -359,6 +372,7 @@ class MosaicConfig:
     overlap_dequant: bool = True
     overlap_wait: bool = True
     transposed_pv: bool = False
+    heads_fastest: bool = False
     pdl: bool = False
 
     def __post_init__(self):
@@ -367,7 +381,7 @@ class MosaicConfig:
             if isinstance(x, bool) or not isinstance(x, int):
                 raise ValueError(f"{name} must be an int, got {name}={x!r}")
         for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
-                     "overlap_wait", "transposed_pv"):
+                     "overlap_wait", "transposed_pv", "heads_fastest"):
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
@@ -546,10 +560,12 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   memory_wg: bool, schedule: str, score_rows: int = 0, pdl: bool = False, fp8: bool = False,
                   p_in_kv: bool = False, dequant_layout: str = "wgmma", fused_dequant: bool = False,
                   fused_group: int = 1, fp8_convert: str = "cvt", overlap_dequant: bool = False,
-                  overlap_wait: bool = False, transposed_pv: bool = False, out_dtype=None, interpret: bool = False):
+                  overlap_wait: bool = False, transposed_pv: bool = False, heads_fastest: bool = False,
+                  out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
-    Grid (head tile, split, request x query tile): CTA (hb, split, g) takes request g // q_tiles,
+    Grid (head tile, split, request x query tile), the last axis the fastest (heads_fastest: reversed, the head
+    tile the fastest): CTA (hb, split, g) takes request g // q_tiles,
     its query tokens [lt * tpt, lt * tpt + tpt) for lt = g % q_tiles (none: the CTA returns), heads
     [hb * 64, hb * 64 + 64) (or all `heads` x tpt tokens when heads < 64), and its split of the KV.
     score_rows > 0 (a multiple of hp below 64; "flashmla" only): the tile's rows in use, whose scores
@@ -1558,8 +1574,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         body,
         out_type=out_type,
         scratch_types=scratch,
-        grid=(num_h_tiles, num_splits, num_ctas_tiles),
-        grid_names=("h", "split", "tile"),
+        # (the body finds its CTA by axis name; the last axis is CUDA's x, the launch order's fastest)
+        grid=(num_ctas_tiles, num_splits, num_h_tiles) if heads_fastest else (num_h_tiles, num_splits, num_ctas_tiles),
+        grid_names=("tile", "split", "h") if heads_fastest else ("h", "split", "tile"),
         num_threads=NUM_COMPUTE_WGS + int(memory_wg or three),
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True,
@@ -1619,6 +1636,9 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     num_splits = tuning.num_splits
     if metadata.max_num_splits > 0:
         num_splits = min(num_splits, metadata.max_num_splits)
+    if tuning.heads_fastest and num_reqs * q_tiles > MAX_GRID_YZ:
+        raise NotImplementedError(f"heads_fastest=True puts the requests x query tiles on CUDA's z axis (at most "
+                                  f"{MAX_GRID_YZ}), got {num_reqs} x {q_tiles} = {num_reqs * q_tiles}")
 
     # transposed scores: the tile's rows in use (hp heads x the tokens a tile can hold), when fewer than 64
     score_rows = hp * min(tpt, max(1, metadata.max_query_len)) if tuning.transposed_scores else BLOCK_H
@@ -1635,7 +1655,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         fused_group=tuning.fused_group, fp8_convert=tuning.fp8_convert, interpret=interpret,
         overlap_dequant=fp8 and tuning.overlap_dequant and 0 < score_rows <= OVERLAP_MAX_ROWS,
         overlap_wait=tuning.overlap_wait,
-        transposed_pv=tuning.transposed_pv and score_rows in TRANSPOSED_PV_ROWS,
+        transposed_pv=tuning.transposed_pv and score_rows in TRANSPOSED_PV_ROWS, heads_fastest=tuning.heads_fastest,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     if num_splits > 1:

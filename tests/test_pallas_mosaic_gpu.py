@@ -151,6 +151,23 @@ NAN_HEAD_CASES = [(Scenario("nan_head_q1", seq_lens=(40, 130), query_lens=(1, 1)
                  (Scenario("nan_head_q2", seq_lens=(40, 130), query_lens=(2, 1), page_size=16), True)]
 
 
+# H = 128 with q_len 2 beside q_len 1: 2 head tiles x 2 query tiles a request, and splits between them
+HEADS_FASTEST = Scenario("heads_fastest_h128", seq_lens=(33, 97, 520), query_lens=(1, 2, 1), num_heads=128,
+                         page_size=64)
+
+
+def _check_heads_fastest_is_the_default_order_bitwise(interpret):
+    """heads_fastest reorders the grid only (a request's head tiles launched together): every CTA computes what it
+    did, so out and lse are bitwise those of the default order."""
+    batch, ref_out, ref_lse = batch_and_reference(HEADS_FASTEST, "bfloat16")
+    runs = [_run(batch, "bfloat16", MosaicConfig(num_splits=2, heads_fastest=h), interpret=interpret)
+            for h in (False, True)]
+    (o1, l1), (o2, l2) = [(np.asarray(o.astype(jnp.float32)), np.asarray(l)) for o, l in runs]
+    assert np.array_equal(o1, o2), "out differs between the grid orders"
+    assert np.array_equal(l1, l2), "lse differs between the grid orders"
+    assert_matches(*runs[1], ref_out, ref_lse, "bfloat16", "heads_fastest")
+
+
 def _check_nan_in_one_head(scenario, transposed_pv, interpret):
     """Token 0's head 3 gets a NaN in q: its output and lse are NaN, every other head and token stays right."""
     batch, ref_out, ref_lse = batch_and_reference(scenario, "bfloat16")
@@ -179,6 +196,16 @@ class TestInterpret:
         batch, ref_out, ref_lse = batch_and_reference(scenario, dtype)
         out, lse = _run(batch, dtype, tuning, interpret=True)
         assert_matches(out, lse, ref_out, ref_lse, dtype, f"{scenario.name} {tuning}")
+
+    def test_heads_fastest_is_the_default_order_bitwise(self):
+        _check_heads_fastest_is_the_default_order_bitwise(interpret=True)
+
+    def test_heads_fastest_says_when_the_requests_overflow_the_z_axis(self, monkeypatch):
+        monkeypatch.setattr(mgpu_mla, "MAX_GRID_YZ", 2)
+        scenario = Scenario("z_axis", seq_lens=(5, 9, 17), query_lens=(1, 1, 1), page_size=16)
+        batch, _, _ = batch_and_reference(scenario, "bfloat16")
+        with pytest.raises(NotImplementedError, match=r"CUDA's z axis \(at most 2\), got 3 x 1 = 3"):
+            _run(batch, "bfloat16", MosaicConfig(heads_fastest=True), interpret=True)
 
     def test_deterministic_and_split_invariant(self):
         """Same inputs twice: bitwise-identical out and lse. Split counts agree to rounding."""
@@ -266,6 +293,8 @@ class TestGPULowering:
             (16, 16, MosaicConfig(num_splits=2, transposed_scores=True, transposed_pv=True)),
             (16, 64, MosaicConfig(num_splits=1, transposed_scores=True, transposed_pv=True)),
             (8, 8, MosaicConfig(num_splits=2, transposed_scores=True, transposed_pv=True)),
+            (128, 64, MosaicConfig(num_splits=2, heads_fastest=True)),
+            (16, 16, MosaicConfig(num_splits=1, transposed_scores=True, transposed_pv=True, heads_fastest=True)),
         ],
     )
     def test_lowers_for_cuda(self, num_heads, page_size, tuning):
@@ -320,6 +349,7 @@ class TestConfig:
             (dict(fused_dequant=1), "fused_dequant=1"),
             (dict(fused_group=3), "fused_group=3"),
             (dict(fused_group=True), "fused_group=True"),
+            (dict(heads_fastest=1), "heads_fastest=1"),
         ],
     )
     def test_invalid_config(self, kwargs, needle):
@@ -490,6 +520,9 @@ class TestGPU:
                              ids=[f"{c[0].name}-tpv={c[1]}" for c in NAN_HEAD_CASES])
     def test_nan_in_one_head_stays_in_that_head(self, scenario, transposed_pv):
         _check_nan_in_one_head(scenario, transposed_pv, interpret=False)
+
+    def test_heads_fastest_is_the_default_order_bitwise(self):
+        _check_heads_fastest_is_the_default_order_bitwise(interpret=False)
 
     @pytest.mark.parametrize("variant", [dict(schedule="split"), dict(schedule="flashmla"), dict(schedule="three_wg"),
                                          dict(transposed_scores=True), dict(pdl=True), dict(p_in_kv=True),
