@@ -10,7 +10,10 @@
 # 2) parity.sweep --fields heads_fastest=True, 3 rounds, 2 s idle before each timing, FA3 beside, on
 #    H128 B128 S16384 q1 (256 CTAs, 2 waves; 0.859 of FA3 in the grid), B64 S16384 q2 (256 CTAs), B128 S4096 q2
 #    (512 CTAs) and B64 S16384 q1 (128 CTAs, one wave: the control). Prediction: 1.05-1.15x on the three multi-wave
-#    rows (B128 S16384 q1 toward 2x its B64 time, 1262 -> ~1170 us), the control within 2%.
+#    rows (B128 S16384 q1 toward 2x its B64 time, 1262 -> ~1170 us); the control within 2% if only the waves
+#    matter, faster if adjacency does too (blocks i and i + 1 likely share a GPC and its L2 partition, blocks i and
+#    i + 64 may not: at H128 B32 S4096 q2, whose two query tiles per head tile are adjacent, (tiles x KV) / time is
+#    4.50 TB/s, above the ceiling, and its step 2.10 us against 2.29 at B64 S16384 q1).
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT/logs"; L="$OUT/logs"
 bash .fa3/unpack.sh /tmp/fa3 >/dev/null && export PYTHONPATH=/tmp/fa3:$PWD
