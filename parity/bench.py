@@ -613,8 +613,11 @@ def run_bench(shapes, impls, reps=7, check=False, log=print, checkpoint=None, pr
                 timer, (out, lse) = calibrate(RUNNERS[name], inp, slope=slope, launch_seconds=launch_seconds)
                 if cooldown_s:  # the timed launches start from an idle GPU, not from the last impl's heat
                     time.sleep(cooldown_s)
+                timed_from = time.time()
                 sec, sec_slope = timer.measure(reps)
-                row.update(seconds=sec, n_calls=timer.n, TBps=nbytes / sec / 1e12, TFLOPps=shape.flops() / sec / 1e12)
+                # (wall-clock bounds of the timed launches: to line a row up with a GPU clock log, e.g. nvidia-smi's)
+                row.update(seconds=sec, n_calls=timer.n, TBps=nbytes / sec / 1e12, TFLOPps=shape.flops() / sec / 1e12,
+                           timed_from=timed_from, timed_to=time.time())
                 if slope:
                     row["seconds_slope"] = sec_slope
                 if trace:

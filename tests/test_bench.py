@@ -382,6 +382,8 @@ def test_cooldown_idles_before_each_rows_timed_launches(monkeypatch):
     shapes, impls = [Shape(16, 4, 1024), Shape(16, 8, 1024)], ["torch.fa3", "jax.pallas_mosaic_gpu"]
     rows = bench.run_bench(shapes, impls, reps=1, log=lambda line: None, cooldown_s=2.5)
     assert all("seconds" in r for r in rows) and events == [("sleep", 2.5), "measure"] * 4
+    assert all(r["timed_from"] <= r["timed_to"] for r in rows)  # wall-clock bounds, to line up with a clock log
+    assert [r["timed_from"] for r in rows] == sorted(r["timed_from"] for r in rows)
     events.clear()
     bench.run_bench(shapes, impls, reps=1, log=lambda line: None)
     assert events == ["measure"] * 4

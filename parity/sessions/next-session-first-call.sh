@@ -18,11 +18,20 @@ set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT/logs"; L="$OUT/logs"
 bash .fa3/unpack.sh /tmp/fa3 >/dev/null && export PYTHONPATH=/tmp/fa3:$PWD
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+# the GPU's clocks, power and throttle reasons every 100 ms (session 13's heat reading, unchecked then); the bench
+# rows' timed_from / timed_to (unix seconds) line up with its timestamps
+SMI_PID=""
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+    --format=csv -lms 100 > "$OUT/clocks.csv" 2>&1 &
+  SMI_PID=$!
+fi
 timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs tests/test_pallas_mosaic_gpu.py -k heads_fastest \
   > "$L/pytest.log" 2>&1; echo "pytest rc=$?" >> "$L/pytest.log"
 timeout 420 python3 -m parity.sweep --impl pallas_mosaic_gpu --fields heads_fastest=True --rounds 3 --reps 3 \
   --cooldown 2 --shapes H128_B128_S16384_q1,H128_B64_S16384_q2,H128_B128_S4096_q2,H128_B64_S16384_q1 \
   --json "$OUT/sweep-heads-fastest.json" > "$L/sweep-heads-fastest.log" 2>&1; echo "rc=$?" >> "$L/sweep-heads-fastest.log"
+[ -n "$SMI_PID" ] && kill "$SMI_PID" 2>/dev/null
 tar czf "$OUT/logs.tgz" -C "$OUT" logs
 grep -E "passed|failed|^FAILED|^ERROR|rc=" "$L/pytest.log" | tail -5
 cut -c1-150 "$L/sweep-heads-fastest.log" | grep -v "^  \|Warn" | tail -16

@@ -14,12 +14,21 @@ set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT/logs"; L="$OUT/logs"
 bash .fa3/unpack.sh /tmp/fa3 >/dev/null && export PYTHONPATH=/tmp/fa3:$PWD
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+# the GPU's clocks, power and throttle reasons every 100 ms (session 13's heat reading, unchecked then); the bench
+# rows' timed_from / timed_to (unix seconds) line up with its timestamps
+SMI_PID=""
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+    --format=csv -lms 100 > "$OUT/clocks.csv" 2>&1 &
+  SMI_PID=$!
+fi
 I=torch.fa3,jax.pallas_mosaic_gpu,jax.pallas_mosaic_gpu.fp8
 timeout 260 python3 -m parity bench --grid fp8 --check --reps 3 --no-ceilings --cooldown 3 --impls $I \
   --json "$OUT/bench-fp8-cooldown.json" > "$L/bench-fp8-cooldown.log" 2>&1; echo "rc=$?" >> "$L/bench-fp8-cooldown.log"
 timeout 200 python3 -m parity bench --grid fp8 --shapes H16_B128_S16384_q1,H16_B32_S16384_q1,H128_B64_S16384_q1 --reps 3 \
   --no-ceilings --cooldown 3 --launch-ms 1000 --impls $I --json "$OUT/bench-fp8-sustained.json" \
   > "$L/bench-fp8-sustained.log" 2>&1; echo "rc=$?" >> "$L/bench-fp8-sustained.log"
+[ -n "$SMI_PID" ] && kill "$SMI_PID" 2>/dev/null
 tar czf "$OUT/logs.tgz" -C "$OUT" logs
 for f in bench-fp8-cooldown bench-fp8-sustained; do echo "== $f"; cut -c1-150 "$L/$f.log" | grep -v "^  \|Warn" | tail -22; done
 rm -rf "$L"
