@@ -342,8 +342,8 @@ class MosaicConfig:
         S16384), 1.13x and 1.10x at q_len 2 (B128 S16384, B64 S4096).
     heads_fastest: (opt-in, not yet timed) the grid's fastest axis (CUDA's x, the launch order) is the head tile
         instead of the request: the head tiles of a request (2 at H = 128, q_len 1; 4 at q_len 2) launch one after
-        another, so they run in the same wave and read each KV step at about the same time, the second read an L2
-        hit (FA3's order: its m-blocks are the fastest axis). With requests first (the default), at H = 128 and
+        another, so they run in the same wave and read each KV step at about the same time, where the second read
+        can hit L2 (FA3's order: its m-blocks are the fastest axis). With requests first (the default), at H = 128 and
         more CTAs than SMs a request's second head tile runs a wave after its first and reads the KV from HBM
         again; session 13 read the large H = 128 rows of issue #5's grid as (head tiles x KV bytes) / time = 3.8-4.2
         TB/s, the copy ceiling, where FA3's same figure is 4.3-4.8. No effect on the results (bitwise). The
