@@ -9,7 +9,8 @@
 # 1) the compiled heads_fastest tests. Prediction: pass.
 # 2) parity.sweep --fields heads_fastest=True, 3 rounds, 2 s idle before each timing, FA3 beside, on
 #    H128 B128 S16384 q1 (256 CTAs, 2 waves; 0.859 of FA3 in the grid), B64 S16384 q2 (256 CTAs), B128 S4096 q2
-#    (512 CTAs) and B64 S16384 q1 (128 CTAs, one wave: the control). Prediction: 1.05-1.15x on the three multi-wave
+#    (512 CTAs), B64 S16384 q1 (128 CTAs, one wave: the control) and, last (cut first if time runs out), B8 S16384 q1
+#    (split-KV: a head tile 64 blocks from its pair, one wave). Prediction: 1.05-1.15x on the three multi-wave
 #    rows (B128 S16384 q1 toward 2x its B64 time, 1262 -> ~1170 us); the control within 2% if only the waves
 #    matter, faster if adjacency does too (blocks i and i + 1 likely share a GPC and its L2 partition, blocks i and
 #    i + 64 may not: at H128 B32 S4096 q2, whose two query tiles per head tile are adjacent, (tiles x KV) / time is
@@ -29,7 +30,7 @@ fi
 timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs tests/test_pallas_mosaic_gpu.py -k heads_fastest \
   > "$L/pytest.log" 2>&1; echo "pytest rc=$?" >> "$L/pytest.log"
 timeout 420 python3 -m parity.sweep --impl pallas_mosaic_gpu --fields heads_fastest=True --rounds 3 --reps 3 \
-  --cooldown 2 --shapes H128_B128_S16384_q1,H128_B64_S16384_q2,H128_B128_S4096_q2,H128_B64_S16384_q1 \
+  --cooldown 2 --shapes H128_B128_S16384_q1,H128_B64_S16384_q2,H128_B128_S4096_q2,H128_B64_S16384_q1,H128_B8_S16384_q1 \
   --json "$OUT/sweep-heads-fastest.json" > "$L/sweep-heads-fastest.log" 2>&1; echo "rc=$?" >> "$L/sweep-heads-fastest.log"
 [ -n "$SMI_PID" ] && kill "$SMI_PID" 2>/dev/null
 tar czf "$OUT/logs.tgz" -C "$OUT" logs
