@@ -1565,6 +1565,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     if p_in_kv:
         scratch.append(plgpu.Barrier(num_arrivals=1, num_barriers=stages))  # p_ready per slot
     num_ctas_tiles = num_reqs * q_tiles
+    # the body finds its CTA by axis name; the last axis is CUDA's x, the launch order's fastest
+    axes = (("h", num_h_tiles), ("split", num_splits), ("tile", num_ctas_tiles))
+    grid_names, grid = zip(*(axes[::-1] if heads_fastest else axes))
     lead = (num_splits,) if split_out else ()  # split-KV: fp32 partials of each split, per token
     out_type = (
         jax.ShapeDtypeStruct(lead + (num_tokens, heads, KV_LORA_RANK), stage_dtype),
@@ -1574,9 +1577,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         body,
         out_type=out_type,
         scratch_types=scratch,
-        # (the body finds its CTA by axis name; the last axis is CUDA's x, the launch order's fastest)
-        grid=(num_ctas_tiles, num_splits, num_h_tiles) if heads_fastest else (num_h_tiles, num_splits, num_ctas_tiles),
-        grid_names=("tile", "split", "h") if heads_fastest else ("h", "split", "tile"),
+        grid=grid,
+        grid_names=grid_names,
         num_threads=NUM_COMPUTE_WGS + int(memory_wg or three),
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True,
