@@ -348,6 +348,12 @@ class MosaicConfig:
         again; session 13 read the large H = 128 rows of issue #5's grid as (head tiles x KV bytes) / time = 3.8-4.2
         TB/s, the copy ceiling, where FA3's same figure is 4.3-4.8. No effect on the results (bitwise). The
         requests x query tiles then go on CUDA's z axis: at most 65535.
+    kv_multicast: (16-bit cache, an even number of 64-head tiles: H = 128, 256, ...; pages of at least 16 rows) the
+        head tiles of a request run in pairs, each pair one cluster of two CTAs that read every KV step once: each
+        CTA's TMA loads half of the step's rows and multicasts them into both CTAs' shared memory, and a slot is
+        refilled only once the compute warpgroups of both CTAs released it (a cluster barrier). Half the KV reads
+        of H = 128 (the two head tiles of a request read the same KV: session 13 read the large rows at the copy
+        ceiling counting both reads). No effect on the results (bitwise).
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -373,6 +379,7 @@ class MosaicConfig:
     overlap_wait: bool = True
     transposed_pv: bool = False
     heads_fastest: bool = False
+    kv_multicast: bool = False
     pdl: bool = False
 
     def __post_init__(self):
@@ -381,7 +388,7 @@ class MosaicConfig:
             if isinstance(x, bool) or not isinstance(x, int):
                 raise ValueError(f"{name} must be an int, got {name}={x!r}")
         for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
-                     "overlap_wait", "transposed_pv", "heads_fastest"):
+                     "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast"):
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
@@ -517,8 +524,13 @@ def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_re
     rows = hp * min(tpt, max(1, q_len))
     pv_rows = TRANSPOSED_PV_ROWS[:1] if config.is_fp8_kv_cache else TRANSPOSED_PV_ROWS
     transposed_pv = rows in pv_rows
+    # A request's head tiles launched together wherever there are several (H > 64) and the requests x query tiles
+    # fit CUDA's z axis (at most the tokens per tile each): on the H200 (parity.sweep, 3 rounds, 2 s idle before
+    # each timing, session 14) 1.06-1.11x faster at H = 128 on five shapes, one wave, two and split-KV alike.
+    heads_fastest = heads // hp > 1 and num_reqs * (tpt if max_query_len is None else -(-max(1, max_query_len) // tpt)) <= MAX_GRID_YZ
     return MosaicConfig(block_kv=block_kv, num_splits=num_splits, max_concurrent_steps=2,
-                        transposed_scores=rows <= TRANSPOSED_MAX_ROWS or transposed_pv, transposed_pv=transposed_pv)
+                        transposed_scores=rows <= TRANSPOSED_MAX_ROWS or transposed_pv, transposed_pv=transposed_pv,
+                        heads_fastest=heads_fastest)
 
 
 def supported_page_size(page_size: int, block_kv: int = 64) -> bool:
@@ -561,7 +573,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   p_in_kv: bool = False, dequant_layout: str = "wgmma", fused_dequant: bool = False,
                   fused_group: int = 1, fp8_convert: str = "cvt", overlap_dequant: bool = False,
                   overlap_wait: bool = False, transposed_pv: bool = False, heads_fastest: bool = False,
-                  out_dtype=None, interpret: bool = False):
+                  kv_multicast: bool = False, out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile), the last axis the fastest (heads_fastest: reversed, the head
@@ -615,6 +627,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     q_toks = q_rows // hp  # tokens of q loaded per tile
     # FlashMLA: warpgroup 1 has the lighter step; three_wg: a P @ V warpgroup
     producer_wg = 1 if flashmla or seesaw else 2 if three else 0
+    if kv_multicast and (fp8 or num_h_tiles % 2 or page_size < 16):
+        raise ValueError(f"kv_multicast needs a 16-bit cache, an even number of head tiles and pages of at least 16 "
+                         f"rows, got {fp8=}, {num_h_tiles=}, {page_size=}")
+    kv_axes = "hc" if kv_multicast else None  # the KV TMAs: each CTA of the pair loads half, multicast to both
 
     def body(q_ref, kv_ref, sched_ref, out_ref, lse_ref,
              q_kv_or_stage, p_smem, x_smem, i_smem,
@@ -642,7 +658,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         if pdl and not interpret:  # (the interpreter runs kernels in order: nothing to wait for)
             plgpu.griddepcontrol_wait()  # the kernels before this one are done: their writes are visible
             plgpu.griddepcontrol_launch_dependents()
-        hb = lax.axis_index("h")
+        hb = lax.axis_index("h") * 2 + lax.axis_index("hc") if kv_multicast else lax.axis_index("h")
         split = lax.axis_index("split")
         g = lax.axis_index("tile")
         wg = lax.axis_index("wg")
@@ -850,15 +866,14 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 else:
                     off = lax.rem(k, jnp.int32(steps_per_page)) * block_kv
                     src = kv_ref.at[page, pl.ds(off, block_kv)]
-                plgpu.copy_gmem_to_smem(src, kv_smem.at[slot], kv_ready.at[slot])
+                plgpu.copy_gmem_to_smem(src, kv_smem.at[slot], kv_ready.at[slot], collective_axes=kv_axes)
             else:
                 for j in range(pages_per_step):
                     # Pages past the request's last one are never dereferenced (their
                     # rows are past kv_len): the last page stands in for them.
                     page = bt_smem[jnp.minimum(lp0 + j, last_page) - base]
-                    plgpu.copy_gmem_to_smem(
-                        kv_ref.at[page], kv_smem.at[slot, pl.ds(j * page_size, page_size)], kv_ready.at[slot]
-                    )
+                    plgpu.copy_gmem_to_smem(kv_ref.at[page], kv_smem.at[slot, pl.ds(j * page_size, page_size)],
+                                            kv_ready.at[slot], collective_axes=kv_axes)
 
         def drain(n):
             """Observe the last releases of every slot, so that each barrier phase is awaited
@@ -1554,7 +1569,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         plgpu.Barrier(),  # info_bar
         plgpu.Barrier(),  # bt_bar
         plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=stages),  # kv_ready
-        plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS, num_barriers=stages),  # kv_consumed
+        # kv_consumed (kv_multicast: the slot is free in both CTAs of the pair, whose TMAs write it in both)
+        plgpu.ClusterBarrier(collective_axes=("hc",), num_arrivals=NUM_COMPUTE_WGS, num_barriers=stages)
+        if kv_multicast else plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS, num_barriers=stages),
         # sync_a (FlashMLA, three_wg: p_ready; seesaw: the first step's P and row max ready)
         plgpu.Barrier(num_arrivals=1 if flashmla or three or seesaw else NUM_COMPUTE_WGS),
         # sync_b (FlashMLA, three_wg: p_free; seesaw: the second step's P and row max ready)
@@ -1566,7 +1583,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         scratch.append(plgpu.Barrier(num_arrivals=1, num_barriers=stages))  # p_ready per slot
     num_ctas_tiles = num_reqs * q_tiles
     # the body finds its CTA by axis name; the last axis is CUDA's x, the launch order's fastest
-    axes = (("h", num_h_tiles), ("split", num_splits), ("tile", num_ctas_tiles))
+    # kv_multicast: the head tiles in pairs, a pair one cluster of 2 CTAs (its axis "hc", CUDA's x: the pair's CTAs
+    # are adjacent in the launch order whatever the grid's)
+    axes = (("h", num_h_tiles // 2 if kv_multicast else num_h_tiles), ("split", num_splits), ("tile", num_ctas_tiles))
     grid_names, grid = zip(*(axes[::-1] if heads_fastest else axes))
     lead = (num_splits,) if split_out else ()  # split-KV: fp32 partials of each split, per token
     out_type = (
@@ -1579,6 +1598,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         scratch_types=scratch,
         grid=grid,
         grid_names=grid_names,
+        cluster=(2,) if kv_multicast else (),
+        cluster_names=("hc",) if kv_multicast else (),
         num_threads=NUM_COMPUTE_WGS + int(memory_wg or three),
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True,
@@ -1638,6 +1659,11 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     num_splits = tuning.num_splits
     if metadata.max_num_splits > 0:
         num_splits = min(num_splits, metadata.max_num_splits)
+    if tuning.kv_multicast and (fp8 or num_h_tiles % 2 or page_size < 16):
+        raise NotImplementedError(f"kv_multicast=True needs a 16-bit cache, an even number of {BLOCK_H}-head tiles and "
+                                  f"pages of at least 16 rows (a TMA of half a page), got "
+                                  f"kv_cache_dtype={config.kv_cache_dtype!r}, num_heads={num_heads} ({num_h_tiles} "
+                                  f"tiles), page_size={page_size}")
     if tuning.heads_fastest and num_reqs * q_tiles > MAX_GRID_YZ:
         raise NotImplementedError(f"heads_fastest=True puts the requests x query tiles on CUDA's z axis (at most "
                                   f"{MAX_GRID_YZ}), got {num_reqs} x {q_tiles} = {num_reqs * q_tiles}")
@@ -1658,6 +1684,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         overlap_dequant=fp8 and tuning.overlap_dequant and 0 < score_rows <= OVERLAP_MAX_ROWS,
         overlap_wait=tuning.overlap_wait,
         transposed_pv=tuning.transposed_pv and score_rows in TRANSPOSED_PV_ROWS, heads_fastest=tuning.heads_fastest,
+        kv_multicast=tuning.kv_multicast,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     if num_splits > 1:

@@ -9,6 +9,7 @@ any leak shows up as a NaN-position mismatch in the comparator.
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import jax
@@ -156,16 +157,21 @@ HEADS_FASTEST = Scenario("heads_fastest_h128", seq_lens=(33, 97, 520), query_len
                          page_size=64)
 
 
-def _check_heads_fastest_is_the_default_order_bitwise(interpret):
-    """heads_fastest reorders the grid only (a request's head tiles launched together): every CTA computes what it
-    did, so out and lse are bitwise those of the default order."""
-    batch, ref_out, ref_lse = batch_and_reference(HEADS_FASTEST, "bfloat16")
-    runs = [_run(batch, "bfloat16", MosaicConfig(num_splits=2, heads_fastest=h), interpret=interpret)
-            for h in (False, True)]
+# the grid variants: heads_fastest reorders the grid only (a request's head tiles launched together), kv_multicast
+# runs a request's head tiles in pairs as clusters that load each KV step once (each CTA half, multicast to both)
+GRID_VARIANTS = [dict(heads_fastest=True), dict(kv_multicast=True), dict(kv_multicast=True, heads_fastest=True)]
+GRID_VARIANT_IDS = ["heads_fastest", "kv_multicast", "kv_multicast-heads_fastest"]
+
+
+def _check_grid_variant_is_the_default_bitwise(variant, interpret, page_size=64):
+    """Every CTA computes what it did in the default grid, from the same KV: out and lse are bitwise the default's
+    (with splits, and q_len 2 beside q_len 1)."""
+    batch, ref_out, ref_lse = batch_and_reference(dataclasses.replace(HEADS_FASTEST, page_size=page_size), "bfloat16")
+    runs = [_run(batch, "bfloat16", MosaicConfig(num_splits=2, **v), interpret=interpret) for v in ({}, variant)]
     (o1, l1), (o2, l2) = [(np.asarray(o.astype(jnp.float32)), np.asarray(l)) for o, l in runs]
-    assert np.array_equal(o1, o2), "out differs between the grid orders"
-    assert np.array_equal(l1, l2), "lse differs between the grid orders"
-    assert_matches(*runs[1], ref_out, ref_lse, "bfloat16", "heads_fastest")
+    assert np.array_equal(o1, o2), f"out differs from the default grid's with {variant}"
+    assert np.array_equal(l1, l2), f"lse differs from the default grid's with {variant}"
+    assert_matches(*runs[1], ref_out, ref_lse, "bfloat16", str(variant))
 
 
 def _check_nan_in_one_head(scenario, transposed_pv, interpret):
@@ -197,8 +203,28 @@ class TestInterpret:
         out, lse = _run(batch, dtype, tuning, interpret=True)
         assert_matches(out, lse, ref_out, ref_lse, dtype, f"{scenario.name} {tuning}")
 
-    def test_heads_fastest_is_the_default_order_bitwise(self):
-        _check_heads_fastest_is_the_default_order_bitwise(interpret=True)
+    @pytest.mark.parametrize("variant", GRID_VARIANTS, ids=GRID_VARIANT_IDS)
+    def test_grid_variant_is_the_default_bitwise(self, variant):
+        _check_grid_variant_is_the_default_bitwise(variant, interpret=True)
+
+    @pytest.mark.parametrize(
+        "scenario,kv_cache_dtype,needle",
+        [(Scenario("mc_h16", seq_lens=(5, 9), query_lens=(1, 1), page_size=16), "auto",
+          r"num_heads=16 \(1 tiles\)"),
+         (Scenario("mc_h192", seq_lens=(5, 9), query_lens=(1, 1), page_size=16, num_heads=192), "auto",
+          r"num_heads=192 \(3 tiles\)"),
+         (Scenario("mc_p8", seq_lens=(5, 9), query_lens=(1, 1), page_size=8, num_heads=128), "auto", "page_size=8"),
+         (Scenario("mc_fp8", seq_lens=(5, 9), query_lens=(1, 1), page_size=16, num_heads=128), "fp8_e4m3",
+          "kv_cache_dtype='fp8_e4m3'")],
+        ids=["h16", "h192", "page8", "fp8"])
+    def test_kv_multicast_says_what_it_cannot_run(self, scenario, kv_cache_dtype, needle):
+        batch, _, _ = batch_and_reference(scenario, "bfloat16")
+        q_nope, q_pe, kv, md = device_inputs(batch, "bfloat16")
+        config = batch.config.replace(kv_cache_dtype=kv_cache_dtype)
+        if kv_cache_dtype != "auto":
+            kv = kv.astype(jnp.float8_e4m3fn)
+        with pytest.raises(NotImplementedError, match=r"kv_multicast=True needs .*" + needle):
+            mgpu_mla.mla_decode(q_nope, q_pe, kv, md, config, tuning=MosaicConfig(kv_multicast=True), interpret=True)
 
     def test_heads_fastest_says_when_the_requests_overflow_the_z_axis(self, monkeypatch):
         monkeypatch.setattr(mgpu_mla, "MAX_GRID_YZ", 2)
@@ -295,6 +321,9 @@ class TestGPULowering:
             (8, 8, MosaicConfig(num_splits=2, transposed_scores=True, transposed_pv=True)),
             (128, 64, MosaicConfig(num_splits=2, heads_fastest=True)),
             (16, 16, MosaicConfig(num_splits=1, transposed_scores=True, transposed_pv=True, heads_fastest=True)),
+            (128, 64, MosaicConfig(num_splits=1, kv_multicast=True)),
+            (128, 16, MosaicConfig(num_splits=2, kv_multicast=True, heads_fastest=True)),
+            (256, 128, MosaicConfig(num_splits=1, kv_multicast=True, p_in_kv=True)),
         ],
     )
     def test_lowers_for_cuda(self, num_heads, page_size, tuning):
@@ -350,6 +379,7 @@ class TestConfig:
             (dict(fused_group=3), "fused_group=3"),
             (dict(fused_group=True), "fused_group=True"),
             (dict(heads_fastest=1), "heads_fastest=1"),
+            (dict(kv_multicast="yes"), "kv_multicast='yes'"),
         ],
     )
     def test_invalid_config(self, kwargs, needle):
@@ -407,6 +437,16 @@ class TestConfig:
         h32 = heuristic_config(MLAConfig(num_heads=32), num_tokens=4, max_blocks=4)
         assert h32.transposed_scores and h32.transposed_pv
         assert not heuristic_config(MLAConfig(num_heads=64), num_tokens=4, max_blocks=4).transposed_scores
+        # a request's head tiles launched together wherever there are several, and the requests x query tiles fit
+        # CUDA's z axis
+        assert h128.heads_fastest and not big.heads_fastest and not h32.heads_fastest
+        h128_cfg = MLAConfig(num_heads=128)
+        z = mgpu_mla.MAX_GRID_YZ
+        assert heuristic_config(h128_cfg, num_tokens=z, max_blocks=4, num_reqs=z, max_query_len=1).heads_fastest
+        assert not heuristic_config(h128_cfg, num_tokens=z + 1, max_blocks=4, num_reqs=z + 1,
+                                    max_query_len=1).heads_fastest
+        assert not heuristic_config(h128_cfg, num_tokens=z, max_blocks=4, num_reqs=z // 2 + 1,
+                                    max_query_len=2).heads_fastest
 
     def test_metadata_caps_splits(self):
         scenario = Scenario("cap", seq_lens=(150,), query_lens=(1,), page_size=16)
@@ -521,8 +561,10 @@ class TestGPU:
     def test_nan_in_one_head_stays_in_that_head(self, scenario, transposed_pv):
         _check_nan_in_one_head(scenario, transposed_pv, interpret=False)
 
-    def test_heads_fastest_is_the_default_order_bitwise(self):
-        _check_heads_fastest_is_the_default_order_bitwise(interpret=False)
+    @pytest.mark.parametrize("variant", GRID_VARIANTS, ids=GRID_VARIANT_IDS)
+    @pytest.mark.parametrize("page_size", [16, 64, 128])
+    def test_grid_variant_is_the_default_bitwise(self, variant, page_size):
+        _check_grid_variant_is_the_default_bitwise(variant, interpret=False, page_size=page_size)
 
     @pytest.mark.parametrize("variant", [dict(schedule="split"), dict(schedule="flashmla"), dict(schedule="three_wg"),
                                          dict(transposed_scores=True), dict(pdl=True), dict(p_in_kv=True),
