@@ -340,20 +340,27 @@ class MosaicConfig:
         1 (594.3 -> 567.5 us, 4.26 TB/s), 1.03x at B32 S16384, 1.04x at B8 S4096; q_len 2 1.08x (673.4 -> 620.8 us),
         1.13x at B64 S16384, 1.10x at B64 S4096; fp8 (with the overlap) 1.13x and 1.14x at q_len 1 (B128, B32
         S16384), 1.13x and 1.10x at q_len 2 (B128 S16384, B64 S4096).
-    heads_fastest: (opt-in, not yet timed) the grid's fastest axis (CUDA's x, the launch order) is the head tile
+    heads_fastest: (the heuristic's pick wherever there are several head tiles) the grid's fastest axis (CUDA's x, the launch order) is the head tile
         instead of the request: the head tiles of a request (2 at H = 128, q_len 1; 4 at q_len 2) launch one after
         another, so they run in the same wave and read each KV step at about the same time, where the second read
         can hit L2 (FA3's order: its m-blocks are the fastest axis). With requests first (the default), at H = 128 and
         more CTAs than SMs a request's second head tile runs a wave after its first and reads the KV from HBM
         again; session 13 read the large H = 128 rows of issue #5's grid as (head tiles x KV bytes) / time = 3.8-4.2
         TB/s, the copy ceiling, where FA3's same figure is 4.3-4.8. No effect on the results (bitwise). The
-        requests x query tiles then go on CUDA's z axis: at most 65535.
+        requests x query tiles then go on CUDA's z axis: at most 65535. On the H200 (parity.sweep, 3 rounds, 2 s idle
+        before each timing, session 14) 1.06-1.11x faster on five H = 128 shapes, the one-wave B64 S16384 q_len 1
+        (600.4 -> 563.0 us) and the split-KV B8 S16384 (83.0 -> 77.7) included: adjacent CTAs share more than the
+        wave; over issue #5's 31 H = 128 rows 1.058x faster than session 7's run (0.96-1.17x).
     kv_multicast: (16-bit cache, an even number of 64-head tiles: H = 128, 256, ...; pages of at least 16 rows) the
         head tiles of a request run in pairs, each pair one cluster of two CTAs that read every KV step once: each
         CTA's TMA loads half of the step's rows and multicasts them into both CTAs' shared memory, and a slot is
         refilled only once the compute warpgroups of both CTAs released it (a cluster barrier). Half the KV reads
         of H = 128 (the two head tiles of a request read the same KV: session 13 read the large rows at the copy
-        ceiling counting both reads). No effect on the results (bitwise).
+        ceiling counting both reads). No effect on the results (bitwise). On the H200 (parity.sweep, 3 rounds, 2 s
+        idle before each timing, session 14), on top of heads_fastest: no faster, 0.98-1.02x on the five shapes where
+        heads_fastest gained 1.06-1.11x (H128 B64 S16384 q_len 1 552.9 -> 542.3 us, B128 S16384 1101.1 -> 1104.1):
+        once a request's head tiles run together the second read already hits L2, and the step is bound by the
+        compute warpgroups, not HBM. Kept as an option (tested compiled: bitwise the default at pages 16, 64, 128).
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
