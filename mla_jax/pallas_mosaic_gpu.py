@@ -11,8 +11,10 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
   (q_tiles = ceil(max_query_len / tpt)); a CTA with no tokens returns. The last grid
   axis is CUDA's x, the launch order's fastest: requests first, so at H = 128 with more
   CTAs than SMs a request's second head tile runs a wave after its first
-  (`MosaicConfig(heads_fastest=True)`, opt-in, not yet timed: head tiles first, FA3's
-  order, a request's tiles in one wave reading each KV step near together). The kernel
+  (`MosaicConfig(heads_fastest=True)`, the heuristic's pick wherever there are several head
+  tiles since session 14: head tiles first, FA3's order, a request's tiles reading each KV
+  step near together; `kv_multicast=True`, opt-in: a request's head tiles in 2-CTA clusters
+  that load each KV step once). The kernel
   reads the request's (q_start, q_len, seq_len) and block table from one small
   int32 schedule array (one XLA fusion per call), TMA-loads its q rows straight from
   q [T, H, 576], and writes out [T, H, 512] / lse [T, H] straight from SMEM per
@@ -503,10 +505,8 @@ def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_re
     without, a bound from the token and request counts."""
     heads, hp, tpt = _tile_geometry(config.num_heads)
     num_reqs = num_tokens if num_reqs is None else num_reqs
-    if max_query_len is None:
-        tiles = _num_tiles_bound(num_tokens, num_reqs, tpt)
-    else:
-        tiles = num_reqs * -(-max(1, max_query_len) // tpt)
+    q_tiles = None if max_query_len is None else -(-max(1, max_query_len) // tpt)  # query tiles a request
+    tiles = _num_tiles_bound(num_tokens, num_reqs, tpt) if q_tiles is None else num_reqs * q_tiles
     ctas = tiles * (heads // hp)
     block_kv = 64
     max_steps = max(1, -(-max_blocks * config.page_size // block_kv))
@@ -532,9 +532,9 @@ def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_re
     pv_rows = TRANSPOSED_PV_ROWS[:1] if config.is_fp8_kv_cache else TRANSPOSED_PV_ROWS
     transposed_pv = rows in pv_rows
     # A request's head tiles launched together wherever there are several (H > 64) and the requests x query tiles
-    # fit CUDA's z axis (at most the tokens per tile each): on the H200 (parity.sweep, 3 rounds, 2 s idle before
+    # fit CUDA's z axis (without max_query_len, tpt query tiles a request at most): on the H200 (parity.sweep, 3 rounds, 2 s idle before
     # each timing, session 14) 1.06-1.11x faster at H = 128 on five shapes, one wave, two and split-KV alike.
-    heads_fastest = heads // hp > 1 and num_reqs * (tpt if max_query_len is None else -(-max(1, max_query_len) // tpt)) <= MAX_GRID_YZ
+    heads_fastest = heads // hp > 1 and num_reqs * (tpt if q_tiles is None else q_tiles) <= MAX_GRID_YZ
     return MosaicConfig(block_kv=block_kv, num_splits=num_splits, max_concurrent_steps=2,
                         transposed_scores=rows <= TRANSPOSED_MAX_ROWS or transposed_pv, transposed_pv=transposed_pv,
                         heads_fastest=heads_fastest)
