@@ -161,6 +161,11 @@ HEADS_FASTEST = Scenario("heads_fastest_h128", seq_lens=(33, 97, 520), query_len
 # runs a request's head tiles in pairs as clusters that load each KV step once (each CTA half, multicast to both)
 GRID_VARIANTS = [dict(heads_fastest=True), dict(kv_multicast=True), dict(kv_multicast=True, heads_fastest=True)]
 GRID_VARIANT_IDS = ["heads_fastest", "kv_multicast", "kv_multicast-heads_fastest"]
+# Interpret mode runs heads_fastest only: Mosaic GPU's interpreter runs kv_multicast's 2-CTA clusters (its TMAs
+# ignore the multicast) but hung in about one run of five on a 2-core machine (session 14: three warpgroup threads
+# waiting on barriers, the fourth blocked inside XLA's executable call outside any callback), which would hang CI.
+# kv_multicast is checked by the compiled tests (TestGPU, pages 16 / 64 / 128), its CUDA lowering and its errors.
+INTERPRET_GRID_VARIANTS = GRID_VARIANTS[:1]
 
 
 def _check_grid_variant_is_the_default_bitwise(variant, interpret, page_size=64):
@@ -203,7 +208,7 @@ class TestInterpret:
         out, lse = _run(batch, dtype, tuning, interpret=True)
         assert_matches(out, lse, ref_out, ref_lse, dtype, f"{scenario.name} {tuning}")
 
-    @pytest.mark.parametrize("variant", GRID_VARIANTS, ids=GRID_VARIANT_IDS)
+    @pytest.mark.parametrize("variant", INTERPRET_GRID_VARIANTS, ids=GRID_VARIANT_IDS[:1])
     def test_grid_variant_is_the_default_bitwise(self, variant):
         _check_grid_variant_is_the_default_bitwise(variant, interpret=True)
 
