@@ -363,6 +363,15 @@ class MosaicConfig:
         heads_fastest gained 1.06-1.11x (H128 B64 S16384 q_len 1 552.9 -> 542.3 us, B128 S16384 1101.1 -> 1104.1):
         once a request's head tiles run together the second read already hits L2, and the step is bound by the
         compute warpgroups, not HBM. Kept as an option (tested compiled: bitwise the default at pages 16, 64, 128).
+    deferred_pv: ("flashmla", plain scores, a 16-bit cache, P in its own buffer: not p_in_kv, not kv_multicast;
+        2 stages) warpgroup 1 runs its P @ V of step k once warpgroup 0's scores of step k + 1 are done (`qk_done`),
+        so that it runs under warpgroup 0's softmax of step k + 1, where "flashmla" leaves the tensor cores idle
+        (session 15's region profile at H128 B64 S4096: the softmax ~30% of warpgroup 0's step, warpgroup 1's P @ V
+        already done under the scores). That frees a ring slot later, so the slot is filled and waited on in two
+        column halves (two `kv_ready` barriers a slot): [0, 256), read only by warpgroup 0's scores and P @ V,
+        refilled by warpgroup 1 as soon as the scores of the next step are done; [256, 576), after its own P @ V.
+        The scores of a step wait for the second half only after the first half's wgmmas are issued. The same math
+        (the scores' wgmmas in the same order: bitwise the default).
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -389,6 +398,7 @@ class MosaicConfig:
     transposed_pv: bool = False
     heads_fastest: bool = False
     kv_multicast: bool = False
+    deferred_pv: bool = False
     pdl: bool = False
 
     def __post_init__(self):
@@ -397,7 +407,7 @@ class MosaicConfig:
             if isinstance(x, bool) or not isinstance(x, int):
                 raise ValueError(f"{name} must be an int, got {name}={x!r}")
         for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
-                     "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast"):
+                     "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast", "deferred_pv"):
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
@@ -428,6 +438,12 @@ class MosaicConfig:
         if self.p_in_kv and (self.schedule != "flashmla" or self.transposed_scores):
             raise ValueError(f"p_in_kv=True needs schedule='flashmla' with plain scores, got "
                              f"schedule={self.schedule!r}, transposed_scores={self.transposed_scores}")
+        if self.deferred_pv and (self.schedule != "flashmla" or self.transposed_scores or self.p_in_kv
+                                 or self.kv_multicast or max_concurrent_steps != 2):
+            raise ValueError(f"deferred_pv=True needs schedule='flashmla' with plain scores, P in its own buffer, "
+                             f"no kv_multicast and 2 stages, got schedule={self.schedule!r}, "
+                             f"transposed_scores={self.transposed_scores}, p_in_kv={self.p_in_kv}, "
+                             f"kv_multicast={self.kv_multicast}, {max_concurrent_steps=}")
         if block_kv != 64:
             # 64 = two 32-row score tiles, one per compute warpgroup. (32 would need
             # a zero-fill of 16-row V tiles, which the WGMMA register layout cannot hold.)
@@ -461,7 +477,10 @@ class MosaicConfig:
         p = alloc(4) if p_in_slots else alloc(BLOCK_H * self.block_kv * dtype_bytes)
         f32_misc = alloc((4 if p_in_slots else NUM_COMPUTE_WGS) * BLOCK_H * 4)
         i32_misc = alloc((INFO_WORDS + self.bt_chunk) * 4)
-        barriers = 8 * (2 + (3 if self.p_in_kv else 2) * self.max_concurrent_steps + 3)
+        # q, info, bt; kv_ready (deferred_pv: two a slot), kv_consumed (p_in_kv: and p_ready) a slot; sync_a, sync_b;
+        # (deferred_pv) qk_done
+        per_slot = 3 if self.p_in_kv or self.deferred_pv else 2
+        barriers = 8 * (3 + per_slot * self.max_concurrent_steps + 2 + int(self.deferred_pv))
         return q + kv + p + f32_misc + i32_misc + barriers
 
 
@@ -580,7 +599,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   p_in_kv: bool = False, dequant_layout: str = "wgmma", fused_dequant: bool = False,
                   fused_group: int = 1, fp8_convert: str = "cvt", overlap_dequant: bool = False,
                   overlap_wait: bool = False, transposed_pv: bool = False, heads_fastest: bool = False,
-                  kv_multicast: bool = False, out_dtype=None, interpret: bool = False):
+                  kv_multicast: bool = False, deferred_pv: bool = False, out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile), the last axis the fastest (heads_fastest: reversed, the head
@@ -589,7 +608,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     [hb * 64, hb * 64 + 64) (or all `heads` x tpt tokens when heads < 64), and its split of the KV.
     score_rows > 0 (a multiple of hp below 64; "flashmla" only): the tile's rows in use, whose scores
     warpgroup 0 computes transposed (MosaicConfig.transposed_scores); q holds only those rows.
-    pdl: programmatic dependent launch (MosaicConfig.pdl). p_in_kv, dequant_layout, fused_dequant, fused_group,
+    pdl: programmatic dependent launch (MosaicConfig.pdl). deferred_pv: MosaicConfig's ("flashmla", plain scores,
+    a 16-bit cache, not p_in_kv, not kv_multicast, 2 stages). p_in_kv, dequant_layout, fused_dequant, fused_group,
     fp8_convert, overlap_dequant, overlap_wait, transposed_pv: MosaicConfig's (all but transposed_pv fp8 only;
     overlap_dequant needs transposed scores of at most OVERLAP_MAX_ROWS rows, and then fused_dequant is ignored;
     transposed_pv transposed scores of TRANSPOSED_PV_ROWS rows).
@@ -638,6 +658,12 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         raise ValueError(f"kv_multicast needs a 16-bit cache, an even number of head tiles and pages of at least 16 "
                          f"rows, got {fp8=}, {num_h_tiles=}, {page_size=}")
     kv_axes = "hc" if kv_multicast else None  # the KV TMAs: each CTA of the pair loads half, multicast to both
+    if deferred_pv and (not flashmla or score_rows or fp8 or p_in_kv or kv_multicast or stages != 2 or memory_wg):
+        raise ValueError(f"deferred_pv needs schedule='flashmla', plain scores, a 16-bit cache, no p_in_kv, no "
+                         f"kv_multicast and 2 stages, got {schedule=}, {score_rows=}, {fp8=}, {p_in_kv=}, "
+                         f"{kv_multicast=}, {stages=}, {memory_wg=}")
+    # (deferred_pv) a slot's two column parts, each filled and awaited on its own (kv_ready[2 slot + part])
+    kv_parts = ((0, V_HALF), (V_HALF, HEAD_DIM - V_HALF)) if deferred_pv else ((0, HEAD_DIM),)
 
     def body(q_ref, kv_ref, sched_ref, out_ref, lse_ref,
              q_kv_or_stage, p_smem, x_smem, i_smem,
@@ -655,6 +681,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # kv_smem: the ring of fp8 steps the TMAs fill; deq_smem: the step the wgmmas read
             (q_smem, kv_smem, deq_smem), stage = q_kv_or_stage
             (deq_ready,) = extra_barriers
+        elif deferred_pv:  # the ring in two column parts (each a contiguous TMA destination)
+            (q_smem, *kv_part_smem), stage = q_kv_or_stage
+            kv_smem = None
         else:
             (q_smem, kv_smem), stage = q_kv_or_stage
         if p_in_kv:
@@ -662,6 +691,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # wait for P's release), never two (step k + 2 reuses the slot of step k, released after the
             # P @ V of step k)
             (p_ready_slot,) = extra_barriers
+        if deferred_pv:
+            (qk_done,) = extra_barriers  # warpgroup 0's scores of a step done (its P @ V of the step before too)
         if pdl and not interpret:  # (the interpreter runs kernels in order: nothing to wait for)
             plgpu.griddepcontrol_wait()  # the kernels before this one are done: their writes are visible
             plgpu.griddepcontrol_launch_dependents()
@@ -699,6 +730,15 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             the descriptors of the step's wgmmas (64-bit each, 2 per wgmma) out of the KV loop, and they
             spill (ptxas: ~1 KiB a thread; session 6 in parity/NOTES_pallas_mosaic_gpu.md)."""
             return deq_smem.at[info_smem[4]] if fp8 else kv_smem.at[slot]
+
+        def kv_cols(slot, c0: int, nc: int):
+            """Columns [c0, c0 + nc) of the 16-bit ring's `slot` (deferred_pv: within one column part)."""
+            if not deferred_pv:
+                return kv_smem.at[slot, :, pl.ds(c0, nc)]
+            for (p0, pn), ref in zip(kv_parts, kv_part_smem):
+                if p0 <= c0 and c0 + nc <= p0 + pn:
+                    return ref.at[slot, :, pl.ds(c0 - p0, nc)]
+            raise ValueError(f"columns [{c0}, {c0 + nc}) span two column parts {kv_parts}")
 
         def deq_chunk(k, c: int):
             """(overlap_dequant) chunk c (static; columns [64 c, 64 c + 64)) of step k's f16 copy: V's first half
@@ -815,7 +855,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 n_valid = kv_len - kv_start
                 rows = plgpu.broadcasted_iota(jnp.int32, (block_kv, 64), 0, layout=plgpu.Layout.WGMMA)
                 for c in range(ncols // 64):
-                    ref = kv_smem.at[slot, :, pl.ds(col0 + c * 64, 64)]
+                    ref = kv_cols(slot, col0 + c * 64, 64)
                     ref[...] = jnp.where(rows < n_valid, ref[...], jnp.zeros((), dtype))
 
         def mask_scores(s, first_key, first_pos, kv_len, scale, row_ax: int = 0, key_ax: int = 1):
@@ -849,38 +889,62 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         def first_page(k):
             return lax.div(k, jnp.int32(steps_per_page)) if pages_per_step == 1 else k * pages_per_step
 
-        def issue_step(i, begin, last_page):
+        def kv_ready_at(slot, part: int = 0):
+            """The barrier of `slot`'s column part `part` (deferred_pv: 0 columns [0, 256), 1 [256, 576); else
+            the whole slot, part 0)."""
+            return kv_ready.at[slot * len(kv_parts) + part]
+
+        def issue_step(i, begin, last_page, parts=None):
             """TMA of KV step begin + i into slot i % stages (the slot is free), signalling
             kv_ready[slot]; stages the block-table chunk it needs when it differs from the one
-            in SMEM: chunk 0 came with the info, then the previous step's (steps go in order)."""
+            in SMEM: chunk 0 came with the info, then the previous step's (steps go in order).
+            (deferred_pv) parts: the column parts to load (default all); part 0 goes first and stages the chunk."""
+            parts = range(len(kv_parts)) if parts is None else parts
             k = begin + i
             slot = lax.rem(i, jnp.int32(stages))
             lp0 = first_page(k)
             chunk = lax.div(lp0, jnp.int32(bt_chunk))
             prev_chunk = jnp.where(i == 0, 0, lax.div(first_page(k - 1), jnp.int32(bt_chunk)))
 
-            @pl.when(chunk != prev_chunk)
-            def _():
-                src = sched_ref.at[req, pl.ds(INFO_WORDS + chunk * bt_chunk, bt_chunk)]
-                plgpu.copy_gmem_to_smem(src, bt_smem, bt_bar)
-                plgpu.barrier_wait(bt_bar)
+            if 0 in parts:
+                @pl.when(chunk != prev_chunk)
+                def _():
+                    src = sched_ref.at[req, pl.ds(INFO_WORDS + chunk * bt_chunk, bt_chunk)]
+                    plgpu.copy_gmem_to_smem(src, bt_smem, bt_bar)
+                    plgpu.barrier_wait(bt_bar)
 
             base = chunk * bt_chunk
-            if pages_per_step == 1:
-                page = bt_smem[lp0 - base]
-                if steps_per_page == 1:
-                    src = kv_ref.at[page]
+
+            def cols(ref, part):
+                """The KV cache's columns of `part` (all of them without deferred_pv)."""
+                if not deferred_pv:
+                    return ref
+                c0, nc = kv_parts[part]
+                return ref.at[..., pl.ds(c0, nc)]
+
+            def dst(part, rows=None):
+                """The ring slot's part `part` (deferred_pv; else the whole slot), rows `rows` (default all)."""
+                ring = kv_part_smem[part] if deferred_pv else kv_smem
+                return ring.at[slot] if rows is None else ring.at[slot, rows]
+
+            for part in parts:
+                if pages_per_step == 1:
+                    page = bt_smem[lp0 - base]
+                    if steps_per_page == 1:
+                        src = kv_ref.at[page]
+                    else:
+                        off = lax.rem(k, jnp.int32(steps_per_page)) * block_kv
+                        src = kv_ref.at[page, pl.ds(off, block_kv)]
+                    plgpu.copy_gmem_to_smem(cols(src, part), dst(part), kv_ready_at(slot, part),
+                                            collective_axes=kv_axes)
                 else:
-                    off = lax.rem(k, jnp.int32(steps_per_page)) * block_kv
-                    src = kv_ref.at[page, pl.ds(off, block_kv)]
-                plgpu.copy_gmem_to_smem(src, kv_smem.at[slot], kv_ready.at[slot], collective_axes=kv_axes)
-            else:
-                for j in range(pages_per_step):
-                    # Pages past the request's last one are never dereferenced (their
-                    # rows are past kv_len): the last page stands in for them.
-                    page = bt_smem[jnp.minimum(lp0 + j, last_page) - base]
-                    plgpu.copy_gmem_to_smem(kv_ref.at[page], kv_smem.at[slot, pl.ds(j * page_size, page_size)],
-                                            kv_ready.at[slot], collective_axes=kv_axes)
+                    for j in range(pages_per_step):
+                        # Pages past the request's last one are never dereferenced (their
+                        # rows are past kv_len): the last page stands in for them.
+                        page = bt_smem[jnp.minimum(lp0 + j, last_page) - base]
+                        plgpu.copy_gmem_to_smem(cols(kv_ref.at[page], part),
+                                                dst(part, pl.ds(j * page_size, page_size)),
+                                                kv_ready_at(slot, part), collective_axes=kv_axes)
 
         def drain(n):
             """Observe the last releases of every slot, so that each barrier phase is awaited
@@ -936,18 +1000,23 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     def _prologue(i):
                         issue_step(i, begin, last_page)
 
-                def refill(k):
+                def refill(k, part=None):
+                    """Step k + stages into step k's slot, once released (kv_consumed). (deferred_pv) Only column
+                    part `part`, whose release the caller knows of: part 0 once warpgroup 0's scores of step k + 1
+                    are done (its P @ V of step k came before them), part 1 after warpgroup 1's own P @ V of step k
+                    (warpgroup 0's scores of step k, their other reader, came before P)."""
                     i = k - begin + stages
 
                     @pl.when(i < n)
                     def _():
-                        plgpu.barrier_wait(kv_consumed.at[lax.rem(k - begin, jnp.int32(stages))])
-                        issue_step(i, begin, last_page)
+                        if part is None:
+                            plgpu.barrier_wait(kv_consumed.at[lax.rem(k - begin, jnp.int32(stages))])
+                        issue_step(i, begin, last_page, None if part is None else (part,))
 
                 tile = (compute_tile_seesaw if seesaw else compute_tile_flashmla if flashmla or three
                         else compute_tile)
                 tile(w, first_tok, ntok, first_pos, kv_len, begin, end, refill if producer else None)
-                if producer:
+                if producer and not deferred_pv:  # (deferred_pv: kv_consumed is not used)
                     drain(n)
 
         def compute_tile(w, first_tok, ntok, first_pos, kv_len, begin, end, refill):
@@ -1079,7 +1148,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
             def pv(acc, half, slot):
                 v_cols = pl.ds(half * V_HALF, V_HALF)
-                return accumulate(acc, lambda acc_ref: pv_wgmma(acc_ref, kv_tile(slot).at[:, v_cols], p_ref(slot)))
+                v = kv_cols(slot, half * V_HALF, V_HALF) if deferred_pv else kv_tile(slot).at[:, v_cols]
+                return accumulate(acc, lambda acc_ref: pv_wgmma(acc_ref, v, p_ref(slot)))
 
             # (overlap_dequant) the chunks of the next step each warpgroup converts: under its own P @ V of this
             # step the rope and V's first half (warpgroup 0 three chunks, 1 two), then V's second half (two chunks
@@ -1148,7 +1218,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     kv_start = k * block_kv
                     if not fused_dequant:
                         with jax.named_scope("kv_wait"):
-                            plgpu.barrier_wait(deq_ready if fp8 else kv_ready.at[slot])
+                            plgpu.barrier_wait(deq_ready if fp8 else kv_ready_at(slot))
 
                     def qk_chunk(s_ref, c: int | None = None):
                         """The scores' wgmma over the head dim's 64 columns [64 c, 64 c + 64) (None: all)."""
@@ -1162,6 +1232,13 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                             plgpu.wgmma(s_ref, q_c, kv_c.transpose((1, 0)))
 
                     def qk(s_ref):
+                        if deferred_pv:  # the first column part's wgmmas, then the second part's once it is there
+                            for part, (c0, nc) in enumerate(kv_parts):
+                                if part:
+                                    plgpu.barrier_wait(kv_ready_at(slot, part))
+                                plgpu.wgmma(s_ref, q_smem.at[:, pl.ds(c0, nc)],
+                                            kv_cols(slot, c0, nc).transpose((1, 0)))
+                            return s_ref[...]
                         if overlap_dequant:  # the f16 copy in three buffers: a wgmma each chunk, in head-dim order
                             for c in range(HEAD_DIM // 64):
                                 qk_chunk(s_ref, c)
@@ -1196,6 +1273,12 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     shape = (block_kv, n) if tr else (BLOCK_H, block_kv)
                     with jax.named_scope("qk"):
                         s = pl.run_scoped(qk, plgpu.ACC(shape, jnp.float32))
+                    if deferred_pv:  # warpgroup 1 may run its P @ V of step k - 1 (and refill its slot's part 0).
+                        # Not after the first step's scores (nothing waits for them): then each arrival comes after
+                        # warpgroup 1 saw the one before (step k's comes after this warpgroup waited for P of step
+                        # k - 2 to be released, which warpgroup 1 does after it saw step k - 1's), where the second
+                        # step's would not wait for anything after the first's.
+                        pl.when(k > begin)(lambda: plgpu.barrier_arrive(qk_done))
                     if masked:
                         s = mask_scores(s, kv_start, first_pos, kv_len, scale, row_ax, key_ax)
                     else:
@@ -1246,7 +1329,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                             # overlap_dequant: converted above)
                             if not (fused_dequant or overlap_dequant):
                                 pl.when(k + 1 < end)(lambda: dequantize(0, k + 1, begin, kv_len))
-                        else:
+                        elif not deferred_pv:  # (deferred_pv: the next step's qk_done says so)
                             plgpu.barrier_arrive(kv_consumed.at[slot])
                     return acc, m_new, l_i
 
@@ -1283,6 +1366,14 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         pl.when(k + 1 < end)(lambda: overlap_convert(k + 1, begin, kv_len, ov_early))
                     with jax.named_scope("p_ready_wait"):
                         plgpu.barrier_wait(p_ready_slot.at[slot] if p_in_kv else sync_a)  # p_ready
+                    if deferred_pv:
+                        # P @ V of step k under warpgroup 0's softmax of step k + 1: once its scores are done (and
+                        # its P @ V of step k, so the slot's part 0 is free: step k + 2's goes in now)
+                        @pl.when(k + 1 < end)
+                        def _():
+                            with jax.named_scope("qk_wait"):
+                                plgpu.barrier_wait(qk_done)
+                            refill(k, 0)
                     acc = rescale(acc, load_vec(alpha_row(slot)))
                     with jax.named_scope("pv"):
                         if overlap_dequant:  # (overlap_wait: the first half converted above)
@@ -1293,6 +1384,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         plgpu.barrier_arrive(sync_b)  # p_free
                     if overlap_dequant:  # V's second half of step k + 1 (warpgroup 0 converts the other two chunks)
                         pl.when(k + 1 < end)(lambda: overlap_release(k + 1, ov_late, wait=False))  # (awaited before)
+                        return acc
+                    if deferred_pv:  # part 1 of the slot: its readers (step k's scores, this P @ V) are done
+                        refill(k, 1)
                         return acc
                     if not fp8:
                         plgpu.barrier_arrive(kv_consumed.at[slot])
@@ -1549,6 +1643,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                        plgpu.SMEM((1, block_kv, QK_ROPE_HEAD_DIM), dtype, transforms=transforms))
         else:
             kv_bufs = (ring, plgpu.SMEM((1, block_kv, HEAD_DIM), dtype, transforms=transforms))
+    elif deferred_pv:  # the KV ring's two column parts
+        kv_bufs = tuple(plgpu.SMEM((stages, block_kv, nc), dtype, transforms=transforms) for _, nc in kv_parts)
     else:
         kv_bufs = (plgpu.SMEM((stages, block_kv, HEAD_DIM), dtype, transforms=transforms),)  # KV ring
     scratch = [
@@ -1575,7 +1671,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         plgpu.Barrier(num_arrivals=q_toks),  # q_bar: one TMA per token of the tile (one for H >= 64)
         plgpu.Barrier(),  # info_bar
         plgpu.Barrier(),  # bt_bar
-        plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=stages),  # kv_ready
+        plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=stages * len(kv_parts)),  # kv_ready
         # kv_consumed (kv_multicast: the slot is free in both CTAs of the pair, whose TMAs write it in both)
         plgpu.ClusterBarrier(collective_axes=("hc",), num_arrivals=NUM_COMPUTE_WGS, num_barriers=stages)
         if kv_multicast else plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS, num_barriers=stages),
@@ -1588,6 +1684,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         scratch.append(plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS))  # deq_ready: both column sets dequantized
     if p_in_kv:
         scratch.append(plgpu.Barrier(num_arrivals=1, num_barriers=stages))  # p_ready per slot
+    if deferred_pv:
+        scratch.append(plgpu.Barrier(num_arrivals=1))  # qk_done
     num_ctas_tiles = num_reqs * q_tiles
     # the body finds its CTA by axis name; the last axis is CUDA's x, the launch order's fastest
     # kv_multicast: the head tiles in pairs, a pair one cluster of 2 CTAs (its axis "hc", CUDA's x: the pair's CTAs
@@ -1649,6 +1747,9 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     if fp8 and (tuning.schedule != "flashmla" or tuning.memory_warpgroup):
         raise NotImplementedError(f"an fp8 cache runs the flashmla schedule only, got schedule={tuning.schedule!r}, "
                                   f"memory_warpgroup={tuning.memory_warpgroup}")
+    if fp8 and tuning.deferred_pv:
+        raise NotImplementedError("deferred_pv=True needs a 16-bit cache (its slot halves are the 16-bit ring's), "
+                                  "got kv_cache_dtype='fp8_e4m3'")
     if fp8 and tuning.p_in_kv:
         raise NotImplementedError("p_in_kv=True needs a 16-bit cache (fp8: P would share the dequantized step "
                                   "that the next step's dequantization overwrites), got kv_cache_dtype='fp8_e4m3'")
@@ -1691,7 +1792,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         overlap_dequant=fp8 and tuning.overlap_dequant and 0 < score_rows <= OVERLAP_MAX_ROWS,
         overlap_wait=tuning.overlap_wait,
         transposed_pv=tuning.transposed_pv and score_rows in TRANSPOSED_PV_ROWS, heads_fastest=tuning.heads_fastest,
-        kv_multicast=tuning.kv_multicast,
+        kv_multicast=tuning.kv_multicast, deferred_pv=tuning.deferred_pv,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     if num_splits > 1:

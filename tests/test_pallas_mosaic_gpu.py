@@ -121,6 +121,17 @@ CASES = [
      MosaicConfig(num_splits=2, p_in_kv=True)),
     (Scenario("p_in_kv_one_stage", seq_lens=(150, 9), query_lens=(2, 1), page_size=32), "bfloat16",
      MosaicConfig(max_concurrent_steps=1, p_in_kv=True)),
+    # warpgroup 1's P @ V of a step deferred under warpgroup 0's next softmax, the ring slots filled in two column
+    # parts (deferred_pv): H=128 with splits and a masked tail, spec decode at page 16 (4 pages a step) in fp16 with
+    # a request of one step, H=8 at page 8 and 128 (two steps a page) with block tables past the staged chunk
+    (Scenario("deferred_pv_h128_p64", seq_lens=(33, 97, 520), query_lens=(1, 2, 1), num_heads=128, page_size=64),
+     "bfloat16", MosaicConfig(num_splits=3, deferred_pv=True)),
+    (Scenario("deferred_pv_spec_p16", seq_lens=(8, 100, 200, 129), query_lens=(3, 6, 2, 1), page_size=16),
+     "float16", MosaicConfig(num_splits=1, deferred_pv=True)),
+    (Scenario("deferred_pv_h8_p8_chunks", seq_lens=(600, 70), query_lens=(1, 2), num_heads=8, page_size=8),
+     "bfloat16", MosaicConfig(num_splits=2, bt_chunk=32, deferred_pv=True)),
+    (Scenario("deferred_pv_p128", seq_lens=(300, 5), query_lens=(1, 1), page_size=128), "bfloat16",
+     MosaicConfig(num_splits=1, deferred_pv=True)),
     # FlashMLA's seesaw (steps in pairs, one softmax per warpgroup): H=128 with splits (odd and even step counts,
     # a masked tail, a split with one step), spec decode at page 16 (4 pages a step) in fp16, H=8 at page 8,
     # padded heads with empty splits
@@ -168,14 +179,14 @@ GRID_VARIANT_IDS = ["heads_fastest", "kv_multicast", "kv_multicast-heads_fastest
 INTERPRET_GRID_VARIANTS = GRID_VARIANTS[:1]
 
 
-def _check_grid_variant_is_the_default_bitwise(variant, interpret, page_size=64):
-    """Every CTA computes what it did in the default grid, from the same KV: out and lse are bitwise the default's
-    (with splits, and q_len 2 beside q_len 1)."""
+def _check_variant_is_the_default_bitwise(variant, interpret, page_size=64):
+    """Every CTA computes what it did with the default config, from the same KV, in the same order: out and lse are
+    bitwise the default's (with splits, and q_len 2 beside q_len 1)."""
     batch, ref_out, ref_lse = batch_and_reference(dataclasses.replace(HEADS_FASTEST, page_size=page_size), "bfloat16")
     runs = [_run(batch, "bfloat16", MosaicConfig(num_splits=2, **v), interpret=interpret) for v in ({}, variant)]
     (o1, l1), (o2, l2) = [(np.asarray(o.astype(jnp.float32)), np.asarray(l)) for o, l in runs]
-    assert np.array_equal(o1, o2), f"out differs from the default grid's with {variant}"
-    assert np.array_equal(l1, l2), f"lse differs from the default grid's with {variant}"
+    assert np.array_equal(o1, o2), f"out differs from the default's with {variant}"
+    assert np.array_equal(l1, l2), f"lse differs from the default's with {variant}"
     assert_matches(*runs[1], ref_out, ref_lse, "bfloat16", str(variant))
 
 
@@ -210,7 +221,7 @@ class TestInterpret:
 
     @pytest.mark.parametrize("variant", INTERPRET_GRID_VARIANTS, ids=GRID_VARIANT_IDS[:1])
     def test_grid_variant_is_the_default_bitwise(self, variant):
-        _check_grid_variant_is_the_default_bitwise(variant, interpret=True)
+        _check_variant_is_the_default_bitwise(variant, interpret=True)
 
     @pytest.mark.parametrize(
         "scenario,kv_cache_dtype,needle",
@@ -230,6 +241,15 @@ class TestInterpret:
             kv = kv.astype(jnp.float8_e4m3fn)
         with pytest.raises(NotImplementedError, match=r"kv_multicast=True needs .*" + needle):
             mgpu_mla.mla_decode(q_nope, q_pe, kv, md, config, tuning=MosaicConfig(kv_multicast=True), interpret=True)
+
+    def test_deferred_pv_says_it_needs_a_16_bit_cache(self):
+        batch, _, _ = batch_and_reference(Scenario("dpv_fp8", seq_lens=(5, 9), query_lens=(1, 1), page_size=16),
+                                          "bfloat16")
+        q_nope, q_pe, kv, md = device_inputs(batch, "bfloat16")
+        config = batch.config.replace(kv_cache_dtype="fp8_e4m3")
+        with pytest.raises(NotImplementedError, match=r"deferred_pv=True needs a 16-bit cache.*fp8_e4m3"):
+            mgpu_mla.mla_decode(q_nope, q_pe, kv.astype(jnp.float8_e4m3fn), md, config,
+                                tuning=MosaicConfig(deferred_pv=True), interpret=True)
 
     def test_heads_fastest_says_when_the_requests_overflow_the_z_axis(self, monkeypatch):
         monkeypatch.setattr(mgpu_mla, "MAX_GRID_YZ", 2)
@@ -253,9 +273,9 @@ class TestInterpret:
     @pytest.mark.parametrize("variant", [dict(schedule="split"), dict(memory_warpgroup=True, schedule="split"),
                                          dict(schedule="flashmla"), dict(schedule="three_wg"),
                                          dict(transposed_scores=True), dict(p_in_kv=True), dict(schedule="seesaw"),
-                                         dict(transposed_scores=True, transposed_pv=True)],
+                                         dict(transposed_scores=True, transposed_pv=True), dict(deferred_pv=True)],
                              ids=["split", "memory_wg", "flashmla", "three_wg", "transposed_scores", "p_in_kv",
-                                  "seesaw", "transposed_pv"])
+                                  "seesaw", "transposed_pv", "deferred_pv"])
     def test_no_data_races(self, variant):
         """The interpreter's race detector: the producer (warpgroup 0, or the memory warpgroup),
         the KV ring, P and the row-max exchange are ordered by their barriers."""
@@ -329,6 +349,10 @@ class TestGPULowering:
             (128, 64, MosaicConfig(num_splits=1, kv_multicast=True)),
             (128, 16, MosaicConfig(num_splits=2, kv_multicast=True, heads_fastest=True)),
             (256, 128, MosaicConfig(num_splits=1, kv_multicast=True, p_in_kv=True)),
+            (128, 64, MosaicConfig(num_splits=2, deferred_pv=True, heads_fastest=True)),
+            (16, 16, MosaicConfig(num_splits=1, deferred_pv=True)),
+            (128, 128, MosaicConfig(num_splits=1, deferred_pv=True)),
+            (8, 8, MosaicConfig(num_splits=3, deferred_pv=True)),
         ],
     )
     def test_lowers_for_cuda(self, num_heads, page_size, tuning):
@@ -385,6 +409,12 @@ class TestConfig:
             (dict(fused_group=True), "fused_group=True"),
             (dict(heads_fastest=1), "heads_fastest=1"),
             (dict(kv_multicast="yes"), "kv_multicast='yes'"),
+            (dict(deferred_pv=1), "deferred_pv=1"),
+            (dict(deferred_pv=True, p_in_kv=True), "p_in_kv=True"),
+            (dict(deferred_pv=True, schedule="seesaw"), "schedule='seesaw'"),
+            (dict(deferred_pv=True, transposed_scores=True), "transposed_scores=True"),
+            (dict(deferred_pv=True, kv_multicast=True), "kv_multicast=True"),
+            (dict(deferred_pv=True, max_concurrent_steps=1), "max_concurrent_steps=1"),
         ],
     )
     def test_invalid_config(self, kwargs, needle):
@@ -397,6 +427,8 @@ class TestConfig:
         assert MosaicConfig().smem_bytes() > 220 * 1024  # Q + 2 stages nearly fill it
         # P in the KV slots: the 8 KiB P buffer gone (a 1 KiB placeholder), one more 1 KiB row block
         assert MosaicConfig().smem_bytes() - MosaicConfig(p_in_kv=True).smem_bytes() == 7 * 1024 - 16
+        # deferred_pv: the same ring in two column parts, two more kv_ready barriers and qk_done
+        assert MosaicConfig(deferred_pv=True).smem_bytes() - MosaicConfig().smem_bytes() == 3 * 8
 
     def test_heuristic(self):
         cfg = MLAConfig(num_heads=16, page_size=64)
@@ -549,8 +581,8 @@ class TestGPU:
 
     @pytest.mark.parametrize("variant", [dict(schedule="split"), dict(schedule="three_wg"),
                                          dict(transposed_scores=True), dict(pdl=True), dict(p_in_kv=True),
-                                         dict(schedule="seesaw")],
-                             ids=["split", "three_wg", "transposed_scores", "pdl", "p_in_kv", "seesaw"])
+                                         dict(schedule="seesaw"), dict(deferred_pv=True)],
+                             ids=["split", "three_wg", "transposed_scores", "pdl", "p_in_kv", "seesaw", "deferred_pv"])
     @pytest.mark.parametrize("name", sorted(SCENARIOS))
     def test_scenario_other_schedules(self, name, variant):
         scenario = SCENARIOS[name]
@@ -569,12 +601,19 @@ class TestGPU:
     @pytest.mark.parametrize("variant", GRID_VARIANTS, ids=GRID_VARIANT_IDS)
     @pytest.mark.parametrize("page_size", [16, 64, 128])
     def test_grid_variant_is_the_default_bitwise(self, variant, page_size):
-        _check_grid_variant_is_the_default_bitwise(variant, interpret=False, page_size=page_size)
+        _check_variant_is_the_default_bitwise(variant, interpret=False, page_size=page_size)
+
+    # deferred_pv: the scores' wgmmas in the same order, in two calls (one per column part of the ring slot): bitwise
+    # on the GPU (the interpreter adds the two parts' dots, another rounding: its cases compare with the reference)
+    @pytest.mark.parametrize("page_size", [16, 64, 128])
+    def test_deferred_pv_is_the_default_bitwise(self, page_size):
+        _check_variant_is_the_default_bitwise(dict(deferred_pv=True), interpret=False, page_size=page_size)
 
     @pytest.mark.parametrize("variant", [dict(schedule="split"), dict(schedule="flashmla"), dict(schedule="three_wg"),
                                          dict(transposed_scores=True), dict(pdl=True), dict(p_in_kv=True),
-                                         dict(schedule="seesaw")],
-                             ids=["split", "flashmla", "three_wg", "transposed_scores", "pdl", "p_in_kv", "seesaw"])
+                                         dict(schedule="seesaw"), dict(deferred_pv=True)],
+                             ids=["split", "flashmla", "three_wg", "transposed_scores", "pdl", "p_in_kv", "seesaw",
+                                  "deferred_pv"])
     def test_deterministic(self, variant):
         batch, _, _ = batch_and_reference(SCENARIOS["spec_decode"], "bfloat16")
         tuning = MosaicConfig(num_splits=3, **variant)
