@@ -363,8 +363,7 @@ class MosaicConfig:
         heads_fastest gained 1.06-1.11x (H128 B64 S16384 q_len 1 552.9 -> 542.3 us, B128 S16384 1101.1 -> 1104.1):
         once a request's head tiles run together the second read already hits L2, and the step is bound by the
         compute warpgroups, not HBM. Kept as an option (tested compiled: bitwise the default at pages 16, 64, 128).
-    deferred_pv: ("flashmla", plain scores, a 16-bit cache, P in its own buffer: not p_in_kv, not kv_multicast;
-        2 stages) warpgroup 1 runs its P @ V of step k once warpgroup 0's scores of step k + 1 are done (`qk_done`),
+    deferred_pv: ("flashmla", plain scores, a 16-bit cache, not kv_multicast; 2 stages; with or without p_in_kv) warpgroup 1 runs its P @ V of step k once warpgroup 0's scores of step k + 1 are done (`qk_done`),
         so that it runs under warpgroup 0's softmax of step k + 1, where "flashmla" leaves the tensor cores idle
         (session 15's region profile at H128 B64 S4096: the softmax ~30% of warpgroup 0's step, warpgroup 1's P @ V
         already done under the scores). That frees a ring slot later, so the slot is filled and waited on in two
@@ -438,11 +437,10 @@ class MosaicConfig:
         if self.p_in_kv and (self.schedule != "flashmla" or self.transposed_scores):
             raise ValueError(f"p_in_kv=True needs schedule='flashmla' with plain scores, got "
                              f"schedule={self.schedule!r}, transposed_scores={self.transposed_scores}")
-        if self.deferred_pv and (self.schedule != "flashmla" or self.transposed_scores or self.p_in_kv
-                                 or self.kv_multicast or max_concurrent_steps != 2):
-            raise ValueError(f"deferred_pv=True needs schedule='flashmla' with plain scores, P in its own buffer, "
-                             f"no kv_multicast and 2 stages, got schedule={self.schedule!r}, "
-                             f"transposed_scores={self.transposed_scores}, p_in_kv={self.p_in_kv}, "
+        if self.deferred_pv and (self.schedule != "flashmla" or self.transposed_scores or self.kv_multicast
+                                 or max_concurrent_steps != 2):
+            raise ValueError(f"deferred_pv=True needs schedule='flashmla' with plain scores, no kv_multicast and 2 "
+                             f"stages, got schedule={self.schedule!r}, transposed_scores={self.transposed_scores}, "
                              f"kv_multicast={self.kv_multicast}, {max_concurrent_steps=}")
         if block_kv != 64:
             # 64 = two 32-row score tiles, one per compute warpgroup. (32 would need
@@ -609,7 +607,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     score_rows > 0 (a multiple of hp below 64; "flashmla" only): the tile's rows in use, whose scores
     warpgroup 0 computes transposed (MosaicConfig.transposed_scores); q holds only those rows.
     pdl: programmatic dependent launch (MosaicConfig.pdl). deferred_pv: MosaicConfig's ("flashmla", plain scores,
-    a 16-bit cache, not p_in_kv, not kv_multicast, 2 stages). p_in_kv, dequant_layout, fused_dequant, fused_group,
+    a 16-bit cache, not kv_multicast, 2 stages). p_in_kv, dequant_layout, fused_dequant, fused_group,
     fp8_convert, overlap_dequant, overlap_wait, transposed_pv: MosaicConfig's (all but transposed_pv fp8 only;
     overlap_dequant needs transposed scores of at most OVERLAP_MAX_ROWS rows, and then fused_dequant is ignored;
     transposed_pv transposed scores of TRANSPOSED_PV_ROWS rows).
@@ -658,10 +656,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         raise ValueError(f"kv_multicast needs a 16-bit cache, an even number of head tiles and pages of at least 16 "
                          f"rows, got {fp8=}, {num_h_tiles=}, {page_size=}")
     kv_axes = "hc" if kv_multicast else None  # the KV TMAs: each CTA of the pair loads half, multicast to both
-    if deferred_pv and (not flashmla or score_rows or fp8 or p_in_kv or kv_multicast or stages != 2 or memory_wg):
-        raise ValueError(f"deferred_pv needs schedule='flashmla', plain scores, a 16-bit cache, no p_in_kv, no "
-                         f"kv_multicast and 2 stages, got {schedule=}, {score_rows=}, {fp8=}, {p_in_kv=}, "
-                         f"{kv_multicast=}, {stages=}, {memory_wg=}")
+    if deferred_pv and (not flashmla or score_rows or fp8 or kv_multicast or stages != 2 or memory_wg):
+        raise ValueError(f"deferred_pv needs schedule='flashmla', plain scores, a 16-bit cache, no kv_multicast and 2 "
+                         f"stages, got {schedule=}, {score_rows=}, {fp8=}, {kv_multicast=}, {stages=}, {memory_wg=}")
     # (deferred_pv) a slot's two column parts, each filled and awaited on its own (kv_ready[2 slot + part])
     kv_parts = ((0, V_HALF), (V_HALF, HEAD_DIM - V_HALF)) if deferred_pv else ((0, HEAD_DIM),)
 
@@ -690,7 +687,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # p_ready per slot: warpgroup 0 can run one step ahead of warpgroup 1's wait (nothing makes it
             # wait for P's release), never two (step k + 2 reuses the slot of step k, released after the
             # P @ V of step k)
-            (p_ready_slot,) = extra_barriers
+            p_ready_slot, *extra_barriers = extra_barriers
         if deferred_pv:
             (qk_done,) = extra_barriers  # warpgroup 0's scores of a step done (its P @ V of the step before too)
         if pdl and not interpret:  # (the interpreter runs kernels in order: nothing to wait for)
@@ -870,7 +867,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         def p_in_slot(slot):
             """The 64 rope columns of KV slot `slot` (P's tiles and swizzle), where p_in_kv and the seesaw keep
             P of the slot's step: only the scores read them, and the slot is refilled only after its P @ V."""
-            return kv_smem.at[slot, :, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)]
+            return kv_cols(slot, KV_LORA_RANK, QK_ROPE_HEAD_DIM)
 
         # ---------------------------------------------------------------- the producer
         def load_info():
@@ -1275,9 +1272,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         s = pl.run_scoped(qk, plgpu.ACC(shape, jnp.float32))
                     if deferred_pv:  # warpgroup 1 may run its P @ V of step k - 1 (and refill its slot's part 0).
                         # Not after the first step's scores (nothing waits for them): then each arrival comes after
-                        # warpgroup 1 saw the one before (step k's comes after this warpgroup waited for P of step
-                        # k - 2 to be released, which warpgroup 1 does after it saw step k - 1's), where the second
-                        # step's would not wait for anything after the first's.
+                        # warpgroup 1 saw the one before (step k's scores read the part 0 of step k that warpgroup 1
+                        # loads once it saw step k - 1's), where the second step's (loaded before the loop) would not
+                        # wait for anything after the first's.
                         pl.when(k > begin)(lambda: plgpu.barrier_arrive(qk_done))
                     if masked:
                         s = mask_scores(s, kv_start, first_pos, kv_len, scale, row_ax, key_ax)

@@ -132,6 +132,8 @@ CASES = [
      "bfloat16", MosaicConfig(num_splits=2, bt_chunk=32, deferred_pv=True)),
     (Scenario("deferred_pv_p128", seq_lens=(300, 5), query_lens=(1, 1), page_size=128), "bfloat16",
      MosaicConfig(num_splits=1, deferred_pv=True)),
+    (Scenario("deferred_pv_p_in_kv_h128", seq_lens=(33, 97, 520), query_lens=(1, 2, 1), num_heads=128, page_size=64),
+     "float16", MosaicConfig(num_splits=2, deferred_pv=True, p_in_kv=True)),
     # FlashMLA's seesaw (steps in pairs, one softmax per warpgroup): H=128 with splits (odd and even step counts,
     # a masked tail, a split with one step), spec decode at page 16 (4 pages a step) in fp16, H=8 at page 8,
     # padded heads with empty splits
@@ -273,9 +275,10 @@ class TestInterpret:
     @pytest.mark.parametrize("variant", [dict(schedule="split"), dict(memory_warpgroup=True, schedule="split"),
                                          dict(schedule="flashmla"), dict(schedule="three_wg"),
                                          dict(transposed_scores=True), dict(p_in_kv=True), dict(schedule="seesaw"),
-                                         dict(transposed_scores=True, transposed_pv=True), dict(deferred_pv=True)],
+                                         dict(transposed_scores=True, transposed_pv=True), dict(deferred_pv=True),
+                                         dict(deferred_pv=True, p_in_kv=True)],
                              ids=["split", "memory_wg", "flashmla", "three_wg", "transposed_scores", "p_in_kv",
-                                  "seesaw", "transposed_pv", "deferred_pv"])
+                                  "seesaw", "transposed_pv", "deferred_pv", "deferred_pv-p_in_kv"])
     def test_no_data_races(self, variant):
         """The interpreter's race detector: the producer (warpgroup 0, or the memory warpgroup),
         the KV ring, P and the row-max exchange are ordered by their barriers."""
@@ -353,6 +356,7 @@ class TestGPULowering:
             (16, 16, MosaicConfig(num_splits=1, deferred_pv=True)),
             (128, 128, MosaicConfig(num_splits=1, deferred_pv=True)),
             (8, 8, MosaicConfig(num_splits=3, deferred_pv=True)),
+            (128, 64, MosaicConfig(num_splits=1, deferred_pv=True, p_in_kv=True)),
         ],
     )
     def test_lowers_for_cuda(self, num_heads, page_size, tuning):
@@ -410,7 +414,6 @@ class TestConfig:
             (dict(heads_fastest=1), "heads_fastest=1"),
             (dict(kv_multicast="yes"), "kv_multicast='yes'"),
             (dict(deferred_pv=1), "deferred_pv=1"),
-            (dict(deferred_pv=True, p_in_kv=True), "p_in_kv=True"),
             (dict(deferred_pv=True, schedule="seesaw"), "schedule='seesaw'"),
             (dict(deferred_pv=True, transposed_scores=True), "transposed_scores=True"),
             (dict(deferred_pv=True, kv_multicast=True), "kv_multicast=True"),
@@ -605,9 +608,11 @@ class TestGPU:
 
     # deferred_pv: the scores' wgmmas in the same order, in two calls (one per column part of the ring slot): bitwise
     # on the GPU (the interpreter adds the two parts' dots, another rounding: its cases compare with the reference)
+    @pytest.mark.parametrize("p_in_kv", [False, True])
     @pytest.mark.parametrize("page_size", [16, 64, 128])
-    def test_deferred_pv_is_the_default_bitwise(self, page_size):
-        _check_variant_is_the_default_bitwise(dict(deferred_pv=True), interpret=False, page_size=page_size)
+    def test_deferred_pv_is_the_default_bitwise(self, page_size, p_in_kv):
+        _check_variant_is_the_default_bitwise(dict(deferred_pv=True, p_in_kv=p_in_kv), interpret=False,
+                                              page_size=page_size)
 
     @pytest.mark.parametrize("variant", [dict(schedule="split"), dict(schedule="flashmla"), dict(schedule="three_wg"),
                                          dict(transposed_scores=True), dict(pdl=True), dict(p_in_kv=True),
