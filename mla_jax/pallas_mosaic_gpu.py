@@ -1143,10 +1143,17 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # (p_in_kv) the row of x_smem holding the rescale factor of the step in `slot` (the row sums': sums_row)
             alpha_row = (lambda slot: slot) if p_in_kv else (lambda slot: 0)
 
-            def pv(acc, half, slot):
+            def pv(acc, half, slot, under=None):
+                """acc + P @ V of `slot` for output half `half`; `under()` (if given) runs while the wgmma does."""
                 v_cols = pl.ds(half * V_HALF, V_HALF)
                 v = kv_cols(slot, half * V_HALF, V_HALF) if deferred_pv else kv_tile(slot).at[:, v_cols]
-                return accumulate(acc, lambda acc_ref: pv_wgmma(acc_ref, v, p_ref(slot)))
+
+                def issue(acc_ref):
+                    pv_wgmma(acc_ref, v, p_ref(slot))
+                    if under is not None:
+                        under()
+
+                return accumulate(acc, issue)
 
             # (overlap_dequant) the chunks of the next step each warpgroup converts: under its own P @ V of this
             # step the rope and V's first half (warpgroup 0 three chunks, 1 two), then V's second half (two chunks
@@ -1365,18 +1372,17 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         plgpu.barrier_wait(p_ready_slot.at[slot] if p_in_kv else sync_a)  # p_ready
                     if deferred_pv:
                         # P @ V of step k under warpgroup 0's softmax of step k + 1: once its scores are done (and
-                        # its P @ V of step k, so the slot's part 0 is free: step k + 2's goes in now)
+                        # its P @ V of step k, so the slot's part 0 is free: step k + 2's goes in under the wgmma)
                         @pl.when(k + 1 < end)
+                        @jax.named_scope("qk_wait")
                         def _():
-                            with jax.named_scope("qk_wait"):
-                                plgpu.barrier_wait(qk_done)
-                            refill(k, 0)
+                            plgpu.barrier_wait(qk_done)
                     acc = rescale(acc, load_vec(alpha_row(slot)))
                     with jax.named_scope("pv"):
                         if overlap_dequant:  # (overlap_wait: the first half converted above)
                             acc = overlap_pv(acc, k, 1, [] if overlap_wait else ov_early)
-                        else:
-                            acc = pv(acc, half, slot)
+                        else:  # (deferred_pv: step k + 2's part 0 when there is one: then step k + 1's scores ran)
+                            acc = pv(acc, half, slot, (lambda: refill(k, 0)) if deferred_pv else None)
                     if not p_in_kv:  # (p_in_kv: P lives in the slot, released below)
                         plgpu.barrier_arrive(sync_b)  # p_free
                     if overlap_dequant:  # V's second half of step k + 1 (warpgroup 0 converts the other two chunks)
