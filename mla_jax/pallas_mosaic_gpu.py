@@ -56,6 +56,10 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
 * P in the KV slot (`MosaicConfig(p_in_kv=True)`, opt-in; 0.4-5% slower at H = 128 on the H200):
   "flashmla" with P of a step stored in its slot's 64 rope columns (free after the step's
   scores, until the slot is released): no P buffer and no `p_free` wait.
+* Deferred P @ V (`MosaicConfig(deferred_pv=True)`, opt-in; 1.01-1.15x slower at H = 128 on the H200, session 15):
+  "flashmla" with warpgroup 1's P @ V of a step run under warpgroup 0's softmax of the next (once its scores are
+  done, `qk_done`), and the ring slots in two column parts ([0, 256), [256, 576)), each with its own `kv_ready` and
+  refilled as soon as its readers are done.
 * Seesaw (`MosaicConfig(schedule="seesaw")`, opt-in; 1.23-1.38x slower than "flashmla" at
   H = 128 on the H200): FlashMLA's seesaw, steps in pairs, one per ring slot; each warpgroup
   computes one step's scores and softmax (warpgroup 1 against warpgroup 0's new row max) and
@@ -363,14 +367,22 @@ class MosaicConfig:
         heads_fastest gained 1.06-1.11x (H128 B64 S16384 q_len 1 552.9 -> 542.3 us, B128 S16384 1101.1 -> 1104.1):
         once a request's head tiles run together the second read already hits L2, and the step is bound by the
         compute warpgroups, not HBM. Kept as an option (tested compiled: bitwise the default at pages 16, 64, 128).
-    deferred_pv: ("flashmla", plain scores, a 16-bit cache, not kv_multicast; 2 stages; with or without p_in_kv) warpgroup 1 runs its P @ V of step k once warpgroup 0's scores of step k + 1 are done (`qk_done`),
+    deferred_pv: ("flashmla", plain scores, a 16-bit cache, not kv_multicast; 2 stages; with or without p_in_kv;
+        opt-in: 1.01-1.15x slower on the H200, session 15) warpgroup 1 runs its P @ V of step k once warpgroup 0's scores of step k + 1 are done (`qk_done`),
         so that it runs under warpgroup 0's softmax of step k + 1, where "flashmla" leaves the tensor cores idle
         (session 15's region profile at H128 B64 S4096: the softmax ~30% of warpgroup 0's step, warpgroup 1's P @ V
         already done under the scores). That frees a ring slot later, so the slot is filled and waited on in two
         column halves (two `kv_ready` barriers a slot): [0, 256), read only by warpgroup 0's scores and P @ V,
         refilled by warpgroup 1 as soon as the scores of the next step are done; [256, 576), after its own P @ V.
         The scores of a step wait for the second half only after the first half's wgmmas are issued. The same math
-        (the scores' wgmmas in the same order: bitwise the default).
+        (the scores' wgmmas in the same order: bitwise the default on the H200, pages 16, 64, 128). On the H200
+        (parity.sweep, 3 rounds, 2 s idle before each timing) 1.04-1.15x slower on five H = 128 shapes with the
+        part 0 refill before warpgroup 1's wgmma, 1.01-1.04x slower with it under the wgmma (two shapes), and with
+        p_in_kv 1.01-1.06x slower than p_in_kv alone (three shapes). Its region profile (p_in_kv, H128 B64 S4096):
+        warpgroup 0's scores alone took 1.36 us against 1.44 beside warpgroup 1's P @ V (the scores' wgmma, both
+        operands from shared memory, runs at ~60% of the tensor peak alone: the P @ V beside it was nearly free),
+        its own P @ V 1.03 us against 0.60 (now the one beside warpgroup 1's), and its KV wait 0.56 us against 0.19
+        (the slot's part 0 is refilled a softmax and a P @ V before the next scores, not a whole step).
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
