@@ -1,0 +1,40 @@
+"""parity.wgmma_probe (a GPU diagnosis): each probe lowers for CUDA on the CPU, and the probes the Mosaic GPU
+interpreter can run (its wgmma takes no register operand, and no run_state over an accumulator) match numpy."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from parity import wgmma_probe as probe
+
+
+def _operands():
+    rng = np.random.default_rng(0)
+    q = rng.integers(-1, 2, size=(probe.BLOCK_H, probe.HEAD_DIM)).astype(np.float32)
+    k = rng.integers(-1, 2, size=(2 * probe.BLOCK_KV, probe.HEAD_DIM)).astype(np.float32)
+    return q, k, tuple(jnp.asarray(x, jnp.bfloat16) for x in (q, k))
+
+
+@pytest.mark.parametrize("name", list(probe.PROBES))
+def test_lowers_for_cuda(name):
+    _, _, args = _operands()
+    text = probe.build(name, 3, 2).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert "mosaic_gpu" in text
+
+
+@pytest.mark.parametrize("name", ["qk", "qk_n128", "qk+qk"])
+def test_interpreted_probe_matches_numpy(name):
+    q, k, args = _operands()
+    with plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams()):
+        got = np.asarray(probe.build(name, 3, 1)(*args))
+    for w, want in enumerate(probe.expected(name, 3, q, k)):
+        if want is not None:
+            np.testing.assert_array_equal(got[w], want)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="'nope'"):
+        probe.main(["--probes", "nope"])
+    with pytest.raises(ValueError, match="'5,2'"):
+        probe.main(["--iters", "5,2"])
