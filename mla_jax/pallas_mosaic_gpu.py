@@ -59,7 +59,7 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
 * Deferred P @ V (`MosaicConfig(deferred_pv=True)`, opt-in; 1.01-1.15x slower at H = 128 on the H200, session 15):
   "flashmla" with warpgroup 1's P @ V of a step run under warpgroup 0's softmax of the next (once its scores are
   done, `qk_done`), and the ring slots in two column parts ([0, 256), [256, 576)), each with its own `kv_ready` and
-  refilled as soon as its readers are done.
+  refilled as soon as its readers are done (part 0 by warpgroup 0, part 1 by warpgroup 1).
 * Seesaw (`MosaicConfig(schedule="seesaw")`, opt-in; 1.23-1.38x slower than "flashmla" at
   H = 128 on the H200): FlashMLA's seesaw, steps in pairs, one per ring slot; each warpgroup
   computes one step's scores and softmax (warpgroup 1 against warpgroup 0's new row max) and
@@ -372,8 +372,10 @@ class MosaicConfig:
         so that it runs under warpgroup 0's softmax of step k + 1, where "flashmla" leaves the tensor cores idle
         (session 15's region profile at H128 B64 S4096: the softmax ~30% of warpgroup 0's step, warpgroup 1's P @ V
         already done under the scores). That frees a ring slot later, so the slot is filled and waited on in two
-        column halves (two `kv_ready` barriers a slot): [0, 256), read only by warpgroup 0's scores and P @ V,
-        refilled by warpgroup 1 as soon as the scores of the next step are done; [256, 576), after its own P @ V.
+        column halves (two `kv_ready` barriers a slot): [0, 256), read only by warpgroup 0's scores and P @ V, which
+        refills it itself under its next scores' first wgmma (the block table staged in two half-size chunk buffers,
+        so that it may stage the next chunk while warpgroup 1 reads the last); [256, 576) by warpgroup 1 after its
+        own P @ V.
         The scores of a step wait for the second half only after the first half's wgmmas are issued. The same math
         (the scores' wgmmas in the same order: bitwise the default on the H200, pages 16, 64, 128). On the H200
         (parity.sweep, 3 rounds, 2 s idle before each timing) 1.04-1.15x slower on five H = 128 shapes with the
@@ -488,9 +490,9 @@ class MosaicConfig:
         f32_misc = alloc((4 if p_in_slots else NUM_COMPUTE_WGS) * BLOCK_H * 4)
         i32_misc = alloc((INFO_WORDS + self.bt_chunk) * 4)
         # q, info, bt; kv_ready (deferred_pv: two a slot), kv_consumed (p_in_kv: and p_ready) a slot; sync_a, sync_b;
-        # (deferred_pv) qk_done
+        # (deferred_pv) qk_done and warpgroup 0's bt
         per_slot = 3 if self.p_in_kv or self.deferred_pv else 2
-        barriers = 8 * (3 + per_slot * self.max_concurrent_steps + 2 + int(self.deferred_pv))
+        barriers = 8 * (3 + per_slot * self.max_concurrent_steps + 2 + 2 * int(self.deferred_pv))
         return q + kv + p + f32_misc + i32_misc + barriers
 
 
@@ -673,6 +675,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                          f"stages, got {schedule=}, {score_rows=}, {fp8=}, {kv_multicast=}, {stages=}, {memory_wg=}")
     # (deferred_pv) a slot's two column parts, each filled and awaited on its own (kv_ready[2 slot + part])
     kv_parts = ((0, V_HALF), (V_HALF, HEAD_DIM - V_HALF)) if deferred_pv else ((0, HEAD_DIM),)
+    # (deferred_pv) two block-table chunk buffers (by chunk parity): warpgroup 0 stages a step's chunk for its part 0
+    # while warpgroup 1 may still read the one before for its part 1 of an earlier step
+    bt_bufs = 2 if deferred_pv else 1
 
     def body(q_ref, kv_ref, sched_ref, out_ref, lse_ref,
              q_kv_or_stage, p_smem, x_smem, i_smem,
@@ -701,7 +706,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # P @ V of step k)
             p_ready_slot, *extra_barriers = extra_barriers
         if deferred_pv:
-            (qk_done,) = extra_barriers  # warpgroup 0's scores of a step done (its P @ V of the step before too)
+            # qk_done: warpgroup 0's scores of a step done (its P @ V of the step before too); bt_bar_wg0: warpgroup
+            # 0's own block-table chunk loads (a barrier's waiters wait for every phase of it)
+            qk_done, bt_bar_wg0 = extra_barriers
         if pdl and not interpret:  # (the interpreter runs kernels in order: nothing to wait for)
             plgpu.griddepcontrol_wait()  # the kernels before this one are done: their writes are visible
             plgpu.griddepcontrol_launch_dependents()
@@ -713,7 +720,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         lt = lax.rem(g, jnp.int32(q_tiles))
         info_smem = i_smem.at[pl.ds(0, INFO_WORDS)]
         sums_row = stages if p_in_kv else 1  # ("flashmla") the row of x_smem with warpgroup 0's row sums
-        bt_smem = i_smem.at[pl.ds(INFO_WORDS, bt_chunk)]
 
         def tile_info():
             """(first token, tokens in the tile, first position, KV length seen, last page, step range)."""
@@ -884,7 +890,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         # ---------------------------------------------------------------- the producer
         def load_info():
             """The request's info and the first chunk of its block table, in one TMA."""
-            plgpu.copy_gmem_to_smem(sched_ref.at[req, pl.ds(0, INFO_WORDS + bt_chunk)], i_smem, info_bar)
+            plgpu.copy_gmem_to_smem(sched_ref.at[req, pl.ds(0, INFO_WORDS + bt_chunk)],
+                                    i_smem.at[pl.ds(0, INFO_WORDS + bt_chunk)], info_bar)
 
         def load_q(first_tok):
             """The query tile, straight from q [T, H, 576]."""
@@ -903,11 +910,12 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             the whole slot, part 0)."""
             return kv_ready.at[slot * len(kv_parts) + part]
 
-        def issue_step(i, begin, last_page, parts=None):
+        def issue_step(i, begin, last_page, parts=None, bt_wait=None):
             """TMA of KV step begin + i into slot i % stages (the slot is free), signalling
             kv_ready[slot]; stages the block-table chunk it needs when it differs from the one
             in SMEM: chunk 0 came with the info, then the previous step's (steps go in order).
-            (deferred_pv) parts: the column parts to load (default all); part 0 goes first and stages the chunk."""
+            (deferred_pv) parts: the column parts to load (default all); part 0 goes first and stages the chunk
+            (into buffer chunk % 2, awaited on bt_wait: default bt_bar), part 1 of the step is issued after it."""
             parts = range(len(kv_parts)) if parts is None else parts
             k = begin + i
             slot = lax.rem(i, jnp.int32(stages))
@@ -915,14 +923,22 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             chunk = lax.div(lp0, jnp.int32(bt_chunk))
             prev_chunk = jnp.where(i == 0, 0, lax.div(first_page(k - 1), jnp.int32(bt_chunk)))
 
+            buf = lax.rem(chunk, jnp.int32(bt_bufs))
+
             if 0 in parts:
                 @pl.when(chunk != prev_chunk)
                 def _():
                     src = sched_ref.at[req, pl.ds(INFO_WORDS + chunk * bt_chunk, bt_chunk)]
-                    plgpu.copy_gmem_to_smem(src, bt_smem, bt_bar)
-                    plgpu.barrier_wait(bt_bar)
+                    for b in range(bt_bufs):
+                        @pl.when(buf == b)
+                        def _(b=b):
+                            plgpu.copy_gmem_to_smem(src, i_smem.at[pl.ds(INFO_WORDS + b * bt_chunk, bt_chunk)],
+                                                    bt_bar if bt_wait is None else bt_wait)
+                    plgpu.barrier_wait(bt_bar if bt_wait is None else bt_wait)
 
-            base = chunk * bt_chunk
+            def page_at(lp):
+                """Page id of the request's logical page lp (in the staged chunk)."""
+                return i_smem[INFO_WORDS + buf * bt_chunk + lp - chunk * bt_chunk]
 
             def cols(ref, part):
                 """The KV cache's columns of `part` (all of them without deferred_pv)."""
@@ -938,7 +954,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
             for part in parts:
                 if pages_per_step == 1:
-                    page = bt_smem[lp0 - base]
+                    page = page_at(lp0)
                     if steps_per_page == 1:
                         src = kv_ref.at[page]
                     else:
@@ -950,7 +966,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     for j in range(pages_per_step):
                         # Pages past the request's last one are never dereferenced (their
                         # rows are past kv_len): the last page stands in for them.
-                        page = bt_smem[jnp.minimum(lp0 + j, last_page) - base]
+                        page = page_at(jnp.minimum(lp0 + j, last_page))
                         plgpu.copy_gmem_to_smem(cols(kv_ref.at[page], part),
                                                 dst(part, pl.ds(j * page_size, page_size)),
                                                 kv_ready_at(slot, part), collective_axes=kv_axes)
@@ -1011,20 +1027,22 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                 def refill(k, part=None):
                     """Step k + stages into step k's slot, once released (kv_consumed). (deferred_pv) Only column
-                    part `part`, whose release the caller knows of: part 0 once warpgroup 0's scores of step k + 1
-                    are done (its P @ V of step k came before them), part 1 after warpgroup 1's own P @ V of step k
-                    (warpgroup 0's scores of step k, their other reader, came before P)."""
+                    part `part`, whose release the caller knows of: part 0 by warpgroup 0, its only reader, after its
+                    P @ V of step k; part 1 by warpgroup 1 after its own P @ V of step k (warpgroup 0's scores of
+                    step k, the part's other reader, came before P)."""
                     i = k - begin + stages
 
                     @pl.when(i < n)
                     def _():
                         if part is None:
                             plgpu.barrier_wait(kv_consumed.at[lax.rem(k - begin, jnp.int32(stages))])
-                        issue_step(i, begin, last_page, None if part is None else (part,))
+                        issue_step(i, begin, last_page, None if part is None else (part,),
+                                   bt_bar_wg0 if part == 0 else None)
 
                 tile = (compute_tile_seesaw if seesaw else compute_tile_flashmla if flashmla or three
                         else compute_tile)
-                tile(w, first_tok, ntok, first_pos, kv_len, begin, end, refill if producer else None)
+                # (deferred_pv: warpgroup 0 refills part 0 of the slots itself)
+                tile(w, first_tok, ntok, first_pos, kv_len, begin, end, refill if producer or deferred_pv else None)
                 if producer and not deferred_pv:  # (deferred_pv: kv_consumed is not used)
                     drain(n)
 
@@ -1254,6 +1272,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                                     plgpu.barrier_wait(kv_ready_at(slot, part))
                                 plgpu.wgmma(s_ref, q_smem.at[:, pl.ds(c0, nc)],
                                             kv_cols(slot, c0, nc).transpose((1, 0)))
+                                if not part:  # under it, part 0 of step k + 1 into the slot of step k - 1 (this
+                                    # warpgroup is its only reader: the scores and P @ V of step k - 1 are done)
+                                    pl.when(k > begin)(lambda: refill(k - 1, 0))
                             return s_ref[...]
                         if overlap_dequant:  # the f16 copy in three buffers: a wgmma each chunk, in head-dim order
                             for c in range(HEAD_DIM // 64):
@@ -1291,9 +1312,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         s = pl.run_scoped(qk, plgpu.ACC(shape, jnp.float32))
                     if deferred_pv:  # warpgroup 1 may run its P @ V of step k - 1 (and refill its slot's part 0).
                         # Not after the first step's scores (nothing waits for them): then each arrival comes after
-                        # warpgroup 1 saw the one before (step k's scores read the part 0 of step k that warpgroup 1
-                        # loads once it saw step k - 1's), where the second step's (loaded before the loop) would not
-                        # wait for anything after the first's.
+                        # warpgroup 1 saw the one before (step k's scores read part 1 of step k, which warpgroup 1
+                        # loads after its P @ V of step k - 2, which waits for step k - 1's), where the second step's
+                        # (loaded before the loop) would not wait for anything after the first's.
                         pl.when(k > begin)(lambda: plgpu.barrier_arrive(qk_done))
                     if masked:
                         s = mask_scores(s, kv_start, first_pos, kv_len, scale, row_ax, key_ax)
@@ -1382,9 +1403,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         pl.when(k + 1 < end)(lambda: overlap_convert(k + 1, begin, kv_len, ov_early))
                     with jax.named_scope("p_ready_wait"):
                         plgpu.barrier_wait(p_ready_slot.at[slot] if p_in_kv else sync_a)  # p_ready
-                    if deferred_pv:
-                        # P @ V of step k under warpgroup 0's softmax of step k + 1: once its scores are done (and
-                        # its P @ V of step k, so the slot's part 0 is free: step k + 2's goes in under the wgmma)
+                    if deferred_pv:  # P @ V of step k under warpgroup 0's softmax of step k + 1
                         @pl.when(k + 1 < end)
                         @jax.named_scope("qk_wait")
                         def _():
@@ -1393,15 +1412,15 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     with jax.named_scope("pv"):
                         if overlap_dequant:  # (overlap_wait: the first half converted above)
                             acc = overlap_pv(acc, k, 1, [] if overlap_wait else ov_early)
-                        else:  # (deferred_pv: step k + 2's part 0 when there is one: then step k + 1's scores ran)
-                            acc = pv(acc, half, slot, (lambda: refill(k, 0)) if deferred_pv else None)
+                        else:
+                            acc = pv(acc, half, slot)
                     if not p_in_kv:  # (p_in_kv: P lives in the slot, released below)
                         plgpu.barrier_arrive(sync_b)  # p_free
                     if overlap_dequant:  # V's second half of step k + 1 (warpgroup 0 converts the other two chunks)
                         pl.when(k + 1 < end)(lambda: overlap_release(k + 1, ov_late, wait=False))  # (awaited before)
                         return acc
                     if deferred_pv:  # part 1 of the slot: its readers (step k's scores, this P @ V) are done
-                        refill(k, 1)
+                        refill(k, 1)  # (part 0: warpgroup 0, under its next scores)
                         return acc
                     if not fp8:
                         plgpu.barrier_arrive(kv_consumed.at[slot])
@@ -1682,7 +1701,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         # row max / row sum exchange, lse (p_in_kv: the rescale factor per slot, then the row sums)
         # (seesaw: the two steps' row maxima, then the two warpgroups' row sums)
         plgpu.SMEM((4 if seesaw else stages + 1 if p_in_kv else NUM_COMPUTE_WGS, BLOCK_H), jnp.float32),
-        plgpu.SMEM((INFO_WORDS + bt_chunk,), jnp.int32),  # request info + block-table chunk
+        plgpu.SMEM((INFO_WORDS + bt_bufs * bt_chunk,), jnp.int32),  # request info + block-table chunk(s)
         plgpu.Barrier(num_arrivals=q_toks),  # q_bar: one TMA per token of the tile (one for H >= 64)
         plgpu.Barrier(),  # info_bar
         plgpu.Barrier(),  # bt_bar
@@ -1701,6 +1720,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         scratch.append(plgpu.Barrier(num_arrivals=1, num_barriers=stages))  # p_ready per slot
     if deferred_pv:
         scratch.append(plgpu.Barrier(num_arrivals=1))  # qk_done
+        scratch.append(plgpu.Barrier())  # bt_bar_wg0
     num_ctas_tiles = num_reqs * q_tiles
     # the body finds its CTA by axis name; the last axis is CUDA's x, the launch order's fastest
     # kv_multicast: the head tiles in pairs, a pair one cluster of 2 CTAs (its axis "hc", CUDA's x: the pair's CTAs
@@ -1794,7 +1814,10 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     # transposed scores: the tile's rows in use (hp heads x the tokens a tile can hold), when fewer than 64
     score_rows = hp * min(tpt, max(1, metadata.max_query_len)) if tuning.transposed_scores else BLOCK_H
     pages_per_step = max(1, block_kv // page_size)
-    bt_chunk = tuning.bt_chunk - tuning.bt_chunk % pages_per_step
+    bt_chunk = tuning.bt_chunk
+    if tuning.deferred_pv:  # two buffers of half the entries (a TMA moves a multiple of 128 bytes: 32 entries)
+        bt_chunk = max(32, bt_chunk // 64 * 32)
+    bt_chunk -= bt_chunk % pages_per_step
     width = -(-metadata.block_table.shape[1] // bt_chunk) * bt_chunk
     kernel = _build_kernel(
         dtype=q.dtype, out_dtype=out_dtype, page_size=page_size, num_tokens=num_tokens, heads=heads, hp=hp,

@@ -430,8 +430,8 @@ class TestConfig:
         assert MosaicConfig().smem_bytes() > 220 * 1024  # Q + 2 stages nearly fill it
         # P in the KV slots: the 8 KiB P buffer gone (a 1 KiB placeholder), one more 1 KiB row block
         assert MosaicConfig().smem_bytes() - MosaicConfig(p_in_kv=True).smem_bytes() == 7 * 1024 - 16
-        # deferred_pv: the same ring in two column parts, two more kv_ready barriers and qk_done
-        assert MosaicConfig(deferred_pv=True).smem_bytes() - MosaicConfig().smem_bytes() == 3 * 8
+        # deferred_pv: the same ring in two column parts, two more kv_ready barriers, qk_done and warpgroup 0's bt
+        assert MosaicConfig(deferred_pv=True).smem_bytes() - MosaicConfig().smem_bytes() == 4 * 8
 
     def test_heuristic(self):
         cfg = MLAConfig(num_heads=16, page_size=64)
