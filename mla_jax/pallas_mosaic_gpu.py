@@ -380,11 +380,11 @@ class MosaicConfig:
         (the scores' wgmmas in the same order: bitwise the default on the H200, pages 16, 64, 128). On the H200
         (parity.sweep, 3 rounds, 2 s idle before each timing) 1.04-1.15x slower on five H = 128 shapes with the
         part 0 refill before warpgroup 1's wgmma, 1.01-1.04x slower with it under the wgmma (two shapes), and with
-        p_in_kv 1.01-1.06x slower than p_in_kv alone (three shapes). Its region profile (p_in_kv, H128 B64 S4096):
-        warpgroup 0's scores alone took 1.36 us against 1.44 beside warpgroup 1's P @ V (the scores' wgmma, both
-        operands from shared memory, runs at ~60% of the tensor peak alone: the P @ V beside it was nearly free),
-        its own P @ V 1.03 us against 0.60 (now the one beside warpgroup 1's), and its KV wait 0.56 us against 0.19
-        (the slot's part 0 is refilled a softmax and a P @ V before the next scores, not a whole step).
+        p_in_kv 1.01-1.06x slower than p_in_kv alone (three shapes). Its region profile (p_in_kv, H128 B64 S4096,
+        profiled us): warpgroup 0's scores 1.36 against 1.44 beside warpgroup 1's P @ V, its own P @ V 1.03 against
+        0.60 (now the one beside warpgroup 1's), and its KV wait 0.56 against 0.19 (part 0 was refilled by warpgroup
+        1 after `qk_done`, a softmax and a P @ V before the next scores; warpgroup 0 now refills it itself, a step
+        ahead). parity.wgmma_probe: the scores alone 0.81 us, beside a P @ V half 1.06, the half alone 0.39.
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
