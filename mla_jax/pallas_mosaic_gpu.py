@@ -56,7 +56,8 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
 * P in the KV slot (`MosaicConfig(p_in_kv=True)`, opt-in; 0.4-5% slower at H = 128 on the H200):
   "flashmla" with P of a step stored in its slot's 64 rope columns (free after the step's
   scores, until the slot is released): no P buffer and no `p_free` wait.
-* Deferred P @ V (`MosaicConfig(deferred_pv=True)`, opt-in; 1.01-1.15x slower at H = 128 on the H200, session 15):
+* Deferred P @ V (`MosaicConfig(deferred_pv=True)`, opt-in; its first versions 1.01-1.15x slower at H = 128 on the
+  H200, this one untimed, session 15):
   "flashmla" with warpgroup 1's P @ V of a step run under warpgroup 0's softmax of the next (once its scores are
   done, `qk_done`), and the ring slots in two column parts ([0, 256), [256, 576)), each with its own `kv_ready` and
   refilled as soon as its readers are done (part 0 by warpgroup 0, part 1 by warpgroup 1).
@@ -368,7 +369,7 @@ class MosaicConfig:
         once a request's head tiles run together the second read already hits L2, and the step is bound by the
         compute warpgroups, not HBM. Kept as an option (tested compiled: bitwise the default at pages 16, 64, 128).
     deferred_pv: ("flashmla", plain scores, a 16-bit cache, not kv_multicast; 2 stages; with or without p_in_kv;
-        opt-in: 1.01-1.15x slower on the H200, session 15) warpgroup 1 runs its P @ V of step k once warpgroup 0's scores of step k + 1 are done (`qk_done`),
+        opt-in: its first two versions 1.01-1.15x slower on the H200, this one untimed, session 15) warpgroup 1 runs its P @ V of step k once warpgroup 0's scores of step k + 1 are done (`qk_done`),
         so that it runs under warpgroup 0's softmax of step k + 1, where "flashmla" leaves the tensor cores idle
         (session 15's region profile at H128 B64 S4096: the softmax ~30% of warpgroup 0's step, warpgroup 1's P @ V
         already done under the scores). That frees a ring slot later, so the slot is filled and waited on in two
@@ -378,8 +379,8 @@ class MosaicConfig:
         own P @ V.
         The scores of a step wait for the second half only after the first half's wgmmas are issued. The same math
         (the scores' wgmmas in the same order: bitwise the default on the H200, pages 16, 64, 128). On the H200
-        (parity.sweep, 3 rounds, 2 s idle before each timing) 1.04-1.15x slower on five H = 128 shapes with the
-        part 0 refill before warpgroup 1's wgmma, 1.01-1.04x slower with it under the wgmma (two shapes), and with
+        (parity.sweep, 3 rounds, 2 s idle before each timing) the earlier versions, where warpgroup 1 refilled part 0
+        after `qk_done`: 1.04-1.15x slower on five H = 128 shapes with that refill before its wgmma, 1.01-1.04x slower with it under the wgmma (two shapes), and with
         p_in_kv 1.01-1.06x slower than p_in_kv alone (three shapes). Its region profile (p_in_kv, H128 B64 S4096,
         profiled us): warpgroup 0's scores 1.36 against 1.44 beside warpgroup 1's P @ V, its own P @ V 1.03 against
         0.60 (now the one beside warpgroup 1's), and its KV wait 0.56 against 0.19 (part 0 was refilled by warpgroup
@@ -1173,17 +1174,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # (p_in_kv) the row of x_smem holding the rescale factor of the step in `slot` (the row sums': sums_row)
             alpha_row = (lambda slot: slot) if p_in_kv else (lambda slot: 0)
 
-            def pv(acc, half, slot, under=None):
-                """acc + P @ V of `slot` for output half `half`; `under()` (if given) runs while the wgmma does."""
+            def pv(acc, half, slot):
                 v_cols = pl.ds(half * V_HALF, V_HALF)
                 v = kv_cols(slot, half * V_HALF, V_HALF) if deferred_pv else kv_tile(slot).at[:, v_cols]
-
-                def issue(acc_ref):
-                    pv_wgmma(acc_ref, v, p_ref(slot))
-                    if under is not None:
-                        under()
-
-                return accumulate(acc, issue)
+                return accumulate(acc, lambda acc_ref: pv_wgmma(acc_ref, v, p_ref(slot)))
 
             # (overlap_dequant) the chunks of the next step each warpgroup converts: under its own P @ V of this
             # step the rope and V's first half (warpgroup 0 three chunks, 1 two), then V's second half (two chunks
@@ -1310,7 +1304,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     shape = (block_kv, n) if tr else (BLOCK_H, block_kv)
                     with jax.named_scope("qk"):
                         s = pl.run_scoped(qk, plgpu.ACC(shape, jnp.float32))
-                    if deferred_pv:  # warpgroup 1 may run its P @ V of step k - 1 (and refill its slot's part 0).
+                    if deferred_pv:  # warpgroup 1 may run its P @ V of step k - 1.
                         # Not after the first step's scores (nothing waits for them): then each arrival comes after
                         # warpgroup 1 saw the one before (step k's scores read part 1 of step k, which warpgroup 1
                         # loads after its P @ V of step k - 2, which waits for step k - 1's), where the second step's
@@ -1366,7 +1360,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                             # overlap_dequant: converted above)
                             if not (fused_dequant or overlap_dequant):
                                 pl.when(k + 1 < end)(lambda: dequantize(0, k + 1, begin, kv_len))
-                        elif not deferred_pv:  # (deferred_pv: the next step's qk_done says so)
+                        elif not deferred_pv:  # (deferred_pv: no kv_consumed; this warpgroup refills part 0)
                             plgpu.barrier_arrive(kv_consumed.at[slot])
                     return acc, m_new, l_i
 
