@@ -4,7 +4,7 @@
 # Call with carry [".fa3"].
 # Session 15, call E (python -m parity.wgmma_probe, one CTA per SM): the scores alone 0.806 us a step (5.85 TFLOP/s an
 # SM, the matmul ceiling's rate), one P @ V half 0.390, the scores beside a P @ V half 1.055: a step's tensor work is
-# ~1.45 us, the kernel's step 2.13 (H128 B64 S4096 q1), so ~0.68 us is exposed (warpgroup 0's softmax and hand-off).
+# ~1.45 us, the kernel's step 2.20 (H128 B64 S4096 q1), so ~0.75 us is exposed (warpgroup 0's softmax and hand-off).
 # MosaicConfig(deferred_pv=True) runs warpgroup 1's P @ V under that softmax; its first versions (calls C, D) were
 # 1.01-1.15x slower, losing to a later refill of the slot's part 0 (KV wait 0.19 -> 0.56 us profiled) and to the P @ V
 # landing beside warpgroup 0's own. Now warpgroup 0 refills part 0 itself under its next scores' first wgmma, a step
