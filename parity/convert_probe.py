@@ -102,15 +102,24 @@ def build(method: str, iters: int, num_ctas: int):
     return jax.jit(kernel)
 
 
-def _median_time(fn, x, reps: int) -> float:
-    fn(x).block_until_ready()
+def median_time(fn, args: tuple, reps: int) -> float:
+    """Median wall time of fn(*args) over `reps` calls, after one warm-up call (the probes' timer)."""
+    fn(*args).block_until_ready()
     ts = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        fn(x).block_until_ready()
+        fn(*args).block_until_ready()
         ts.append(time.perf_counter() - t0)
     ts.sort()
     return ts[len(ts) // 2]
+
+
+def parse_iters(text: str) -> tuple[int, int]:
+    """--iters 'lo,hi': the two iteration counts whose time difference the probes divide by hi - lo."""
+    lo, hi = (int(x) for x in text.split(","))
+    if not 0 < lo < hi:
+        raise ValueError(f"--iters must be two counts 0 < lo < hi, got {text!r}")
+    return lo, hi
 
 
 def main(argv=None) -> int:
@@ -125,9 +134,7 @@ def main(argv=None) -> int:
     for m in methods:
         if m not in METHODS:
             raise ValueError(f"--methods: {m!r} is not one of {METHODS}")
-    lo, hi = (int(x) for x in args.iters.split(","))
-    if not 0 < lo < hi:
-        raise ValueError(f"--iters must be two counts 0 < lo < hi, got {args.iters!r}")
+    lo, hi = parse_iters(args.iters)
 
     import jax
     import ml_dtypes
@@ -150,7 +157,7 @@ def main(argv=None) -> int:
         f_lo, f_hi = build(m, lo, args.ctas), build(m, hi, args.ctas)
         got = np.asarray(f_hi(x))
         exact = bool((got.view(np.uint8) == want[m].view(np.uint8)).all())
-        t_lo, t_hi = _median_time(f_lo, x, args.reps), _median_time(f_hi, x, args.reps)
+        t_lo, t_hi = median_time(f_lo, (x,), args.reps), median_time(f_hi, (x,), args.reps)
         us = (t_hi - t_lo) / (hi - lo) * 1e6
         rows.append(dict(method=m, us_per_step=us, exact=exact, t_lo_ms=t_lo * 1e3, t_hi_ms=t_hi * 1e3,
                          iters=[lo, hi], ctas=args.ctas))

@@ -25,7 +25,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
+
+from parity.convert_probe import median_time, parse_iters
 
 BLOCK_H, BLOCK_KV, HEAD_DIM, V_HALF = 64, 64, 576, 256
 # probe -> (warpgroup 0's work, warpgroup 1's work); None: that warpgroup idles
@@ -132,17 +133,6 @@ def expected(probe: str, iters: int, q, k):
     return out
 
 
-def _median_time(fn, args, reps: int) -> float:
-    fn(*args).block_until_ready()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn(*args).block_until_ready()
-        ts.append(time.perf_counter() - t0)
-    ts.sort()
-    return ts[len(ts) // 2]
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m parity.wgmma_probe", description=__doc__.split("\n\n")[0])
     p.add_argument("--probes", default=",".join(PROBES))
@@ -155,9 +145,7 @@ def main(argv=None) -> int:
     for name in probes:
         if name not in PROBES:
             raise ValueError(f"--probes: {name!r} is not one of {tuple(PROBES)}")
-    lo, hi = (int(x) for x in args.iters.split(","))
-    if not 0 < lo < hi:
-        raise ValueError(f"--iters must be two counts 0 < lo < hi, got {args.iters!r}")
+    lo, hi = parse_iters(args.iters)
 
     import jax
     import jax.numpy as jnp
@@ -176,7 +164,7 @@ def main(argv=None) -> int:
         got = np.asarray(f_hi(*args_dev))
         want = expected(name, hi, q, k)
         exact = all(w is None or np.array_equal(got[i], w) for i, w in enumerate(want))
-        t_lo, t_hi = _median_time(f_lo, args_dev, args.reps), _median_time(f_hi, args_dev, args.reps)
+        t_lo, t_hi = median_time(f_lo, args_dev, args.reps), median_time(f_hi, args_dev, args.reps)
         us = (t_hi - t_lo) / (hi - lo) * 1e6
         keys = 2 * BLOCK_KV if "qk_n128" in PROBES[name] else BLOCK_KV
         flops = sum(2 * BLOCK_H * (2 * BLOCK_KV if w == "qk_n128" else BLOCK_KV) * HEAD_DIM if w and w.startswith("qk")
