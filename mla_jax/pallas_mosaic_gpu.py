@@ -918,6 +918,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             (deferred_pv) parts: the column parts to load (default all); part 0 goes first and stages the chunk
             (into buffer chunk % 2, awaited on bt_wait: default bt_bar), part 1 of the step is issued after it."""
             parts = range(len(kv_parts)) if parts is None else parts
+            bt_wait = bt_bar if bt_wait is None else bt_wait
             k = begin + i
             slot = lax.rem(i, jnp.int32(stages))
             lp0 = first_page(k)
@@ -934,8 +935,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         @pl.when(buf == b)
                         def _(b=b):
                             plgpu.copy_gmem_to_smem(src, i_smem.at[pl.ds(INFO_WORDS + b * bt_chunk, bt_chunk)],
-                                                    bt_bar if bt_wait is None else bt_wait)
-                    plgpu.barrier_wait(bt_bar if bt_wait is None else bt_wait)
+                                                    bt_wait)
+                    plgpu.barrier_wait(bt_wait)
 
             def page_at(lp):
                 """Page id of the request's logical page lp (in the staged chunk)."""
