@@ -12,10 +12,12 @@ memory holds no more beside Q and the ring). Each iteration a warpgroup runs one
 * "qk_rs": the scores with Q from registers (loaded once: the wgmma's left operand in registers, only K from
   shared memory);
 * "pv": one warpgroup's P @ V, acc [64, 256] += P_slot [64, 64] @ V_slot [64, 256] (the slot's columns
-  [256, 512)).
+  [256, 512)); "pv0" the same on the other half, columns [0, 256).
 
-Probes (warpgroup 0's work / warpgroup 1's): qk / -, qk_n128 / -, qk_rs / -, - / pv, qk / pv (the kernel's overlap:
-is a P @ V beside the scores free?), qk / qk (two warpgroups' scores at once). An iteration's time is the slope of
+Probes (warpgroup 0's work / warpgroup 1's [/ warpgroup 2's]): qk / -, qk_n128 / -, qk_rs / -, - / pv, qk / pv (the
+kernel's overlap: is a P @ V beside the scores free?), qk / qk (two warpgroups' scores at once), pv0 / pv (the two
+P @ V halves at once, as "flashmla" runs them after the softmax), qk / pv / pv0 and qk_rs / pv / pv0 (three
+warpgroups: the scores beside both halves, the step of schedule="three_wg", with Q from shared memory or registers). An iteration's time is the slope of
 the kernel's time over the iteration count (the launch and set-up cancel). Every result is checked against numpy
 (row sums of the last scores and of the accumulated P @ V; small integers, so exact in fp32).
 """
@@ -31,7 +33,9 @@ from parity.convert_probe import median_time, parse_iters
 BLOCK_H, BLOCK_KV, HEAD_DIM, V_HALF = 64, 64, 576, 256
 # probe -> (warpgroup 0's work, warpgroup 1's work); None: that warpgroup idles
 PROBES = {"qk": ("qk", None), "qk_n128": ("qk_n128", None), "qk_rs": ("qk_rs", None), "pv": (None, "pv"),
-          "qk+pv": ("qk", "pv"), "qk+qk": ("qk", "qk")}
+          "qk+pv": ("qk", "pv"), "qk+qk": ("qk", "qk"), "pv+pv": ("pv0", "pv"), "qk+pv+pv": ("qk", "pv", "pv0"),
+          "qk_rs+pv+pv": ("qk_rs", "pv", "pv0")}
+V_COLS = {"pv": V_HALF, "pv0": 0}  # the first column of each P @ V kind's half
 
 
 def build(probe: str, iters: int, num_ctas: int):
@@ -66,10 +70,10 @@ def build(probe: str, iters: int, num_ctas: int):
 
             return pl.run_scoped(qk, plgpu.ACC((BLOCK_H, n), jnp.float32))
 
-        def pv(acc, i):
+        def pv(acc, i, c0):
             rows = pl.ds(pl.multiple_of(lax.rem(i, jnp.int32(2)) * BLOCK_KV, BLOCK_KV), BLOCK_KV)
             p_slot = k_smem.at[rows, pl.ds(2 * V_HALF, BLOCK_KV)]  # the slot's rope columns
-            return pl.run_state(lambda a_ref: plgpu.wgmma(a_ref, p_slot, k_smem.at[rows, pl.ds(V_HALF, V_HALF)]))(
+            return pl.run_state(lambda a_ref: plgpu.wgmma(a_ref, p_slot, k_smem.at[rows, pl.ds(c0, V_HALF)]))(
                 plgpu.ACC.init(acc))
 
         for w, kind in enumerate(work):
@@ -78,9 +82,9 @@ def build(probe: str, iters: int, num_ctas: int):
 
             @pl.when(wg == w)
             def _(w=w, kind=kind):
-                if kind == "pv":
+                if kind in V_COLS:
                     init = plgpu.layout_cast(jnp.zeros((BLOCK_H, V_HALF), jnp.float32), plgpu.Layout.WGMMA)
-                    out = lax.fori_loop(0, iters, lambda i, acc: pv(acc, i), init)
+                    out = lax.fori_loop(0, iters, lambda i, acc: pv(acc, i, V_COLS[kind]), init)
                 else:
                     q_regs = plgpu.load(q_smem, layout=plgpu.Layout.WGMMA) if kind == "qk_rs" else None
                     n = 2 * BLOCK_KV if kind == "qk_n128" else BLOCK_KV
@@ -96,16 +100,16 @@ def build(probe: str, iters: int, num_ctas: int):
 
     kernel = plgpu.kernel(
         body,
-        out_type=jax.ShapeDtypeStruct((2, BLOCK_H), jnp.float32),
+        out_type=jax.ShapeDtypeStruct((len(work), BLOCK_H), jnp.float32),
         scratch_types=[
             plgpu.SMEM((BLOCK_H, HEAD_DIM), jnp.bfloat16, transforms=t),
             plgpu.SMEM((2 * BLOCK_KV, HEAD_DIM), jnp.bfloat16, transforms=t),
-            plgpu.SMEM((2, BLOCK_H), jnp.float32),
+            plgpu.SMEM((len(work), BLOCK_H), jnp.float32),
             plgpu.Barrier(num_arrivals=2),  # Q and K loaded
         ],
         grid=(num_ctas,),
         grid_names=("cta",),
-        num_threads=2,
+        num_threads=len(work),
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
     )
@@ -124,9 +128,10 @@ def expected(probe: str, iters: int, q, k):
             out.append(None)
         elif kind == "qk_n128":
             out.append((q @ k.T).sum(axis=1))
-        elif kind == "pv":
+        elif kind in V_COLS:
             n0, n1 = (iters + 1) // 2, iters // 2  # iterations on slot 0, slot 1
-            pv = [k[r, 2 * V_HALF:] @ k[r, V_HALF:2 * V_HALF] for r in (slice(0, BLOCK_KV), slice(BLOCK_KV, None))]
+            c = slice(V_COLS[kind], V_COLS[kind] + V_HALF)
+            pv = [k[r, 2 * V_HALF:] @ k[r, c] for r in (slice(0, BLOCK_KV), slice(BLOCK_KV, None))]
             out.append((n0 * pv[0] + n1 * pv[1]).sum(axis=1))
         else:
             out.append((q @ k[last * BLOCK_KV:(last + 1) * BLOCK_KV].T).sum(axis=1))
@@ -168,7 +173,7 @@ def main(argv=None) -> int:
         us = (t_hi - t_lo) / (hi - lo) * 1e6
         keys = 2 * BLOCK_KV if "qk_n128" in PROBES[name] else BLOCK_KV
         flops = sum(2 * BLOCK_H * (2 * BLOCK_KV if w == "qk_n128" else BLOCK_KV) * HEAD_DIM if w and w.startswith("qk")
-                    else 2 * BLOCK_H * BLOCK_KV * V_HALF if w == "pv" else 0 for w in PROBES[name])
+                    else 2 * BLOCK_H * BLOCK_KV * V_HALF if w in V_COLS else 0 for w in PROBES[name])
         rows.append(dict(probe=name, work=PROBES[name], us_per_iter=us, us_per_64_keys=us * BLOCK_KV / keys,
                          tflops_per_sm=flops / us * 1e-6, exact=exact, t_lo_ms=t_lo * 1e3, t_hi_ms=t_hi * 1e3,
                          iters=[lo, hi], ctas=args.ctas))
