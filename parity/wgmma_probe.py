@@ -14,10 +14,18 @@ memory holds no more beside Q and the ring). Each iteration a warpgroup runs one
 * "pv": one warpgroup's P @ V, acc [64, 256] += P_slot [64, 64] @ V_slot [64, 256] (the slot's columns
   [256, 512)); "pv0" the same on the other half, columns [0, 256).
 
+* "qk32", "pv32", "pv32_0": the same over 32 keys (wgmma N = 32 for the scores, K = 32 for P @ V, P [64, 32]):
+  a step of block_kv = 32 (every buffer then with a 64-byte swizzle: a [64, 32] P needs it, and Mosaic GPU's wgmma
+  wants one swizzle for both operands): a step of block_kv = 32, with times reported per 64 keys too;
+* "qk_sm", "qk32_sm": the scores, then the kernel's online softmax on them (scale, row max, exp2, row sums, P
+  stored as bf16 into a P buffer, the fence of `commit_smem`): warpgroup 0's chain without P @ V.
+
 Probes (warpgroup 0's work / warpgroup 1's [/ warpgroup 2's]): qk / -, qk_n128 / -, qk_rs / -, - / pv, qk / pv (the
 kernel's overlap: is a P @ V beside the scores free?), qk / qk (two warpgroups' scores at once), pv0 / pv (the two
 P @ V halves at once, as "flashmla" runs them after the softmax), qk / pv / pv0 and qk_rs / pv / pv0 (three
-warpgroups: the scores beside both halves, the step of schedule="three_wg", with Q from shared memory or registers). An iteration's time is the slope of
+warpgroups: the scores beside both halves, the step of schedule="three_wg", with Q from shared memory or registers);
+the 32-key forms of these; the softmax forms (qk_sm alone and beside both P @ V halves). Where one warpgroup's
+iterations are longer than another's, the slope is the longest one's, partly alone. An iteration's time is the slope of
 the kernel's time over the iteration count (the launch and set-up cancel). Every result is checked against numpy
 (row sums of the last scores and of the accumulated P @ V; small integers, so exact in fp32).
 """
@@ -34,8 +42,16 @@ BLOCK_H, BLOCK_KV, HEAD_DIM, V_HALF = 64, 64, 576, 256
 # probe -> (warpgroup 0's work, warpgroup 1's work); None: that warpgroup idles
 PROBES = {"qk": ("qk", None), "qk_n128": ("qk_n128", None), "qk_rs": ("qk_rs", None), "pv": (None, "pv"),
           "qk+pv": ("qk", "pv"), "qk+qk": ("qk", "qk"), "pv+pv": ("pv0", "pv"), "qk+pv+pv": ("qk", "pv", "pv0"),
-          "qk_rs+pv+pv": ("qk_rs", "pv", "pv0")}
-V_COLS = {"pv": V_HALF, "pv0": 0}  # the first column of each P @ V kind's half
+          "qk_rs+pv+pv": ("qk_rs", "pv", "pv0"), "qk32": ("qk32", None), "pv32+pv32": ("pv32_0", "pv32"),
+          "qk32+pv32+pv32": ("qk32", "pv32", "pv32_0"), "qk_sm": ("qk_sm", None), "qk32_sm": ("qk32_sm", None),
+          "qk_sm+pv+pv": ("qk_sm", "pv", "pv0"), "qk32_sm+pv32+pv32": ("qk32_sm", "pv32", "pv32_0")}
+V_COLS = {"pv": V_HALF, "pv0": 0, "pv32": V_HALF, "pv32_0": 0}  # the first column of each P @ V kind's half
+SCALE = 0.0625  # the softmax probes' score scale (log2 units)
+
+
+def keys_of(kind: str | None) -> int:
+    """Keys of one iteration of a warpgroup's work."""
+    return 0 if kind is None else 2 * BLOCK_KV if kind == "qk_n128" else 32 if "32" in kind else BLOCK_KV
 
 
 def build(probe: str, iters: int, num_ctas: int):
@@ -45,10 +61,13 @@ def build(probe: str, iters: int, num_ctas: int):
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    t = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
     work = PROBES[probe]
+    # the 32-key probes: every buffer with a 64-byte swizzle (8 x 32 tiles), since a [64, 32] P needs it and the
+    # wgmma's operands must share one swizzle; the others the kernel's 128 bytes (8 x 64 tiles)
+    sw = 64 if any(w and "32" in w for w in work) else 128
+    t = (plgpu.TilingTransform((8, sw // 2)), plgpu.SwizzleTransform(sw))
 
-    def body(q_ref, k_ref, o_ref, q_smem, k_smem, o_smem, bar):
+    def body(q_ref, k_ref, o_ref, q_smem, k_smem, p_smem, bar):
         wg = lax.axis_index("wg")
         cta = lax.axis_index("cta")
 
@@ -59,10 +78,15 @@ def build(probe: str, iters: int, num_ctas: int):
 
         plgpu.barrier_wait(bar)
 
+        def rows_of(kind, i):
+            n = keys_of(kind)
+            if n == 2 * BLOCK_KV:
+                return pl.ds(0, n)
+            slots = 2 * BLOCK_KV // n
+            return pl.ds(pl.multiple_of(lax.rem(i, jnp.int32(slots)) * n, n), n)
+
         def scores(kind, i, q_regs):
-            rows = (pl.ds(0, 2 * BLOCK_KV) if kind == "qk_n128"
-                    else pl.ds(pl.multiple_of(lax.rem(i, jnp.int32(2)) * BLOCK_KV, BLOCK_KV), BLOCK_KV))
-            n = 2 * BLOCK_KV if kind == "qk_n128" else BLOCK_KV
+            rows, n = rows_of(kind, i), keys_of(kind)
 
             def qk(s_ref):
                 plgpu.wgmma(s_ref, q_smem if q_regs is None else q_regs, k_smem.at[rows].transpose((1, 0)))
@@ -70,11 +94,24 @@ def build(probe: str, iters: int, num_ctas: int):
 
             return pl.run_scoped(qk, plgpu.ACC((BLOCK_H, n), jnp.float32))
 
-        def pv(acc, i, c0):
-            rows = pl.ds(pl.multiple_of(lax.rem(i, jnp.int32(2)) * BLOCK_KV, BLOCK_KV), BLOCK_KV)
-            p_slot = k_smem.at[rows, pl.ds(2 * V_HALF, BLOCK_KV)]  # the slot's rope columns
+        def pv(acc, i, kind):
+            rows, c0 = rows_of(kind, i), V_COLS[kind]
+            # P: the slot's rope columns (64 keys), or the 32-key P buffer
+            p_slot = p_smem if keys_of(kind) == 32 else k_smem.at[rows, pl.ds(2 * V_HALF, BLOCK_KV)]
             return pl.run_state(lambda a_ref: plgpu.wgmma(a_ref, p_slot, k_smem.at[rows, pl.ds(c0, V_HALF)]))(
                 plgpu.ACC.init(acc))
+
+        def softmax(s, carry, kind):
+            """The kernel's online softmax on scores s, P stored as bf16 into the P buffer."""
+            m_i, l_i = carry
+            s = s * SCALE
+            m_new = jnp.maximum(m_i, s.max(axis=1))
+            alpha = jnp.exp2(m_i - m_new)
+            p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
+            l_i = l_i * alpha + p.sum(axis=1)
+            p_smem[...] = p.astype(jnp.bfloat16)
+            plgpu.commit_smem()
+            return m_new, l_i
 
         for w, kind in enumerate(work):
             if kind is None:
@@ -83,20 +120,27 @@ def build(probe: str, iters: int, num_ctas: int):
             @pl.when(wg == w)
             def _(w=w, kind=kind):
                 if kind in V_COLS:
+                    if keys_of(kind) == 32:  # P: ones (the same values from every warpgroup that writes them)
+                        p_smem[...] = plgpu.layout_cast(jnp.ones((BLOCK_H, 32), jnp.bfloat16), plgpu.Layout.WGMMA)
+                        plgpu.commit_smem()
                     init = plgpu.layout_cast(jnp.zeros((BLOCK_H, V_HALF), jnp.float32), plgpu.Layout.WGMMA)
-                    out = lax.fori_loop(0, iters, lambda i, acc: pv(acc, i, V_COLS[kind]), init)
+                    out = lax.fori_loop(0, iters, lambda i, acc: pv(acc, i, kind), init)
+                elif kind.endswith("_sm"):
+                    vec = plgpu.Layout.WGMMA.reduce(1)
+                    init = (plgpu.layout_cast(jnp.full((BLOCK_H,), -jnp.inf, jnp.float32), vec),
+                            plgpu.layout_cast(jnp.zeros((BLOCK_H,), jnp.float32), vec))
+                    _, l_i = lax.fori_loop(0, iters, lambda i, c: softmax(scores(kind, i, None), c, kind), init)
+                    out = l_i
                 else:
                     q_regs = plgpu.load(q_smem, layout=plgpu.Layout.WGMMA) if kind == "qk_rs" else None
-                    n = 2 * BLOCK_KV if kind == "qk_n128" else BLOCK_KV
-                    init = plgpu.layout_cast(jnp.zeros((BLOCK_H, n), jnp.float32), plgpu.Layout.WGMMA)
+                    init = plgpu.layout_cast(jnp.zeros((BLOCK_H, keys_of(kind)), jnp.float32), plgpu.Layout.WGMMA)
                     out = lax.fori_loop(0, iters, lambda i, s: scores(kind, i, q_regs), init)
-                o_smem[w] = out.sum(axis=1)
-                plgpu.commit_smem()
+                if not kind.endswith("_sm"):
+                    out = out.sum(axis=1)
 
                 @pl.when(cta == 0)
                 def _():
-                    plgpu.copy_smem_to_gmem(o_smem.at[w], o_ref.at[w])
-                    plgpu.wait_smem_to_gmem(0)
+                    o_ref[w] = out  # (from registers: shared memory holds Q, two KV steps and P, no more)
 
     kernel = plgpu.kernel(
         body,
@@ -104,7 +148,9 @@ def build(probe: str, iters: int, num_ctas: int):
         scratch_types=[
             plgpu.SMEM((BLOCK_H, HEAD_DIM), jnp.bfloat16, transforms=t),
             plgpu.SMEM((2 * BLOCK_KV, HEAD_DIM), jnp.bfloat16, transforms=t),
-            plgpu.SMEM((len(work), BLOCK_H), jnp.float32),
+            # P of the softmax probes, [64, 64] (or [64, 32]: the 32-key P @ V's left operand, ones unless a softmax
+            # probe writes it)
+            plgpu.SMEM((BLOCK_H, 32 if sw == 64 else BLOCK_KV), jnp.bfloat16, transforms=t),
             plgpu.Barrier(num_arrivals=2),  # Q and K loaded
         ],
         grid=(num_ctas,),
@@ -117,25 +163,50 @@ def build(probe: str, iters: int, num_ctas: int):
 
 
 def expected(probe: str, iters: int, q, k):
-    """Row sums numpy says each warpgroup writes (None where it idles)."""
+    """Row sums numpy says each warpgroup writes (the softmax probes: the row sums l; None where it idles, or where
+    a softmax warpgroup rewrites the 32-key P that it reads)."""
     import numpy as np
 
     q, k = (np.asarray(x, np.float64) for x in (q, k))
-    last = (iters - 1) % 2
+    work = PROBES[probe]
     out = []
-    for kind in PROBES[probe]:
+    for kind in work:
         if kind is None:
             out.append(None)
-        elif kind == "qk_n128":
-            out.append((q @ k.T).sum(axis=1))
-        elif kind in V_COLS:
-            n0, n1 = (iters + 1) // 2, iters // 2  # iterations on slot 0, slot 1
+            continue
+        n = keys_of(kind)
+        slots = 2 * BLOCK_KV // n
+        counts = [len(range(j, iters, slots)) for j in range(slots)]  # iterations on each n-key slot
+        blocks = [slice(j * n, (j + 1) * n) for j in range(slots)]
+        if kind in V_COLS:
+            if n == 32 and "qk32_sm" in work:
+                out.append(None)
+                continue
             c = slice(V_COLS[kind], V_COLS[kind] + V_HALF)
-            pv = [k[r, 2 * V_HALF:] @ k[r, c] for r in (slice(0, BLOCK_KV), slice(BLOCK_KV, None))]
-            out.append((n0 * pv[0] + n1 * pv[1]).sum(axis=1))
+            p = [np.ones((BLOCK_H, n)) if n == 32 else k[r, 2 * V_HALF:] for r in blocks]
+            out.append(sum(cnt * (p[j] @ k[r, c]) for j, (cnt, r) in enumerate(zip(counts, blocks))).sum(axis=1))
+        elif kind.endswith("_sm"):
+            m, l = np.full(BLOCK_H, -np.inf), np.zeros(BLOCK_H)
+            for i in range(iters):
+                s = (q @ k[blocks[i % slots]].T) * SCALE
+                m_new = np.maximum(m, s.max(axis=1))
+                l = l * np.exp2(m - m_new) + np.exp2(s - m_new[:, None]).sum(axis=1)
+                m = m_new
+            out.append(l)
         else:
-            out.append((q @ k[last * BLOCK_KV:(last + 1) * BLOCK_KV].T).sum(axis=1))
+            out.append((q @ k[blocks[(iters - 1) % slots]].T).sum(axis=1))
     return out
+
+
+def matches(kind: str | None, got, want) -> bool:
+    """Exact for the matmuls (small integers in fp32), to 1e-4 for the softmax's row sums (exp2.approx)."""
+    import numpy as np
+
+    if want is None:
+        return True
+    if kind.endswith("_sm"):
+        return bool(np.allclose(got, want, rtol=1e-4, atol=0))
+    return bool(np.array_equal(got, want))
 
 
 def main(argv=None) -> int:
@@ -168,18 +239,18 @@ def main(argv=None) -> int:
         f_lo, f_hi = build(name, lo, args.ctas), build(name, hi, args.ctas)
         got = np.asarray(f_hi(*args_dev))
         want = expected(name, hi, q, k)
-        exact = all(w is None or np.array_equal(got[i], w) for i, w in enumerate(want))
+        exact = all(matches(kind, got[i], w) for i, (kind, w) in enumerate(zip(PROBES[name], want)))
         t_lo, t_hi = median_time(f_lo, args_dev, args.reps), median_time(f_hi, args_dev, args.reps)
         us = (t_hi - t_lo) / (hi - lo) * 1e6
-        keys = 2 * BLOCK_KV if "qk_n128" in PROBES[name] else BLOCK_KV
-        flops = sum(2 * BLOCK_H * (2 * BLOCK_KV if w == "qk_n128" else BLOCK_KV) * HEAD_DIM if w and w.startswith("qk")
-                    else 2 * BLOCK_H * BLOCK_KV * V_HALF if w in V_COLS else 0 for w in PROBES[name])
+        keys = max(keys_of(w) for w in PROBES[name])
+        flops = sum(2 * BLOCK_H * keys_of(w) * HEAD_DIM if w and w.startswith("qk")
+                    else 2 * BLOCK_H * keys_of(w) * V_HALF if w in V_COLS else 0 for w in PROBES[name])
         rows.append(dict(probe=name, work=PROBES[name], us_per_iter=us, us_per_64_keys=us * BLOCK_KV / keys,
                          tflops_per_sm=flops / us * 1e-6, exact=exact, t_lo_ms=t_lo * 1e3, t_hi_ms=t_hi * 1e3,
                          iters=[lo, hi], ctas=args.ctas))
-    print(f"{'probe':<8} {'us/iter':>8} {'us/64 keys':>10} {'TFLOP/s/SM':>10} {'exact':>6}  ({args.ctas} CTAs)")
+    print(f"{'probe':<18} {'us/iter':>8} {'us/64 keys':>10} {'TFLOP/s/SM':>10} {'exact':>6}  ({args.ctas} CTAs)")
     for r in rows:
-        print(f"{r['probe']:<8} {r['us_per_iter']:8.3f} {r['us_per_64_keys']:10.3f} {r['tflops_per_sm']:10.2f} "
+        print(f"{r['probe']:<18} {r['us_per_iter']:8.3f} {r['us_per_64_keys']:10.3f} {r['tflops_per_sm']:10.2f} "
               f"{str(r['exact']):>6}")
     if args.json:
         with open(args.json, "w") as f:
