@@ -25,7 +25,19 @@ kernel's overlap: is a P @ V beside the scores free?), qk / qk (two warpgroups' 
 P @ V halves at once, as "flashmla" runs them after the softmax), qk / pv / pv0 and qk_rs / pv / pv0 (three
 warpgroups: the scores beside both halves, the step of schedule="three_wg", with Q from shared memory or registers);
 the 32-key forms of these; the softmax forms (qk_sm alone and beside both P @ V halves). Where one warpgroup's
-iterations are longer than another's, the slope is the longest one's, partly alone. An iteration's time is the slope of
+iterations are longer than another's, the slope is the longest one's, partly alone.
+
+The step probes run a schedule's whole step, its hand-offs included, with no memory traffic (one KV step in shared
+memory, read every iteration; P and the rescale factor double-buffered, as with p_in_kv): what the step costs
+the tensor cores, the softmax and the barriers alone, to set beside the kernel's step (whose difference is then
+the ring's loads and waits):
+* "step_flashmla": warpgroup 0 computes the scores and the online softmax, writes P and alpha, says so
+  (`p_ready`), rescales its accumulator and does its P @ V half; warpgroup 1 waits, rescales, does its half
+  and releases P (`p_free`, awaited before P's buffer is written again two steps later);
+* "step_deferred": the same, warpgroup 1's P @ V of step i waiting for warpgroup 0's scores of step i + 1
+  (`qk_done`: MosaicConfig(deferred_pv=True));
+* "step_three_wg": warpgroup 0 the scores and softmax only, warpgroups 1 and 2 a P @ V half each
+  (schedule="three_wg"). An iteration's time is the slope of
 the kernel's time over the iteration count (the launch and set-up cancel). Every result is checked against numpy
 (row sums of the last scores and of the accumulated P @ V; small integers, so exact in fp32).
 """
@@ -45,6 +57,8 @@ PROBES = {"qk": ("qk", None), "qk_n128": ("qk_n128", None), "qk_rs": ("qk_rs", N
           "qk_rs+pv+pv": ("qk_rs", "pv", "pv0"), "qk32": ("qk32", None), "pv32+pv32": ("pv32_0", "pv32"),
           "qk32+pv32+pv32": ("qk32", "pv32", "pv32_0"), "qk_sm": ("qk_sm", None), "qk32_sm": ("qk32_sm", None),
           "qk_sm+pv+pv": ("qk_sm", "pv", "pv0"), "qk32_sm+pv32+pv32": ("qk32_sm", "pv32", "pv32_0")}
+STEPS = {"step_flashmla": 2, "step_deferred": 2, "step_three_wg": 3}  # step probe -> warpgroups
+PROBES.update({name: tuple(f"step{w}" for w in range(n)) for name, n in STEPS.items()})
 V_COLS = {"pv": V_HALF, "pv0": 0, "pv32": V_HALF, "pv32_0": 0}  # the first column of each P @ V kind's half
 SCALE = 0.0625  # the softmax probes' score scale (log2 units)
 
@@ -54,7 +68,10 @@ def keys_of(kind: str | None) -> int:
     return 0 if kind is None else 2 * BLOCK_KV if kind == "qk_n128" else 32 if "32" in kind else BLOCK_KV
 
 
-def build(probe: str, iters: int, num_ctas: int):
+def build(probe: str, iters: int, num_ctas: int, interpret: bool = False):
+    """The probe's jitted kernel; interpret: (step probes) accumulate as the interpreter can (see build_step)."""
+    if probe in STEPS:
+        return build_step(probe, iters, num_ctas, interpret)
     import jax
     import jax.numpy as jnp
     from jax import lax
@@ -162,11 +179,142 @@ def build(probe: str, iters: int, num_ctas: int):
     return jax.jit(kernel)
 
 
+def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
+    """A step probe (STEPS): the schedule's step over one KV step held in shared memory. interpret: each P @ V into a
+    fresh accumulator, then added (the Mosaic GPU interpreter has no rule for run_state over an accumulator)."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    nwg = STEPS[probe]
+    three, deferred = probe == "step_three_wg", probe == "step_deferred"
+    t = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+    row = plgpu.Layout.WGMMA.reduce(1)
+
+    def body(q_ref, k_ref, o_ref, q_smem, k_smem, p_smem, x_smem, bar, p_ready, p_free, qk_done):
+        wg = lax.axis_index("wg")
+        cta = lax.axis_index("cta")
+
+        @pl.when(wg == 0)
+        def _():
+            plgpu.copy_gmem_to_smem(q_ref, q_smem, bar)
+            plgpu.copy_gmem_to_smem(k_ref.at[pl.ds(0, BLOCK_KV)], k_smem, bar)
+
+        plgpu.barrier_wait(bar)
+
+        def pv(acc, i, c0):
+            def issue(a_ref):
+                plgpu.wgmma(a_ref, p_smem.at[lax.rem(i, 2)], k_smem.at[:, pl.ds(c0, V_HALF)])
+
+            if interpret:
+                return acc + pl.run_scoped(lambda a_ref: (issue(a_ref), a_ref[...])[1],
+                                           plgpu.ACC(acc.shape, jnp.float32))
+            return pl.run_state(issue)(plgpu.ACC.init(acc))
+
+        def zeros_acc():
+            return plgpu.layout_cast(jnp.zeros((BLOCK_H, V_HALF), jnp.float32), plgpu.Layout.WGMMA)
+
+        def rescale(acc, alpha):
+            return acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+
+        @pl.when(wg == 0)
+        def _():
+            def step(i, carry):
+                acc, m_i, l_i = carry
+
+                def qk(s_ref):
+                    plgpu.wgmma(s_ref, q_smem, k_smem.transpose((1, 0)))
+                    return s_ref[...]
+
+                s = pl.run_scoped(qk, plgpu.ACC((BLOCK_H, BLOCK_KV), jnp.float32)) * SCALE
+                if deferred:
+                    pl.when(i > 0)(lambda: plgpu.barrier_arrive(qk_done.at[lax.rem(i, 2)]))  # step i - 1's P @ V may go
+                m_new = jnp.maximum(m_i, s.max(axis=1))
+                alpha = jnp.exp2(m_i - m_new)
+                p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
+                l_i = l_i * alpha + p.sum(axis=1)
+                pl.when(i >= 2)(lambda: plgpu.barrier_wait(p_free.at[lax.rem(i, 2)]))  # step i - 2 released P's buffer
+                p_smem[lax.rem(i, 2)] = p.astype(jnp.bfloat16)
+                x_smem[lax.rem(i, 2)] = alpha
+                plgpu.commit_smem()
+                plgpu.barrier_arrive(p_ready.at[lax.rem(i, 2)])
+                if not three:
+                    acc = pv(rescale(acc, alpha), i, 0)
+                return acc, m_new, l_i
+
+            init = (None if three else zeros_acc(), plgpu.layout_cast(jnp.full((BLOCK_H,), -jnp.inf, jnp.float32), row),
+                    plgpu.layout_cast(jnp.zeros((BLOCK_H,), jnp.float32), row))
+            acc, _, l_i = lax.fori_loop(0, iters, step, init)
+            for j in range(max(iters - 2, 0), iters):  # the last two releases (every phase observed)
+                plgpu.barrier_wait(p_free.at[j % 2])
+            out = l_i if three else acc.sum(axis=1)
+            pl.when(cta == 0)(lambda: o_ref.__setitem__(0, out))
+
+        for w in range(1, nwg):
+            @pl.when(wg == w)
+            def _(w=w):
+                def step(i, acc):
+                    plgpu.barrier_wait(p_ready.at[lax.rem(i, 2)])
+                    if deferred:
+                        pl.when(i + 1 < iters)(lambda: plgpu.barrier_wait(qk_done.at[lax.rem(i + 1, 2)]))
+                    acc = pv(rescale(acc, plgpu.load(x_smem.at[lax.rem(i, 2)], (), layout=row)), i,
+                             V_HALF if w == 1 else 0)
+                    plgpu.barrier_arrive(p_free.at[lax.rem(i, 2)])
+                    return acc
+
+                out = lax.fori_loop(0, iters, step, zeros_acc()).sum(axis=1)
+                pl.when(cta == 0)(lambda: o_ref.__setitem__(w, out))
+
+    kernel = plgpu.kernel(
+        body,
+        out_type=jax.ShapeDtypeStruct((nwg, BLOCK_H), jnp.float32),
+        scratch_types=[
+            plgpu.SMEM((BLOCK_H, HEAD_DIM), jnp.bfloat16, transforms=t),
+            plgpu.SMEM((BLOCK_KV, HEAD_DIM), jnp.bfloat16, transforms=t),
+            plgpu.SMEM((2, BLOCK_H, BLOCK_KV), jnp.bfloat16, transforms=t),  # P, by step parity
+            plgpu.SMEM((2, BLOCK_H), jnp.float32),  # alpha, by step parity
+            plgpu.Barrier(num_arrivals=2),  # Q and K loaded
+            # p_ready, p_free, qk_done: by step parity (no barrier is then ever two phases ahead of a waiter)
+            plgpu.Barrier(num_arrivals=1, num_barriers=2),
+            plgpu.Barrier(num_arrivals=nwg - 1, num_barriers=2),
+            plgpu.Barrier(num_arrivals=1, num_barriers=2),
+        ],
+        grid=(num_ctas,),
+        grid_names=("cta",),
+        num_threads=nwg,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane, approx_math=True),
+    )
+    return jax.jit(kernel)
+
+
+def expected_step(probe: str, iters: int, q, k):
+    """What a step probe's warpgroups write: warpgroup 0 its P @ V half's row sums (three_wg: the row sums l),
+    the others theirs; the same KV step every iteration, so the row max settles on the first and each P @ V adds
+    P (rounded to bf16) @ V."""
+    import numpy as np
+
+    import ml_dtypes
+
+    q, k = (np.asarray(x, np.float64) for x in (q, k))
+    s = (q @ k[:BLOCK_KV].T) * SCALE
+    p = np.exp2(s - s.max(axis=1, keepdims=True))
+    pb = p.astype(ml_dtypes.bfloat16).astype(np.float64)
+    halves = [(pb @ k[:BLOCK_KV, c:c + V_HALF]).sum(axis=1) * iters for c in (0, V_HALF)]
+    if probe == "step_three_wg":
+        return [p.sum(axis=1) * iters, halves[1], halves[0]]
+    return halves
+
+
 def expected(probe: str, iters: int, q, k):
     """Row sums numpy says each warpgroup writes (the softmax probes: the row sums l; None where it idles, or where
     a softmax warpgroup rewrites the 32-key P that it reads)."""
     import numpy as np
 
+    if probe in STEPS:
+        return expected_step(probe, iters, q, k)
     q, k = (np.asarray(x, np.float64) for x in (q, k))
     work = PROBES[probe]
     out = []
@@ -204,6 +352,8 @@ def matches(kind: str | None, got, want) -> bool:
 
     if want is None:
         return True
+    if kind is not None and kind.startswith("step"):  # (P's bf16 rounding after exp2.approx: a few ulps may move)
+        return bool(np.allclose(got, want, rtol=1e-3, atol=0))
     if kind.endswith("_sm"):
         return bool(np.allclose(got, want, rtol=1e-4, atol=0))
     return bool(np.array_equal(got, want))
@@ -245,6 +395,8 @@ def main(argv=None) -> int:
         keys = max(keys_of(w) for w in PROBES[name])
         flops = sum(2 * BLOCK_H * keys_of(w) * HEAD_DIM if w and w.startswith("qk")
                     else 2 * BLOCK_H * keys_of(w) * V_HALF if w in V_COLS else 0 for w in PROBES[name])
+        if name in STEPS:  # the scores and both P @ V halves
+            flops = 2 * BLOCK_H * BLOCK_KV * (HEAD_DIM + 2 * V_HALF)
         rows.append(dict(probe=name, work=PROBES[name], us_per_iter=us, us_per_64_keys=us * BLOCK_KV / keys,
                          tflops_per_sm=flops / us * 1e-6, exact=exact, t_lo_ms=t_lo * 1e3, t_hi_ms=t_hi * 1e3,
                          iters=[lo, hi], ctas=args.ctas))

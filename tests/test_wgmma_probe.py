@@ -33,6 +33,18 @@ def test_interpreted_probe_matches_numpy(name):
             assert probe.matches(probe.PROBES[name][w], got[w], want), (got[w], want)
 
 
+@pytest.mark.parametrize("name", list(probe.STEPS))
+@pytest.mark.parametrize("iters", [1, 2, 5])
+def test_interpreted_step_probe_matches_numpy(name, iters):
+    """The step probes' hand-offs (barriers by step parity) under the interpreter's barrier checks, and their
+    results against numpy."""
+    q, k, args = _operands()
+    with plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams()):
+        got = np.asarray(probe.build(name, iters, 1, interpret=True)(*args))
+    for w, want in enumerate(probe.expected(name, iters, q, k)):
+        assert probe.matches(probe.PROBES[name][w], got[w], want), (w, got[w], want)
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="'nope'"):
         probe.main(["--probes", "nope"])
