@@ -61,6 +61,9 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
   "flashmla" with warpgroup 1's P @ V of a step run under warpgroup 0's softmax of the next (once its scores are
   done, `qk_done`), and the ring slots in two column parts ([0, 256), [256, 576)), each with its own `kv_ready` and
   refilled as soon as its readers are done (part 0 by warpgroup 0, part 1 by warpgroup 1).
+* A two-part ring (`MosaicConfig(split_ring=True)`, opt-in; untimed, session 16): "flashmla" with deferred_pv's
+  ring (two column parts a slot, each refilled by the warpgroup whose P @ V reads it, right after that P @ V) but
+  no deferral: the scores of a step wait for part 1 only after part 0's wgmmas are issued.
 * Seesaw (`MosaicConfig(schedule="seesaw")`, opt-in; 1.23-1.38x slower than "flashmla" at
   H = 128 on the H200): FlashMLA's seesaw, steps in pairs, one per ring slot; each warpgroup
   computes one step's scores and softmax (warpgroup 1 against warpgroup 0's new row max) and
@@ -386,6 +389,16 @@ class MosaicConfig:
         0.60 (now the one beside warpgroup 1's), and its KV wait 0.56 against 0.19 (part 0 was refilled by warpgroup
         1 after `qk_done`, a softmax and a P @ V before the next scores; warpgroup 0 now refills it itself, a step
         ahead). parity.wgmma_probe: the scores alone 0.81 us, beside a P @ V half 1.06, the half alone 0.39.
+    split_ring: ("flashmla", plain scores, a 16-bit cache, not kv_multicast, 2 stages, p_in_kv=False; opt-in,
+        untimed, session 16) deferred_pv's two-part ring without the deferral: part 0 of a slot ([0, 256)) refilled by
+        warpgroup 0 under its next scores' first wgmma, part 1 ([256, 576)) by warpgroup 1 right after its P @ V (no
+        `kv_consumed` wait for the other warpgroup), and the scores wait for part 1 only after part 0's wgmmas are
+        issued: part 1 gets ~40% of the scores (~0.3 us) more time to land. From session 16's probes: the memoryless
+        "flashmla" step (parity.wgmma_probe step_flashmla, 1.80 us) against the kernel's 2.05 us a step at H128 B64
+        S4096 leaves ~0.25 us a step to the ring's loads and waits. Warpgroup 1's part 1 of a step may go before
+        warpgroup 0 staged a new block-table chunk for it, so that waits (`bt_staged`). Not with p_in_kv (P in part
+        1's rope columns would be refilled while warpgroup 0's P @ V may still read it). The same math (bitwise the
+        default on the GPU, as deferred_pv).
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -413,6 +426,7 @@ class MosaicConfig:
     heads_fastest: bool = False
     kv_multicast: bool = False
     deferred_pv: bool = False
+    split_ring: bool = False
     pdl: bool = False
 
     def __post_init__(self):
@@ -421,7 +435,7 @@ class MosaicConfig:
             if isinstance(x, bool) or not isinstance(x, int):
                 raise ValueError(f"{name} must be an int, got {name}={x!r}")
         for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
-                     "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast", "deferred_pv"):
+                     "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast", "deferred_pv", "split_ring"):
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
@@ -449,14 +463,19 @@ class MosaicConfig:
         if self.transposed_pv and not self.transposed_scores:
             raise ValueError("transposed_pv=True needs transposed_scores=True (P^T is the transposed scores' P), "
                              f"got transposed_scores={self.transposed_scores}")
+        if self.split_ring and self.p_in_kv:
+            raise ValueError("split_ring=True needs p_in_kv=False: P would sit in the slot's rope columns (part 1), "
+                             "which warpgroup 1 refills after its P @ V while warpgroup 0's may still read P "
+                             "(deferred_pv orders them), got p_in_kv=True")
         if self.p_in_kv and (self.schedule != "flashmla" or self.transposed_scores):
             raise ValueError(f"p_in_kv=True needs schedule='flashmla' with plain scores, got "
                              f"schedule={self.schedule!r}, transposed_scores={self.transposed_scores}")
-        if self.deferred_pv and (self.schedule != "flashmla" or self.transposed_scores or self.kv_multicast
-                                 or max_concurrent_steps != 2):
-            raise ValueError(f"deferred_pv=True needs schedule='flashmla' with plain scores, no kv_multicast and 2 "
-                             f"stages, got schedule={self.schedule!r}, transposed_scores={self.transposed_scores}, "
-                             f"kv_multicast={self.kv_multicast}, {max_concurrent_steps=}")
+        for name in ("deferred_pv", "split_ring"):
+            if getattr(self, name) and (self.schedule != "flashmla" or self.transposed_scores or self.kv_multicast
+                                        or max_concurrent_steps != 2):
+                raise ValueError(f"{name}=True needs schedule='flashmla' with plain scores, no kv_multicast and 2 "
+                                 f"stages, got schedule={self.schedule!r}, transposed_scores={self.transposed_scores}, "
+                                 f"kv_multicast={self.kv_multicast}, {max_concurrent_steps=}")
         if block_kv != 64:
             # 64 = two 32-row score tiles, one per compute warpgroup. (32 would need
             # a zero-fill of 16-row V tiles, which the WGMMA register layout cannot hold.)
@@ -490,10 +509,11 @@ class MosaicConfig:
         p = alloc(4) if p_in_slots else alloc(BLOCK_H * self.block_kv * dtype_bytes)
         f32_misc = alloc((4 if p_in_slots else NUM_COMPUTE_WGS) * BLOCK_H * 4)
         i32_misc = alloc((INFO_WORDS + self.bt_chunk) * 4)
-        # q, info, bt; kv_ready (deferred_pv: two a slot), kv_consumed (p_in_kv: and p_ready) a slot; sync_a, sync_b;
-        # (deferred_pv) qk_done and warpgroup 0's bt
-        per_slot = 3 if self.p_in_kv or self.deferred_pv else 2
-        barriers = 8 * (3 + per_slot * self.max_concurrent_steps + 2 + 2 * int(self.deferred_pv))
+        # q, info, bt; kv_ready (split_ring, deferred_pv: two a slot), kv_consumed (p_in_kv: and p_ready) a slot;
+        # sync_a, sync_b; (split_ring, deferred_pv) warpgroup 0's bt and bt_staged; (deferred_pv) qk_done
+        part_ring = self.deferred_pv or self.split_ring
+        per_slot = 2 + int(self.p_in_kv) + int(part_ring)
+        barriers = 8 * (3 + per_slot * self.max_concurrent_steps + 2 + 2 * int(part_ring) + int(self.deferred_pv))
         return q + kv + p + f32_misc + i32_misc + barriers
 
 
@@ -612,7 +632,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   p_in_kv: bool = False, dequant_layout: str = "wgmma", fused_dequant: bool = False,
                   fused_group: int = 1, fp8_convert: str = "cvt", overlap_dequant: bool = False,
                   overlap_wait: bool = False, transposed_pv: bool = False, heads_fastest: bool = False,
-                  kv_multicast: bool = False, deferred_pv: bool = False, out_dtype=None, interpret: bool = False):
+                  kv_multicast: bool = False, deferred_pv: bool = False, split_ring: bool = False, out_dtype=None,
+                  interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile), the last axis the fastest (heads_fastest: reversed, the head
@@ -671,14 +692,20 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         raise ValueError(f"kv_multicast needs a 16-bit cache, an even number of head tiles and pages of at least 16 "
                          f"rows, got {fp8=}, {num_h_tiles=}, {page_size=}")
     kv_axes = "hc" if kv_multicast else None  # the KV TMAs: each CTA of the pair loads half, multicast to both
-    if deferred_pv and (not flashmla or score_rows or fp8 or kv_multicast or stages != 2 or memory_wg):
-        raise ValueError(f"deferred_pv needs schedule='flashmla', plain scores, a 16-bit cache, no kv_multicast and 2 "
-                         f"stages, got {schedule=}, {score_rows=}, {fp8=}, {kv_multicast=}, {stages=}, {memory_wg=}")
-    # (deferred_pv) a slot's two column parts, each filled and awaited on its own (kv_ready[2 slot + part])
-    kv_parts = ((0, V_HALF), (V_HALF, HEAD_DIM - V_HALF)) if deferred_pv else ((0, HEAD_DIM),)
-    # (deferred_pv) two block-table chunk buffers (by chunk parity): warpgroup 0 stages a step's chunk for its part 0
+    # (split_ring, deferred_pv) the ring in two column parts, each refilled by its P @ V warpgroup
+    part_ring = split_ring or deferred_pv
+    if split_ring and p_in_kv:
+        raise ValueError("split_ring needs p_in_kv=False (warpgroup 1 refills part 1, P's rope columns, while "
+                         "warpgroup 0's P @ V may still read P)")
+    if part_ring and (not flashmla or score_rows or fp8 or kv_multicast or stages != 2 or memory_wg):
+        raise ValueError(f"split_ring and deferred_pv need schedule='flashmla', plain scores, a 16-bit cache, no "
+                         f"kv_multicast and 2 stages, got {schedule=}, {score_rows=}, {fp8=}, {kv_multicast=}, "
+                         f"{stages=}, {memory_wg=}")
+    # (part_ring) a slot's two column parts, each filled and awaited on its own (kv_ready[2 slot + part])
+    kv_parts = ((0, V_HALF), (V_HALF, HEAD_DIM - V_HALF)) if part_ring else ((0, HEAD_DIM),)
+    # (part_ring) two block-table chunk buffers (by chunk parity): warpgroup 0 stages a step's chunk for its part 0
     # while warpgroup 1 may still read the one before for its part 1 of an earlier step
-    bt_bufs = 2 if deferred_pv else 1
+    bt_bufs = 2 if part_ring else 1
 
     def body(q_ref, kv_ref, sched_ref, out_ref, lse_ref,
              q_kv_or_stage, p_smem, x_smem, i_smem,
@@ -696,7 +723,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # kv_smem: the ring of fp8 steps the TMAs fill; deq_smem: the step the wgmmas read
             (q_smem, kv_smem, deq_smem), stage = q_kv_or_stage
             (deq_ready,) = extra_barriers
-        elif deferred_pv:  # the ring in two column parts (each a contiguous TMA destination)
+        elif part_ring:  # the ring in two column parts (each a contiguous TMA destination)
             (q_smem, *kv_part_smem), stage = q_kv_or_stage
             kv_smem = None
         else:
@@ -706,10 +733,14 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # wait for P's release), never two (step k + 2 reuses the slot of step k, released after the
             # P @ V of step k)
             p_ready_slot, *extra_barriers = extra_barriers
+        if part_ring:
+            # bt_bar_wg0: warpgroup 0's own block-table chunk loads (a barrier's waiters wait for every phase of it);
+            # bt_staged: warpgroup 0 staged a new chunk for its part 0 of a step, which warpgroup 1's part 1 of the
+            # same step awaits (split_ring: nothing else orders them); (deferred_pv) qk_done: warpgroup 0's scores
+            # of a step done (its P @ V of the step before too)
+            bt_bar_wg0, bt_staged, *extra_barriers = extra_barriers
         if deferred_pv:
-            # qk_done: warpgroup 0's scores of a step done (its P @ V of the step before too); bt_bar_wg0: warpgroup
-            # 0's own block-table chunk loads (a barrier's waiters wait for every phase of it)
-            qk_done, bt_bar_wg0 = extra_barriers
+            (qk_done,) = extra_barriers
         if pdl and not interpret:  # (the interpreter runs kernels in order: nothing to wait for)
             plgpu.griddepcontrol_wait()  # the kernels before this one are done: their writes are visible
             plgpu.griddepcontrol_launch_dependents()
@@ -748,8 +779,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             return deq_smem.at[info_smem[4]] if fp8 else kv_smem.at[slot]
 
         def kv_cols(slot, c0: int, nc: int):
-            """Columns [c0, c0 + nc) of the 16-bit ring's `slot` (deferred_pv: within one column part)."""
-            if not deferred_pv:
+            """Columns [c0, c0 + nc) of the 16-bit ring's `slot` (part_ring: within one column part)."""
+            if not part_ring:
                 return kv_smem.at[slot, :, pl.ds(c0, nc)]
             for (p0, pn), ref in zip(kv_parts, kv_part_smem):
                 if p0 <= c0 and c0 + nc <= p0 + pn:
@@ -907,7 +938,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             return lax.div(k, jnp.int32(steps_per_page)) if pages_per_step == 1 else k * pages_per_step
 
         def kv_ready_at(slot, part: int = 0):
-            """The barrier of `slot`'s column part `part` (deferred_pv: 0 columns [0, 256), 1 [256, 576); else
+            """The barrier of `slot`'s column part `part` (part_ring: 0 columns [0, 256), 1 [256, 576); else
             the whole slot, part 0)."""
             return kv_ready.at[slot * len(kv_parts) + part]
 
@@ -915,7 +946,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             """TMA of KV step begin + i into slot i % stages (the slot is free), signalling
             kv_ready[slot]; stages the block-table chunk it needs when it differs from the one
             in SMEM: chunk 0 came with the info, then the previous step's (steps go in order).
-            (deferred_pv) parts: the column parts to load (default all); part 0 goes first and stages the chunk
+            (part_ring) parts: the column parts to load (default all); part 0 goes first and stages the chunk
             (into buffer chunk % 2, awaited on bt_wait: default bt_bar), part 1 of the step is issued after it."""
             parts = range(len(kv_parts)) if parts is None else parts
             bt_wait = bt_bar if bt_wait is None else bt_wait
@@ -937,21 +968,25 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                             plgpu.copy_gmem_to_smem(src, i_smem.at[pl.ds(INFO_WORDS + b * bt_chunk, bt_chunk)],
                                                     bt_wait)
                     plgpu.barrier_wait(bt_wait)
+                    if parts == (0,):  # (part_ring: warpgroup 0's refill) its part 1 may read the chunk now
+                        plgpu.barrier_arrive(bt_staged)
+            elif parts == (1,):  # (part_ring: warpgroup 1's refill) the chunk, once warpgroup 0 staged it
+                pl.when(chunk != prev_chunk)(lambda: plgpu.barrier_wait(bt_staged))
 
             def page_at(lp):
                 """Page id of the request's logical page lp (in the staged chunk)."""
                 return i_smem[INFO_WORDS + buf * bt_chunk + lp - chunk * bt_chunk]
 
             def cols(ref, part):
-                """The KV cache's columns of `part` (all of them without deferred_pv)."""
-                if not deferred_pv:
+                """The KV cache's columns of `part` (all of them without part_ring)."""
+                if not part_ring:
                     return ref
                 c0, nc = kv_parts[part]
                 return ref.at[..., pl.ds(c0, nc)]
 
             def dst(part, rows=None):
-                """The ring slot's part `part` (deferred_pv; else the whole slot), rows `rows` (default all)."""
-                ring = kv_part_smem[part] if deferred_pv else kv_smem
+                """The ring slot's part `part` (part_ring; else the whole slot), rows `rows` (default all)."""
+                ring = kv_part_smem[part] if part_ring else kv_smem
                 return ring.at[slot] if rows is None else ring.at[slot, rows]
 
             for part in parts:
@@ -1028,7 +1063,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         issue_step(i, begin, last_page)
 
                 def refill(k, part=None):
-                    """Step k + stages into step k's slot, once released (kv_consumed). (deferred_pv) Only column
+                    """Step k + stages into step k's slot, once released (kv_consumed). (part_ring) Only column
                     part `part`, whose release the caller knows of: part 0 by warpgroup 0, its only reader, after its
                     P @ V of step k; part 1 by warpgroup 1 after its own P @ V of step k (warpgroup 0's scores of
                     step k, the part's other reader, came before P)."""
@@ -1043,9 +1078,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                 tile = (compute_tile_seesaw if seesaw else compute_tile_flashmla if flashmla or three
                         else compute_tile)
-                # (deferred_pv: warpgroup 0 refills part 0 of the slots itself)
-                tile(w, first_tok, ntok, first_pos, kv_len, begin, end, refill if producer or deferred_pv else None)
-                if producer and not deferred_pv:  # (deferred_pv: kv_consumed is not used)
+                # (part_ring: warpgroup 0 refills part 0 of the slots itself)
+                tile(w, first_tok, ntok, first_pos, kv_len, begin, end, refill if producer or part_ring else None)
+                if producer and not part_ring:  # (part_ring: kv_consumed is not used)
                     drain(n)
 
         def compute_tile(w, first_tok, ntok, first_pos, kv_len, begin, end, refill):
@@ -1177,7 +1212,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
             def pv(acc, half, slot):
                 v_cols = pl.ds(half * V_HALF, V_HALF)
-                v = kv_cols(slot, half * V_HALF, V_HALF) if deferred_pv else kv_tile(slot).at[:, v_cols]
+                v = kv_cols(slot, half * V_HALF, V_HALF) if part_ring else kv_tile(slot).at[:, v_cols]
                 return accumulate(acc, lambda acc_ref: pv_wgmma(acc_ref, v, p_ref(slot)))
 
             # (overlap_dequant) the chunks of the next step each warpgroup converts: under its own P @ V of this
@@ -1261,7 +1296,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                             plgpu.wgmma(s_ref, q_c, kv_c.transpose((1, 0)))
 
                     def qk(s_ref):
-                        if deferred_pv:  # the first column part's wgmmas, then the second part's once it is there
+                        if part_ring:  # the first column part's wgmmas, then the second part's once it is there
                             for part, (c0, nc) in enumerate(kv_parts):
                                 if part:
                                     plgpu.barrier_wait(kv_ready_at(slot, part))
@@ -1361,7 +1396,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                             # overlap_dequant: converted above)
                             if not (fused_dequant or overlap_dequant):
                                 pl.when(k + 1 < end)(lambda: dequantize(0, k + 1, begin, kv_len))
-                        elif not deferred_pv:  # (deferred_pv: no kv_consumed; this warpgroup refills part 0)
+                        elif not part_ring:  # (part_ring: no kv_consumed; this warpgroup refills part 0)
                             plgpu.barrier_arrive(kv_consumed.at[slot])
                     return acc, m_new, l_i
 
@@ -1414,7 +1449,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     if overlap_dequant:  # V's second half of step k + 1 (warpgroup 0 converts the other two chunks)
                         pl.when(k + 1 < end)(lambda: overlap_release(k + 1, ov_late, wait=False))  # (awaited before)
                         return acc
-                    if deferred_pv:  # part 1 of the slot: its readers (step k's scores, this P @ V) are done
+                    if part_ring:  # part 1 of the slot: its readers (step k's scores, this P @ V) are done
                         refill(k, 1)  # (part 0: warpgroup 0, under its next scores)
                         return acc
                     if not fp8:
@@ -1672,7 +1707,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                        plgpu.SMEM((1, block_kv, QK_ROPE_HEAD_DIM), dtype, transforms=transforms))
         else:
             kv_bufs = (ring, plgpu.SMEM((1, block_kv, HEAD_DIM), dtype, transforms=transforms))
-    elif deferred_pv:  # the KV ring's two column parts
+    elif part_ring:  # the KV ring's two column parts
         kv_bufs = tuple(plgpu.SMEM((stages, block_kv, nc), dtype, transforms=transforms) for _, nc in kv_parts)
     else:
         kv_bufs = (plgpu.SMEM((stages, block_kv, HEAD_DIM), dtype, transforms=transforms),)  # KV ring
@@ -1713,9 +1748,11 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         scratch.append(plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS))  # deq_ready: both column sets dequantized
     if p_in_kv:
         scratch.append(plgpu.Barrier(num_arrivals=1, num_barriers=stages))  # p_ready per slot
+    if part_ring:
+        scratch.append(plgpu.Barrier())  # bt_bar_wg0
+        scratch.append(plgpu.Barrier(num_arrivals=1))  # bt_staged
     if deferred_pv:
         scratch.append(plgpu.Barrier(num_arrivals=1))  # qk_done
-        scratch.append(plgpu.Barrier())  # bt_bar_wg0
     num_ctas_tiles = num_reqs * q_tiles
     # the body finds its CTA by axis name; the last axis is CUDA's x, the launch order's fastest
     # kv_multicast: the head tiles in pairs, a pair one cluster of 2 CTAs (its axis "hc", CUDA's x: the pair's CTAs
@@ -1777,9 +1814,10 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     if fp8 and (tuning.schedule != "flashmla" or tuning.memory_warpgroup):
         raise NotImplementedError(f"an fp8 cache runs the flashmla schedule only, got schedule={tuning.schedule!r}, "
                                   f"memory_warpgroup={tuning.memory_warpgroup}")
-    if fp8 and tuning.deferred_pv:
-        raise NotImplementedError("deferred_pv=True needs a 16-bit cache (its slot halves are the 16-bit ring's), "
-                                  "got kv_cache_dtype='fp8_e4m3'")
+    if fp8 and (tuning.deferred_pv or tuning.split_ring):
+        raise NotImplementedError(f"deferred_pv=True and split_ring=True need a 16-bit cache (their slot halves are "
+                                  f"the 16-bit ring's), got kv_cache_dtype='fp8_e4m3' with deferred_pv="
+                                  f"{tuning.deferred_pv}, split_ring={tuning.split_ring}")
     if fp8 and tuning.p_in_kv:
         raise NotImplementedError("p_in_kv=True needs a 16-bit cache (fp8: P would share the dequantized step "
                                   "that the next step's dequantization overwrites), got kv_cache_dtype='fp8_e4m3'")
@@ -1810,7 +1848,8 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     score_rows = hp * min(tpt, max(1, metadata.max_query_len)) if tuning.transposed_scores else BLOCK_H
     pages_per_step = max(1, block_kv // page_size)
     bt_chunk = tuning.bt_chunk
-    if tuning.deferred_pv:  # two buffers of half the entries (a TMA moves a multiple of 128 bytes: 32 entries)
+    if tuning.deferred_pv or tuning.split_ring:  # two buffers of half the entries (a TMA moves a multiple of 128
+        # bytes: 32 entries)
         bt_chunk = max(32, bt_chunk // 64 * 32)
     bt_chunk -= bt_chunk % pages_per_step
     width = -(-metadata.block_table.shape[1] // bt_chunk) * bt_chunk
@@ -1825,7 +1864,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         overlap_dequant=fp8 and tuning.overlap_dequant and 0 < score_rows <= OVERLAP_MAX_ROWS,
         overlap_wait=tuning.overlap_wait,
         transposed_pv=tuning.transposed_pv and score_rows in TRANSPOSED_PV_ROWS, heads_fastest=tuning.heads_fastest,
-        kv_multicast=tuning.kv_multicast, deferred_pv=tuning.deferred_pv,
+        kv_multicast=tuning.kv_multicast, deferred_pv=tuning.deferred_pv, split_ring=tuning.split_ring,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     if num_splits > 1:

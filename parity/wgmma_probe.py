@@ -263,7 +263,7 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
                     plgpu.barrier_wait(p_ready.at[lax.rem(i, 2)])
                     if deferred:
                         pl.when(i + 1 < iters)(lambda: plgpu.barrier_wait(qk_done.at[lax.rem(i + 1, 2)]))
-                    acc = pv(rescale(acc, plgpu.load(x_smem.at[lax.rem(i, bufs)], (), layout=row)), i,
+                    acc = pv(rescale(acc, plgpu.load(x_smem.at[lax.rem(i, bufs)], layout=row)), i,
                              V_HALF if w == 1 else 0)
                     plgpu.barrier_arrive(p_free.at[lax.rem(i, 2)])
                     return acc

@@ -134,6 +134,12 @@ CASES = [
      MosaicConfig(num_splits=1, deferred_pv=True)),
     (Scenario("deferred_pv_p_in_kv_h128", seq_lens=(33, 97, 520), query_lens=(1, 2, 1), num_heads=128, page_size=64),
      "float16", MosaicConfig(num_splits=2, deferred_pv=True, p_in_kv=True)),
+    # the same two-part ring without the deferral (split_ring): warpgroup 1's part 1 of a step may go before warpgroup
+    # 0's part 0, so a new block-table chunk is awaited (bt_staged): 8-step chunks at page 8, 3 and 1 splits
+    (Scenario("split_ring_h8_p8_chunks", seq_lens=(600, 70), query_lens=(1, 2), num_heads=8, page_size=8),
+     "bfloat16", MosaicConfig(num_splits=3, bt_chunk=32, split_ring=True)),
+    (Scenario("split_ring_h128_p16_chunks", seq_lens=(700, 33), query_lens=(1, 3), num_heads=128, page_size=16),
+     "float16", MosaicConfig(num_splits=1, bt_chunk=32, split_ring=True)),
     # FlashMLA's seesaw (steps in pairs, one softmax per warpgroup): H=128 with splits (odd and even step counts,
     # a masked tail, a split with one step), spec decode at page 16 (4 pages a step) in fp16, H=8 at page 8,
     # padded heads with empty splits
@@ -244,14 +250,15 @@ class TestInterpret:
         with pytest.raises(NotImplementedError, match=r"kv_multicast=True needs .*" + needle):
             mgpu_mla.mla_decode(q_nope, q_pe, kv, md, config, tuning=MosaicConfig(kv_multicast=True), interpret=True)
 
-    def test_deferred_pv_says_it_needs_a_16_bit_cache(self):
+    @pytest.mark.parametrize("field", ["deferred_pv", "split_ring"])
+    def test_two_part_ring_says_it_needs_a_16_bit_cache(self, field):
         batch, _, _ = batch_and_reference(Scenario("dpv_fp8", seq_lens=(5, 9), query_lens=(1, 1), page_size=16),
                                           "bfloat16")
         q_nope, q_pe, kv, md = device_inputs(batch, "bfloat16")
         config = batch.config.replace(kv_cache_dtype="fp8_e4m3")
-        with pytest.raises(NotImplementedError, match=r"deferred_pv=True needs a 16-bit cache.*fp8_e4m3"):
+        with pytest.raises(NotImplementedError, match=rf"need a 16-bit cache.*fp8_e4m3.*{field}=True"):
             mgpu_mla.mla_decode(q_nope, q_pe, kv.astype(jnp.float8_e4m3fn), md, config,
-                                tuning=MosaicConfig(deferred_pv=True), interpret=True)
+                                tuning=MosaicConfig(**{field: True}), interpret=True)
 
     def test_heads_fastest_says_when_the_requests_overflow_the_z_axis(self, monkeypatch):
         monkeypatch.setattr(mgpu_mla, "MAX_GRID_YZ", 2)
@@ -276,9 +283,9 @@ class TestInterpret:
                                          dict(schedule="flashmla"), dict(schedule="three_wg"),
                                          dict(transposed_scores=True), dict(p_in_kv=True), dict(schedule="seesaw"),
                                          dict(transposed_scores=True, transposed_pv=True), dict(deferred_pv=True),
-                                         dict(deferred_pv=True, p_in_kv=True)],
+                                         dict(deferred_pv=True, p_in_kv=True), dict(split_ring=True)],
                              ids=["split", "memory_wg", "flashmla", "three_wg", "transposed_scores", "p_in_kv",
-                                  "seesaw", "transposed_pv", "deferred_pv", "deferred_pv-p_in_kv"])
+                                  "seesaw", "transposed_pv", "deferred_pv", "deferred_pv-p_in_kv", "split_ring"])
     def test_no_data_races(self, variant):
         """The interpreter's race detector: the producer (warpgroup 0, or the memory warpgroup),
         the KV ring, P and the row-max exchange are ordered by their barriers."""
@@ -357,6 +364,8 @@ class TestGPULowering:
             (128, 128, MosaicConfig(num_splits=1, deferred_pv=True)),
             (8, 8, MosaicConfig(num_splits=3, deferred_pv=True)),
             (128, 64, MosaicConfig(num_splits=1, deferred_pv=True, p_in_kv=True)),
+            (128, 64, MosaicConfig(num_splits=2, split_ring=True, heads_fastest=True)),
+            (8, 8, MosaicConfig(num_splits=3, split_ring=True)),
         ],
     )
     def test_lowers_for_cuda(self, num_heads, page_size, tuning):
@@ -418,6 +427,10 @@ class TestConfig:
             (dict(deferred_pv=True, transposed_scores=True), "transposed_scores=True"),
             (dict(deferred_pv=True, kv_multicast=True), "kv_multicast=True"),
             (dict(deferred_pv=True, max_concurrent_steps=1), "max_concurrent_steps=1"),
+            (dict(split_ring=0), "split_ring=0"),
+            (dict(split_ring=True, schedule="three_wg"), "split_ring=True needs schedule='flashmla'"),
+            (dict(split_ring=True, kv_multicast=True), "kv_multicast=True"),
+            (dict(split_ring=True, p_in_kv=True), "split_ring=True needs p_in_kv=False"),
         ],
     )
     def test_invalid_config(self, kwargs, needle):
@@ -431,7 +444,9 @@ class TestConfig:
         # P in the KV slots: the 8 KiB P buffer gone (a 1 KiB placeholder), one more 1 KiB row block
         assert MosaicConfig().smem_bytes() - MosaicConfig(p_in_kv=True).smem_bytes() == 7 * 1024 - 16
         # deferred_pv: the same ring in two column parts, two more kv_ready barriers, qk_done and warpgroup 0's bt
-        assert MosaicConfig(deferred_pv=True).smem_bytes() - MosaicConfig().smem_bytes() == 4 * 8
+        # (split_ring: the same without qk_done; deferred_pv: both, and qk_done)
+        assert MosaicConfig(split_ring=True).smem_bytes() - MosaicConfig().smem_bytes() == 4 * 8
+        assert MosaicConfig(deferred_pv=True).smem_bytes() - MosaicConfig().smem_bytes() == 5 * 8
 
     def test_heuristic(self):
         cfg = MLAConfig(num_heads=16, page_size=64)
@@ -584,8 +599,9 @@ class TestGPU:
 
     @pytest.mark.parametrize("variant", [dict(schedule="split"), dict(schedule="three_wg"),
                                          dict(transposed_scores=True), dict(pdl=True), dict(p_in_kv=True),
-                                         dict(schedule="seesaw"), dict(deferred_pv=True)],
-                             ids=["split", "three_wg", "transposed_scores", "pdl", "p_in_kv", "seesaw", "deferred_pv"])
+                                         dict(schedule="seesaw"), dict(deferred_pv=True), dict(split_ring=True)],
+                             ids=["split", "three_wg", "transposed_scores", "pdl", "p_in_kv", "seesaw", "deferred_pv",
+                                  "split_ring"])
     @pytest.mark.parametrize("name", sorted(SCENARIOS))
     def test_scenario_other_schedules(self, name, variant):
         scenario = SCENARIOS[name]
@@ -608,17 +624,17 @@ class TestGPU:
 
     # deferred_pv: the scores' wgmmas in the same order, in two calls (one per column part of the ring slot): bitwise
     # on the GPU (the interpreter adds the two parts' dots, another rounding: its cases compare with the reference)
-    @pytest.mark.parametrize("p_in_kv", [False, True])
+    @pytest.mark.parametrize("variant", [dict(deferred_pv=True), dict(deferred_pv=True, p_in_kv=True),
+                                         dict(split_ring=True)], ids=["deferred_pv", "deferred_pv-p_in_kv", "split_ring"])
     @pytest.mark.parametrize("page_size", [16, 64, 128])
-    def test_deferred_pv_is_the_default_bitwise(self, page_size, p_in_kv):
-        _check_variant_is_the_default_bitwise(dict(deferred_pv=True, p_in_kv=p_in_kv), interpret=False,
-                                              page_size=page_size)
+    def test_two_part_ring_is_the_default_bitwise(self, variant, page_size):
+        _check_variant_is_the_default_bitwise(variant, interpret=False, page_size=page_size)
 
     @pytest.mark.parametrize("variant", [dict(schedule="split"), dict(schedule="flashmla"), dict(schedule="three_wg"),
                                          dict(transposed_scores=True), dict(pdl=True), dict(p_in_kv=True),
-                                         dict(schedule="seesaw"), dict(deferred_pv=True)],
+                                         dict(schedule="seesaw"), dict(deferred_pv=True), dict(split_ring=True)],
                              ids=["split", "flashmla", "three_wg", "transposed_scores", "pdl", "p_in_kv", "seesaw",
-                                  "deferred_pv"])
+                                  "deferred_pv", "split_ring"])
     def test_deterministic(self, variant):
         batch, _, _ = batch_and_reference(SCENARIOS["spec_decode"], "bfloat16")
         tuning = MosaicConfig(num_splits=3, **variant)
