@@ -49,19 +49,21 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
   releases P (`p_free`) and issues the TMAs. One hand-off a step instead of two lock-step
   barriers, and warpgroup 1's P @ V overlaps warpgroup 0's next scores.
 * Three warpgroups (`MosaicConfig(schedule="three_wg")`, opt-in; 1.3x slower than "flashmla"
-  at H128 B64 S16384 on the H200): warpgroup 0 only computes the scores and the softmax;
+  at H128 B64 S16384 on the H200 in session 4, 1.05-1.10x on two H = 128 rows in session 16): warpgroup 0 only computes the scores and the softmax;
   warpgroups 1 and 2 each do P @ V for one 256-column output half (2 also issues the TMAs),
   with registers rebalanced (setmaxnreg 152 / 176 / 176), so that the next step's scores
   overlap both P @ V halves.
-* P in the KV slot (`MosaicConfig(p_in_kv=True)`, opt-in; 0.4-5% slower at H = 128 on the H200):
+* P in the KV slot (`MosaicConfig(p_in_kv=True)`, opt-in; 0.4-5% slower at H = 128 on the H200, 4-5% on
+  three rows in session 16):
   "flashmla" with P of a step stored in its slot's 64 rope columns (free after the step's
   scores, until the slot is released): no P buffer and no `p_free` wait.
-* Deferred P @ V (`MosaicConfig(deferred_pv=True)`, opt-in; its first versions 1.01-1.15x slower at H = 128 on the
-  H200, this one untimed, session 15):
+* Deferred P @ V (`MosaicConfig(deferred_pv=True)`, opt-in; 1.01-1.15x slower at H = 128 on the H200 in three
+  versions, sessions 15 and 16):
   "flashmla" with warpgroup 1's P @ V of a step run under warpgroup 0's softmax of the next (once its scores are
   done, `qk_done`), and the ring slots in two column parts ([0, 256), [256, 576)), each with its own `kv_ready` and
   refilled as soon as its readers are done (part 0 by warpgroup 0, part 1 by warpgroup 1).
-* A two-part ring (`MosaicConfig(split_ring=True)`, opt-in; untimed, session 16): "flashmla" with deferred_pv's
+* A two-part ring (`MosaicConfig(split_ring=True)`, opt-in; 1.03-1.11x slower at H = 128 on the H200, session
+  16): "flashmla" with deferred_pv's
   ring (two column parts a slot, each refilled by the warpgroup whose P @ V reads it, right after that P @ V) but
   no deferral: the scores of a step wait for part 1 only after part 0's wgmmas are issued.
 * Seesaw (`MosaicConfig(schedule="seesaw")`, opt-in; 1.23-1.38x slower than "flashmla" at
@@ -258,7 +260,9 @@ class MosaicConfig:
         warpgroup 0 computes all the scores (N = 64) and the softmax, warpgroup 1 only its P @ V
         half and the TMAs, so its P @ V overlaps warpgroup 0's next scores; 128-byte swizzle. The
         default ("flashmla"): 1.09-1.31x faster than "split" on 4 of 5 H200 shapes (session 3).
-        "three_wg" (opt-in; slower than "flashmla" on the H200): a third warpgroup; warpgroup 0 only computes the
+        "three_wg" (opt-in; slower than "flashmla" on the H200: 1.3x in session 4, 1.05-1.10x on two H = 128 rows
+        in session 16, where parity.wgmma_probe's memoryless step_three_wg, 1.86-1.88 us, is no faster than
+        step_flashmla's 1.80-1.86 even without loads): a third warpgroup; warpgroup 0 only computes the
         scores and the softmax, warpgroups 1 and 2 each do P @ V for one output half (2 the TMAs), so
         warpgroup 0's next scores overlap both P @ V halves (the H200 profile of "flashmla" showed
         warpgroup 1 idle half the time while warpgroup 0 ran scores, softmax and its P @ V in series).
@@ -281,7 +285,8 @@ class MosaicConfig:
         to 128; three interleaved rounds, session 5), but 1.04-1.12x slower with 32 rows (H = 16, q_len 2,
         four shapes) and 1.35x slower with 48 (q_len 3, B64 S4096) in session 9's rounds.
     p_in_kv: ("flashmla", plain scores, bf16/fp16 cache; opt-in: 0.4-5% slower on five H = 128 shapes of the
-        H200, session 7, where it made room for the profiler's buffer) P of a step is stored into that step's 64
+        H200, session 7, and 1.04-1.05x on three on heads_fastest, session 16; it makes room for the profiler's
+        buffer) P of a step is stored into that step's 64
         rope columns in its KV slot, which only warpgroup 0's scores read and which stay free until both
         P @ V halves release the slot: no separate P buffer (7 KiB less shared memory) and no wait for
         warpgroup 1 to release P before the next P is written (`p_free`); the rescale factor and the
@@ -372,7 +377,8 @@ class MosaicConfig:
         once a request's head tiles run together the second read already hits L2, and the step is bound by the
         compute warpgroups, not HBM. Kept as an option (tested compiled: bitwise the default at pages 16, 64, 128).
     deferred_pv: ("flashmla", plain scores, a 16-bit cache, not kv_multicast; 2 stages; with or without p_in_kv;
-        opt-in: its first two versions 1.01-1.15x slower on the H200, this one untimed, session 15) warpgroup 1 runs its P @ V of step k once warpgroup 0's scores of step k + 1 are done (`qk_done`),
+        opt-in: 1.01-1.15x slower on the H200 in three versions, sessions 15 and 16) warpgroup 1 runs its P @ V of
+        step k once warpgroup 0's scores of step k + 1 are done (`qk_done`),
         so that it runs under warpgroup 0's softmax of step k + 1, where "flashmla" leaves the tensor cores idle
         (session 15's region profile at H128 B64 S4096: the softmax ~30% of warpgroup 0's step, warpgroup 1's P @ V
         already done under the scores). That frees a ring slot later, so the slot is filled and waited on in two
@@ -389,8 +395,12 @@ class MosaicConfig:
         0.60 (now the one beside warpgroup 1's), and its KV wait 0.56 against 0.19 (part 0 was refilled by warpgroup
         1 after `qk_done`, a softmax and a P @ V before the next scores; warpgroup 0 now refills it itself, a step
         ahead). parity.wgmma_probe: the scores alone 0.81 us, beside a P @ V half 1.06, the half alone 0.39.
-    split_ring: ("flashmla", plain scores, a 16-bit cache, not kv_multicast, 2 stages, p_in_kv=False; opt-in,
-        untimed, session 16) deferred_pv's two-part ring without the deferral: part 0 of a slot ([0, 256)) refilled by
+        This version (warpgroup 0 refills part 0, session 16): 1.02-1.11x slower on three H = 128 rows (H128 B64
+        S4096 q1 134.0 -> 144.6 us); profiled, warpgroup 0's KV wait is back to 0.11 us. Without a memory the step
+        would pay (parity.wgmma_probe step_deferred 1.71 us against step_flashmla 1.80), but the two-part ring alone
+        costs more than that (split_ring, 1.03-1.11x slower).
+    split_ring: ("flashmla", plain scores, a 16-bit cache, not kv_multicast, 2 stages, p_in_kv=False; opt-in: 1.03-
+        1.11x slower on three H = 128 rows of the H200, session 16) deferred_pv's two-part ring without the deferral: part 0 of a slot ([0, 256)) refilled by
         warpgroup 0 under its next scores' first wgmma, part 1 ([256, 576)) by warpgroup 1 right after its P @ V (no
         `kv_consumed` wait for the other warpgroup), and the scores wait for part 1 only after part 0's wgmmas are
         issued: part 1 gets ~40% of the scores (~0.3 us) more time to land. From session 16's probes: the memoryless
@@ -398,7 +408,10 @@ class MosaicConfig:
         S4096 leaves ~0.25 us a step to the ring's loads and waits. Warpgroup 1's part 1 of a step may go before
         warpgroup 0 staged a new block-table chunk for it, so that waits (`bt_staged`). Not with p_in_kv (P in part
         1's rope columns would be refilled while warpgroup 0's P @ V may still read it). The same math (bitwise the
-        default on the GPU, as deferred_pv).
+        default on the H200 at pages 16, 64, 128). On the H200 (parity.sweep, 3 rounds, 2 s idle): 1.03-1.11x slower
+        (H128 B64 S4096 q1 140.2 -> 151.1 us, B64 S16384 564.3 -> 581.6, B128 S4096 q2 533.0 -> 590.8): the parts'
+        cost (two TMAs a page, two barriers a slot, warpgroup 0 issuing part 0's TMAs on its own chain) outweighs
+        part 1's extra lead.
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
