@@ -36,6 +36,10 @@ the ring's loads and waits):
   and releases P (`p_free`, awaited before P's buffer is written again two steps later);
 * "step_flashmla_1p": the same with one P buffer (and alpha), as the kernel's default (p_in_kv=False): warpgroup 0
   writes P of step i once warpgroup 1 has released step i - 1's;
+* "step_flashmla_1p_tma": step_flashmla_1p with the memory's traffic but none of its waits: warpgroup 1 also
+  loads V's 512 columns of a KV step (64 KiB, from L2; the rope's 8 KiB do not fit) each iteration into a second
+  slot that nothing reads, after its
+  P @ V as the kernel's refill (awaiting the one before first): what the TMA's shared-memory writes cost the step;
 * "step_deferred": the same as step_flashmla, warpgroup 1's P @ V of step i waiting for warpgroup 0's scores of step i + 1
   (`qk_done`: MosaicConfig(deferred_pv=True));
 * "step_three_wg": warpgroup 0 the scores and softmax only, warpgroups 1 and 2 a P @ V half each
@@ -59,7 +63,8 @@ PROBES = {"qk": ("qk", None), "qk_n128": ("qk_n128", None), "qk_rs": ("qk_rs", N
           "qk_rs+pv+pv": ("qk_rs", "pv", "pv0"), "qk32": ("qk32", None), "pv32+pv32": ("pv32_0", "pv32"),
           "qk32+pv32+pv32": ("qk32", "pv32", "pv32_0"), "qk_sm": ("qk_sm", None), "qk32_sm": ("qk32_sm", None),
           "qk_sm+pv+pv": ("qk_sm", "pv", "pv0"), "qk32_sm+pv32+pv32": ("qk32_sm", "pv32", "pv32_0")}
-STEPS = {"step_flashmla": 2, "step_flashmla_1p": 2, "step_deferred": 2, "step_three_wg": 3}  # -> warpgroups
+STEPS = {"step_flashmla": 2, "step_flashmla_1p": 2, "step_flashmla_1p_tma": 2, "step_deferred": 2,
+         "step_three_wg": 3}  # -> warpgroups
 PROBES.update({name: tuple(f"step{w}" for w in range(n)) for name, n in STEPS.items()})
 V_COLS = {"pv": V_HALF, "pv0": 0, "pv32": V_HALF, "pv32_0": 0}  # the first column of each P @ V kind's half
 SCALE = 0.0625  # the softmax probes' score scale (log2 units)
@@ -192,11 +197,12 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
 
     nwg = STEPS[probe]
     three, deferred = probe == "step_three_wg", probe == "step_deferred"
-    bufs = 1 if probe == "step_flashmla_1p" else 2  # P (and alpha) buffers, used by step parity
+    bufs = 1 if probe.startswith("step_flashmla_1p") else 2  # P (and alpha) buffers, used by step parity
+    tma = probe == "step_flashmla_1p_tma"  # (a second slot, loaded every iteration by warpgroup 1)
     t = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
     row = plgpu.Layout.WGMMA.reduce(1)
 
-    def body(q_ref, k_ref, o_ref, q_smem, k_smem, p_smem, x_smem, bar, p_ready, p_free, qk_done):
+    def body(q_ref, k_ref, o_ref, q_smem, k_smem, p_smem, x_smem, bar, p_ready, p_free, qk_done, tma_bar, *spare):
         wg = lax.axis_index("wg")
         cta = lax.axis_index("cta")
 
@@ -266,9 +272,15 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
                     acc = pv(rescale(acc, plgpu.load(x_smem.at[lax.rem(i, bufs)], layout=row)), i,
                              V_HALF if w == 1 else 0)
                     plgpu.barrier_arrive(p_free.at[lax.rem(i, 2)])
+                    if tma:  # the refill's traffic: a KV step into the second slot (the one before it landed)
+                        pl.when(i > 0)(lambda: plgpu.barrier_wait(tma_bar))
+                        rows = pl.ds(pl.multiple_of(lax.rem(i, 2) * BLOCK_KV, BLOCK_KV), BLOCK_KV)
+                        plgpu.copy_gmem_to_smem(k_ref.at[rows, pl.ds(0, 2 * V_HALF)], spare[0], tma_bar)
                     return acc
 
                 out = lax.fori_loop(0, iters, step, zeros_acc()).sum(axis=1)
+                if tma:
+                    plgpu.barrier_wait(tma_bar)  # (the last load)
                 pl.when(cta == 0)(lambda: o_ref.__setitem__(w, out))
 
     kernel = plgpu.kernel(
@@ -277,13 +289,17 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
         scratch_types=[
             plgpu.SMEM((BLOCK_H, HEAD_DIM), jnp.bfloat16, transforms=t),
             plgpu.SMEM((BLOCK_KV, HEAD_DIM), jnp.bfloat16, transforms=t),
-            plgpu.SMEM((2, BLOCK_H, BLOCK_KV), jnp.bfloat16, transforms=t),  # P, by step parity
-            plgpu.SMEM((2, BLOCK_H), jnp.float32),  # alpha, by step parity
+            plgpu.SMEM((bufs, BLOCK_H, BLOCK_KV), jnp.bfloat16, transforms=t),  # P, by step parity
+            plgpu.SMEM((bufs, BLOCK_H), jnp.float32),  # alpha, by step parity
             plgpu.Barrier(num_arrivals=2),  # Q and K loaded
             # p_ready, p_free, qk_done: by step parity (no barrier is then ever two phases ahead of a waiter)
             plgpu.Barrier(num_arrivals=1, num_barriers=2),
             plgpu.Barrier(num_arrivals=nwg - 1, num_barriers=2),
             plgpu.Barrier(num_arrivals=1, num_barriers=2),
+            plgpu.Barrier(num_arrivals=1),  # tma_bar (step_flashmla_1p_tma)
+            # (step_flashmla_1p_tma) the spare slot: V's 512 columns of a step (64 of the 72 KiB a step loads; the
+            # rope's 8 do not fit beside the rest)
+            *([plgpu.SMEM((BLOCK_KV, 2 * V_HALF), jnp.bfloat16, transforms=t)] if tma else []),
         ],
         grid=(num_ctas,),
         grid_names=("cta",),
