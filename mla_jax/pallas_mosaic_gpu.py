@@ -404,8 +404,8 @@ class MosaicConfig:
         warpgroup 0 under its next scores' first wgmma, part 1 ([256, 576)) by warpgroup 1 right after its P @ V (no
         `kv_consumed` wait for the other warpgroup), and the scores wait for part 1 only after part 0's wgmmas are
         issued: part 1 gets ~40% of the scores (~0.3 us) more time to land. From session 16's probes: the memoryless
-        "flashmla" step (parity.wgmma_probe step_flashmla, 1.80 us) against the kernel's 2.05 us a step at H128 B64
-        S4096 leaves ~0.25 us a step to the ring's loads and waits. Warpgroup 1's part 1 of a step may go before
+        "flashmla" step (parity.wgmma_probe step_flashmla_1p, 1.83 us) against the kernel's 2.05 us a step at H128
+        B64 S4096 leaves ~0.22 us a step to the ring's loads and waits. Warpgroup 1's part 1 of a step may go before
         warpgroup 0 staged a new block-table chunk for it, so that waits (`bt_staged`). Not with p_in_kv (P in part
         1's rope columns would be refilled while warpgroup 0's P @ V may still read it). The same math (bitwise the
         default on the H200 at pages 16, 64, 128). On the H200 (parity.sweep, 3 rounds, 2 s idle): 1.03-1.11x slower
