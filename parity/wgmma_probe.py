@@ -40,6 +40,9 @@ the ring's loads and waits):
   loads V's 512 columns of a KV step (64 KiB, from L2; the rope's 8 KiB do not fit) each iteration into a second
   slot that nothing reads, after its
   P @ V as the kernel's refill (awaiting the one before first): what the TMA's shared-memory writes cost the step;
+* "step_flashmla_1p_hbm": the same loads from a 1 GiB buffer (HBM_ROWS) that the CTAs walk through in pairs, each
+  pair loading the same step at about the same time (one from HBM, one mostly from L2), as the kernel's two head
+  tiles of a request do with heads_fastest: the traffic with HBM's bandwidth and latency, still without the waits;
 * "step_deferred": the same as step_flashmla, warpgroup 1's P @ V of step i waiting for warpgroup 0's scores of step i + 1
   (`qk_done`: MosaicConfig(deferred_pv=True));
 * "step_three_wg": warpgroup 0 the scores and softmax only, warpgroups 1 and 2 a P @ V half each
@@ -63,8 +66,10 @@ PROBES = {"qk": ("qk", None), "qk_n128": ("qk_n128", None), "qk_rs": ("qk_rs", N
           "qk_rs+pv+pv": ("qk_rs", "pv", "pv0"), "qk32": ("qk32", None), "pv32+pv32": ("pv32_0", "pv32"),
           "qk32+pv32+pv32": ("qk32", "pv32", "pv32_0"), "qk_sm": ("qk_sm", None), "qk32_sm": ("qk32_sm", None),
           "qk_sm+pv+pv": ("qk_sm", "pv", "pv0"), "qk32_sm+pv32+pv32": ("qk32_sm", "pv32", "pv32_0")}
-STEPS = {"step_flashmla": 2, "step_flashmla_1p": 2, "step_flashmla_1p_tma": 2, "step_deferred": 2,
-         "step_three_wg": 3}  # -> warpgroups
+STEPS = {"step_flashmla": 2, "step_flashmla_1p": 2, "step_flashmla_1p_tma": 2, "step_flashmla_1p_hbm": 2,
+         "step_deferred": 2, "step_three_wg": 3}  # -> warpgroups
+HBM_PROBES = ("step_flashmla_1p_hbm",)  # the probes that take a third input: a buffer far larger than L2
+HBM_ROWS = 1 << 20  # its rows of V's 512 columns (1 GiB of bf16; the H200's L2 is 50 MB)
 PROBES.update({name: tuple(f"step{w}" for w in range(n)) for name, n in STEPS.items()})
 V_COLS = {"pv": V_HALF, "pv0": 0, "pv32": V_HALF, "pv32_0": 0}  # the first column of each P @ V kind's half
 SCALE = 0.0625  # the softmax probes' score scale (log2 units)
@@ -198,11 +203,18 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
     nwg = STEPS[probe]
     three, deferred = probe == "step_three_wg", probe == "step_deferred"
     bufs = 1 if probe.startswith("step_flashmla_1p") else 2  # P (and alpha) buffers, used by step parity
-    tma = probe == "step_flashmla_1p_tma"  # (a second slot, loaded every iteration by warpgroup 1)
+    tma = probe in ("step_flashmla_1p_tma", "step_flashmla_1p_hbm")  # (a spare slot, loaded every iteration)
+    hbm = probe in HBM_PROBES
     t = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
     row = plgpu.Layout.WGMMA.reduce(1)
 
-    def body(q_ref, k_ref, o_ref, q_smem, k_smem, p_smem, x_smem, bar, p_ready, p_free, qk_done, tma_bar, *spare):
+    def body(q_ref, k_ref, *refs):
+        # (hbm) a third input, the large buffer the spare slot's loads come from
+        big_ref, refs = (refs[0], refs[1:]) if hbm else (None, refs)
+        step_body(q_ref, k_ref, big_ref, *refs)
+
+    def step_body(q_ref, k_ref, big_ref, o_ref, q_smem, k_smem, p_smem, x_smem, bar, p_ready, p_free, qk_done,
+                  tma_bar, *spare):
         wg = lax.axis_index("wg")
         cta = lax.axis_index("cta")
 
@@ -274,8 +286,14 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
                     plgpu.barrier_arrive(p_free.at[lax.rem(i, 2)])
                     if tma:  # the refill's traffic: a KV step into the second slot (the one before it landed)
                         pl.when(i > 0)(lambda: plgpu.barrier_wait(tma_bar))
-                        rows = pl.ds(pl.multiple_of(lax.rem(i, 2) * BLOCK_KV, BLOCK_KV), BLOCK_KV)
-                        plgpu.copy_gmem_to_smem(k_ref.at[rows, pl.ds(0, 2 * V_HALF)], spare[0], tma_bar)
+                        if hbm:  # CTA pair c // 2's step of iteration i: the pairs walk the buffer together
+                            pairs, blocks = max(1, num_ctas // 2), big_ref.shape[0] // BLOCK_KV
+                            blk = lax.rem(lax.div(cta, 2) + i * pairs, blocks)
+                            src = big_ref.at[pl.ds(pl.multiple_of(blk * BLOCK_KV, BLOCK_KV), BLOCK_KV)]
+                        else:
+                            rows = pl.ds(pl.multiple_of(lax.rem(i, 2) * BLOCK_KV, BLOCK_KV), BLOCK_KV)
+                            src = k_ref.at[rows, pl.ds(0, 2 * V_HALF)]
+                        plgpu.copy_gmem_to_smem(src, spare[0], tma_bar)
                     return acc
 
                 out = lax.fori_loop(0, iters, step, zeros_acc()).sum(axis=1)
@@ -413,17 +431,19 @@ def main(argv=None) -> int:
     q = rng.integers(-1, 2, size=(BLOCK_H, HEAD_DIM)).astype(np.float32)
     k = rng.integers(-1, 2, size=(2 * BLOCK_KV, HEAD_DIM)).astype(np.float32)
     args_dev = tuple(jnp.asarray(x, jnp.bfloat16) for x in (q, k))
+    big = jnp.zeros((HBM_ROWS, 2 * V_HALF), jnp.bfloat16) if any(n in HBM_PROBES for n in probes) else None
     rows = []
     for name in probes:
         f_lo, f_hi = build(name, lo, args.ctas), build(name, hi, args.ctas)
-        got = np.asarray(f_hi(*args_dev))
+        inputs = args_dev + ((big,) if name in HBM_PROBES else ())
+        got = np.asarray(f_hi(*inputs))
         want = expected(name, hi, q, k)
         exact = all(matches(kind, got[i], w) for i, (kind, w) in enumerate(zip(PROBES[name], want)))
         if not exact:  # how far off (each warpgroup's largest difference, over its largest expected magnitude)
             vals = [w[0] if isinstance(w, tuple) else w for w in want]
             print(f"{name}: not as expected; max |got - want| / max |want| by warpgroup: " + ", ".join(
                 "-" if w is None else f"{np.abs(got[i] - w).max() / np.abs(w).max():.2e}" for i, w in enumerate(vals)))
-        t_lo, t_hi = median_time(f_lo, args_dev, args.reps), median_time(f_hi, args_dev, args.reps)
+        t_lo, t_hi = median_time(f_lo, inputs, args.reps), median_time(f_hi, inputs, args.reps)
         us = (t_hi - t_lo) / (hi - lo) * 1e6
         keys = max(keys_of(w) for w in PROBES[name])
         flops = sum(2 * BLOCK_H * keys_of(w) * HEAD_DIM if w and w.startswith("qk")

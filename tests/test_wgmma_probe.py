@@ -9,16 +9,20 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from parity import wgmma_probe as probe
 
 
-def _operands():
+def _operands(name=None):
+    """q, k (numpy) and the probe's device inputs (the HBM probes: a small stand-in for the 1 GiB buffer)."""
     rng = np.random.default_rng(0)
     q = rng.integers(-1, 2, size=(probe.BLOCK_H, probe.HEAD_DIM)).astype(np.float32)
     k = rng.integers(-1, 2, size=(2 * probe.BLOCK_KV, probe.HEAD_DIM)).astype(np.float32)
-    return q, k, tuple(jnp.asarray(x, jnp.bfloat16) for x in (q, k))
+    args = tuple(jnp.asarray(x, jnp.bfloat16) for x in (q, k))
+    if name in probe.HBM_PROBES:
+        args += (jnp.ones((3 * probe.BLOCK_KV, 2 * probe.V_HALF), jnp.bfloat16),)
+    return q, k, args
 
 
 @pytest.mark.parametrize("name", list(probe.PROBES))
 def test_lowers_for_cuda(name):
-    _, _, args = _operands()
+    _, _, args = _operands(name)
     text = probe.build(name, 3, 2).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert "mosaic_gpu" in text
 
@@ -38,7 +42,7 @@ def test_interpreted_probe_matches_numpy(name):
 def test_interpreted_step_probe_matches_numpy(name, iters):
     """The step probes' hand-offs (barriers by step parity) under the interpreter's barrier checks, and their
     results against numpy."""
-    q, k, args = _operands()
+    q, k, args = _operands(name)
     with plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams()):
         got = np.asarray(probe.build(name, iters, 1, interpret=True)(*args))
     for w, want in enumerate(probe.expected(name, iters, q, k)):
