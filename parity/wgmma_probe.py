@@ -1,22 +1,19 @@
-"""python -m parity.wgmma_probe: how fast a CTA runs the H = 128 step's matmuls, alone and side by side (a diagnosis
-of the Mosaic GPU kernel's compute-bound step, not a test).
+"""python -m parity.wgmma_probe: how fast a CTA runs the H = 128 step's matmuls, alone and side by side, and whole
+steps without their memory (a diagnosis of the Mosaic GPU kernel's compute-bound step, not a test).
 
-Each CTA (two warpgroups, one CTA per SM) holds the kernel's operands in shared memory, in its layouts (8 x 64
-tiles, 128-byte swizzle): a query tile Q [64, 576] and two KV steps K [2 x 64, 576] (the ring: the two slots
-adjacent, so that 128 rows read as one operand); P of a slot is its 64 rope columns (as with p_in_kv: the shared
-memory holds no more beside Q and the ring). Each iteration a warpgroup runs one of:
+Each CTA (one per SM) holds the kernel's operands in shared memory, in its layouts (8 x 64 tiles, 128-byte swizzle):
+a query tile Q [64, 576] and two KV steps K [2 x 64, 576] (the ring: the two slots adjacent, so that 128 rows read
+as one operand); P of a slot is its 64 rope columns (as with p_in_kv). Each iteration a warpgroup runs one of:
 
 * "qk": the kernel's scores, S [64, 64] = Q @ K_slot^T (wgmma N = 64, K = 576: 36 instructions of k = 16, both
   operands from shared memory), then waits for them;
 * "qk_n128": the scores of both slots in one, S [64, 128] (N = 128; its time is reported per 64 keys);
-* "qk_rs": the scores with Q from registers (loaded once: the wgmma's left operand in registers, only K from
-  shared memory);
+* "qk_rs": the scores with Q from registers (loaded once: only K from shared memory);
 * "pv": one warpgroup's P @ V, acc [64, 256] += P_slot [64, 64] @ V_slot [64, 256] (the slot's columns
-  [256, 512)); "pv0" the same on the other half, columns [0, 256).
-
-* "qk32", "pv32", "pv32_0": the same over 32 keys (wgmma N = 32 for the scores, K = 32 for P @ V, P [64, 32]):
-  a step of block_kv = 32 (every buffer then with a 64-byte swizzle: a [64, 32] P needs it, and Mosaic GPU's wgmma
-  wants one swizzle for both operands): a step of block_kv = 32, with times reported per 64 keys too;
+  [256, 512)); "pv0" the same on the other half, columns [0, 256);
+* "qk32", "pv32", "pv32_0": the same over 32 keys (wgmma N = 32 for the scores, K = 32 for P @ V, P [64, 32]), a
+  step of block_kv = 32 (every buffer then with a 64-byte swizzle: a [64, 32] P needs it, and Mosaic GPU's wgmma
+  wants one swizzle for both operands); their times are reported per 64 keys too;
 * "qk_sm", "qk32_sm": the scores, then the kernel's online softmax on them (scale, row max, exp2, row sums, P
   stored as bf16 into a P buffer, the fence of `commit_smem`): warpgroup 0's chain without P @ V.
 
@@ -27,28 +24,31 @@ warpgroups: the scores beside both halves, the step of schedule="three_wg", with
 the 32-key forms of these; the softmax forms (qk_sm alone and beside both P @ V halves). Where one warpgroup's
 iterations are longer than another's, the slope is the longest one's, partly alone.
 
-The step probes run a schedule's whole step, its hand-offs included, with no memory traffic (one KV step in shared
-memory, read every iteration; P and the rescale factor double-buffered, as with p_in_kv): what the step costs
-the tensor cores, the softmax and the barriers alone, to set beside the kernel's step (whose difference is then
-the ring's loads and waits):
+The step probes run a schedule's whole step, its hand-offs included, over one KV step held in shared memory and read
+every iteration (P and the rescale factor double-buffered, as with p_in_kv, unless said): what the step costs the
+tensor cores, the softmax and the barriers alone, to set beside the kernel's step (the difference is the ring's
+loads and waits):
 * "step_flashmla": warpgroup 0 computes the scores and the online softmax, writes P and alpha, says so
   (`p_ready`), rescales its accumulator and does its P @ V half; warpgroup 1 waits, rescales, does its half
   and releases P (`p_free`, awaited before P's buffer is written again two steps later);
 * "step_flashmla_1p": the same with one P buffer (and alpha), as the kernel's default (p_in_kv=False): warpgroup 0
   writes P of step i once warpgroup 1 has released step i - 1's;
-* "step_flashmla_1p_tma": step_flashmla_1p with the memory's traffic but none of its waits: warpgroup 1 also
-  loads V's 512 columns of a KV step (64 KiB, from L2; the rope's 8 KiB do not fit) each iteration into a second
-  slot that nothing reads, after its
-  P @ V as the kernel's refill (awaiting the one before first): what the TMA's shared-memory writes cost the step;
+* "step_flashmla_1p_tma": step_flashmla_1p with the memory's traffic but none of its waits: warpgroup 1 also loads
+  V's 512 columns of a KV step (64 KiB from L2; the rope's 8 KiB do not fit) each iteration into a spare slot that
+  nothing reads, after its P @ V as the kernel's refill (awaiting the one before first): what the TMA's
+  shared-memory writes cost the step;
 * "step_flashmla_1p_hbm": the same loads from a 1 GiB buffer (HBM_ROWS) that the CTAs walk through in pairs, each
   pair loading the same step at about the same time (one from HBM, one mostly from L2), as the kernel's two head
   tiles of a request do with heads_fastest: the traffic with HBM's bandwidth and latency, still without the waits;
-* "step_deferred": the same as step_flashmla, warpgroup 1's P @ V of step i waiting for warpgroup 0's scores of step i + 1
+* "step_deferred": step_flashmla with warpgroup 1's P @ V of step i waiting for warpgroup 0's scores of step i + 1
   (`qk_done`: MosaicConfig(deferred_pv=True));
 * "step_three_wg": warpgroup 0 the scores and softmax only, warpgroups 1 and 2 a P @ V half each
-  (schedule="three_wg"). An iteration's time is the slope of
-the kernel's time over the iteration count (the launch and set-up cancel). Every result is checked against numpy
-(row sums of the last scores and of the accumulated P @ V; small integers, so exact in fp32).
+  (schedule="three_wg").
+
+An iteration's time is the slope of the kernel's time over the iteration count (the launch and set-up cancel).
+Every result is checked against numpy: the row sums of the last scores and of the accumulated P @ V (small integers,
+exact in fp32), the softmax's row sums to 1e-4, the step probes' P @ V to one bf16 ulp of P an element
+(`expected_step`).
 """
 
 from __future__ import annotations
