@@ -114,6 +114,30 @@ def median_time(fn, args: tuple, reps: int) -> float:
     return ts[len(ts) // 2]
 
 
+def slope_time(f_lo, f_hi, args: tuple, lo: int, hi: int, reps: int) -> tuple[float, float, float]:
+    """(us an iteration, t_lo, t_hi): the slope of the median times (seconds) of f_lo and f_hi, the same kernel at
+    lo and hi iterations (the launch and set-up cancel)."""
+    t_lo, t_hi = median_time(f_lo, args, reps), median_time(f_hi, args, reps)
+    return (t_hi - t_lo) / (hi - lo) * 1e6, t_lo, t_hi
+
+
+def add_probe_args(p: argparse.ArgumentParser):
+    """The probes' shared options: --iters, --ctas, --reps, --json."""
+    p.add_argument("--iters", default="200,2200", help="two iteration counts; the slope between them is timed")
+    p.add_argument("--ctas", type=int, default=132, help="CTAs (one per SM on the H200)")
+    p.add_argument("--reps", type=int, default=9)
+    p.add_argument("--json", default=None)
+
+
+def write_rows(path: str | None, rows: list):
+    """A probe's rows, with the device's kind, as JSON at `path` (None: nowhere)."""
+    if path:
+        import jax
+
+        with open(path, "w") as f:
+            json.dump(dict(device=str(jax.devices()[0].device_kind), rows=rows), f, indent=1)
+
+
 def parse_iters(text: str) -> tuple[int, int]:
     """--iters 'lo,hi': the two iteration counts whose time difference the probes divide by hi - lo."""
     lo, hi = (int(x) for x in text.split(","))
@@ -125,10 +149,7 @@ def parse_iters(text: str) -> tuple[int, int]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m parity.convert_probe", description=__doc__.split("\n\n")[0])
     p.add_argument("--methods", default=",".join(METHODS))
-    p.add_argument("--iters", default="200,2200", help="two iteration counts; the slope between them is timed")
-    p.add_argument("--ctas", type=int, default=132, help="CTAs (one per SM on the H200)")
-    p.add_argument("--reps", type=int, default=9)
-    p.add_argument("--json", default=None)
+    add_probe_args(p)
     args = p.parse_args(argv)
     methods = args.methods.split(",")
     for m in methods:
@@ -157,16 +178,13 @@ def main(argv=None) -> int:
         f_lo, f_hi = build(m, lo, args.ctas), build(m, hi, args.ctas)
         got = np.asarray(f_hi(x))
         exact = bool((got.view(np.uint8) == want[m].view(np.uint8)).all())
-        t_lo, t_hi = median_time(f_lo, (x,), args.reps), median_time(f_hi, (x,), args.reps)
-        us = (t_hi - t_lo) / (hi - lo) * 1e6
+        us, t_lo, t_hi = slope_time(f_lo, f_hi, (x,), lo, hi, args.reps)
         rows.append(dict(method=m, us_per_step=us, exact=exact, t_lo_ms=t_lo * 1e3, t_hi_ms=t_hi * 1e3,
                          iters=[lo, hi], ctas=args.ctas))
     print(f"{'method':<9} {'us/step':>8} {'exact':>6}  (one [64, 576] fp8 step a CTA, {args.ctas} CTAs)")
     for r in rows:
         print(f"{r['method']:<9} {r['us_per_step']:8.3f} {str(r['exact']):>6}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(device=str(jax.devices()[0].device_kind), rows=rows), f, indent=1)
+    write_rows(args.json, rows)
     return 0 if all(r["exact"] for r in rows) else 1
 
 

@@ -54,10 +54,9 @@ exact in fp32), the softmax's row sums to 1e-4, the step probes' P @ V to one bf
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from parity.convert_probe import median_time, parse_iters
+from parity.convert_probe import add_probe_args, parse_iters, slope_time, write_rows
 
 BLOCK_H, BLOCK_KV, HEAD_DIM, V_HALF = 64, 64, 576, 256
 # probe -> (warpgroup 0's work, warpgroup 1's work); None: that warpgroup idles
@@ -409,10 +408,7 @@ def matches(kind: str | None, got, want) -> bool:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m parity.wgmma_probe", description=__doc__.split("\n\n")[0])
     p.add_argument("--probes", default=",".join(PROBES))
-    p.add_argument("--iters", default="200,2200", help="two iteration counts; the slope between them is timed")
-    p.add_argument("--ctas", type=int, default=132, help="CTAs (one per SM on the H200)")
-    p.add_argument("--reps", type=int, default=9)
-    p.add_argument("--json", default=None)
+    add_probe_args(p)
     args = p.parse_args(argv)
     probes = args.probes.split(",")
     for name in probes:
@@ -443,13 +439,13 @@ def main(argv=None) -> int:
             vals = [w[0] if isinstance(w, tuple) else w for w in want]
             print(f"{name}: not as expected; max |got - want| / max |want| by warpgroup: " + ", ".join(
                 "-" if w is None else f"{np.abs(got[i] - w).max() / np.abs(w).max():.2e}" for i, w in enumerate(vals)))
-        t_lo, t_hi = median_time(f_lo, inputs, args.reps), median_time(f_hi, inputs, args.reps)
-        us = (t_hi - t_lo) / (hi - lo) * 1e6
+        us, t_lo, t_hi = slope_time(f_lo, f_hi, inputs, lo, hi, args.reps)
         keys = max(keys_of(w) for w in PROBES[name])
-        flops = sum(2 * BLOCK_H * keys_of(w) * HEAD_DIM if w and w.startswith("qk")
-                    else 2 * BLOCK_H * keys_of(w) * V_HALF if w in V_COLS else 0 for w in PROBES[name])
         if name in STEPS:  # the scores and both P @ V halves
             flops = 2 * BLOCK_H * BLOCK_KV * (HEAD_DIM + 2 * V_HALF)
+        else:
+            flops = sum(2 * BLOCK_H * keys_of(w) * HEAD_DIM if w and w.startswith("qk")
+                        else 2 * BLOCK_H * keys_of(w) * V_HALF if w in V_COLS else 0 for w in PROBES[name])
         rows.append(dict(probe=name, work=PROBES[name], us_per_iter=us, us_per_64_keys=us * BLOCK_KV / keys,
                          tflops_per_sm=flops / us * 1e-6, exact=exact, t_lo_ms=t_lo * 1e3, t_hi_ms=t_hi * 1e3,
                          iters=[lo, hi], ctas=args.ctas))
@@ -457,9 +453,7 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['probe']:<18} {r['us_per_iter']:8.3f} {r['us_per_64_keys']:10.3f} {r['tflops_per_sm']:10.2f} "
               f"{str(r['exact']):>6}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(device=str(jax.devices()[0].device_kind), rows=rows), f, indent=1)
+    write_rows(args.json, rows)
     return 0 if all(r["exact"] for r in rows) else 1
 
 
