@@ -22,12 +22,12 @@ def kernel_smem_bytes(num_heads: int, q_len: int = 1, page_size: int = 64, fp8: 
     """(bytes, tuning): the kernel's shared memory for two requests of seq_len tokens and q_len queries each, on the
     heuristic's tuning with `sets` replaced. Lowered under an artificial 1 KiB limit, so that Mosaic GPU's own
     refusal reports the size (its error message is the only place it says it)."""
-    import jax
     import jax.numpy as jnp
     from jax.experimental.mosaic.gpu import core as mgpu_core
 
     import mla_jax
     from mla_jax import pallas_mosaic_gpu as mg
+    from parity.h200 import lower_for_h200
     from parity.scenarios import Scenario, make_batch
     from parity.sweep import with_overrides
 
@@ -48,12 +48,9 @@ def kernel_smem_bytes(num_heads: int, q_len: int = 1, page_size: int = 64, fp8: 
     def f(q_nope, q_pe, kv, md):
         return mg.mla_decode(q_nope, q_pe, kv, md, config, tuning=tuning, interpret=False)
 
-    # an abstract H200 (the split combine is a Pallas Triton kernel, whose lowering asks for a GPU)
-    h200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
     try:
         with mgpu_core.artificial_shared_memory_limit(1024):
-            with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=h200)):
-                jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",))
+            lower_for_h200(f, *args)
     except Exception as e:  # noqa: BLE001 (Mosaic GPU's refusal, wrapped by JAX's tracing)
         m = re.search(r"smem_bytes=(\d+)", str(e))
         if m is None:

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 
+from parity.h200 import lower_for_h200
 from parity.profile import parse_shape
 from parity.sweep import parse_overrides, with_overrides
 
@@ -68,11 +69,9 @@ def triton_module(shape, fp8: bool, overrides: dict) -> tuple[str, object]:
         modules.append(result.module.operation.get_asm(enable_debug_info=False))
         return result
 
-    h200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
     triton_lowering.lower_jaxpr_to_triton_module = capture
     try:
-        with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=h200)):
-            jax.jit(f).trace(q, kv, mla_jax.to_jax_metadata(md)).lower(lowering_platforms=("cuda",))
+        lower_for_h200(f, q, kv, mla_jax.to_jax_metadata(md))
     finally:
         triton_lowering.lower_jaxpr_to_triton_module = lower
     kernel = [m for m in modules if "@mla_decode_paged" in m]

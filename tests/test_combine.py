@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from mla_jax.combine import combine, combine_ref
+from parity.h200 import lower_for_h200
 
 
 def _partials(num_splits, num_tokens, num_heads, lora=512, seed=0):
@@ -76,10 +77,7 @@ def test_falls_back_to_the_formula_where_a_tile_cannot_hold_it():
 @pytest.mark.parametrize("num_splits, num_heads", [(2, 16), (128, 16), (7, 128), (3, 20)])
 def test_lowers_to_triton_for_an_abstract_h200(num_splits, num_heads):
     o, lse = _partials(num_splits, 3, num_heads)
-    h200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
-    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=h200)):
-        text = jax.jit(lambda o, l: combine(o, l, jnp.bfloat16)).trace(o, lse).lower(
-            lowering_platforms=("cuda",)).as_text()
+    text = lower_for_h200(lambda o, l: combine(o, l, jnp.bfloat16), o, lse).as_text()
     assert "__gpu$xla.gpu.triton" in text and "mla_combine_splits" in text
 
 

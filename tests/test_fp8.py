@@ -27,6 +27,7 @@ from mla_jax.pallas_triton import TritonConfig
 from mla_spec import MLAConfig, reference, validate_inputs
 from mla_spec.config import FP8_KV_CACHE_MSG
 from parity.compare import TOLERANCES, compare
+from parity.h200 import lower_for_h200
 from parity.scenarios import FP8_E4M3_MAX, SCENARIOS, Scenario, make_fp8_batch
 
 JNP_DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -213,11 +214,10 @@ def test_fp8_triton_kernel_lowers_for_an_abstract_h200():
     batch, k_scale, _, _ = fp8_batch_and_reference("spec_decode_page_16")
     q, kv, md = jax_inputs(batch, "bfloat16")
     q_nope, q_pe = mla_jax.split_q(q, batch.config)
-    fn = jax.jit(lambda qn, qp, kv, md, s: pallas_triton.mla_decode(qn, qp, kv, md, batch.config, k_scale=s))
-    scale = jnp.float32(k_scale)
-    h200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
-    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=h200)):
-        text = fn.trace(q_nope, q_pe, kv, md, scale).lower(lowering_platforms=("cuda",)).as_text()
+    def fn(qn, qp, kv, md, s):
+        return pallas_triton.mla_decode(qn, qp, kv, md, batch.config, k_scale=s)
+
+    text = lower_for_h200(fn, q_nope, q_pe, kv, md, jnp.float32(k_scale)).as_text()
     assert "__gpu$xla.gpu.triton" in text
     assert "f8E4M3FN" in text
 
@@ -411,11 +411,10 @@ def test_mosaic_gpu_fp8_lowers_for_cuda(num_heads, tuning):
     batch, k_scale = make_fp8_batch(sc, "bfloat16")
     q, kv, md = jax_inputs(batch, "bfloat16")
     cfg = None if tuning is None else pallas_mosaic_gpu.MosaicConfig(**tuning)
-    fn = jax.jit(lambda q, kv, md, s: pallas_mosaic_gpu.mla_decode(q, None, kv, md, batch.config, tuning=cfg, k_scale=s))
-    scale = jnp.float32(k_scale)
-    h200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
-    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=h200)):
-        text = fn.trace(q, kv, md, scale).lower(lowering_platforms=("cuda",)).as_text()
+    def fn(q, kv, md, s):
+        return pallas_mosaic_gpu.mla_decode(q, None, kv, md, batch.config, tuning=cfg, k_scale=s)
+
+    text = lower_for_h200(fn, q, kv, md, jnp.float32(k_scale)).as_text()
     assert "mosaic_gpu" in text
 
 

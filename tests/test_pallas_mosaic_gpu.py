@@ -21,6 +21,7 @@ import mla_jax
 from mla_jax import pallas_mosaic_gpu as mgpu_mla
 from mla_jax.pallas_mosaic_gpu import MosaicConfig, heuristic_config, unsupported_reason
 from mla_spec import MLAConfig
+from parity.h200 import lower_for_h200
 from parity.scenarios import SCENARIOS, Scenario
 from kernel_checks import assert_matches, batch_and_reference, device_inputs
 
@@ -377,9 +378,7 @@ class TestGPULowering:
             return mgpu_mla.mla_decode(q_nope, q_pe, kv, md, batch.config, tuning=tuning, interpret=False)
 
         # an abstract H200: the split combine is a Pallas Triton kernel, whose lowering asks for a GPU
-        h200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
-        with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=h200)):
-            text = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        text = lower_for_h200(f, *args).as_text()
         assert "mosaic_gpu" in text
         # PDL: the kernel waits on the kernels before it and is marked for XLA's PDL launch, only when asked
         assert ("griddepcontrol" in text) == ("mosaic_gpu.uses_pdl" in text) == tuning.pdl

@@ -21,6 +21,7 @@ import mla_jax
 from mla_jax import pallas_triton
 from mla_jax.pallas_triton import TritonConfig, heuristic_config, unsupported_reason
 from mla_spec import MLAConfig, build_decode_metadata
+from parity.h200 import lower_for_h200
 from parity.scenarios import SCENARIOS, Scenario, make_batch, random_scenario
 from kernel_checks import assert_matches, batch_and_reference, device_inputs
 
@@ -205,10 +206,10 @@ def test_lowers_to_triton_for_an_abstract_h200(scenario, dtype, tuning):
         batch.config, batch.q.shape[0], batch.metadata.max_blocks,
         max_query_len=batch.metadata.max_query_len, num_reqs=batch.metadata.num_reqs,
     )
-    fn = jax.jit(lambda q_nope, q_pe, kv, md: pallas_triton.mla_decode(q_nope, q_pe, kv, md, batch.config, tuning=tc))
-    h200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
-    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=h200)):
-        text = fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    def fn(q_nope, q_pe, kv, md):
+        return pallas_triton.mla_decode(q_nope, q_pe, kv, md, batch.config, tuning=tc)
+
+    text = lower_for_h200(fn, *args).as_text()
     assert "__gpu$xla.gpu.triton" in text
     assert f"num_warps = {tc.num_warps} : i32" in text and f"num_stages = {tc.num_stages} : i32" in text
 
