@@ -524,10 +524,16 @@ class MosaicConfig:
         i32_misc = alloc((INFO_WORDS + self.bt_chunk) * 4)
         # q, info, bt; kv_ready (split_ring, deferred_pv: two a slot), kv_consumed (p_in_kv: and p_ready) a slot;
         # sync_a, sync_b; (split_ring, deferred_pv) warpgroup 0's bt and bt_staged; (deferred_pv) qk_done
-        part_ring = self.deferred_pv or self.split_ring
+        part_ring = self.part_ring
         per_slot = 2 + int(self.p_in_kv) + int(part_ring)
         barriers = 8 * (3 + per_slot * self.max_concurrent_steps + 2 + 2 * int(part_ring) + int(self.deferred_pv))
         return q + kv + p + f32_misc + i32_misc + barriers
+
+    @property
+    def part_ring(self) -> bool:
+        """The ring in two column parts, each refilled by the warpgroup whose P @ V reads it (split_ring, and
+        deferred_pv, which needs it)."""
+        return self.split_ring or self.deferred_pv
 
 
 def _tile_geometry(num_heads: int) -> tuple[int, int, int]:
@@ -655,8 +661,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     [hb * 64, hb * 64 + 64) (or all `heads` x tpt tokens when heads < 64), and its split of the KV.
     score_rows > 0 (a multiple of hp below 64; "flashmla" only): the tile's rows in use, whose scores
     warpgroup 0 computes transposed (MosaicConfig.transposed_scores); q holds only those rows.
-    pdl: programmatic dependent launch (MosaicConfig.pdl). deferred_pv: MosaicConfig's ("flashmla", plain scores,
-    a 16-bit cache, not kv_multicast, 2 stages). p_in_kv, dequant_layout, fused_dequant, fused_group,
+    pdl: programmatic dependent launch (MosaicConfig.pdl). deferred_pv, split_ring: MosaicConfig's ("flashmla",
+    plain scores, a 16-bit cache, not kv_multicast, 2 stages; split_ring without p_in_kv). p_in_kv, dequant_layout, fused_dequant, fused_group,
     fp8_convert, overlap_dequant, overlap_wait, transposed_pv: MosaicConfig's (all but transposed_pv fp8 only;
     overlap_dequant needs transposed scores of at most OVERLAP_MAX_ROWS rows, and then fused_dequant is ignored;
     transposed_pv transposed scores of TRANSPOSED_PV_ROWS rows).
@@ -1827,7 +1833,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     if fp8 and (tuning.schedule != "flashmla" or tuning.memory_warpgroup):
         raise NotImplementedError(f"an fp8 cache runs the flashmla schedule only, got schedule={tuning.schedule!r}, "
                                   f"memory_warpgroup={tuning.memory_warpgroup}")
-    if fp8 and (tuning.deferred_pv or tuning.split_ring):
+    if fp8 and tuning.part_ring:
         raise NotImplementedError(f"deferred_pv=True and split_ring=True need a 16-bit cache (their slot halves are "
                                   f"the 16-bit ring's), got kv_cache_dtype='fp8_e4m3' with deferred_pv="
                                   f"{tuning.deferred_pv}, split_ring={tuning.split_ring}")
@@ -1861,7 +1867,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     score_rows = hp * min(tpt, max(1, metadata.max_query_len)) if tuning.transposed_scores else BLOCK_H
     pages_per_step = max(1, block_kv // page_size)
     bt_chunk = tuning.bt_chunk
-    if tuning.deferred_pv or tuning.split_ring:  # two buffers of half the entries (a TMA moves a multiple of 128
+    if tuning.part_ring:  # two buffers of half the entries (a TMA moves a multiple of 128
         # bytes: 32 entries)
         bt_chunk = max(32, bt_chunk // 64 * 32)
     bt_chunk -= bt_chunk % pages_per_step
