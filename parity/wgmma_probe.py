@@ -79,11 +79,42 @@ def keys_of(kind: str | None) -> int:
     return 0 if kind is None else 2 * BLOCK_KV if kind == "qk_n128" else 32 if "32" in kind else BLOCK_KV
 
 
+def online_softmax(s, m_i, l_i):
+    """The kernel's online softmax step on scaled scores s [64, keys] (log2 units) -> (P, alpha, new row max, new row
+    sums)."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    m_new = jnp.maximum(m_i, s.max(axis=1))
+    alpha = jnp.exp2(m_i - m_new)
+    p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
+    return p, alpha, m_new, l_i * alpha + p.sum(axis=1)
+
+
+def probe_kernel(body, rows: int, scratch: list, num_ctas: int, num_threads: int):
+    """A probe's jitted kernel: `num_ctas` CTAs of `num_threads` warpgroups, writing [rows, 64] fp32, with the
+    kernel's compiler parameters (Lane semantics, approximate exp2 as the kernel's approx_math=True)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    kernel = plgpu.kernel(
+        body,
+        out_type=jax.ShapeDtypeStruct((rows, BLOCK_H), jnp.float32),
+        scratch_types=scratch,
+        grid=(num_ctas,),
+        grid_names=("cta",),
+        num_threads=num_threads,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane, approx_math=True),
+    )
+    return jax.jit(kernel)
+
+
 def build(probe: str, iters: int, num_ctas: int, interpret: bool = False):
     """The probe's jitted kernel; interpret: (step probes) accumulate as the interpreter can (see build_step)."""
     if probe in STEPS:
         return build_step(probe, iters, num_ctas, interpret)
-    import jax
     import jax.numpy as jnp
     from jax import lax
     from jax.experimental import pallas as pl
@@ -131,12 +162,7 @@ def build(probe: str, iters: int, num_ctas: int, interpret: bool = False):
 
         def softmax(s, carry, kind):
             """The kernel's online softmax on scores s, P stored as bf16 into the P buffer."""
-            m_i, l_i = carry
-            s = s * SCALE
-            m_new = jnp.maximum(m_i, s.max(axis=1))
-            alpha = jnp.exp2(m_i - m_new)
-            p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
-            l_i = l_i * alpha + p.sum(axis=1)
+            p, _, m_new, l_i = online_softmax(s * SCALE, *carry)
             p_smem[...] = p.astype(jnp.bfloat16)
             plgpu.commit_smem()
             return m_new, l_i
@@ -170,30 +196,20 @@ def build(probe: str, iters: int, num_ctas: int, interpret: bool = False):
                 def _():
                     o_ref[w] = out  # (from registers: shared memory holds Q, two KV steps and P, no more)
 
-    kernel = plgpu.kernel(
-        body,
-        out_type=jax.ShapeDtypeStruct((len(work), BLOCK_H), jnp.float32),
-        scratch_types=[
-            plgpu.SMEM((BLOCK_H, HEAD_DIM), jnp.bfloat16, transforms=t),
-            plgpu.SMEM((2 * BLOCK_KV, HEAD_DIM), jnp.bfloat16, transforms=t),
-            # P of the softmax probes, [64, 64] (or [64, 32]: the 32-key P @ V's left operand, ones unless a softmax
-            # probe writes it)
-            plgpu.SMEM((BLOCK_H, 32 if sw == 64 else BLOCK_KV), jnp.bfloat16, transforms=t),
-            plgpu.Barrier(num_arrivals=2),  # Q and K loaded
-        ],
-        grid=(num_ctas,),
-        grid_names=("cta",),
-        num_threads=len(work),
-        thread_name="wg",
-        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
-    )
-    return jax.jit(kernel)
+    scratch = [
+        plgpu.SMEM((BLOCK_H, HEAD_DIM), jnp.bfloat16, transforms=t),
+        plgpu.SMEM((2 * BLOCK_KV, HEAD_DIM), jnp.bfloat16, transforms=t),
+        # P of the softmax probes, [64, 64] (or [64, 32]: the 32-key P @ V's left operand, ones unless a softmax
+        # probe writes it)
+        plgpu.SMEM((BLOCK_H, 32 if sw == 64 else BLOCK_KV), jnp.bfloat16, transforms=t),
+        plgpu.Barrier(num_arrivals=2),  # Q and K loaded
+    ]
+    return probe_kernel(body, len(work), scratch, num_ctas, len(work))
 
 
 def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
     """A step probe (STEPS): the schedule's step over one KV step held in shared memory. interpret: each P @ V into a
     fresh accumulator, then added (the Mosaic GPU interpreter has no rule for run_state over an accumulator)."""
-    import jax
     import jax.numpy as jnp
     from jax import lax
     from jax.experimental import pallas as pl
@@ -251,10 +267,7 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
                 s = pl.run_scoped(qk, plgpu.ACC((BLOCK_H, BLOCK_KV), jnp.float32)) * SCALE
                 if deferred:
                     pl.when(i > 0)(lambda: plgpu.barrier_arrive(qk_done.at[lax.rem(i, 2)]))  # step i - 1's P @ V may go
-                m_new = jnp.maximum(m_i, s.max(axis=1))
-                alpha = jnp.exp2(m_i - m_new)
-                p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
-                l_i = l_i * alpha + p.sum(axis=1)
+                p, alpha, m_new, l_i = online_softmax(s, m_i, l_i)
                 # step i - bufs released P's buffer
                 pl.when(i >= bufs)(lambda: plgpu.barrier_wait(p_free.at[lax.rem(i - bufs, 2)]))
                 p_smem[lax.rem(i, bufs)] = p.astype(jnp.bfloat16)
@@ -300,31 +313,22 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
                     plgpu.barrier_wait(tma_bar)  # (the last load)
                 pl.when(cta == 0)(lambda: o_ref.__setitem__(w, out))
 
-    kernel = plgpu.kernel(
-        body,
-        out_type=jax.ShapeDtypeStruct((nwg, BLOCK_H), jnp.float32),
-        scratch_types=[
-            plgpu.SMEM((BLOCK_H, HEAD_DIM), jnp.bfloat16, transforms=t),
-            plgpu.SMEM((BLOCK_KV, HEAD_DIM), jnp.bfloat16, transforms=t),
-            plgpu.SMEM((bufs, BLOCK_H, BLOCK_KV), jnp.bfloat16, transforms=t),  # P, by step parity
-            plgpu.SMEM((bufs, BLOCK_H), jnp.float32),  # alpha, by step parity
-            plgpu.Barrier(num_arrivals=2),  # Q and K loaded
-            # p_ready, p_free, qk_done: by step parity (no barrier is then ever two phases ahead of a waiter)
-            plgpu.Barrier(num_arrivals=1, num_barriers=2),
-            plgpu.Barrier(num_arrivals=nwg - 1, num_barriers=2),
-            plgpu.Barrier(num_arrivals=1, num_barriers=2),
-            plgpu.Barrier(num_arrivals=1),  # tma_bar (step_flashmla_1p_tma)
-            # (step_flashmla_1p_tma) the spare slot: V's 512 columns of a step (64 of the 72 KiB a step loads; the
-            # rope's 8 do not fit beside the rest)
-            *([plgpu.SMEM((BLOCK_KV, 2 * V_HALF), jnp.bfloat16, transforms=t)] if tma else []),
-        ],
-        grid=(num_ctas,),
-        grid_names=("cta",),
-        num_threads=nwg,
-        thread_name="wg",
-        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane, approx_math=True),
-    )
-    return jax.jit(kernel)
+    scratch = [
+        plgpu.SMEM((BLOCK_H, HEAD_DIM), jnp.bfloat16, transforms=t),
+        plgpu.SMEM((BLOCK_KV, HEAD_DIM), jnp.bfloat16, transforms=t),
+        plgpu.SMEM((bufs, BLOCK_H, BLOCK_KV), jnp.bfloat16, transforms=t),  # P, by step parity
+        plgpu.SMEM((bufs, BLOCK_H), jnp.float32),  # alpha, by step parity
+        plgpu.Barrier(num_arrivals=2),  # Q and K loaded
+        # p_ready, p_free, qk_done: by step parity (no barrier is then ever two phases ahead of a waiter)
+        plgpu.Barrier(num_arrivals=1, num_barriers=2),
+        plgpu.Barrier(num_arrivals=nwg - 1, num_barriers=2),
+        plgpu.Barrier(num_arrivals=1, num_barriers=2),
+        plgpu.Barrier(num_arrivals=1),  # tma_bar (step_flashmla_1p_tma)
+        # (step_flashmla_1p_tma) the spare slot: V's 512 columns of a step (64 of the 72 KiB a step loads; the
+        # rope's 8 do not fit beside the rest)
+        *([plgpu.SMEM((BLOCK_KV, 2 * V_HALF), jnp.bfloat16, transforms=t)] if tma else []),
+    ]
+    return probe_kernel(body, nwg, scratch, num_ctas, nwg)
 
 
 def expected_step(probe: str, iters: int, q, k):
