@@ -40,6 +40,11 @@ loads and waits):
 * "step_flashmla_1p_hbm": the same loads from a 1 GiB buffer (HBM_ROWS) that the CTAs walk through in pairs, each
   pair loading the same step at about the same time (one from HBM, one mostly from L2), as the kernel's two head
   tiles of a request do with heads_fastest: the traffic with HBM's bandwidth and latency, still without the waits;
+* "step_flashmla_1p_l2x2", "step_flashmla_1p_hbmx2": the refill's loads two in flight, as the kernel's two-stage ring
+  (load i awaited before load i + 2 is issued), from a 10 MiB window of the large buffer (L2_BLOCKS: distinct
+  lines for each CTA pair, L2-resident; _tma's every CTA reads the same two steps' lines) and from all of it (HBM).
+  Session 17 measured _tma and _hbm at 3.3 and 3.8 us a step: with one load in flight, awaited after one step, the
+  step is a load's latency under the whole chip's loads, which the two-stage forms hide as the kernel's ring does;
 * "step_deferred": step_flashmla with warpgroup 1's P @ V of step i waiting for warpgroup 0's scores of step i + 1
   (`qk_done`: MosaicConfig(deferred_pv=True));
 * "step_three_wg": warpgroup 0 the scores and softmax only, warpgroups 1 and 2 a P @ V half each
@@ -65,10 +70,16 @@ PROBES = {"qk": ("qk", None), "qk_n128": ("qk_n128", None), "qk_rs": ("qk_rs", N
           "qk_rs+pv+pv": ("qk_rs", "pv", "pv0"), "qk32": ("qk32", None), "pv32+pv32": ("pv32_0", "pv32"),
           "qk32+pv32+pv32": ("qk32", "pv32", "pv32_0"), "qk_sm": ("qk_sm", None), "qk32_sm": ("qk32_sm", None),
           "qk_sm+pv+pv": ("qk_sm", "pv", "pv0"), "qk32_sm+pv32+pv32": ("qk32_sm", "pv32", "pv32_0")}
-STEPS = {"step_flashmla": 2, "step_flashmla_1p": 2, "step_flashmla_1p_tma": 2, "step_flashmla_1p_hbm": 2,
-         "step_deferred": 2, "step_three_wg": 3}  # -> warpgroups
-HBM_PROBES = ("step_flashmla_1p_hbm",)  # the probes that take a third input: a buffer far larger than L2
+# step probes with the refill's loads -> (where from, loads in flight): "hot" the same two KV steps for every CTA
+# (k's rows), "l2" a window of L2_BLOCKS steps of the large buffer (distinct lines for each CTA pair, L2-resident after
+# the first pass), "hbm" the whole large buffer
+LOADS = {"step_flashmla_1p_tma": ("hot", 1), "step_flashmla_1p_hbm": ("hbm", 1), "step_flashmla_1p_l2x2": ("l2", 2),
+         "step_flashmla_1p_hbmx2": ("hbm", 2)}
+STEPS = {"step_flashmla": 2, "step_flashmla_1p": 2, **{name: 2 for name in LOADS}, "step_deferred": 2,
+         "step_three_wg": 3}  # -> warpgroups
+HBM_PROBES = tuple(n for n, (src, _) in LOADS.items() if src != "hot")  # the probes that take the large buffer
 HBM_ROWS = 1 << 20  # its rows of V's 512 columns (1 GiB of bf16; the H200's L2 is 50 MB)
+L2_BLOCKS = 160  # the "l2" window: 160 KV steps of 64 KiB (10 MiB)
 PROBES.update({name: tuple(f"step{w}" for w in range(n)) for name, n in STEPS.items()})
 V_COLS = {"pv": V_HALF, "pv0": 0, "pv32": V_HALF, "pv32_0": 0}  # the first column of each P @ V kind's half
 SCALE = 0.0625  # the softmax probes' score scale (log2 units)
@@ -218,7 +229,8 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
     nwg = STEPS[probe]
     three, deferred = probe == "step_three_wg", probe == "step_deferred"
     bufs = 1 if probe.startswith("step_flashmla_1p") else 2  # P (and alpha) buffers, used by step parity
-    tma = probe in ("step_flashmla_1p_tma", "step_flashmla_1p_hbm")  # (a spare slot, loaded every iteration)
+    tma = probe in LOADS  # (a spare slot, loaded every iteration)
+    source, depth = LOADS.get(probe, (None, 1))
     hbm = probe in HBM_PROBES
     t = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
     row = plgpu.Layout.WGMMA.reduce(1)
@@ -296,21 +308,26 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
                     acc = pv(rescale(acc, plgpu.load(x_smem.at[lax.rem(i, bufs)], layout=row)), i,
                              V_HALF if w == 1 else 0)
                     plgpu.barrier_arrive(p_free.at[lax.rem(i, 2)])
-                    if tma:  # the refill's traffic: a KV step into the second slot (the one before it landed)
-                        pl.when(i > 0)(lambda: plgpu.barrier_wait(tma_bar))
+                    if tma:  # the refill's traffic: a KV step into the spare slot (once load i - depth landed)
+                        slot = tma_bar.at[lax.rem(i, depth)]
+                        pl.when(i >= depth)(lambda: plgpu.barrier_wait(slot))
                         if hbm:  # CTA pair c // 2's step of iteration i: the pairs walk the buffer together
                             pairs, blocks = max(1, num_ctas // 2), big_ref.shape[0] // BLOCK_KV
+                            if source == "l2":
+                                blocks = min(blocks, L2_BLOCKS)
                             blk = lax.rem(lax.div(cta, 2) + i * pairs, blocks)
                             src = big_ref.at[pl.ds(pl.multiple_of(blk * BLOCK_KV, BLOCK_KV), BLOCK_KV)]
                         else:
                             rows = pl.ds(pl.multiple_of(lax.rem(i, 2) * BLOCK_KV, BLOCK_KV), BLOCK_KV)
                             src = k_ref.at[rows, pl.ds(0, 2 * V_HALF)]
-                        plgpu.copy_gmem_to_smem(src, spare[0], tma_bar)
+                        # (with depth 2, two loads write the spare slot at once: nothing reads it)
+                        plgpu.copy_gmem_to_smem(src, spare[0], slot)
                     return acc
 
                 out = lax.fori_loop(0, iters, step, zeros_acc()).sum(axis=1)
                 if tma:
-                    plgpu.barrier_wait(tma_bar)  # (the last load)
+                    for j in range(max(iters - depth, 0), iters):  # (the last loads)
+                        plgpu.barrier_wait(tma_bar.at[j % depth])
                 pl.when(cta == 0)(lambda: o_ref.__setitem__(w, out))
 
     scratch = [
@@ -323,7 +340,7 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
         plgpu.Barrier(num_arrivals=1, num_barriers=2),
         plgpu.Barrier(num_arrivals=nwg - 1, num_barriers=2),
         plgpu.Barrier(num_arrivals=1, num_barriers=2),
-        plgpu.Barrier(num_arrivals=1),  # tma_bar (step_flashmla_1p_tma)
+        plgpu.Barrier(num_arrivals=1, num_barriers=depth),  # tma_bar (LOADS), by load parity
         # (step_flashmla_1p_tma) the spare slot: V's 512 columns of a step (64 of the 72 KiB a step loads; the
         # rope's 8 do not fit beside the rest)
         *([plgpu.SMEM((BLOCK_KV, 2 * V_HALF), jnp.bfloat16, transforms=t)] if tma else []),
