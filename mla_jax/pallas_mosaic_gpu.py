@@ -440,6 +440,7 @@ class MosaicConfig:
     kv_multicast: bool = False
     deferred_pv: bool = False
     split_ring: bool = False
+    part_wait: bool = False
     pdl: bool = False
 
     def __post_init__(self):
@@ -448,7 +449,8 @@ class MosaicConfig:
             if isinstance(x, bool) or not isinstance(x, int):
                 raise ValueError(f"{name} must be an int, got {name}={x!r}")
         for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
-                     "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast", "deferred_pv", "split_ring"):
+                     "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast", "deferred_pv", "split_ring",
+                     "part_wait"):
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
@@ -480,10 +482,17 @@ class MosaicConfig:
             raise ValueError("split_ring=True needs p_in_kv=False: P would sit in the slot's rope columns (part 1), "
                              "which warpgroup 1 refills after its P @ V while warpgroup 0's may still read P "
                              "(deferred_pv orders them), got p_in_kv=True")
+        if self.part_wait and self.p_in_kv:
+            raise ValueError("part_wait=True needs p_in_kv=False (P's rope columns would be in the slot's part 1), "
+                             "got p_in_kv=True")
+        if self.part_wait and self.part_ring:
+            raise ValueError(f"part_wait=True is the two-part slot refilled whole by warpgroup 1; deferred_pv and "
+                             f"split_ring refill it by parts: choose one, got deferred_pv={self.deferred_pv}, "
+                             f"split_ring={self.split_ring}")
         if self.p_in_kv and (self.schedule != "flashmla" or self.transposed_scores):
             raise ValueError(f"p_in_kv=True needs schedule='flashmla' with plain scores, got "
                              f"schedule={self.schedule!r}, transposed_scores={self.transposed_scores}")
-        for name in ("deferred_pv", "split_ring"):
+        for name in ("deferred_pv", "split_ring", "part_wait"):
             if getattr(self, name) and (self.schedule != "flashmla" or self.transposed_scores or self.kv_multicast
                                         or max_concurrent_steps != 2):
                 raise ValueError(f"{name}=True needs schedule='flashmla' with plain scores, no kv_multicast and 2 "
@@ -522,10 +531,10 @@ class MosaicConfig:
         p = alloc(4) if p_in_slots else alloc(BLOCK_H * self.block_kv * dtype_bytes)
         f32_misc = alloc((4 if p_in_slots else NUM_COMPUTE_WGS) * BLOCK_H * 4)
         i32_misc = alloc((INFO_WORDS + self.bt_chunk) * 4)
-        # q, info, bt; kv_ready (split_ring, deferred_pv: two a slot), kv_consumed (p_in_kv: and p_ready) a slot;
+        # q, info, bt; kv_ready (split_ring, deferred_pv, part_wait: two a slot), kv_consumed (p_in_kv: and p_ready) a slot;
         # sync_a, sync_b; (split_ring, deferred_pv) warpgroup 0's bt and bt_staged; (deferred_pv) qk_done
         part_ring = self.part_ring
-        per_slot = 2 + int(self.p_in_kv) + int(part_ring)
+        per_slot = 2 + int(self.p_in_kv) + int(self.two_parts)
         barriers = 8 * (3 + per_slot * self.max_concurrent_steps + 2 + 2 * int(part_ring) + int(self.deferred_pv))
         return q + kv + p + f32_misc + i32_misc + barriers
 
@@ -534,6 +543,11 @@ class MosaicConfig:
         """The ring in two column parts, each refilled by the warpgroup whose P @ V reads it (split_ring, and
         deferred_pv, which needs it)."""
         return self.split_ring or self.deferred_pv
+
+    @property
+    def two_parts(self) -> bool:
+        """The ring's slots in two column parts, each with its own `kv_ready` (part_ring, and part_wait)."""
+        return self.part_ring or self.part_wait
 
 
 def _tile_geometry(num_heads: int) -> tuple[int, int, int]:
@@ -651,8 +665,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   p_in_kv: bool = False, dequant_layout: str = "wgmma", fused_dequant: bool = False,
                   fused_group: int = 1, fp8_convert: str = "cvt", overlap_dequant: bool = False,
                   overlap_wait: bool = False, transposed_pv: bool = False, heads_fastest: bool = False,
-                  kv_multicast: bool = False, deferred_pv: bool = False, split_ring: bool = False, out_dtype=None,
-                  interpret: bool = False):
+                  kv_multicast: bool = False, deferred_pv: bool = False, split_ring: bool = False,
+                  part_wait: bool = False, out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile), the last axis the fastest (heads_fastest: reversed, the head
@@ -661,8 +675,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     [hb * 64, hb * 64 + 64) (or all `heads` x tpt tokens when heads < 64), and its split of the KV.
     score_rows > 0 (a multiple of hp below 64; "flashmla" only): the tile's rows in use, whose scores
     warpgroup 0 computes transposed (MosaicConfig.transposed_scores); q holds only those rows.
-    pdl: programmatic dependent launch (MosaicConfig.pdl). deferred_pv, split_ring: MosaicConfig's ("flashmla",
-    plain scores, a 16-bit cache, not kv_multicast, 2 stages; split_ring without p_in_kv). p_in_kv, dequant_layout, fused_dequant, fused_group,
+    pdl: programmatic dependent launch (MosaicConfig.pdl). deferred_pv, split_ring, part_wait: MosaicConfig's
+    ("flashmla", plain scores, a 16-bit cache, not kv_multicast, 2 stages; split_ring and part_wait without p_in_kv). p_in_kv, dequant_layout, fused_dequant, fused_group,
     fp8_convert, overlap_dequant, overlap_wait, transposed_pv: MosaicConfig's (all but transposed_pv fp8 only;
     overlap_dequant needs transposed scores of at most OVERLAP_MAX_ROWS rows, and then fused_dequant is ignored;
     transposed_pv transposed scores of TRANSPOSED_PV_ROWS rows).
@@ -713,15 +727,18 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     kv_axes = "hc" if kv_multicast else None  # the KV TMAs: each CTA of the pair loads half, multicast to both
     # (split_ring, deferred_pv) the ring in two column parts, each refilled by its P @ V warpgroup
     part_ring = split_ring or deferred_pv
-    if split_ring and p_in_kv:
-        raise ValueError("split_ring needs p_in_kv=False (warpgroup 1 refills part 1, P's rope columns, while "
-                         "warpgroup 0's P @ V may still read P)")
-    if part_ring and (not flashmla or score_rows or fp8 or kv_multicast or stages != 2 or memory_wg):
-        raise ValueError(f"split_ring and deferred_pv need schedule='flashmla', plain scores, a 16-bit cache, no "
-                         f"kv_multicast and 2 stages, got {schedule=}, {score_rows=}, {fp8=}, {kv_multicast=}, "
-                         f"{stages=}, {memory_wg=}")
-    # (part_ring) a slot's two column parts, each filled and awaited on its own (kv_ready[2 slot + part])
-    kv_parts = ((0, V_HALF), (V_HALF, HEAD_DIM - V_HALF)) if part_ring else ((0, HEAD_DIM),)
+    # (two_parts) the ring in two column parts, each filled and awaited on its own (part_wait: both refilled at once
+    # by warpgroup 1, as the default's one slot)
+    two_parts = part_ring or part_wait
+    if (split_ring or part_wait) and p_in_kv:
+        raise ValueError("split_ring and part_wait need p_in_kv=False (P would sit in the rope columns of part 1, "
+                         "whose ref is not the P buffer's layout)")
+    if two_parts and (not flashmla or score_rows or fp8 or kv_multicast or stages != 2 or memory_wg):
+        raise ValueError(f"split_ring, deferred_pv and part_wait need schedule='flashmla', plain scores, a 16-bit "
+                         f"cache, no kv_multicast and 2 stages, got {schedule=}, {score_rows=}, {fp8=}, "
+                         f"{kv_multicast=}, {stages=}, {memory_wg=}")
+    # (two_parts) a slot's two column parts, each filled and awaited on its own (kv_ready[2 slot + part])
+    kv_parts = ((0, V_HALF), (V_HALF, HEAD_DIM - V_HALF)) if two_parts else ((0, HEAD_DIM),)
     # (part_ring) two block-table chunk buffers (by chunk parity): warpgroup 0 stages a step's chunk for its part 0
     # while warpgroup 1 may still read the one before for its part 1 of an earlier step
     bt_bufs = 2 if part_ring else 1
@@ -742,7 +759,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # kv_smem: the ring of fp8 steps the TMAs fill; deq_smem: the step the wgmmas read
             (q_smem, kv_smem, deq_smem), stage = q_kv_or_stage
             (deq_ready,) = extra_barriers
-        elif part_ring:  # the ring in two column parts (each a contiguous TMA destination)
+        elif two_parts:  # the ring in two column parts (each a contiguous TMA destination)
             (q_smem, *kv_part_smem), stage = q_kv_or_stage
             kv_smem = None
         else:
@@ -798,8 +815,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             return deq_smem.at[info_smem[4]] if fp8 else kv_smem.at[slot]
 
         def kv_cols(slot, c0: int, nc: int):
-            """Columns [c0, c0 + nc) of the 16-bit ring's `slot` (part_ring: within one column part)."""
-            if not part_ring:
+            """Columns [c0, c0 + nc) of the 16-bit ring's `slot` (two_parts: within one column part)."""
+            if not two_parts:
                 return kv_smem.at[slot, :, pl.ds(c0, nc)]
             for (p0, pn), ref in zip(kv_parts, kv_part_smem):
                 if p0 <= c0 and c0 + nc <= p0 + pn:
@@ -957,7 +974,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             return lax.div(k, jnp.int32(steps_per_page)) if pages_per_step == 1 else k * pages_per_step
 
         def kv_ready_at(slot, part: int = 0):
-            """The barrier of `slot`'s column part `part` (part_ring: 0 columns [0, 256), 1 [256, 576); else
+            """The barrier of `slot`'s column part `part` (two_parts: 0 columns [0, 256), 1 [256, 576); else
             the whole slot, part 0)."""
             return kv_ready.at[slot * len(kv_parts) + part]
 
@@ -997,15 +1014,15 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 return i_smem[INFO_WORDS + buf * bt_chunk + lp - chunk * bt_chunk]
 
             def cols(ref, part):
-                """The KV cache's columns of `part` (all of them without part_ring)."""
-                if not part_ring:
+                """The KV cache's columns of `part` (all of them without two_parts)."""
+                if not two_parts:
                     return ref
                 c0, nc = kv_parts[part]
                 return ref.at[..., pl.ds(c0, nc)]
 
             def dst(part, rows=None):
-                """The ring slot's part `part` (part_ring; else the whole slot), rows `rows` (default all)."""
-                ring = kv_part_smem[part] if part_ring else kv_smem
+                """The ring slot's part `part` (two_parts; else the whole slot), rows `rows` (default all)."""
+                ring = kv_part_smem[part] if two_parts else kv_smem
                 return ring.at[slot] if rows is None else ring.at[slot, rows]
 
             for part in parts:
@@ -1231,7 +1248,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
             def pv(acc, half, slot):
                 v_cols = pl.ds(half * V_HALF, V_HALF)
-                v = kv_cols(slot, half * V_HALF, V_HALF) if part_ring else kv_tile(slot).at[:, v_cols]
+                v = kv_cols(slot, half * V_HALF, V_HALF) if two_parts else kv_tile(slot).at[:, v_cols]
                 return accumulate(acc, lambda acc_ref: pv_wgmma(acc_ref, v, p_ref(slot)))
 
             # (overlap_dequant) the chunks of the next step each warpgroup converts: under its own P @ V of this
@@ -1315,14 +1332,15 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                             plgpu.wgmma(s_ref, q_c, kv_c.transpose((1, 0)))
 
                     def qk(s_ref):
-                        if part_ring:  # the first column part's wgmmas, then the second part's once it is there
+                        if two_parts:  # the first column part's wgmmas, then the second part's once it is there
                             for part, (c0, nc) in enumerate(kv_parts):
                                 if part:
                                     plgpu.barrier_wait(kv_ready_at(slot, part))
                                 plgpu.wgmma(s_ref, q_smem.at[:, pl.ds(c0, nc)],
                                             kv_cols(slot, c0, nc).transpose((1, 0)))
-                                if not part:  # under it, part 0 of step k + 1 into the slot of step k - 1 (this
-                                    # warpgroup is its only reader: the scores and P @ V of step k - 1 are done)
+                                if not part and part_ring:  # under it, part 0 of step k + 1 into the slot of
+                                    # step k - 1 (this warpgroup is its only reader: the scores and P @ V of step
+                                    # k - 1 are done)
                                     pl.when(k > begin)(lambda: refill(k - 1, 0))
                             return s_ref[...]
                         if overlap_dequant:  # the f16 copy in three buffers: a wgmma each chunk, in head-dim order
@@ -1726,7 +1744,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                        plgpu.SMEM((1, block_kv, QK_ROPE_HEAD_DIM), dtype, transforms=transforms))
         else:
             kv_bufs = (ring, plgpu.SMEM((1, block_kv, HEAD_DIM), dtype, transforms=transforms))
-    elif part_ring:  # the KV ring's two column parts
+    elif two_parts:  # the KV ring's two column parts
         kv_bufs = tuple(plgpu.SMEM((stages, block_kv, nc), dtype, transforms=transforms) for _, nc in kv_parts)
     else:
         kv_bufs = (plgpu.SMEM((stages, block_kv, HEAD_DIM), dtype, transforms=transforms),)  # KV ring
@@ -1833,10 +1851,11 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     if fp8 and (tuning.schedule != "flashmla" or tuning.memory_warpgroup):
         raise NotImplementedError(f"an fp8 cache runs the flashmla schedule only, got schedule={tuning.schedule!r}, "
                                   f"memory_warpgroup={tuning.memory_warpgroup}")
-    if fp8 and tuning.part_ring:
-        raise NotImplementedError(f"deferred_pv=True and split_ring=True need a 16-bit cache (their slot halves are "
-                                  f"the 16-bit ring's), got kv_cache_dtype='fp8_e4m3' with deferred_pv="
-                                  f"{tuning.deferred_pv}, split_ring={tuning.split_ring}")
+    if fp8 and tuning.two_parts:
+        raise NotImplementedError(f"deferred_pv=True, split_ring=True and part_wait=True need a 16-bit cache (their "
+                                  f"slot halves are the 16-bit ring's), got kv_cache_dtype='fp8_e4m3' with "
+                                  f"deferred_pv={tuning.deferred_pv}, split_ring={tuning.split_ring}, "
+                                  f"part_wait={tuning.part_wait}")
     if fp8 and tuning.p_in_kv:
         raise NotImplementedError("p_in_kv=True needs a 16-bit cache (fp8: P would share the dequantized step "
                                   "that the next step's dequantization overwrites), got kv_cache_dtype='fp8_e4m3'")
@@ -1884,6 +1903,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         overlap_wait=tuning.overlap_wait,
         transposed_pv=tuning.transposed_pv and score_rows in TRANSPOSED_PV_ROWS, heads_fastest=tuning.heads_fastest,
         kv_multicast=tuning.kv_multicast, deferred_pv=tuning.deferred_pv, split_ring=tuning.split_ring,
+        part_wait=tuning.part_wait,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     if num_splits > 1:

@@ -46,7 +46,8 @@ VARIANTS = {
                               fused_dequant=(True, False), fused_group=(1, 2, 4), fp8_convert=("cvt", "bits", "mixed"),
                               overlap_dequant=(True, False), overlap_wait=(True, False),
                               transposed_pv=(True, False), heads_fastest=(True, False),
-                              kv_multicast=(True, False), deferred_pv=(True, False), split_ring=(True, False)),
+                              kv_multicast=(True, False), deferred_pv=(True, False), split_ring=(True, False),
+                              part_wait=(True, False)),
 }
 
 

@@ -141,6 +141,11 @@ CASES = [
      "bfloat16", MosaicConfig(num_splits=3, bt_chunk=32, split_ring=True)),
     (Scenario("split_ring_h128_p16_chunks", seq_lens=(700, 33), query_lens=(1, 3), num_heads=128, page_size=16),
      "float16", MosaicConfig(num_splits=1, bt_chunk=32, split_ring=True)),
+    # the two-part slot refilled whole by warpgroup 1 (part_wait): the scores wait for each part on its own barrier
+    (Scenario("part_wait_h8_p8_chunks", seq_lens=(600, 70), query_lens=(1, 2), num_heads=8, page_size=8),
+     "bfloat16", MosaicConfig(num_splits=3, bt_chunk=32, part_wait=True)),
+    (Scenario("part_wait_h128_p128", seq_lens=(300, 5), query_lens=(1, 3), num_heads=128, page_size=128),
+     "float16", MosaicConfig(num_splits=1, part_wait=True)),
     # FlashMLA's seesaw (steps in pairs, one softmax per warpgroup): H=128 with splits (odd and even step counts,
     # a masked tail, a split with one step), spec decode at page 16 (4 pages a step) in fp16, H=8 at page 8,
     # padded heads with empty splits
@@ -251,7 +256,7 @@ class TestInterpret:
         with pytest.raises(NotImplementedError, match=r"kv_multicast=True needs .*" + needle):
             mgpu_mla.mla_decode(q_nope, q_pe, kv, md, config, tuning=MosaicConfig(kv_multicast=True), interpret=True)
 
-    @pytest.mark.parametrize("field", ["deferred_pv", "split_ring"])
+    @pytest.mark.parametrize("field", ["deferred_pv", "split_ring", "part_wait"])
     def test_two_part_ring_says_it_needs_a_16_bit_cache(self, field):
         batch, _, _ = batch_and_reference(Scenario("dpv_fp8", seq_lens=(5, 9), query_lens=(1, 1), page_size=16),
                                           "bfloat16")
@@ -284,9 +289,11 @@ class TestInterpret:
                                          dict(schedule="flashmla"), dict(schedule="three_wg"),
                                          dict(transposed_scores=True), dict(p_in_kv=True), dict(schedule="seesaw"),
                                          dict(transposed_scores=True, transposed_pv=True), dict(deferred_pv=True),
-                                         dict(deferred_pv=True, p_in_kv=True), dict(split_ring=True)],
+                                         dict(deferred_pv=True, p_in_kv=True), dict(split_ring=True),
+                                         dict(part_wait=True)],
                              ids=["split", "memory_wg", "flashmla", "three_wg", "transposed_scores", "p_in_kv",
-                                  "seesaw", "transposed_pv", "deferred_pv", "deferred_pv-p_in_kv", "split_ring"])
+                                  "seesaw", "transposed_pv", "deferred_pv", "deferred_pv-p_in_kv", "split_ring",
+                                  "part_wait"])
     def test_no_data_races(self, variant):
         """The interpreter's race detector: the producer (warpgroup 0, or the memory warpgroup),
         the KV ring, P and the row-max exchange are ordered by their barriers."""
@@ -367,6 +374,8 @@ class TestGPULowering:
             (128, 64, MosaicConfig(num_splits=1, deferred_pv=True, p_in_kv=True)),
             (128, 64, MosaicConfig(num_splits=2, split_ring=True, heads_fastest=True)),
             (8, 8, MosaicConfig(num_splits=3, split_ring=True)),
+            (128, 64, MosaicConfig(num_splits=2, part_wait=True, heads_fastest=True)),
+            (16, 16, MosaicConfig(num_splits=1, part_wait=True)),
         ],
     )
     def test_lowers_for_cuda(self, num_heads, page_size, tuning):
@@ -430,6 +439,11 @@ class TestConfig:
             (dict(split_ring=True, schedule="three_wg"), "split_ring=True needs schedule='flashmla'"),
             (dict(split_ring=True, kv_multicast=True), "kv_multicast=True"),
             (dict(split_ring=True, p_in_kv=True), "split_ring=True needs p_in_kv=False"),
+            (dict(part_wait=1), "part_wait=1"),
+            (dict(part_wait=True, transposed_scores=True), "part_wait=True needs schedule='flashmla' with plain"),
+            (dict(part_wait=True, max_concurrent_steps=3), "max_concurrent_steps=3"),
+            (dict(part_wait=True, p_in_kv=True), "part_wait=True needs p_in_kv=False"),
+            (dict(part_wait=True, split_ring=True), "part_wait=True is the two-part slot"),
         ],
     )
     def test_invalid_config(self, kwargs, needle):
@@ -446,6 +460,8 @@ class TestConfig:
         # (split_ring: the same without qk_done; deferred_pv: both, and qk_done)
         assert MosaicConfig(split_ring=True).smem_bytes() - MosaicConfig().smem_bytes() == 4 * 8
         assert MosaicConfig(deferred_pv=True).smem_bytes() - MosaicConfig().smem_bytes() == 5 * 8
+        # part_wait: only the two more kv_ready barriers
+        assert MosaicConfig(part_wait=True).smem_bytes() - MosaicConfig().smem_bytes() == 2 * 8
 
     def test_heuristic(self):
         cfg = MLAConfig(num_heads=16, page_size=64)
@@ -598,9 +614,10 @@ class TestGPU:
 
     @pytest.mark.parametrize("variant", [dict(schedule="split"), dict(schedule="three_wg"),
                                          dict(transposed_scores=True), dict(pdl=True), dict(p_in_kv=True),
-                                         dict(schedule="seesaw"), dict(deferred_pv=True), dict(split_ring=True)],
+                                         dict(schedule="seesaw"), dict(deferred_pv=True), dict(split_ring=True),
+                                         dict(part_wait=True)],
                              ids=["split", "three_wg", "transposed_scores", "pdl", "p_in_kv", "seesaw", "deferred_pv",
-                                  "split_ring"])
+                                  "split_ring", "part_wait"])
     @pytest.mark.parametrize("name", sorted(SCENARIOS))
     def test_scenario_other_schedules(self, name, variant):
         scenario = SCENARIOS[name]
@@ -624,16 +641,18 @@ class TestGPU:
     # deferred_pv: the scores' wgmmas in the same order, in two calls (one per column part of the ring slot): bitwise
     # on the GPU (the interpreter adds the two parts' dots, another rounding: its cases compare with the reference)
     @pytest.mark.parametrize("variant", [dict(deferred_pv=True), dict(deferred_pv=True, p_in_kv=True),
-                                         dict(split_ring=True)], ids=["deferred_pv", "deferred_pv-p_in_kv", "split_ring"])
+                                         dict(split_ring=True), dict(part_wait=True)],
+                             ids=["deferred_pv", "deferred_pv-p_in_kv", "split_ring", "part_wait"])
     @pytest.mark.parametrize("page_size", [16, 64, 128])
     def test_two_part_ring_is_the_default_bitwise(self, variant, page_size):
         _check_variant_is_the_default_bitwise(variant, interpret=False, page_size=page_size)
 
     @pytest.mark.parametrize("variant", [dict(schedule="split"), dict(schedule="flashmla"), dict(schedule="three_wg"),
                                          dict(transposed_scores=True), dict(pdl=True), dict(p_in_kv=True),
-                                         dict(schedule="seesaw"), dict(deferred_pv=True), dict(split_ring=True)],
+                                         dict(schedule="seesaw"), dict(deferred_pv=True), dict(split_ring=True),
+                                         dict(part_wait=True)],
                              ids=["split", "flashmla", "three_wg", "transposed_scores", "pdl", "p_in_kv", "seesaw",
-                                  "deferred_pv", "split_ring"])
+                                  "deferred_pv", "split_ring", "part_wait"])
     def test_deterministic(self, variant):
         batch, _, _ = batch_and_reference(SCENARIOS["spec_decode"], "bfloat16")
         tuning = MosaicConfig(num_splits=3, **variant)
