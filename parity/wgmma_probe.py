@@ -45,6 +45,10 @@ loads and waits):
   lines for each CTA pair, L2-resident; _tma's every CTA reads the same two steps' lines) and from all of it (HBM).
   Session 17 measured _tma and _hbm at 3.3 and 3.8 us a step: with one load in flight, awaited after one step, the
   step is a load's latency under the whole chip's loads, which the two-stage forms hide as the kernel's ring does;
+* "step_flashmla_1p_ring": step_flashmla_1p over the kernel's two-stage ring: two K slots, step i in slot i % 2,
+  loaded from the large buffer (CTA pairs as _hbm) and awaited by warpgroup 0's scores (`kv_ready`); the slot is
+  released after both P @ V halves (`kv_consumed`, both warpgroups), then refilled whole with step i + 2 by
+  warpgroup 1: the kernel's loads and waits without its block table, masks, prologue and epilogue;
 * "step_deferred": step_flashmla with warpgroup 1's P @ V of step i waiting for warpgroup 0's scores of step i + 1
   (`qk_done`: MosaicConfig(deferred_pv=True));
 * "step_three_wg": warpgroup 0 the scores and softmax only, warpgroups 1 and 2 a P @ V half each
@@ -75,10 +79,12 @@ PROBES = {"qk": ("qk", None), "qk_n128": ("qk_n128", None), "qk_rs": ("qk_rs", N
 # the first pass), "hbm" the whole large buffer
 LOADS = {"step_flashmla_1p_tma": ("hot", 1), "step_flashmla_1p_hbm": ("hbm", 1), "step_flashmla_1p_l2x2": ("l2", 2),
          "step_flashmla_1p_hbmx2": ("hbm", 2)}
-STEPS = {"step_flashmla": 2, "step_flashmla_1p": 2, **{name: 2 for name in LOADS}, "step_deferred": 2,
+RING = "step_flashmla_1p_ring"  # the kernel's two-stage ring: loads into the slots the step reads, awaited by it
+STEPS = {"step_flashmla": 2, "step_flashmla_1p": 2, **{name: 2 for name in LOADS}, RING: 2, "step_deferred": 2,
          "step_three_wg": 3}  # -> warpgroups
-HBM_PROBES = tuple(n for n, (src, _) in LOADS.items() if src != "hot")  # the probes that take the large buffer
-HBM_ROWS = 1 << 20  # its rows of V's 512 columns (1 GiB of bf16; the H200's L2 is 50 MB)
+# the probes that take the large buffer: copies of K's first KV step (so that every load brings the same values)
+HBM_PROBES = tuple(n for n, (src, _) in LOADS.items() if src != "hot") + (RING,)
+HBM_ROWS = 1 << 20  # its rows (1.1 GiB of bf16 [HBM_ROWS, 576]; the H200's L2 is 50 MB)
 L2_BLOCKS = 160  # the "l2" window: 160 KV steps of 64 KiB (10 MiB)
 PROBES.update({name: tuple(f"step{w}" for w in range(n)) for name, n in STEPS.items()})
 V_COLS = {"pv": V_HALF, "pv0": 0, "pv32": V_HALF, "pv32_0": 0}  # the first column of each P @ V kind's half
@@ -104,7 +110,8 @@ def online_softmax(s, m_i, l_i):
 
 def probe_kernel(body, rows: int, scratch: list, num_ctas: int, num_threads: int):
     """A probe's jitted kernel: `num_ctas` CTAs of `num_threads` warpgroups, writing [rows, 64] fp32, with the
-    kernel's compiler parameters (Lane semantics, approximate exp2 as the kernel's approx_math=True)."""
+    kernel's compiler parameters (Lane semantics, approximate exp2 as the kernel's approx_math=True, no reduction
+    scratch)."""
     import jax
     import jax.numpy as jnp
     from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -117,7 +124,9 @@ def probe_kernel(body, rows: int, scratch: list, num_ctas: int, num_threads: int
         grid_names=("cta",),
         num_threads=num_threads,
         thread_name="wg",
-        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane, approx_math=True),
+        # (no reduction scratch, as the kernel's plain scores: their row reductions stay within a warp)
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane, approx_math=True,
+                                             reduction_scratch_bytes=0),
     )
     return jax.jit(kernel)
 
@@ -230,6 +239,7 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
     three, deferred = probe == "step_three_wg", probe == "step_deferred"
     bufs = 1 if probe.startswith("step_flashmla_1p") else 2  # P (and alpha) buffers, used by step parity
     tma = probe in LOADS  # (a spare slot, loaded every iteration)
+    ring = probe == RING
     source, depth = LOADS.get(probe, (None, 1))
     hbm = probe in HBM_PROBES
     t = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
@@ -241,20 +251,44 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
         step_body(q_ref, k_ref, big_ref, *refs)
 
     def step_body(q_ref, k_ref, big_ref, o_ref, q_smem, k_smem, p_smem, x_smem, bar, p_ready, p_free, qk_done,
-                  tma_bar, *spare):
+                  tma_bar, *extra):
         wg = lax.axis_index("wg")
         cta = lax.axis_index("cta")
+        pairs, blocks = max(1, num_ctas // 2), None if big_ref is None else big_ref.shape[0] // BLOCK_KV
+
+        def big_step(i):
+            """The large buffer's KV step that CTA pair c // 2 loads at iteration i: the pairs walk it together."""
+            blk = lax.rem(lax.div(cta, 2) + i * pairs, min(blocks, L2_BLOCKS) if source == "l2" else blocks)
+            return big_ref.at[pl.ds(pl.multiple_of(blk * BLOCK_KV, BLOCK_KV), BLOCK_KV)]
+
+        def k_slot(i):
+            """The K slot of iteration i (ring: two, by parity; else the one)."""
+            return k_smem.at[lax.rem(i, 2)] if ring else k_smem
+
+        spare = extra[0] if tma else None  # (LOADS) the spare slot
+        if ring:
+            kv_ready, kv_consumed = extra
+
+            def load(i):  # step i into its slot, once the slot is free
+                plgpu.copy_gmem_to_smem(big_step(i), k_slot(i), kv_ready.at[lax.rem(i, 2)])
 
         @pl.when(wg == 0)
         def _():
             plgpu.copy_gmem_to_smem(q_ref, q_smem, bar)
-            plgpu.copy_gmem_to_smem(k_ref.at[pl.ds(0, BLOCK_KV)], k_smem, bar)
+            if not ring:
+                plgpu.copy_gmem_to_smem(k_ref.at[pl.ds(0, BLOCK_KV)], k_smem, bar)
+
+        if ring:
+            @pl.when(wg == 1)
+            def _():
+                for i in range(min(2, iters)):
+                    load(i)
 
         plgpu.barrier_wait(bar)
 
         def pv(acc, i, c0):
             def issue(a_ref):
-                plgpu.wgmma(a_ref, p_smem.at[lax.rem(i, bufs)], k_smem.at[:, pl.ds(c0, V_HALF)])
+                plgpu.wgmma(a_ref, p_smem.at[lax.rem(i, bufs)], k_slot(i).at[:, pl.ds(c0, V_HALF)])
 
             if interpret:
                 return acc + pl.run_scoped(lambda a_ref: (issue(a_ref), a_ref[...])[1],
@@ -273,9 +307,11 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
                 acc, m_i, l_i = carry
 
                 def qk(s_ref):
-                    plgpu.wgmma(s_ref, q_smem, k_smem.transpose((1, 0)))
+                    plgpu.wgmma(s_ref, q_smem, k_slot(i).transpose((1, 0)))
                     return s_ref[...]
 
+                if ring:
+                    plgpu.barrier_wait(kv_ready.at[lax.rem(i, 2)])
                 s = pl.run_scoped(qk, plgpu.ACC((BLOCK_H, BLOCK_KV), jnp.float32)) * SCALE
                 if deferred:
                     pl.when(i > 0)(lambda: plgpu.barrier_arrive(qk_done.at[lax.rem(i, 2)]))  # step i - 1's P @ V may go
@@ -288,6 +324,8 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
                 plgpu.barrier_arrive(p_ready.at[lax.rem(i, 2)])
                 if not three:
                     acc = pv(rescale(acc, alpha), i, 0)
+                if ring:
+                    plgpu.barrier_arrive(kv_consumed.at[lax.rem(i, 2)])
                 return acc, m_new, l_i
 
             init = (None if three else zeros_acc(), plgpu.layout_cast(jnp.full((BLOCK_H,), -jnp.inf, jnp.float32), row),
@@ -308,23 +346,29 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
                     acc = pv(rescale(acc, plgpu.load(x_smem.at[lax.rem(i, bufs)], layout=row)), i,
                              V_HALF if w == 1 else 0)
                     plgpu.barrier_arrive(p_free.at[lax.rem(i, 2)])
+                    if ring:  # the slot, once both halves are done with it: step i + 2
+                        plgpu.barrier_arrive(kv_consumed.at[lax.rem(i, 2)])
+
+                        @pl.when(i + 2 < iters)
+                        def _():
+                            plgpu.barrier_wait(kv_consumed.at[lax.rem(i, 2)])
+                            load(i + 2)
                     if tma:  # the refill's traffic: a KV step into the spare slot (once load i - depth landed)
                         slot = tma_bar.at[lax.rem(i, depth)]
                         pl.when(i >= depth)(lambda: plgpu.barrier_wait(slot))
-                        if hbm:  # CTA pair c // 2's step of iteration i: the pairs walk the buffer together
-                            pairs, blocks = max(1, num_ctas // 2), big_ref.shape[0] // BLOCK_KV
-                            if source == "l2":
-                                blocks = min(blocks, L2_BLOCKS)
-                            blk = lax.rem(lax.div(cta, 2) + i * pairs, blocks)
-                            src = big_ref.at[pl.ds(pl.multiple_of(blk * BLOCK_KV, BLOCK_KV), BLOCK_KV)]
+                        if hbm:  # CTA pair c // 2's step of iteration i
+                            src = big_step(i).at[:, pl.ds(0, 2 * V_HALF)]
                         else:
                             rows = pl.ds(pl.multiple_of(lax.rem(i, 2) * BLOCK_KV, BLOCK_KV), BLOCK_KV)
                             src = k_ref.at[rows, pl.ds(0, 2 * V_HALF)]
                         # (with depth 2, two loads write the spare slot at once: nothing reads it)
-                        plgpu.copy_gmem_to_smem(src, spare[0], slot)
+                        plgpu.copy_gmem_to_smem(src, spare, slot)
                     return acc
 
                 out = lax.fori_loop(0, iters, step, zeros_acc()).sum(axis=1)
+                if ring:
+                    for j in range(max(iters - 2, 0), iters):  # the last releases (every phase observed)
+                        plgpu.barrier_wait(kv_consumed.at[j % 2])
                 if tma:
                     for j in range(max(iters - depth, 0), iters):  # (the last loads)
                         plgpu.barrier_wait(tma_bar.at[j % depth])
@@ -332,10 +376,10 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
 
     scratch = [
         plgpu.SMEM((BLOCK_H, HEAD_DIM), jnp.bfloat16, transforms=t),
-        plgpu.SMEM((BLOCK_KV, HEAD_DIM), jnp.bfloat16, transforms=t),
+        plgpu.SMEM((2, BLOCK_KV, HEAD_DIM) if ring else (BLOCK_KV, HEAD_DIM), jnp.bfloat16, transforms=t),  # K
         plgpu.SMEM((bufs, BLOCK_H, BLOCK_KV), jnp.bfloat16, transforms=t),  # P, by step parity
         plgpu.SMEM((bufs, BLOCK_H), jnp.float32),  # alpha, by step parity
-        plgpu.Barrier(num_arrivals=2),  # Q and K loaded
+        plgpu.Barrier(num_arrivals=1 if ring else 2),  # Q and K loaded (ring: Q)
         # p_ready, p_free, qk_done: by step parity (no barrier is then ever two phases ahead of a waiter)
         plgpu.Barrier(num_arrivals=1, num_barriers=2),
         plgpu.Barrier(num_arrivals=nwg - 1, num_barriers=2),
@@ -344,6 +388,9 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
         # (step_flashmla_1p_tma) the spare slot: V's 512 columns of a step (64 of the 72 KiB a step loads; the
         # rope's 8 do not fit beside the rest)
         *([plgpu.SMEM((BLOCK_KV, 2 * V_HALF), jnp.bfloat16, transforms=t)] if tma else []),
+        # (ring) kv_ready, kv_consumed: by slot
+        *([plgpu.Barrier(num_arrivals=1, num_barriers=2), plgpu.Barrier(num_arrivals=2, num_barriers=2)]
+          if ring else []),
     ]
     return probe_kernel(body, nwg, scratch, num_ctas, nwg)
 
@@ -448,7 +495,8 @@ def main(argv=None) -> int:
     q = rng.integers(-1, 2, size=(BLOCK_H, HEAD_DIM)).astype(np.float32)
     k = rng.integers(-1, 2, size=(2 * BLOCK_KV, HEAD_DIM)).astype(np.float32)
     args_dev = tuple(jnp.asarray(x, jnp.bfloat16) for x in (q, k))
-    big = jnp.zeros((HBM_ROWS, 2 * V_HALF), jnp.bfloat16) if any(n in HBM_PROBES for n in probes) else None
+    big = (jnp.tile(args_dev[1][:BLOCK_KV], (HBM_ROWS // BLOCK_KV, 1)) if any(n in HBM_PROBES for n in probes)
+           else None)
     rows = []
     for name in probes:
         f_lo, f_hi = build(name, lo, args.ctas), build(name, hi, args.ctas)

@@ -10,13 +10,14 @@ from parity import wgmma_probe as probe
 
 
 def _operands(name=None):
-    """q, k (numpy) and the probe's device inputs (the HBM probes: a small stand-in for the 1 GiB buffer)."""
+    """q, k (numpy) and the probe's device inputs (the HBM probes: a small stand-in for the 1 GiB buffer, copies of
+    K's first step)."""
     rng = np.random.default_rng(0)
     q = rng.integers(-1, 2, size=(probe.BLOCK_H, probe.HEAD_DIM)).astype(np.float32)
     k = rng.integers(-1, 2, size=(2 * probe.BLOCK_KV, probe.HEAD_DIM)).astype(np.float32)
     args = tuple(jnp.asarray(x, jnp.bfloat16) for x in (q, k))
     if name in probe.HBM_PROBES:
-        args += (jnp.ones((3 * probe.BLOCK_KV, 2 * probe.V_HALF), jnp.bfloat16),)
+        args += (jnp.tile(args[1][:probe.BLOCK_KV], (3, 1)),)
     return q, k, args
 
 
