@@ -49,6 +49,9 @@ loads and waits):
   loaded from the large buffer (CTA pairs as _hbm) and awaited by warpgroup 0's scores (`kv_ready`); the slot is
   released after both P @ V halves (`kv_consumed`, both warpgroups), then refilled whole with step i + 2 by
   warpgroup 1: the kernel's loads and waits without its block table, masks, prologue and epilogue;
+* "stream_pairs_x2", "stream_pairs_x3", "stream_hbm_x3", "stream_l2_x3" (STREAMS): loads alone, 64 KiB an
+  iteration into two or three slots, from the large buffer in CTA pairs, each CTA its own steps (HBM), or the 10 MiB
+  window (L2): the SMs' intake of TMA bytes without compute (`sm_ingress_tb_per_s`);
 * "step_deferred": step_flashmla with warpgroup 1's P @ V of step i waiting for warpgroup 0's scores of step i + 1
   (`qk_done`: MosaicConfig(deferred_pv=True));
 * "step_three_wg": warpgroup 0 the scores and softmax only, warpgroups 1 and 2 a P @ V half each
@@ -82,11 +85,17 @@ LOADS = {"step_flashmla_1p_tma": ("hot", 1), "step_flashmla_1p_hbm": ("hbm", 1),
 RING = "step_flashmla_1p_ring"  # the kernel's two-stage ring: loads into the slots the step reads, awaited by it
 STEPS = {"step_flashmla": 2, "step_flashmla_1p": 2, **{name: 2 for name in LOADS}, RING: 2, "step_deferred": 2,
          "step_three_wg": 3}  # -> warpgroups
+# loads alone, no compute (one warpgroup streaming V's 512 columns of a KV step, 64 KiB, into `depth` slots, each
+# load awaited `depth` iterations after its issue) -> (where from, depth): "pairs" the CTA pairs as _hbm, "hbm" every
+# CTA its own steps, "l2" the 10 MiB window
+STREAMS = {"stream_pairs_x2": ("pairs", 2), "stream_pairs_x3": ("pairs", 3), "stream_hbm_x3": ("hbm", 3),
+           "stream_l2_x3": ("l2", 3)}
 # the probes that take the large buffer: copies of K's first KV step (so that every load brings the same values)
-HBM_PROBES = tuple(n for n, (src, _) in LOADS.items() if src != "hot") + (RING,)
+HBM_PROBES = tuple(n for n, (src, _) in LOADS.items() if src != "hot") + (RING,) + tuple(STREAMS)
 HBM_ROWS = 1 << 20  # its rows (1.1 GiB of bf16 [HBM_ROWS, 576]; the H200's L2 is 50 MB)
 L2_BLOCKS = 160  # the "l2" window: 160 KV steps of 64 KiB (10 MiB)
 PROBES.update({name: tuple(f"step{w}" for w in range(n)) for name, n in STEPS.items()})
+PROBES.update({name: ("stream",) for name in STREAMS})
 V_COLS = {"pv": V_HALF, "pv0": 0, "pv32": V_HALF, "pv32_0": 0}  # the first column of each P @ V kind's half
 SCALE = 0.0625  # the softmax probes' score scale (log2 units)
 
@@ -135,6 +144,8 @@ def build(probe: str, iters: int, num_ctas: int, interpret: bool = False):
     """The probe's jitted kernel; interpret: (step probes) accumulate as the interpreter can (see build_step)."""
     if probe in STEPS:
         return build_step(probe, iters, num_ctas, interpret)
+    if probe in STREAMS:
+        return build_stream(probe, iters, num_ctas)
     import jax.numpy as jnp
     from jax import lax
     from jax.experimental import pallas as pl
@@ -395,6 +406,44 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
     return probe_kernel(body, nwg, scratch, num_ctas, nwg)
 
 
+def build_stream(probe: str, iters: int, num_ctas: int):
+    """A stream probe (STREAMS): one warpgroup loads 64 KiB a iteration from the large buffer into `depth` slots,
+    nothing else; it writes zeros (nothing to check but that it ran)."""
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    source, depth = STREAMS[probe]
+    t = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+
+    def body(q_ref, k_ref, big_ref, o_ref, slots, bar):
+        cta = lax.axis_index("cta")
+        blocks = big_ref.shape[0] // BLOCK_KV
+        if source == "pairs":
+            first, stride = lax.div(cta, 2), max(1, num_ctas // 2)
+        else:
+            first, stride = cta, num_ctas
+            blocks = min(blocks, L2_BLOCKS) if source == "l2" else blocks
+
+        def step(i, carry):
+            pl.when(i >= depth)(lambda: plgpu.barrier_wait(bar.at[lax.rem(i, depth)]))
+            blk = lax.rem(first + i * stride, blocks)
+            src = big_ref.at[pl.ds(pl.multiple_of(blk * BLOCK_KV, BLOCK_KV), BLOCK_KV), pl.ds(0, 2 * V_HALF)]
+            plgpu.copy_gmem_to_smem(src, slots.at[lax.rem(i, depth)], bar.at[lax.rem(i, depth)])
+            return carry
+
+        lax.fori_loop(0, iters, step, 0)
+        for j in range(max(iters - depth, 0), iters):  # (the last loads)
+            plgpu.barrier_wait(bar.at[j % depth])
+        zeros = plgpu.layout_cast(jnp.zeros((BLOCK_H,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+        pl.when(cta == 0)(lambda: o_ref.__setitem__(0, zeros))
+
+    scratch = [plgpu.SMEM((depth, BLOCK_KV, 2 * V_HALF), jnp.bfloat16, transforms=t),
+               plgpu.Barrier(num_arrivals=1, num_barriers=depth)]
+    return probe_kernel(body, 1, scratch, num_ctas, 1)
+
+
 def expected_step(probe: str, iters: int, q, k):
     """What a step probe's warpgroups write, each as (value, tolerance): warpgroup 0 its P @ V half's row sums
     (three_wg: the row sums l), the others theirs. The same KV step every iteration, so the row max settles on the
@@ -427,6 +476,8 @@ def expected(probe: str, iters: int, q, k):
 
     if probe in STEPS:
         return expected_step(probe, iters, q, k)
+    if probe in STREAMS:
+        return [np.zeros(BLOCK_H)]
     q, k = (np.asarray(x, np.float64) for x in (q, k))
     work = PROBES[probe]
     out = []
@@ -518,10 +569,13 @@ def main(argv=None) -> int:
         rows.append(dict(probe=name, work=PROBES[name], us_per_iter=us, us_per_64_keys=us * BLOCK_KV / keys,
                          tflops_per_sm=flops / us * 1e-6, exact=exact, t_lo_ms=t_lo * 1e3, t_hi_ms=t_hi * 1e3,
                          iters=[lo, hi], ctas=args.ctas))
+        if name in STREAMS:  # the bytes the SMs take in (the pairs: about half of it from HBM)
+            rows[-1]["sm_ingress_tb_per_s"] = args.ctas * BLOCK_KV * 2 * V_HALF * 2 / us * 1e-6
     print(f"{'probe':<18} {'us/iter':>8} {'us/64 keys':>10} {'TFLOP/s/SM':>10} {'exact':>6}  ({args.ctas} CTAs)")
     for r in rows:
+        ingress = f"  SM ingress {r['sm_ingress_tb_per_s']:.2f} TB/s" if "sm_ingress_tb_per_s" in r else ""
         print(f"{r['probe']:<18} {r['us_per_iter']:8.3f} {r['us_per_64_keys']:10.3f} {r['tflops_per_sm']:10.2f} "
-              f"{str(r['exact']):>6}")
+              f"{str(r['exact']):>6}{ingress}")
     write_rows(args.json, rows)
     return 0 if all(r["exact"] for r in rows) else 1
 

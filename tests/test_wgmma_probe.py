@@ -50,6 +50,16 @@ def test_interpreted_step_probe_matches_numpy(name, iters):
         assert probe.matches(probe.PROBES[name][w], got[w], want), (w, got[w], want)
 
 
+@pytest.mark.parametrize("name", list(probe.STREAMS))
+def test_interpreted_stream_probe_runs(name):
+    """The stream probes' slots and barriers (each load awaited `depth` iterations later, the last ones at the end)
+    under the interpreter's barrier checks."""
+    q, k, args = _operands(name)
+    with plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams()):
+        got = np.asarray(probe.build(name, 5, 2)(*args))
+    assert probe.matches("stream", got[0], probe.expected(name, 5, q, k)[0])
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="'nope'"):
         probe.main(["--probes", "nope"])
