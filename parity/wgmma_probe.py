@@ -60,7 +60,8 @@ loads and waits):
 An iteration's time is the slope of the kernel's time over the iteration count (the launch and set-up cancel).
 Every result is checked against numpy: the row sums of the last scores and of the accumulated P @ V (small integers,
 exact in fp32), the softmax's row sums to 1e-4, the step probes' P @ V to one bf16 ulp of P an element
-(`expected_step`).
+(`expected_step`). `--random`: q and K normal instead of small integers (the tensor cores' power, and so the clock,
+depends on the operands' bits; the step probes' check holds with them, the matmul probes' exact one does not).
 """
 
 from __future__ import annotations
@@ -527,6 +528,10 @@ def matches(kind: str | None, got, want) -> bool:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m parity.wgmma_probe", description=__doc__.split("\n\n")[0])
     p.add_argument("--probes", default=",".join(PROBES))
+    p.add_argument("--random", action="store_true",
+                   help="q and K from a normal distribution (rounded to bf16) instead of small integers: the step "
+                        "probes' check holds either way (their tolerance is one bf16 ulp of P), the matmul probes' "
+                        "exact one only on integers")
     add_probe_args(p)
     args = p.parse_args(argv)
     probes = args.probes.split(",")
@@ -543,8 +548,12 @@ def main(argv=None) -> int:
         print(f"wgmma_probe: needs a GPU (JAX's default backend is {jax.default_backend()!r})", file=sys.stderr)
         return 2
     rng = np.random.default_rng(0)
-    q = rng.integers(-1, 2, size=(BLOCK_H, HEAD_DIM)).astype(np.float32)
-    k = rng.integers(-1, 2, size=(2 * BLOCK_KV, HEAD_DIM)).astype(np.float32)
+    if args.random:  # (as bf16 values, so that numpy sees what the GPU does)
+        q, k = (np.asarray(jnp.asarray(rng.standard_normal(shape), jnp.bfloat16).astype(jnp.float32))
+                for shape in ((BLOCK_H, HEAD_DIM), (2 * BLOCK_KV, HEAD_DIM)))
+    else:
+        q = rng.integers(-1, 2, size=(BLOCK_H, HEAD_DIM)).astype(np.float32)
+        k = rng.integers(-1, 2, size=(2 * BLOCK_KV, HEAD_DIM)).astype(np.float32)
     args_dev = tuple(jnp.asarray(x, jnp.bfloat16) for x in (q, k))
     big = (jnp.tile(args_dev[1][:BLOCK_KV], (HBM_ROWS // BLOCK_KV, 1)) if any(n in HBM_PROBES for n in probes)
            else None)
@@ -568,7 +577,7 @@ def main(argv=None) -> int:
                         else 2 * BLOCK_H * keys_of(w) * V_HALF if w in V_COLS else 0 for w in PROBES[name])
         rows.append(dict(probe=name, work=PROBES[name], us_per_iter=us, us_per_64_keys=us * BLOCK_KV / keys,
                          tflops_per_sm=flops / us * 1e-6, exact=exact, t_lo_ms=t_lo * 1e3, t_hi_ms=t_hi * 1e3,
-                         iters=[lo, hi], ctas=args.ctas))
+                         iters=[lo, hi], ctas=args.ctas, values="random" if args.random else "integers"))
         if name in STREAMS:  # the bytes the SMs take in (the pairs: about half of it from HBM)
             rows[-1]["sm_ingress_tb_per_s"] = args.ctas * BLOCK_KV * 2 * V_HALF * 2 / us * 1e-6
     print(f"{'probe':<18} {'us/iter':>8} {'us/64 keys':>10} {'TFLOP/s/SM':>10} {'exact':>6}  ({args.ctas} CTAs)")

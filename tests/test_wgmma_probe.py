@@ -9,12 +9,16 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from parity import wgmma_probe as probe
 
 
-def _operands(name=None):
+def _operands(name=None, random=False):
     """q, k (numpy) and the probe's device inputs (the HBM probes: a small stand-in for the 1 GiB buffer, copies of
     K's first step)."""
     rng = np.random.default_rng(0)
-    q = rng.integers(-1, 2, size=(probe.BLOCK_H, probe.HEAD_DIM)).astype(np.float32)
-    k = rng.integers(-1, 2, size=(2 * probe.BLOCK_KV, probe.HEAD_DIM)).astype(np.float32)
+    if random:  # as main(--random): normal values rounded to bf16
+        q, k = (np.asarray(jnp.asarray(rng.standard_normal(shape), jnp.bfloat16).astype(jnp.float32))
+                for shape in ((probe.BLOCK_H, probe.HEAD_DIM), (2 * probe.BLOCK_KV, probe.HEAD_DIM)))
+    else:
+        q = rng.integers(-1, 2, size=(probe.BLOCK_H, probe.HEAD_DIM)).astype(np.float32)
+        k = rng.integers(-1, 2, size=(2 * probe.BLOCK_KV, probe.HEAD_DIM)).astype(np.float32)
     args = tuple(jnp.asarray(x, jnp.bfloat16) for x in (q, k))
     if name in probe.HBM_PROBES:
         args += (jnp.tile(args[1][:probe.BLOCK_KV], (3, 1)),)
@@ -58,6 +62,16 @@ def test_interpreted_stream_probe_runs(name):
     with plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams()):
         got = np.asarray(probe.build(name, 5, 2)(*args))
     assert probe.matches("stream", got[0], probe.expected(name, 5, q, k)[0])
+
+
+@pytest.mark.parametrize("name", ["step_flashmla_1p", probe.RING])
+def test_interpreted_step_probe_matches_numpy_on_random_values(name):
+    """--random: the step probes' tolerance (one bf16 ulp of P) holds for normal q and K too."""
+    q, k, args = _operands(name, random=True)
+    with plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams()):
+        got = np.asarray(probe.build(name, 3, 1, interpret=True)(*args))
+    for w, want in enumerate(probe.expected(name, 3, q, k)):
+        assert probe.matches(probe.PROBES[name][w], got[w], want), (w, got[w], want)
 
 
 def test_bad_arguments():
