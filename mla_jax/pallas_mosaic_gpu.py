@@ -153,8 +153,6 @@ BLOCK_H = 64  # wgmma M
 NUM_COMPUTE_WGS = 2
 V_HALF = KV_LORA_RANK // NUM_COMPUTE_WGS  # 256 latent columns per compute warpgroup
 INFO_WORDS = 32  # per-tile int32 metadata row (TMA copies must be multiples of 128 bytes)
-# The plain scores read q's descriptors at each use (q_op); False: from q's constant address (before session 17)
-Q_DESCRIPTORS_PER_USE = True
 SMEM_LIMIT_BYTES = 227 * 1024  # Hopper opt-in shared memory per CTA
 SMEM_ALIGNMENT = 1024  # Mosaic GPU aligns each scratch allocation to 1 KiB
 NUM_SMS_H200 = 132
@@ -765,18 +763,17 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         if fp8 and overlap_dequant:
             # kv_smem: the ring of fp8 steps; deq_v: f16 V halves (0, 1: the first half of even / odd steps, 2: the
             # second half); deq_rope: the rope columns of a step
-            (q_all, kv_smem, deq_v, deq_rope), stage = q_kv_or_stage
+            (q_smem, kv_smem, deq_v, deq_rope), stage = q_kv_or_stage
             (deq_ready,) = extra_barriers
         elif fp8:
             # kv_smem: the ring of fp8 steps the TMAs fill; deq_smem: the step the wgmmas read
-            (q_all, kv_smem, deq_smem), stage = q_kv_or_stage
+            (q_smem, kv_smem, deq_smem), stage = q_kv_or_stage
             (deq_ready,) = extra_barriers
         elif two_parts:  # the ring in two column parts (each a contiguous TMA destination)
-            (q_all, *kv_part_smem), stage = q_kv_or_stage
+            (q_smem, *kv_part_smem), stage = q_kv_or_stage
             kv_smem = None
         else:
-            (q_all, kv_smem), stage = q_kv_or_stage
-        q_smem = q_all.at[0]
+            (q_smem, kv_smem), stage = q_kv_or_stage
         if p_in_kv:
             # p_ready per slot: warpgroup 0 can run one step ahead of warpgroup 1's wait (nothing makes it
             # wait for P's release), never two (step k + 2 reuses the slot of step k, released after the
@@ -819,14 +816,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             begin = jnp.minimum(split * per_split, n_steps)
             end = jnp.minimum(begin + per_split, n_steps)
             return first_tok, ntok, first_pos, kv_len, last_page, begin, end
-
-        def q_op():
-            """q as the plain scores' wgmmas read it: its index (always 0) read from info word 4 at each use, as
-            kv_tile's. With a constant address the compiler hoists the 36 descriptors of the scores' Q operand (64-bit
-            each) out of the KV loop into ordinary registers and moves each into a uniform one before its wgmma: at
-            H = 128 the kernel then took 255 registers a thread with spills, its loop 79 more instructions a step
-            than parity.wgmma_probe's (63 of them R2UR), ptxas session 17."""
-            return q_all.at[info_smem[4]] if Q_DESCRIPTORS_PER_USE else q_smem
 
         def kv_tile(slot):
             """The KV step the wgmmas read: the ring's slot, or with fp8 the dequantized step. Its index
@@ -1343,7 +1332,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                     def qk_chunk(s_ref, c: int | None = None):
                         """The scores' wgmma over the head dim's 64 columns [64 c, 64 c + 64) (None: all)."""
-                        kv_c, q_c = None if overlap_dequant else kv_tile(slot), q_smem if tr else q_op()
+                        kv_c, q_c = None if overlap_dequant else kv_tile(slot), q_smem
                         if c is not None:
                             q_c = q_c.at[:, pl.ds(c * 64, 64)]
                             kv_c = deq_chunk(k, c) if overlap_dequant else kv_c.at[:, pl.ds(c * 64, 64)]
@@ -1357,7 +1346,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                             for part, (c0, nc) in enumerate(kv_parts):
                                 if part:
                                     plgpu.barrier_wait(kv_ready_at(slot, part))
-                                plgpu.wgmma(s_ref, q_op().at[:, pl.ds(c0, nc)],
+                                plgpu.wgmma(s_ref, q_smem.at[:, pl.ds(c0, nc)],
                                             kv_cols(slot, c0, nc).transpose((1, 0)))
                                 if not part and part_ring:  # under it, part 0 of step k + 1 into the slot of
                                     # step k - 1 (this warpgroup is its only reader: the scores and P @ V of step
@@ -1771,8 +1760,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         kv_bufs = (plgpu.SMEM((stages, block_kv, HEAD_DIM), dtype, transforms=transforms),)  # KV ring
     scratch = [
         plgpu.RefUnion(
-            # q (a leading axis of 1: see q_op), the KV ring
-            (plgpu.SMEM((1, q_rows, HEAD_DIM), dtype, transforms=transforms), *kv_bufs),
+            (plgpu.SMEM((q_rows, HEAD_DIM), dtype, transforms=transforms), *kv_bufs),  # q, the KV ring
             # the output stage, once every read of q and the ring is done: per warpgroup its
             # [64, 256] half, each token's rows out in one TMA; swizzled, so that the stores of the
             # wgmma accumulator rows do not conflict on shared-memory banks (8-way unswizzled)
