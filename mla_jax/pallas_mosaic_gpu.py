@@ -153,6 +153,7 @@ BLOCK_H = 64  # wgmma M
 NUM_COMPUTE_WGS = 2
 V_HALF = KV_LORA_RANK // NUM_COMPUTE_WGS  # 256 latent columns per compute warpgroup
 INFO_WORDS = 32  # per-tile int32 metadata row (TMA copies must be multiples of 128 bytes)
+MAX_L2_PREFETCH = 8  # MosaicConfig.l2_prefetch: steps ahead
 SMEM_LIMIT_BYTES = 227 * 1024  # Hopper opt-in shared memory per CTA
 SMEM_ALIGNMENT = 1024  # Mosaic GPU aligns each scratch allocation to 1 KiB
 NUM_SMS_H200 = 132
@@ -422,6 +423,13 @@ class MosaicConfig:
         step; measured on four calls (parity.sweep, 3 rounds, 2 s idle): H128 B64 S4096 q1 144.0 -> 144.4, 144.0 ->
         145.0, 141.6 -> 146.5, 142.5 -> 143.5 us; B64 S16384 560.9 -> 571.8; B128 S4096 q2 557.2 -> 551.3. The
         same math (bitwise the default at pages 16, 64, 128).
+    l2_prefetch: (0: off, the default; untimed) with each KV step's TMA into the ring, the producer also prefetches
+        the pages of the step `l2_prefetch` ahead into L2 (`plgpu.async_prefetch`, TMA's prefetch: no shared memory,
+        no barrier), so that their TMA, issued that many steps later, reads L2 rather than HBM. Session 17: the
+        memoryless step over the kernel's two-stage ring (parity.wgmma_probe step_flashmla_1p_ring, KV steps read in
+        order) runs ~1.8 us where the kernel runs ~2.2 on pages in random order (the bench's block tables): a ring
+        slot is refilled about one step before its scores, so a load's latency, an HBM page's included, is exposed.
+        Only pages whose block-table entries are in the staged chunk are prefetched.
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -451,10 +459,11 @@ class MosaicConfig:
     deferred_pv: bool = False
     split_ring: bool = False
     part_wait: bool = False
+    l2_prefetch: int = 0
     pdl: bool = False
 
     def __post_init__(self):
-        for name in ("block_kv", "num_splits", "max_concurrent_steps", "block_h", "bt_chunk"):
+        for name in ("block_kv", "num_splits", "max_concurrent_steps", "block_h", "bt_chunk", "l2_prefetch"):
             x = getattr(self, name)
             if isinstance(x, bool) or not isinstance(x, int):
                 raise ValueError(f"{name} must be an int, got {name}={x!r}")
@@ -518,6 +527,9 @@ class MosaicConfig:
             raise ValueError(f"max_concurrent_steps must be >= 1, got {max_concurrent_steps=}")
         if block_h != BLOCK_H:
             raise ValueError(f"block_h must be {BLOCK_H} (the wgmma M dimension), got {block_h=}")
+        if not 0 <= self.l2_prefetch <= MAX_L2_PREFETCH:
+            raise ValueError(f"l2_prefetch must be in [0, {MAX_L2_PREFETCH}] (steps ahead), got "
+                             f"l2_prefetch={self.l2_prefetch}")
         if bt_chunk < 32 or bt_chunk % 32:
             raise ValueError(f"bt_chunk must be a positive multiple of 32, got {bt_chunk=}")
         smem = self.smem_bytes()
@@ -676,7 +688,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   fused_group: int = 1, fp8_convert: str = "cvt", overlap_dequant: bool = False,
                   overlap_wait: bool = False, transposed_pv: bool = False, heads_fastest: bool = False,
                   kv_multicast: bool = False, deferred_pv: bool = False, split_ring: bool = False,
-                  part_wait: bool = False, out_dtype=None, interpret: bool = False):
+                  part_wait: bool = False, l2_prefetch: int = 0, out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile), the last axis the fastest (heads_fastest: reversed, the head
@@ -686,7 +698,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     score_rows > 0 (a multiple of hp below 64; "flashmla" only): the tile's rows in use, whose scores
     warpgroup 0 computes transposed (MosaicConfig.transposed_scores); q holds only those rows.
     pdl: programmatic dependent launch (MosaicConfig.pdl). deferred_pv, split_ring, part_wait: MosaicConfig's
-    ("flashmla", plain scores, a 16-bit cache, not kv_multicast, 2 stages; split_ring and part_wait without p_in_kv). p_in_kv, dequant_layout, fused_dequant, fused_group,
+    ("flashmla", plain scores, a 16-bit cache, not kv_multicast, 2 stages; split_ring and part_wait without p_in_kv).
+    l2_prefetch: MosaicConfig's (each TMA of a KV step also prefetches the step that many ahead into L2). p_in_kv, dequant_layout, fused_dequant, fused_group,
     fp8_convert, overlap_dequant, overlap_wait, transposed_pv: MosaicConfig's (all but transposed_pv fp8 only;
     overlap_dequant needs transposed scores of at most OVERLAP_MAX_ROWS rows, and then fused_dequant is ignored;
     transposed_pv transposed scores of TRANSPOSED_PV_ROWS rows).
@@ -1053,6 +1066,23 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         plgpu.copy_gmem_to_smem(cols(kv_ref.at[page], part),
                                                 dst(part, pl.ds(j * page_size, page_size)),
                                                 kv_ready_at(slot, part), collective_axes=kv_axes)
+
+            if l2_prefetch and 0 in parts:
+                # Step k + l2_prefetch's pages into L2 (a hint: no barrier, nothing waits for it), so that its TMA
+                # into the ring, issued l2_prefetch steps later, finds them there; only pages of the request
+                # (<= last_page) whose block-table entries are in the staged chunk.
+                lp_ahead = first_page(k + l2_prefetch)
+                for j in range(pages_per_step):
+                    lp = lp_ahead + j
+
+                    @pl.when((lp <= last_page) & (lax.div(lp, jnp.int32(bt_chunk)) == chunk))
+                    def _(lp=lp):
+                        page = page_at(lp)
+                        if pages_per_step == 1 and steps_per_page > 1:
+                            off = lax.rem(k + l2_prefetch, jnp.int32(steps_per_page)) * block_kv
+                            plgpu.async_prefetch(kv_ref.at[page, pl.ds(off, block_kv)])
+                        else:
+                            plgpu.async_prefetch(kv_ref.at[page])
 
         def drain(n):
             """Observe the last releases of every slot, so that each barrier phase is awaited
@@ -1913,7 +1943,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         overlap_wait=tuning.overlap_wait,
         transposed_pv=tuning.transposed_pv and score_rows in TRANSPOSED_PV_ROWS, heads_fastest=tuning.heads_fastest,
         kv_multicast=tuning.kv_multicast, deferred_pv=tuning.deferred_pv, split_ring=tuning.split_ring,
-        part_wait=tuning.part_wait,
+        part_wait=tuning.part_wait, l2_prefetch=tuning.l2_prefetch,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     if num_splits > 1:

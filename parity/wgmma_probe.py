@@ -49,6 +49,9 @@ loads and waits):
   loaded from the large buffer (CTA pairs as _hbm) and awaited by warpgroup 0's scores (`kv_ready`); the slot is
   released after both P @ V halves (`kv_consumed`, both warpgroups), then refilled whole with step i + 2 by
   warpgroup 1: the kernel's loads and waits without its block table, masks, prologue and epilogue;
+  "_ring_scattered": the steps in a scattered order (step x of the walk is x * SCATTER mod 2^14: as the bench's
+  random pages, where _ring walks the buffer in order); "_pf1", "_pf2": with each refill, the step one or two after
+  it prefetched into L2 (`plgpu.async_prefetch`, as MosaicConfig.l2_prefetch);
 * "stream_pairs_x2", "stream_pairs_x3", "stream_hbm_x3", "stream_l2_x3" (STREAMS): loads alone, 64 KiB an
   iteration into two or three slots, from the large buffer in CTA pairs, each CTA its own steps (HBM), or the 10 MiB
   window (L2): the SMs' intake of TMA bytes without compute (`sm_ingress_tb_per_s`);
@@ -84,15 +87,19 @@ PROBES = {"qk": ("qk", None), "qk_n128": ("qk_n128", None), "qk_rs": ("qk_rs", N
 LOADS = {"step_flashmla_1p_tma": ("hot", 1), "step_flashmla_1p_hbm": ("hbm", 1), "step_flashmla_1p_l2x2": ("l2", 2),
          "step_flashmla_1p_hbmx2": ("hbm", 2)}
 RING = "step_flashmla_1p_ring"  # the kernel's two-stage ring: loads into the slots the step reads, awaited by it
-STEPS = {"step_flashmla": 2, "step_flashmla_1p": 2, **{name: 2 for name in LOADS}, RING: 2, "step_deferred": 2,
-         "step_three_wg": 3}  # -> warpgroups
+# ring probes -> (KV steps in a scattered order, as random pages: else in order; L2 prefetch distance: 0 off)
+RINGS = {RING: (False, 0), "step_flashmla_1p_ring_scattered": (True, 0),
+         "step_flashmla_1p_ring_scattered_pf1": (True, 1), "step_flashmla_1p_ring_scattered_pf2": (True, 2)}
+SCATTER = 40503  # odd: x -> x * SCATTER mod 2^14 permutes the large buffer's 2^14 steps
+STEPS = {"step_flashmla": 2, "step_flashmla_1p": 2, **{name: 2 for name in LOADS}, **{name: 2 for name in RINGS},
+         "step_deferred": 2, "step_three_wg": 3}  # -> warpgroups
 # loads alone, no compute (one warpgroup streaming V's 512 columns of a KV step, 64 KiB, into `depth` slots, each
 # load awaited `depth` iterations after its issue) -> (where from, depth): "pairs" the CTA pairs as _hbm, "hbm" every
 # CTA its own steps, "l2" the 10 MiB window
 STREAMS = {"stream_pairs_x2": ("pairs", 2), "stream_pairs_x3": ("pairs", 3), "stream_hbm_x3": ("hbm", 3),
            "stream_l2_x3": ("l2", 3)}
 # the probes that take the large buffer: copies of K's first KV step (so that every load brings the same values)
-HBM_PROBES = tuple(n for n, (src, _) in LOADS.items() if src != "hot") + (RING,) + tuple(STREAMS)
+HBM_PROBES = tuple(n for n, (src, _) in LOADS.items() if src != "hot") + tuple(RINGS) + tuple(STREAMS)
 HBM_ROWS = 1 << 20  # its rows (1.1 GiB of bf16 [HBM_ROWS, 576]; the H200's L2 is 50 MB)
 L2_BLOCKS = 160  # the "l2" window: 160 KV steps of 64 KiB (10 MiB)
 PROBES.update({name: tuple(f"step{w}" for w in range(n)) for name, n in STEPS.items()})
@@ -251,7 +258,8 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
     three, deferred = probe == "step_three_wg", probe == "step_deferred"
     bufs = 1 if probe.startswith("step_flashmla_1p") else 2  # P (and alpha) buffers, used by step parity
     tma = probe in LOADS  # (a spare slot, loaded every iteration)
-    ring = probe == RING
+    ring = probe in RINGS
+    scattered, prefetch = RINGS.get(probe, (False, 0))
     source, depth = LOADS.get(probe, (None, 1))
     hbm = probe in HBM_PROBES
     t = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
@@ -271,6 +279,8 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
         def big_step(i):
             """The large buffer's KV step that CTA pair c // 2 loads at iteration i: the pairs walk it together."""
             blk = lax.rem(lax.div(cta, 2) + i * pairs, min(blocks, L2_BLOCKS) if source == "l2" else blocks)
+            if scattered:  # (a permutation when blocks is 2^14: main's buffer)
+                blk = lax.rem(blk * SCATTER, blocks)
             return big_ref.at[pl.ds(pl.multiple_of(blk * BLOCK_KV, BLOCK_KV), BLOCK_KV)]
 
         def k_slot(i):
@@ -365,6 +375,10 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
                         def _():
                             plgpu.barrier_wait(kv_consumed.at[lax.rem(i, 2)])
                             load(i + 2)
+
+                        if prefetch:  # the step `prefetch` after it into L2 (MosaicConfig.l2_prefetch)
+                            pl.when(i + 2 + prefetch < iters)(
+                                lambda: plgpu.async_prefetch(big_step(i + 2 + prefetch)))
                     if tma:  # the refill's traffic: a KV step into the spare slot (once load i - depth landed)
                         slot = tma_bar.at[lax.rem(i, depth)]
                         pl.when(i >= depth)(lambda: plgpu.barrier_wait(slot))

@@ -141,6 +141,12 @@ CASES = [
      "bfloat16", MosaicConfig(num_splits=3, bt_chunk=32, split_ring=True)),
     (Scenario("split_ring_h128_p16_chunks", seq_lens=(700, 33), query_lens=(1, 3), num_heads=128, page_size=16),
      "float16", MosaicConfig(num_splits=1, bt_chunk=32, split_ring=True)),
+    # L2 prefetches of the steps ahead: across block-table chunks (page 8, 8 pages a step, 4-step chunks), pages of
+    # two steps (page 128), splits that end before the prefetched step
+    (Scenario("l2_prefetch_h8_p8_chunks", seq_lens=(600, 70), query_lens=(1, 2), num_heads=8, page_size=8),
+     "bfloat16", MosaicConfig(num_splits=3, bt_chunk=32, l2_prefetch=2)),
+    (Scenario("l2_prefetch_p128", seq_lens=(300, 5), query_lens=(1, 1), page_size=128), "bfloat16",
+     MosaicConfig(num_splits=2, l2_prefetch=1)),
     # the two-part slot refilled whole by warpgroup 1 (part_wait): the scores wait for each part on its own barrier
     (Scenario("part_wait_h8_p8_chunks", seq_lens=(600, 70), query_lens=(1, 2), num_heads=8, page_size=8),
      "bfloat16", MosaicConfig(num_splits=3, bt_chunk=32, part_wait=True)),
@@ -184,13 +190,15 @@ HEADS_FASTEST = Scenario("heads_fastest_h128", seq_lens=(33, 97, 520), query_len
 
 # the grid variants: heads_fastest reorders the grid only (a request's head tiles launched together), kv_multicast
 # runs a request's head tiles in pairs as clusters that load each KV step once (each CTA half, multicast to both)
-GRID_VARIANTS = [dict(heads_fastest=True), dict(kv_multicast=True), dict(kv_multicast=True, heads_fastest=True)]
-GRID_VARIANT_IDS = ["heads_fastest", "kv_multicast", "kv_multicast-heads_fastest"]
+# (l2_prefetch: a hint to L2, the same math)
+GRID_VARIANTS = [dict(heads_fastest=True), dict(l2_prefetch=1), dict(l2_prefetch=3), dict(kv_multicast=True),
+                 dict(kv_multicast=True, heads_fastest=True)]
+GRID_VARIANT_IDS = ["heads_fastest", "l2_prefetch=1", "l2_prefetch=3", "kv_multicast", "kv_multicast-heads_fastest"]
 # Interpret mode runs heads_fastest only: Mosaic GPU's interpreter runs kv_multicast's 2-CTA clusters (its TMAs
 # ignore the multicast) but hung in about one run of five on a 2-core machine (session 14: three warpgroup threads
 # waiting on barriers, the fourth blocked inside XLA's executable call outside any callback), which would hang CI.
 # kv_multicast is checked by the compiled tests (TestGPU, pages 16 / 64 / 128), its CUDA lowering and its errors.
-INTERPRET_GRID_VARIANTS = GRID_VARIANTS[:1]
+INTERPRET_GRID_VARIANTS = GRID_VARIANTS[:3]
 
 
 def _check_variant_is_the_default_bitwise(variant, interpret, page_size=64):
@@ -233,7 +241,7 @@ class TestInterpret:
         out, lse = _run(batch, dtype, tuning, interpret=True)
         assert_matches(out, lse, ref_out, ref_lse, dtype, f"{scenario.name} {tuning}")
 
-    @pytest.mark.parametrize("variant", INTERPRET_GRID_VARIANTS, ids=GRID_VARIANT_IDS[:1])
+    @pytest.mark.parametrize("variant", INTERPRET_GRID_VARIANTS, ids=GRID_VARIANT_IDS[:3])
     def test_grid_variant_is_the_default_bitwise(self, variant):
         _check_variant_is_the_default_bitwise(variant, interpret=True)
 
@@ -376,6 +384,9 @@ class TestGPULowering:
             (8, 8, MosaicConfig(num_splits=3, split_ring=True)),
             (128, 64, MosaicConfig(num_splits=2, part_wait=True, heads_fastest=True)),
             (16, 16, MosaicConfig(num_splits=1, part_wait=True)),
+            (128, 64, MosaicConfig(num_splits=2, l2_prefetch=2, heads_fastest=True)),
+            (16, 16, MosaicConfig(num_splits=1, l2_prefetch=1)),
+            (8, 128, MosaicConfig(num_splits=1, l2_prefetch=4)),
         ],
     )
     def test_lowers_for_cuda(self, num_heads, page_size, tuning):
@@ -440,6 +451,9 @@ class TestConfig:
             (dict(split_ring=True, kv_multicast=True), "kv_multicast=True"),
             (dict(split_ring=True, p_in_kv=True), "split_ring=True needs p_in_kv=False"),
             (dict(part_wait=1), "part_wait=1"),
+            (dict(l2_prefetch=-1), "l2_prefetch=-1"),
+            (dict(l2_prefetch=9), "l2_prefetch must be in \\[0, 8\\]"),
+            (dict(l2_prefetch=True), "l2_prefetch=True"),
             (dict(part_wait=True, transposed_scores=True), "part_wait=True needs schedule='flashmla' with plain"),
             (dict(part_wait=True, max_concurrent_steps=3), "max_concurrent_steps=3"),
             (dict(part_wait=True, p_in_kv=True), "part_wait=True needs p_in_kv=False"),

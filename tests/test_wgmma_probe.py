@@ -64,7 +64,7 @@ def test_interpreted_stream_probe_runs(name):
     assert probe.matches("stream", got[0], probe.expected(name, 5, q, k)[0])
 
 
-@pytest.mark.parametrize("name", ["step_flashmla_1p", probe.RING])
+@pytest.mark.parametrize("name", ["step_flashmla_1p", probe.RING, "step_flashmla_1p_ring_scattered_pf2"])
 def test_interpreted_step_probe_matches_numpy_on_random_values(name):
     """--random: the step probes' tolerance (one bf16 ulp of P) holds for normal q and K too."""
     q, k, args = _operands(name, random=True)
