@@ -22,7 +22,7 @@ step_flashmla_1p_ring_scattered,step_flashmla_1p_ring_scattered_pf1,step_flashml
   --json "$OUT/wgmma-probe-scattered.json" > "$L/probe.log" 2>&1; echo "rc=$?" >> "$L/probe.log"
 timeout 200 python3 parity/sessions/next-session-first-call.py "$OUT/page-order.json" > "$L/pages.log" 2>&1
 echo "rc=$?" >> "$L/pages.log"
-timeout 200 python3 -m parity.sweep --impl pallas_mosaic_gpu --fields l2_prefetch --rounds 3 --reps 3 --cooldown 2 \
+timeout 280 python3 -m parity.sweep --impl pallas_mosaic_gpu --fields l2_prefetch --rounds 3 --reps 3 --cooldown 2 \
   --shapes H128_B64_S4096_q1,H128_B64_S16384_q1,H128_B128_S4096_q2,H16_B128_S16384_q1 \
   --json "$OUT/sweep-l2-prefetch.json" > "$L/sweep.log" 2>&1; echo "rc=$?" >> "$L/sweep.log"
 tar czf "$OUT/logs.tgz" -C "$OUT" logs
