@@ -66,7 +66,7 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
   16): "flashmla" with deferred_pv's
   ring (two column parts a slot, each refilled by the warpgroup whose P @ V reads it, right after that P @ V) but
   no deferral: the scores of a step wait for part 1 only after part 0's wgmmas are issued.
-* The two-part slot refilled whole (`MosaicConfig(part_wait=True)`, opt-in; neutral to 1.03x slower at H = 128 on
+* The two-part slot refilled whole (`MosaicConfig(part_wait=True)`, opt-in; neutral to 1.04x slower at H = 128 on
   the H200, session 17): split_ring's parts, both refilled by warpgroup 1 after `kv_consumed` as the default does.
 * Seesaw (`MosaicConfig(schedule="seesaw")`, opt-in; 1.23-1.38x slower than "flashmla" at
   H = 128 on the H200): FlashMLA's seesaw, steps in pairs, one per ring slot; each warpgroup
@@ -416,7 +416,7 @@ class MosaicConfig:
         cost (two TMAs a page, two barriers a slot, warpgroup 0 issuing part 0's TMAs on its own chain) outweighs
         part 1's extra lead.
     part_wait: ("flashmla", plain scores, a 16-bit cache, not kv_multicast, 2 stages, p_in_kv=False; not with
-        split_ring or deferred_pv; opt-in: neutral to 1.03x slower at H = 128 on the H200, session 17) split_ring's
+        split_ring or deferred_pv; opt-in: neutral to 1.04x slower at H = 128 on the H200, session 17) split_ring's
         two-part slot refilled whole by warpgroup 1 once both P @ V halves released it (`kv_consumed`, as the
         default): both parts' TMAs at once, each on its own `kv_ready`, and the scores wait for part 1 only after
         part 0's wgmmas. Built to test whether the loads' latency against the ring's one step of lead costs the
