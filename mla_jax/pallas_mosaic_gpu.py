@@ -553,8 +553,8 @@ class MosaicConfig:
         p = alloc(4) if p_in_slots else alloc(BLOCK_H * self.block_kv * dtype_bytes)
         f32_misc = alloc((4 if p_in_slots else NUM_COMPUTE_WGS) * BLOCK_H * 4)
         i32_misc = alloc((INFO_WORDS + self.bt_chunk) * 4)
-        # q, info, bt; kv_ready (split_ring, deferred_pv, part_wait: two a slot), kv_consumed (p_in_kv: and p_ready) a slot;
-        # sync_a, sync_b; (split_ring, deferred_pv) warpgroup 0's bt and bt_staged; (deferred_pv) qk_done
+        # q, info, bt; kv_ready (split_ring, deferred_pv, part_wait: two a slot), kv_consumed (p_in_kv: and
+        # p_ready) a slot; sync_a, sync_b; (split_ring, deferred_pv) warpgroup 0's bt and bt_staged; (deferred_pv) qk_done
         part_ring = self.part_ring
         per_slot = 2 + int(self.p_in_kv) + int(self.two_parts)
         barriers = 8 * (3 + per_slot * self.max_concurrent_steps + 2 + 2 * int(part_ring) + int(self.deferred_pv))
@@ -699,8 +699,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     warpgroup 0 computes transposed (MosaicConfig.transposed_scores); q holds only those rows.
     pdl: programmatic dependent launch (MosaicConfig.pdl). deferred_pv, split_ring, part_wait: MosaicConfig's
     ("flashmla", plain scores, a 16-bit cache, not kv_multicast, 2 stages; split_ring and part_wait without p_in_kv).
-    l2_prefetch: MosaicConfig's (each TMA of a KV step also prefetches the step that many ahead into L2). p_in_kv, dequant_layout, fused_dequant, fused_group,
-    fp8_convert, overlap_dequant, overlap_wait, transposed_pv: MosaicConfig's (all but transposed_pv fp8 only;
+    l2_prefetch: MosaicConfig's (each TMA of a KV step also prefetches the step that many ahead into L2).
+    p_in_kv, dequant_layout, fused_dequant, fused_group, fp8_convert, overlap_dequant, overlap_wait, transposed_pv:
+    MosaicConfig's (all but transposed_pv fp8 only;
     overlap_dequant needs transposed scores of at most OVERLAP_MAX_ROWS rows, and then fused_dequant is ignored;
     transposed_pv transposed scores of TRANSPOSED_PV_ROWS rows).
     fp8 ("flashmla" only): the cache is float8_e4m3fn; the TMAs fill a ring of fp8 steps, and each compute
