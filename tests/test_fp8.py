@@ -403,6 +403,9 @@ def test_mosaic_gpu_fp8_q_beyond_f16_is_not_silently_clamped():
                                                         fp8_convert="mixed")),
                                               (16, dict(num_splits=2, transposed_scores=True, overlap_wait=True)),
                                               (16, dict(num_splits=2, transposed_scores=True, transposed_pv=True)),
+                                              (16, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
+                                                        l2_prefetch=2)),
+                                              (128, dict(num_splits=1, l2_prefetch=1)),
                                               (8, None), (8, dict(num_splits=2, transposed_scores=True,
                                                                   overlap_wait=True))])
 def test_mosaic_gpu_fp8_lowers_for_cuda(num_heads, tuning):
