@@ -502,8 +502,8 @@ class MosaicConfig:
                              "which warpgroup 1 refills after its P @ V while warpgroup 0's may still read P "
                              "(deferred_pv orders them), got p_in_kv=True")
         if self.part_wait and self.p_in_kv:
-            raise ValueError("part_wait=True needs p_in_kv=False (P's rope columns would be in the slot's part 1), "
-                             "got p_in_kv=True")
+            raise ValueError("part_wait=True needs p_in_kv=False (the two-part slot with P in part 1's rope columns "
+                             "is not built or tested), got p_in_kv=True")
         if self.part_wait and self.part_ring:
             raise ValueError(f"part_wait=True is the two-part slot refilled whole by warpgroup 1; deferred_pv and "
                              f"split_ring refill it by parts: choose one, got deferred_pv={self.deferred_pv}, "
@@ -754,9 +754,12 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     # (two_parts) the ring in two column parts, each filled and awaited on its own (part_wait: both refilled at once
     # by warpgroup 1, as the default's one slot)
     two_parts = part_ring or part_wait
-    if (split_ring or part_wait) and p_in_kv:
-        raise ValueError("split_ring and part_wait need p_in_kv=False (P would sit in the rope columns of part 1, "
-                         "whose ref is not the P buffer's layout)")
+    if split_ring and p_in_kv:
+        raise ValueError("split_ring needs p_in_kv=False (warpgroup 1 refills part 1, P's rope columns, while "
+                         "warpgroup 0's P @ V may still read P)")
+    if part_wait and p_in_kv:
+        raise ValueError("part_wait needs p_in_kv=False (the two-part slot with P in part 1's rope columns is not "
+                         "built or tested)")
     if two_parts and (not flashmla or score_rows or fp8 or kv_multicast or stages != 2 or memory_wg):
         raise ValueError(f"split_ring, deferred_pv and part_wait need schedule='flashmla', plain scores, a 16-bit "
                          f"cache, no kv_multicast and 2 stages, got {schedule=}, {score_rows=}, {fp8=}, "
@@ -1037,6 +1040,13 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 """Page id of the request's logical page lp (in the staged chunk)."""
                 return i_smem[INFO_WORDS + buf * bt_chunk + lp - chunk * bt_chunk]
 
+            def step_rows(page, ahead: int = 0):
+                """The rows of KV step k + ahead in `page`: the whole page unless a page holds several steps."""
+                if steps_per_page == 1:
+                    return kv_ref.at[page]
+                off = lax.rem(k + ahead if ahead else k, jnp.int32(steps_per_page)) * block_kv
+                return kv_ref.at[page, pl.ds(off, block_kv)]
+
             def cols(ref, part):
                 """The KV cache's columns of `part` (all of them without two_parts)."""
                 if not two_parts:
@@ -1051,20 +1061,14 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
             for part in parts:
                 if pages_per_step == 1:
-                    page = page_at(lp0)
-                    if steps_per_page == 1:
-                        src = kv_ref.at[page]
-                    else:
-                        off = lax.rem(k, jnp.int32(steps_per_page)) * block_kv
-                        src = kv_ref.at[page, pl.ds(off, block_kv)]
-                    plgpu.copy_gmem_to_smem(cols(src, part), dst(part), kv_ready_at(slot, part),
-                                            collective_axes=kv_axes)
+                    plgpu.copy_gmem_to_smem(cols(step_rows(page_at(lp0)), part), dst(part),
+                                            kv_ready_at(slot, part), collective_axes=kv_axes)
                 else:
                     for j in range(pages_per_step):
                         # Pages past the request's last one are never dereferenced (their
                         # rows are past kv_len): the last page stands in for them.
                         page = page_at(jnp.minimum(lp0 + j, last_page))
-                        plgpu.copy_gmem_to_smem(cols(kv_ref.at[page], part),
+                        plgpu.copy_gmem_to_smem(cols(step_rows(page), part),
                                                 dst(part, pl.ds(j * page_size, page_size)),
                                                 kv_ready_at(slot, part), collective_axes=kv_axes)
 
@@ -1078,12 +1082,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                     @pl.when((lp <= last_page) & (lax.div(lp, jnp.int32(bt_chunk)) == chunk))
                     def _(lp=lp):
-                        page = page_at(lp)
-                        if pages_per_step == 1 and steps_per_page > 1:
-                            off = lax.rem(k + l2_prefetch, jnp.int32(steps_per_page)) * block_kv
-                            plgpu.async_prefetch(kv_ref.at[page, pl.ds(off, block_kv)])
-                        else:
-                            plgpu.async_prefetch(kv_ref.at[page])
+                        plgpu.async_prefetch(step_rows(page_at(lp), l2_prefetch))
 
         def drain(n):
             """Observe the last releases of every slot, so that each barrier phase is awaited

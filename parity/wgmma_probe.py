@@ -113,6 +113,38 @@ def keys_of(kind: str | None) -> int:
     return 0 if kind is None else 2 * BLOCK_KV if kind == "qk_n128" else 32 if "32" in kind else BLOCK_KV
 
 
+def big_step(big_ref, cta, i, num_ctas: int, *, paired: bool = True, window: int | None = None,
+             scattered: bool = False):
+    """The large buffer's KV step (64 rows) that CTA `cta` loads at iteration i. paired: the CTA pairs walk the
+    buffer together (pair c // 2 takes step c // 2 + i * pairs, as heads_fastest's head tiles); else each CTA its
+    own (c + i * num_ctas). window: within its first `window` steps (L2-resident). scattered: step x of the walk is
+    x * SCATTER mod the steps (a permutation when they are 2^14: main's buffer)."""
+    from jax import lax
+    from jax.experimental import pallas as pl
+
+    first, stride = (lax.div(cta, 2), max(1, num_ctas // 2)) if paired else (cta, num_ctas)
+    blocks = big_ref.shape[0] // BLOCK_KV
+    blocks = min(blocks, window) if window else blocks
+    blk = lax.rem(first + i * stride, blocks)
+    if scattered:
+        blk = lax.rem(blk * SCATTER, blocks)
+    return big_ref.at[pl.ds(pl.multiple_of(blk * BLOCK_KV, BLOCK_KV), BLOCK_KV)]
+
+
+def operands(random: bool = False):
+    """(q [64, 576], k [128, 576]) as numpy float32: small integers (-1, 0, 1), or normal values rounded to bf16
+    (random: so that numpy sees what the GPU does)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    shapes = ((BLOCK_H, HEAD_DIM), (2 * BLOCK_KV, HEAD_DIM))
+    if random:
+        return tuple(np.asarray(jnp.asarray(rng.standard_normal(s), jnp.bfloat16).astype(jnp.float32))
+                     for s in shapes)
+    return tuple(rng.integers(-1, 2, size=s).astype(np.float32) for s in shapes)
+
+
 def online_softmax(s, m_i, l_i):
     """The kernel's online softmax step on scaled scores s [64, keys] (log2 units) -> (P, alpha, new row max, new row
     sums)."""
@@ -274,14 +306,11 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
                   tma_bar, *extra):
         wg = lax.axis_index("wg")
         cta = lax.axis_index("cta")
-        pairs, blocks = max(1, num_ctas // 2), None if big_ref is None else big_ref.shape[0] // BLOCK_KV
 
-        def big_step(i):
-            """The large buffer's KV step that CTA pair c // 2 loads at iteration i: the pairs walk it together."""
-            blk = lax.rem(lax.div(cta, 2) + i * pairs, min(blocks, L2_BLOCKS) if source == "l2" else blocks)
-            if scattered:  # (a permutation when blocks is 2^14: main's buffer)
-                blk = lax.rem(blk * SCATTER, blocks)
-            return big_ref.at[pl.ds(pl.multiple_of(blk * BLOCK_KV, BLOCK_KV), BLOCK_KV)]
+        def pair_step(i):
+            """The large buffer's KV step that CTA pair c // 2 loads at iteration i (big_step)."""
+            return big_step(big_ref, cta, i, num_ctas, window=L2_BLOCKS if source == "l2" else None,
+                            scattered=scattered)
 
         def k_slot(i):
             """The K slot of iteration i (ring: two, by parity; else the one)."""
@@ -292,7 +321,7 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
             kv_ready, kv_consumed = extra
 
             def load(i):  # step i into its slot, once the slot is free
-                plgpu.copy_gmem_to_smem(big_step(i), k_slot(i), kv_ready.at[lax.rem(i, 2)])
+                plgpu.copy_gmem_to_smem(pair_step(i), k_slot(i), kv_ready.at[lax.rem(i, 2)])
 
         @pl.when(wg == 0)
         def _():
@@ -378,12 +407,12 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
 
                         if prefetch:  # the step `prefetch` after it into L2 (MosaicConfig.l2_prefetch)
                             pl.when(i + 2 + prefetch < iters)(
-                                lambda: plgpu.async_prefetch(big_step(i + 2 + prefetch)))
+                                lambda: plgpu.async_prefetch(pair_step(i + 2 + prefetch)))
                     if tma:  # the refill's traffic: a KV step into the spare slot (once load i - depth landed)
                         slot = tma_bar.at[lax.rem(i, depth)]
                         pl.when(i >= depth)(lambda: plgpu.barrier_wait(slot))
                         if hbm:  # CTA pair c // 2's step of iteration i
-                            src = big_step(i).at[:, pl.ds(0, 2 * V_HALF)]
+                            src = pair_step(i).at[:, pl.ds(0, 2 * V_HALF)]
                         else:
                             rows = pl.ds(pl.multiple_of(lax.rem(i, 2) * BLOCK_KV, BLOCK_KV), BLOCK_KV)
                             src = k_ref.at[rows, pl.ds(0, 2 * V_HALF)]
@@ -434,17 +463,11 @@ def build_stream(probe: str, iters: int, num_ctas: int):
 
     def body(q_ref, k_ref, big_ref, o_ref, slots, bar):
         cta = lax.axis_index("cta")
-        blocks = big_ref.shape[0] // BLOCK_KV
-        if source == "pairs":
-            first, stride = lax.div(cta, 2), max(1, num_ctas // 2)
-        else:
-            first, stride = cta, num_ctas
-            blocks = min(blocks, L2_BLOCKS) if source == "l2" else blocks
 
         def step(i, carry):
             pl.when(i >= depth)(lambda: plgpu.barrier_wait(bar.at[lax.rem(i, depth)]))
-            blk = lax.rem(first + i * stride, blocks)
-            src = big_ref.at[pl.ds(pl.multiple_of(blk * BLOCK_KV, BLOCK_KV), BLOCK_KV), pl.ds(0, 2 * V_HALF)]
+            src = big_step(big_ref, cta, i, num_ctas, paired=source == "pairs",
+                           window=L2_BLOCKS if source == "l2" else None).at[:, pl.ds(0, 2 * V_HALF)]
             plgpu.copy_gmem_to_smem(src, slots.at[lax.rem(i, depth)], bar.at[lax.rem(i, depth)])
             return carry
 
@@ -561,13 +584,7 @@ def main(argv=None) -> int:
     if jax.default_backend() != "gpu":
         print(f"wgmma_probe: needs a GPU (JAX's default backend is {jax.default_backend()!r})", file=sys.stderr)
         return 2
-    rng = np.random.default_rng(0)
-    if args.random:  # (as bf16 values, so that numpy sees what the GPU does)
-        q, k = (np.asarray(jnp.asarray(rng.standard_normal(shape), jnp.bfloat16).astype(jnp.float32))
-                for shape in ((BLOCK_H, HEAD_DIM), (2 * BLOCK_KV, HEAD_DIM)))
-    else:
-        q = rng.integers(-1, 2, size=(BLOCK_H, HEAD_DIM)).astype(np.float32)
-        k = rng.integers(-1, 2, size=(2 * BLOCK_KV, HEAD_DIM)).astype(np.float32)
+    q, k = operands(args.random)
     args_dev = tuple(jnp.asarray(x, jnp.bfloat16) for x in (q, k))
     big = (jnp.tile(args_dev[1][:BLOCK_KV], (HBM_ROWS // BLOCK_KV, 1)) if any(n in HBM_PROBES for n in probes)
            else None)

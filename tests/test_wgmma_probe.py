@@ -12,13 +12,7 @@ from parity import wgmma_probe as probe
 def _operands(name=None, random=False):
     """q, k (numpy) and the probe's device inputs (the HBM probes: a small stand-in for the 1 GiB buffer, copies of
     K's first step)."""
-    rng = np.random.default_rng(0)
-    if random:  # as main(--random): normal values rounded to bf16
-        q, k = (np.asarray(jnp.asarray(rng.standard_normal(shape), jnp.bfloat16).astype(jnp.float32))
-                for shape in ((probe.BLOCK_H, probe.HEAD_DIM), (2 * probe.BLOCK_KV, probe.HEAD_DIM)))
-    else:
-        q = rng.integers(-1, 2, size=(probe.BLOCK_H, probe.HEAD_DIM)).astype(np.float32)
-        k = rng.integers(-1, 2, size=(2 * probe.BLOCK_KV, probe.HEAD_DIM)).astype(np.float32)
+    q, k = probe.operands(random)  # (as main, --random or not)
     args = tuple(jnp.asarray(x, jnp.bfloat16) for x in (q, k))
     if name in probe.HBM_PROBES:
         args += (jnp.tile(args[1][:probe.BLOCK_KV], (3, 1)),)
