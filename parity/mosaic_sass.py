@@ -61,9 +61,12 @@ def with_version(ptx: str, version: str) -> str:
 def assemble(ptx: str, workdir: str) -> dict:
     """ptxas -v for sm_90a (the version line lowered if this ptxas reads an older one), then cuobjdump -sass:
     {"registers", "spill_stores", "spill_loads", "ptx_version", "sass"}."""
+    m = re.search(r"^\.version\s+(\S+)", ptx, flags=re.M)
+    if m is None:
+        raise ValueError("not PTX: no .version line (Mosaic GPU's body_<n>.ptx, from MOSAIC_GPU_DUMP_PTX=1)")
+    version = m.group(1)
     t = tools()
     src, cubin = os.path.join(workdir, "kernel.ptx"), os.path.join(workdir, "kernel.cubin")
-    version = re.search(r"^\.version\s+(\S+)", ptx, flags=re.M).group(1)
     for _ in range(2):
         with open(src, "w") as f:
             f.write(ptx)

@@ -34,6 +34,11 @@ def test_with_version():
         mosaic_sass.with_version(".target sm_90a\n", "8.7")
 
 
+def test_not_ptx_is_refused_before_ptxas(tmp_path):
+    with pytest.raises(ValueError, match="not PTX: no .version line"):
+        mosaic_sass.assemble(".target sm_90a\n", str(tmp_path))
+
+
 PROBE_PTX = os.path.join(os.path.dirname(__file__), "..", "parity", "results", "logs",
                          "h200-s17h-probe-ring.ptx.gz")
 
