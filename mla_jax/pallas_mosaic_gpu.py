@@ -131,6 +131,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 
 import jax
@@ -154,6 +155,7 @@ NUM_COMPUTE_WGS = 2
 V_HALF = KV_LORA_RANK // NUM_COMPUTE_WGS  # 256 latent columns per compute warpgroup
 INFO_WORDS = 32  # per-tile int32 metadata row (TMA copies must be multiples of 128 bytes)
 MAX_L2_PREFETCH = 8  # MosaicConfig.l2_prefetch: steps ahead
+TMA_MAX_BOX = 256  # a TMA box's elements along each dimension (cuTensorMapEncodeTiled's limit)
 SMEM_LIMIT_BYTES = 227 * 1024  # Hopper opt-in shared memory per CTA
 SMEM_ALIGNMENT = 1024  # Mosaic GPU aligns each scratch allocation to 1 KiB
 NUM_SMS_H200 = 132
@@ -647,6 +649,21 @@ def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_re
                         heads_fastest=heads_fastest)
 
 
+def tma_windows(shape) -> list[tuple[tuple[int, int], ...]]:
+    """`shape` cut into TMA boxes of at most TMA_MAX_BOX elements along each dimension: (start, size) per dimension.
+
+    A copy into shared memory is cut by its destination's tiling; a prefetch into L2 has none, and a box wider than
+    TMA_MAX_BOX (a KV row's 576 columns) aborts the process when its descriptor is made, at the first launch."""
+    return list(itertools.product(*[[(s0, min(TMA_MAX_BOX, n - s0)) for s0 in range(0, n, TMA_MAX_BOX)]
+                                    for n in shape]))
+
+
+def prefetch_to_l2(ref) -> None:
+    """`plgpu.async_prefetch` of the GMEM ref `ref`, one TMA box (tma_windows) at a time."""
+    for window in tma_windows(ref.shape):
+        plgpu.async_prefetch(ref.at[tuple(pl.ds(s0, n) for s0, n in window)])
+
+
 def supported_page_size(page_size: int, block_kv: int = 64) -> bool:
     if page_size >= block_kv:
         return page_size % block_kv == 0
@@ -1082,7 +1099,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                     @pl.when((lp <= last_page) & (lax.div(lp, jnp.int32(bt_chunk)) == chunk))
                     def _(lp=lp):
-                        plgpu.async_prefetch(step_rows(page_at(lp), l2_prefetch))
+                        prefetch_to_l2(step_rows(page_at(lp), l2_prefetch))
 
         def drain(n):
             """Observe the last releases of every slot, so that each barrier phase is awaited

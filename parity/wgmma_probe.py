@@ -51,7 +51,7 @@ loads and waits):
   warpgroup 1: the kernel's loads and waits without its block table, masks, prologue and epilogue;
   "_ring_scattered": the steps in a scattered order (step x of the walk is x * SCATTER mod 2^14: as the bench's
   random pages, where _ring walks the buffer in order); "_pf1", "_pf2": with each refill, the step one or two after
-  it prefetched into L2 (`plgpu.async_prefetch`, as MosaicConfig.l2_prefetch);
+  it prefetched into L2 (`plgpu.async_prefetch` a TMA box at a time, as MosaicConfig.l2_prefetch);
 * "stream_pairs_x2", "stream_pairs_x3", "stream_hbm_x3", "stream_l2_x3" (STREAMS): loads alone, 64 KiB an
   iteration into two or three slots, from the large buffer in CTA pairs, each CTA its own steps (HBM), or the 10 MiB
   window (L2): the SMs' intake of TMA bytes without compute (`sm_ingress_tb_per_s`);
@@ -286,6 +286,8 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
+    from mla_jax.pallas_mosaic_gpu import prefetch_to_l2
+
     nwg = STEPS[probe]
     three, deferred = probe == "step_three_wg", probe == "step_deferred"
     bufs = 1 if probe.startswith("step_flashmla_1p") else 2  # P (and alpha) buffers, used by step parity
@@ -407,7 +409,7 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
 
                         if prefetch:  # the step `prefetch` after it into L2 (MosaicConfig.l2_prefetch)
                             pl.when(i + 2 + prefetch < iters)(
-                                lambda: plgpu.async_prefetch(pair_step(i + 2 + prefetch)))
+                                lambda: prefetch_to_l2(pair_step(i + 2 + prefetch)))
                     if tma:  # the refill's traffic: a KV step into the spare slot (once load i - depth landed)
                         slot = tma_bar.at[lax.rem(i, depth)]
                         pl.when(i >= depth)(lambda: plgpu.barrier_wait(slot))

@@ -389,7 +389,7 @@ class TestGPULowering:
             (8, 128, MosaicConfig(num_splits=1, l2_prefetch=4)),
         ],
     )
-    def test_lowers_for_cuda(self, num_heads, page_size, tuning):
+    def test_lowers_for_cuda(self, num_heads, page_size, tuning, monkeypatch):
         scenario = Scenario("lower", seq_lens=(17, 300), query_lens=(1, 2), num_heads=num_heads, page_size=page_size)
         batch, _, _ = batch_and_reference(scenario, "bfloat16")
         args = device_inputs(batch, "bfloat16")
@@ -397,13 +397,30 @@ class TestGPULowering:
         def f(q_nope, q_pe, kv, md):
             return mgpu_mla.mla_decode(q_nope, q_pe, kv, md, batch.config, tuning=tuning, interpret=False)
 
+        # every L2 prefetch a TMA box the H200 can describe (a wider one aborts the process at the first launch)
+        prefetched = []
+        prefetch = mgpu_mla.plgpu.async_prefetch
+        monkeypatch.setattr(mgpu_mla.plgpu, "async_prefetch", lambda ref: (prefetched.append(ref.shape), prefetch(ref)))
         # an abstract H200: the split combine is a Pallas Triton kernel, whose lowering asks for a GPU
         text = lower_for_h200(f, *args).as_text()
+        assert bool(prefetched) == bool(tuning.l2_prefetch)
+        assert all(0 < n <= mgpu_mla.TMA_MAX_BOX for shape in prefetched for n in shape), prefetched
         assert "mosaic_gpu" in text
         # PDL: the kernel waits on the kernels before it and is marked for XLA's PDL launch, only when asked
         assert ("griddepcontrol" in text) == ("mosaic_gpu.uses_pdl" in text) == tuning.pdl
         if tuning.num_splits > 1:
             assert "mla_combine_splits" in text  # the combine kernel, lowered to Triton
+
+
+@pytest.mark.parametrize("shape", [(64, 576), (16, 576), (512, 64), (8, 256), (257,), (64, 600)])
+def test_tma_windows_cover_the_shape_in_boxes(shape):
+    windows = mgpu_mla.tma_windows(shape)
+    covered = np.zeros(shape, np.int32)
+    for window in windows:
+        assert all(0 < n <= mgpu_mla.TMA_MAX_BOX for _, n in window), window
+        covered[tuple(slice(s0, s0 + n) for s0, n in window)] += 1
+    assert (covered == 1).all()  # each element in exactly one box
+    assert len(windows) == np.prod([-(-n // mgpu_mla.TMA_MAX_BOX) for n in shape])
 
 
 class TestConfig:
