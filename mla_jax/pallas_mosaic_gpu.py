@@ -425,13 +425,14 @@ class MosaicConfig:
         step; measured on four calls (parity.sweep, 3 rounds, 2 s idle): H128 B64 S4096 q1 144.0 -> 144.4, 144.0 ->
         145.0, 141.6 -> 146.5, 142.5 -> 143.5 us; B64 S16384 560.9 -> 571.8; B128 S4096 q2 557.2 -> 551.3. The
         same math (bitwise the default at pages 16, 64, 128).
-    l2_prefetch: (0: off, the default; untimed) with each KV step's TMA into the ring, the producer also prefetches
-        the pages of the step `l2_prefetch` ahead into L2 (`plgpu.async_prefetch`, TMA's prefetch: no shared memory,
-        no barrier), so that their TMA, issued that many steps later, reads L2 rather than HBM. Session 17: the
-        memoryless step over the kernel's two-stage ring (parity.wgmma_probe step_flashmla_1p_ring, KV steps read in
-        order) runs ~1.8 us where the kernel runs ~2.2 on pages in random order (the bench's block tables): a ring
-        slot is refilled about one step before its scores, so a load's latency, an HBM page's included, is exposed.
-        Only pages whose block-table entries are in the staged chunk are prefetched.
+    l2_prefetch: (0: off, the default; slower where timed) with each KV step's TMA into the ring, the producer also
+        prefetches the pages of the step `l2_prefetch` ahead into L2 (`prefetch_to_l2`: TMA's prefetch a box of at
+        most 256 elements a dimension at a time, no shared memory, no barrier), so that their TMA, issued that many
+        steps later, reads L2 rather than HBM. Only pages whose block-table entries are in the staged chunk are
+        prefetched. The same math (bitwise the default, compiled). On the H200 (session 18, parity.sweep, 3 rounds,
+        2 s idle): H128 B64 S4096 q1 143.5 -> 145.0 / 148.7 / 151.4 us at d = 1 / 2 / 3, B64 S16384 546.5 -> 568.5 /
+        566.0 / 568.7. The pages' order costs the kernel little (the same requests' pages in order: 141.7 against
+        148.1 us, 560.3 against 564.8), and the prefetches' issue sits on the compute warpgroups' path.
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
