@@ -386,7 +386,9 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
             acc, _, l_i = lax.fori_loop(0, iters, step, init)
             for j in range(max(iters - bufs, 0), iters):  # the last releases (every phase observed)
                 plgpu.barrier_wait(p_free.at[j % 2])
-            out = l_i if three else acc.sum(axis=1)
+            # (the row sums l are part of the output, or the compiler drops them: the kernel needs them, and
+            # before session 18 the probes ran without them)
+            out = l_i if three else acc.sum(axis=1) + l_i
             pl.when(cta == 0)(lambda: o_ref.__setitem__(0, out))
 
         for w in range(1, nwg):
@@ -485,8 +487,8 @@ def build_stream(probe: str, iters: int, num_ctas: int):
 
 
 def expected_step(probe: str, iters: int, q, k):
-    """What a step probe's warpgroups write, each as (value, tolerance): warpgroup 0 its P @ V half's row sums
-    (three_wg: the row sums l), the others theirs. The same KV step every iteration, so the row max settles on the
+    """What a step probe's warpgroups write, each as (value, tolerance): warpgroup 0 its P @ V half's row sums plus
+    the softmax's row sums l (three_wg: l alone), the others their halves' row sums. The same KV step every iteration, so the row max settles on the
     first and each P @ V adds P (rounded to bf16) @ V. The tolerance allows every element of P one bf16 ulp of
     difference (the GPU's exp2.approx against numpy's exp2, before the rounding), twice over: a row sum of P @ V may
     cancel to far less than its terms. (A timing probe's check: it catches a wrong step, not a race between steps,
@@ -503,10 +505,11 @@ def expected_step(probe: str, iters: int, q, k):
     for c in (0, V_HALF):
         v = k[:BLOCK_KV, c:c + V_HALF]
         halves.append(((pb @ v).sum(axis=1) * iters, 2.0 ** -7 * (pb @ np.abs(v)).sum(axis=1) * iters))
+    l_sum = p.sum(axis=1) * iters
     if probe == "step_three_wg":
-        l_sum = p.sum(axis=1) * iters
         return [(l_sum, 1e-4 * l_sum), halves[1], halves[0]]
-    return halves
+    (pv0, tol0), pv1 = halves
+    return [(pv0 + l_sum, tol0 + 1e-4 * l_sum), pv1]  # warpgroup 0: its P @ V half's row sums + l
 
 
 def expected(probe: str, iters: int, q, k):
