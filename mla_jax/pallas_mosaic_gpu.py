@@ -433,6 +433,11 @@ class MosaicConfig:
         2 s idle): H128 B64 S4096 q1 143.5 -> 145.0 / 148.7 / 151.4 us at d = 1 / 2 / 3, B64 S16384 546.5 -> 568.5 /
         566.0 / 568.7. The pages' order costs the kernel little (the same requests' pages in order: 141.7 against
         148.1 us, 560.3 against 564.8), and the prefetches' issue sits on the compute warpgroups' path.
+    late_row_sums: (opt-in; untimed) warpgroup 0 adds up a step's row sums of P (l = l * alpha + sum(P)) after
+        issuing its P @ V and before waiting for it, rather than before P's hand-over: the same operations in
+        another place (bitwise the default). Its SASS (session 17's, read in session 18) puts those sums (34 FADD and
+        4 shuffles a step) between the softmax's exponentials and P's store, on the path to the P @ V warpgroup;
+        the step probes had run without them (the compiler dropped sums nothing read).
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -463,6 +468,7 @@ class MosaicConfig:
     split_ring: bool = False
     part_wait: bool = False
     l2_prefetch: int = 0
+    late_row_sums: bool = False
     pdl: bool = False
 
     def __post_init__(self):
@@ -472,7 +478,7 @@ class MosaicConfig:
                 raise ValueError(f"{name} must be an int, got {name}={x!r}")
         for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
                      "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast", "deferred_pv", "split_ring",
-                     "part_wait"):
+                     "part_wait", "late_row_sums"):
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
@@ -485,6 +491,9 @@ class MosaicConfig:
                              f"memory_warpgroup=False, got memory_warpgroup=True")
         if self.transposed_scores and self.schedule != "flashmla":
             raise ValueError(f"transposed_scores=True needs schedule='flashmla', got schedule={self.schedule!r}")
+        if self.late_row_sums and self.schedule != "flashmla":
+            raise ValueError(f"late_row_sums=True moves warpgroup 0's row sums under its P @ V (schedule='flashmla'), "
+                             f"got schedule={self.schedule!r}")
         if self.schedule == "seesaw" and (self.transposed_scores or max_concurrent_steps != 2):
             raise ValueError(f"schedule='seesaw' needs plain scores and 2 stages (one per step of a pair), got "
                              f"transposed_scores={self.transposed_scores}, {max_concurrent_steps=}")
@@ -706,7 +715,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   fused_group: int = 1, fp8_convert: str = "cvt", overlap_dequant: bool = False,
                   overlap_wait: bool = False, transposed_pv: bool = False, heads_fastest: bool = False,
                   kv_multicast: bool = False, deferred_pv: bool = False, split_ring: bool = False,
-                  part_wait: bool = False, l2_prefetch: int = 0, out_dtype=None, interpret: bool = False):
+                  part_wait: bool = False, l2_prefetch: int = 0, late_row_sums: bool = False, out_dtype=None,
+                  interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile), the last axis the fastest (heads_fastest: reversed, the head
@@ -718,6 +728,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     pdl: programmatic dependent launch (MosaicConfig.pdl). deferred_pv, split_ring, part_wait: MosaicConfig's
     ("flashmla", plain scores, a 16-bit cache, not kv_multicast, 2 stages; split_ring and part_wait without p_in_kv).
     l2_prefetch: MosaicConfig's (each TMA of a KV step also prefetches the step that many ahead into L2).
+    late_row_sums: MosaicConfig's ("flashmla": warpgroup 0's row sums under its P @ V).
     p_in_kv, dequant_layout, fused_dequant, fused_group, fp8_convert, overlap_dequant, overlap_wait, transposed_pv:
     MosaicConfig's (all but transposed_pv fp8 only;
     overlap_dequant needs transposed scores of at most OVERLAP_MAX_ROWS rows, and then fused_dequant is ignored;
@@ -743,6 +754,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     flashmla = schedule == "flashmla"
     three = schedule == "three_wg"
     seesaw = schedule == "seesaw"
+    if late_row_sums and not flashmla:
+        raise ValueError(f"late_row_sums needs schedule='flashmla', got {schedule=}")
     if seesaw and (score_rows or fp8 or stages != 2 or memory_wg):
         raise ValueError(f"schedule='seesaw' needs plain scores, a 16-bit cache and 2 stages, got {score_rows=}, "
                          f"{fp8=}, {stages=}, {memory_wg=}")
@@ -961,8 +974,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             v = [w * (V_HALF // 64) + i for i in range(V_HALF // 64)]
             return [KV_LORA_RANK // 64] + v if w == 0 else v
 
-        def accumulate(acc, issue):
-            """acc + the wgmmas `issue(acc_ref)` makes (acc: a [64, 256] fp32 WGMMA-layout value)."""
+        def accumulate(acc, issue, under=None):
+            """acc + the wgmmas `issue(acc_ref)` makes (acc: a [64, 256] fp32 WGMMA-layout value). under: (x,
+            f) to also return f(), computed after the wgmmas' issue and before the wait for them (x: a value of
+            f()'s type, the state's placeholder), as (acc, f())."""
             if interpret:
                 # The interpreter has no rule for run_state over an accumulator (nor for
                 # storing into one): compute into a fresh accumulator and add it. Same math,
@@ -971,8 +986,17 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     issue(acc_ref)
                     return acc_ref[...]
 
-                return acc + pl.run_scoped(fresh, plgpu.ACC(acc.shape, jnp.float32))
-            return pl.run_state(issue)(plgpu.ACC.init(acc))  # accumulates in the tensor core
+                acc = acc + pl.run_scoped(fresh, plgpu.ACC(acc.shape, jnp.float32))
+                return acc if under is None else (acc, under[1]())
+            if under is None:
+                return pl.run_state(issue)(plgpu.ACC.init(acc))  # accumulates in the tensor core
+
+            def issue_and(refs):
+                acc_ref, x_ref = refs
+                issue(acc_ref)
+                x_ref[...] = under[1]()  # between the wgmmas' issue and run_state's wait for them
+
+            return pl.run_state(issue_and)((plgpu.ACC.init(acc), under[0]))
 
         def zero_v_tail(slot, kv_start, kv_len, col0: int, ncols: int):
             """If the step in `slot` (its first position kv_start) runs past kv_len, zeroes its rows from
@@ -1304,10 +1328,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # (p_in_kv) the row of x_smem holding the rescale factor of the step in `slot` (the row sums': sums_row)
             alpha_row = (lambda slot: slot) if p_in_kv else (lambda slot: 0)
 
-            def pv(acc, half, slot):
+            def pv(acc, half, slot, under=None):
                 v_cols = pl.ds(half * V_HALF, V_HALF)
                 v = kv_cols(slot, half * V_HALF, V_HALF) if two_parts else kv_tile(slot).at[:, v_cols]
-                return accumulate(acc, lambda acc_ref: pv_wgmma(acc_ref, v, p_ref(slot)))
+                return accumulate(acc, lambda acc_ref: pv_wgmma(acc_ref, v, p_ref(slot)), under)
 
             # (overlap_dequant) the chunks of the next step each warpgroup converts: under its own P @ V of this
             # step the rope and V's first half (warpgroup 0 three chunks, 1 two), then V's second half (two chunks
@@ -1327,16 +1351,16 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 if refill is not None:
                     refill(k)
 
-            def overlap_pv(acc, k, half: int, chunks):
+            def overlap_pv(acc, k, half: int, chunks, under=None):
                 """(overlap_dequant) acc + P @ V of step k's V half `half` (async) and, while the wgmma runs,
                 `chunks` of step k + 1 (their buffer's last readers, step k - 1's scores and P @ V, were done
-                before P of step k)."""
+                before P of step k). under: accumulate's."""
                 def issue(acc_ref):
                     pv_wgmma(acc_ref, deq_half(k, half))
                     if chunks:
                         pl.when(k + 1 < end)(lambda: overlap_convert(k + 1, begin, kv_len, chunks))
 
-                return accumulate(acc, issue)
+                return accumulate(acc, issue, under)
 
             def load_vec(row):
                 """Row `row` of x_smem (alpha, the row sums): in the row layout, or transposed_pv's column layout
@@ -1448,7 +1472,14 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     m_new = jnp.maximum(m_i, s.max(axis=key_ax))
                     alpha = jnp.exp2(m_i - m_new)
                     p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [row_ax]))
-                    l_i = l_i * alpha + p.sum(axis=key_ax)
+
+                    def row_sums(l_i=l_i, alpha=alpha, p=p):
+                        return l_i * alpha + p.sum(axis=key_ax)
+
+                    # (late_row_sums: summed under this warpgroup's P @ V, off the path to P's hand-over)
+                    late = (l_i, row_sums) if late_row_sums else None
+                    if late is None:
+                        l_i = row_sums()
 
                     if not p_in_kv and not overlap_dequant:  # (overlap_dequant: awaited after step k - 1)
                         @pl.when(k > begin)
@@ -1476,7 +1507,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         acc = rescale(acc, load_vec(0) if tr and not transposed_pv else alpha)
                         if overlap_dequant:
                             with jax.named_scope("pv"):
-                                acc = overlap_pv(acc, k, 0, ov_early)
+                                acc = overlap_pv(acc, k, 0, ov_early, late)
+                                if late is not None:
+                                    acc, l_i = acc
 
                             @pl.when(k + 1 < end)
                             def _second_half():
@@ -1485,7 +1518,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                                 overlap_release(k + 1, ov_late, wait=False)  # (awaited under the P @ V)
                         else:
                             with jax.named_scope("pv"):
-                                acc = pv(acc, 0, slot)
+                                acc = pv(acc, 0, slot, late)
+                                if late is not None:
+                                    acc, l_i = acc
                         if fp8:  # the next step, this warpgroup's columns (its P @ V of this one is done;
                             # fused_dequant: converted in the next step's scores, the slot released there;
                             # overlap_dequant: converted above)
@@ -1961,7 +1996,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         overlap_wait=tuning.overlap_wait,
         transposed_pv=tuning.transposed_pv and score_rows in TRANSPOSED_PV_ROWS, heads_fastest=tuning.heads_fastest,
         kv_multicast=tuning.kv_multicast, deferred_pv=tuning.deferred_pv, split_ring=tuning.split_ring,
-        part_wait=tuning.part_wait, l2_prefetch=tuning.l2_prefetch,
+        part_wait=tuning.part_wait, l2_prefetch=tuning.l2_prefetch, late_row_sums=tuning.late_row_sums,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     if num_splits > 1:

@@ -295,6 +295,10 @@ MOSAIC_FP8_CASES = [
                                            overlap_dequant=False)),
     # the heuristic's pick at H = 8, q_len 2 (16 rows: both transposed, the overlap with overlap_wait)
     ("heads_8_q2", "bfloat16", None),
+    # warpgroup 0's row sums under its P @ V (late_row_sums): under the overlapped conversion's P @ V (16 rows), and
+    # the fused path's (H = 128)
+    ("page_size_16", "float16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, late_row_sums=True)),
+    ("heads_128", "bfloat16", dict(num_splits=2, late_row_sums=True)),
     # the fp8 ring's TMAs with L2 prefetches of the steps ahead
     ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, l2_prefetch=2)),
 ]

@@ -152,6 +152,12 @@ CASES = [
      "bfloat16", MosaicConfig(num_splits=3, bt_chunk=32, part_wait=True)),
     (Scenario("part_wait_h128_p128", seq_lens=(300, 5), query_lens=(1, 3), num_heads=128, page_size=128),
      "float16", MosaicConfig(num_splits=1, part_wait=True)),
+    # warpgroup 0's row sums under its P @ V (late_row_sums): H=128 with splits and a masked tail, transposed scores
+    # and P @ V at page 16 (the sums down the columns)
+    (Scenario("late_row_sums_h128_p64", seq_lens=(33, 97, 520), query_lens=(1, 2, 1), num_heads=128, page_size=64),
+     "bfloat16", MosaicConfig(num_splits=3, late_row_sums=True)),
+    (Scenario("late_row_sums_tpv_p16", seq_lens=(8, 100, 200), query_lens=(1, 1, 1), page_size=16), "float16",
+     MosaicConfig(num_splits=2, transposed_scores=True, transposed_pv=True, late_row_sums=True)),
     # FlashMLA's seesaw (steps in pairs, one softmax per warpgroup): H=128 with splits (odd and even step counts,
     # a masked tail, a split with one step), spec decode at page 16 (4 pages a step) in fp16, H=8 at page 8,
     # padded heads with empty splits
@@ -212,6 +218,22 @@ def _check_variant_is_the_default_bitwise(variant, interpret, page_size=64):
     assert_matches(*runs[1], ref_out, ref_lse, "bfloat16", str(variant))
 
 
+# late_row_sums moves warpgroup 0's row sums under its P @ V: the same operations, so bitwise its base's
+LATE_ROW_SUMS_BASES = [dict(), dict(transposed_scores=True), dict(transposed_scores=True, transposed_pv=True)]
+LATE_ROW_SUMS_IDS = ["plain", "transposed_scores", "transposed_pv"]
+
+
+def _check_late_row_sums_is_its_base_bitwise(base, interpret, page_size=64):
+    scenario = Scenario("late_row_sums", seq_lens=(33, 97, 520), query_lens=(1, 1, 1), page_size=page_size)
+    batch, ref_out, ref_lse = batch_and_reference(scenario, "bfloat16")
+    runs = [_run(batch, "bfloat16", MosaicConfig(num_splits=2, late_row_sums=late, **base), interpret=interpret)
+            for late in (False, True)]
+    (o1, l1), (o2, l2) = [(np.asarray(o.astype(jnp.float32)), np.asarray(l)) for o, l in runs]
+    assert np.array_equal(o1, o2), f"out differs from {base}'s with late_row_sums"
+    assert np.array_equal(l1, l2), f"lse differs from {base}'s with late_row_sums"
+    assert_matches(*runs[1], ref_out, ref_lse, "bfloat16", f"late_row_sums {base}")
+
+
 def _check_nan_in_one_head(scenario, transposed_pv, interpret):
     """Token 0's head 3 gets a NaN in q: its output and lse are NaN, every other head and token stays right."""
     batch, ref_out, ref_lse = batch_and_reference(scenario, "bfloat16")
@@ -244,6 +266,10 @@ class TestInterpret:
     @pytest.mark.parametrize("variant", INTERPRET_GRID_VARIANTS, ids=GRID_VARIANT_IDS[:3])
     def test_grid_variant_is_the_default_bitwise(self, variant):
         _check_variant_is_the_default_bitwise(variant, interpret=True)
+
+    @pytest.mark.parametrize("base", LATE_ROW_SUMS_BASES, ids=LATE_ROW_SUMS_IDS)
+    def test_late_row_sums_is_its_base_bitwise(self, base):
+        _check_late_row_sums_is_its_base_bitwise(base, interpret=True)
 
     @pytest.mark.parametrize(
         "scenario,kv_cache_dtype,needle",
@@ -387,6 +413,8 @@ class TestGPULowering:
             (128, 64, MosaicConfig(num_splits=2, l2_prefetch=2, heads_fastest=True)),
             (16, 16, MosaicConfig(num_splits=1, l2_prefetch=1)),
             (8, 128, MosaicConfig(num_splits=1, l2_prefetch=4)),
+            (128, 64, MosaicConfig(num_splits=2, late_row_sums=True, heads_fastest=True)),
+            (16, 16, MosaicConfig(num_splits=1, late_row_sums=True, transposed_scores=True, transposed_pv=True)),
         ],
     )
     def test_lowers_for_cuda(self, num_heads, page_size, tuning, monkeypatch):
@@ -468,6 +496,8 @@ class TestConfig:
             (dict(split_ring=True, kv_multicast=True), "kv_multicast=True"),
             (dict(split_ring=True, p_in_kv=True), "split_ring=True needs p_in_kv=False"),
             (dict(part_wait=1), "part_wait=1"),
+            (dict(late_row_sums=1), "late_row_sums=1"),
+            (dict(late_row_sums=True, schedule="three_wg"), "late_row_sums=True moves warpgroup 0's row sums"),
             (dict(l2_prefetch=-1), "l2_prefetch=-1"),
             (dict(l2_prefetch=9), "l2_prefetch must be in \\[0, 8\\]"),
             (dict(l2_prefetch=True), "l2_prefetch=True"),
@@ -668,6 +698,11 @@ class TestGPU:
     @pytest.mark.parametrize("page_size", [16, 64, 128])
     def test_grid_variant_is_the_default_bitwise(self, variant, page_size):
         _check_variant_is_the_default_bitwise(variant, interpret=False, page_size=page_size)
+
+    @pytest.mark.parametrize("base", LATE_ROW_SUMS_BASES, ids=LATE_ROW_SUMS_IDS)
+    @pytest.mark.parametrize("page_size", [16, 64])
+    def test_late_row_sums_is_its_base_bitwise(self, base, page_size):
+        _check_late_row_sums_is_its_base_bitwise(base, interpret=False, page_size=page_size)
 
     # deferred_pv: the scores' wgmmas in the same order, in two calls (one per column part of the ring slot): bitwise
     # on the GPU (the interpreter adds the two parts' dots, another rounding: its cases compare with the reference)
