@@ -1,28 +1,27 @@
 #!/usr/bin/env bash
-# For the next session (written at the end of session 18): issue #5's whole grid on today's defaults, against FA3 in
-# the same run, for closing the issue. Copy to parity/sessions/<date>-s19-<x>.sh and commit before running; never
-# edit it after. Usage (carry [".fa3"]):
-#   on nvidia-h200:    bash <copy> 1/2   then, in a second call,   bash <copy> 2/2
-#   on nvidia-h200-x2: bash <copy> both  (the two halves at once, one a GPU)
-# Then, here: python -m parity merge shard1of2.json shard2of2.json --json parity/results/h200-bench-mosaic-grid-s19-<date>.json
-#   --png parity/results/h200-roofline-mosaic-grid-s19-<date>.png
-# The method is the v8 grid's (session 7): --trace (the kernels' device span from the profiler, beside the host
-# clock), --check (every output against FA3), 3 reps. Predictions (session 14's composite on the same defaults):
-# geomean FA3/Mosaic 1.08-1.11 (host) / 1.09-1.12 (span); H = 16 q_len 1 B128 S16384 >= 4.1 TB/s; best H = 128
-# 550-570 TFLOP/s; B = 1 S = 1024 under FA3 at both H; every check passes.
+# For the next session's first call (nvidia-h200; carry [".fa3"]), written at the end of session 18. Copy to
+# parity/sessions/<date>-s19-a.sh and commit before running; never edit it after. About 5 minutes, leaving the
+# rest of the session's device time for issue #5's whole grid (next-session-grid.sh, two calls).
+# Session 18 found that the step probes ran without the softmax's row sums (the compiler dropped sums nothing read;
+# now part of their output) and built MosaicConfig(late_row_sums=True): warpgroup 0's row sums under its P @ V
+# instead of before P's hand-over (bitwise its base in interpret mode; the lowered module shows the move).
+# 1) its compiled bitwise tests; 2) the probes with their row sums; 3) the sweep on two H = 128 rows and one H = 16.
+# Predictions: bitwise; the memoryless step 1.85-1.95 us (1.72-1.86 without the sums), the ring probe likewise;
+# late_row_sums 1.02-1.05x faster at H = 128, neutral at H = 16. If it gains on both H = 128 rows, make it the
+# heuristic's default (CPU tests) before the grid, so that the grid times it.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT/logs"; L="$OUT/logs"
 bash .fa3/unpack.sh /tmp/fa3 >/dev/null && export PYTHONPATH=/tmp/fa3:$PWD
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
-shard_run() {  # shard, GPU
-  local tag=${1/\//of}
-  CUDA_VISIBLE_DEVICES=$2 timeout 545 python3 -m parity bench --grid mosaic --shard "$1" --trace \
-    --impls torch.fa3,jax.pallas_mosaic_gpu --check --reps 3 --json "$OUT/grid-shard$tag.json" \
-    > "$L/bench_shard$tag.log" 2>&1; echo "shard $1 rc=$?" >> "$L/bench_shard$tag.log"
-}
-nvidia-smi --query-gpu=index,name,clocks.max.sm --format=csv > "$L/gpus.csv"
-if [ "${1:-}" = both ]; then shard_run 1/2 0 & shard_run 2/2 1 & wait; else shard_run "$1" 0; fi
+timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs tests/test_pallas_mosaic_gpu.py tests/test_fp8.py \
+  -k late_row_sums > "$L/tests.log" 2>&1; echo "rc=$?" >> "$L/tests.log"
+timeout 60 python3 -m parity.wgmma_probe --probes step_flashmla_1p,step_flashmla_1p_ring \
+  --json "$OUT/wgmma-probe-row-sums.json" > "$L/probe.log" 2>&1; echo "rc=$?" >> "$L/probe.log"
+timeout 170 python3 -m parity.sweep --impl pallas_mosaic_gpu --fields late_row_sums=True --rounds 3 --reps 3 \
+  --cooldown 2 --shapes H128_B64_S4096_q1,H128_B64_S16384_q1,H16_B128_S16384_q1 \
+  --json "$OUT/sweep-late-row-sums.json" > "$L/sweep.log" 2>&1; echo "rc=$?" >> "$L/sweep.log"
 tar czf "$OUT/logs.tgz" -C "$OUT" logs
-grep -h "rc=" "$L"/bench_shard*.log; grep -h "check FAIL\|ERROR\|Traceback" "$L"/bench_shard*.log | head -5
-cut -c1-150 "$L"/bench_shard*.log | grep -v "Warn\|^  " | tail -45
+grep -E "passed|failed|^FAILED|^ERROR|rc=" "$L/tests.log" | tail -4
+grep -v Warn "$L/probe.log" | tail -4
+cut -c1-150 "$L/sweep.log" | grep -v "^  \|Warn" | tail -8
 rm -rf "$L"
