@@ -1507,9 +1507,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         acc = rescale(acc, load_vec(0) if tr and not transposed_pv else alpha)
                         if overlap_dequant:
                             with jax.named_scope("pv"):
-                                acc = overlap_pv(acc, k, 0, ov_early, late)
-                                if late is not None:
-                                    acc, l_i = acc
+                                out = overlap_pv(acc, k, 0, ov_early, late)
+                                acc, l_i = (out, l_i) if late is None else out
 
                             @pl.when(k + 1 < end)
                             def _second_half():
@@ -1518,9 +1517,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                                 overlap_release(k + 1, ov_late, wait=False)  # (awaited under the P @ V)
                         else:
                             with jax.named_scope("pv"):
-                                acc = pv(acc, 0, slot, late)
-                                if late is not None:
-                                    acc, l_i = acc
+                                out = pv(acc, 0, slot, late)
+                                acc, l_i = (out, l_i) if late is None else out
                         if fp8:  # the next step, this warpgroup's columns (its P @ V of this one is done;
                             # fused_dequant: converted in the next step's scores, the slot released there;
                             # overlap_dequant: converted above)
