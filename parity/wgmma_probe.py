@@ -52,6 +52,8 @@ loads and waits):
   "_ring_scattered": the steps in a scattered order (step x of the walk is x * SCATTER mod 2^14: as the bench's
   random pages, where _ring walks the buffer in order); "_pf1", "_pf2": with each refill, the step one or two after
   it prefetched into L2 (`plgpu.async_prefetch` a TMA box at a time, as MosaicConfig.l2_prefetch);
+* "step_flashmla_1p_late", "step_flashmla_1p_ring_late": warpgroup 0 adds up its row sums under its P @ V (as
+  MosaicConfig.late_row_sums) instead of before P's hand-over;
 * "stream_pairs_x2", "stream_pairs_x3", "stream_hbm_x3", "stream_l2_x3" (STREAMS): loads alone, 64 KiB an
   iteration into two or three slots, from the large buffer in CTA pairs, each CTA its own steps (HBM), or the 10 MiB
   window (L2): the SMs' intake of TMA bytes without compute (`sm_ingress_tb_per_s`);
@@ -89,9 +91,13 @@ LOADS = {"step_flashmla_1p_tma": ("hot", 1), "step_flashmla_1p_hbm": ("hbm", 1),
 RING = "step_flashmla_1p_ring"  # the kernel's two-stage ring: loads into the slots the step reads, awaited by it
 # ring probes -> (KV steps in a scattered order, as random pages: else in order; L2 prefetch distance: 0 off)
 RINGS = {RING: (False, 0), "step_flashmla_1p_ring_scattered": (True, 0),
-         "step_flashmla_1p_ring_scattered_pf1": (True, 1), "step_flashmla_1p_ring_scattered_pf2": (True, 2)}
+         "step_flashmla_1p_ring_scattered_pf1": (True, 1), "step_flashmla_1p_ring_scattered_pf2": (True, 2),
+         "step_flashmla_1p_ring_late": (False, 0)}
+# warpgroup 0's row sums under its P @ V (MosaicConfig.late_row_sums), not before P's hand-over
+LATE = ("step_flashmla_1p_late", "step_flashmla_1p_ring_late")
 SCATTER = 40503  # odd: x -> x * SCATTER mod 2^14 permutes the large buffer's 2^14 steps
-STEPS = {"step_flashmla": 2, "step_flashmla_1p": 2, **{name: 2 for name in LOADS}, **{name: 2 for name in RINGS},
+STEPS = {"step_flashmla": 2, "step_flashmla_1p": 2, "step_flashmla_1p_late": 2, **{name: 2 for name in LOADS},
+         **{name: 2 for name in RINGS},
          "step_deferred": 2, "step_three_wg": 3}  # -> warpgroups
 # loads alone, no compute (one warpgroup streaming V's 512 columns of a KV step, 64 KiB, into `depth` slots, each
 # load awaited `depth` iterations after its issue) -> (where from, depth): "pairs" the CTA pairs as _hbm, "hbm" every
@@ -294,6 +300,7 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
     tma = probe in LOADS  # (a spare slot, loaded every iteration)
     ring = probe in RINGS
     scattered, prefetch = RINGS.get(probe, (False, 0))
+    late = probe in LATE
     source, depth = LOADS.get(probe, (None, 1))
     hbm = probe in HBM_PROBES
     t = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
@@ -339,14 +346,24 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
 
         plgpu.barrier_wait(bar)
 
-        def pv(acc, i, c0):
+        def pv(acc, i, c0, under=None):
+            """acc + P @ V of iteration i's V half from column c0; under: (x, f) as the kernel's accumulate."""
             def issue(a_ref):
                 plgpu.wgmma(a_ref, p_smem.at[lax.rem(i, bufs)], k_slot(i).at[:, pl.ds(c0, V_HALF)])
 
             if interpret:
-                return acc + pl.run_scoped(lambda a_ref: (issue(a_ref), a_ref[...])[1],
-                                           plgpu.ACC(acc.shape, jnp.float32))
-            return pl.run_state(issue)(plgpu.ACC.init(acc))
+                acc = acc + pl.run_scoped(lambda a_ref: (issue(a_ref), a_ref[...])[1],
+                                          plgpu.ACC(acc.shape, jnp.float32))
+                return acc if under is None else (acc, under[1]())
+            if under is None:
+                return pl.run_state(issue)(plgpu.ACC.init(acc))
+
+            def issue_and(refs):
+                a_ref, x_ref = refs
+                issue(a_ref)
+                x_ref[...] = under[1]()
+
+            return pl.run_state(issue_and)((plgpu.ACC.init(acc), under[0]))
 
         def zeros_acc():
             return plgpu.layout_cast(jnp.zeros((BLOCK_H, V_HALF), jnp.float32), plgpu.Layout.WGMMA)
@@ -368,7 +385,10 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
                 s = pl.run_scoped(qk, plgpu.ACC((BLOCK_H, BLOCK_KV), jnp.float32)) * SCALE
                 if deferred:
                     pl.when(i > 0)(lambda: plgpu.barrier_arrive(qk_done.at[lax.rem(i, 2)]))  # step i - 1's P @ V may go
-                p, alpha, m_new, l_i = online_softmax(s, m_i, l_i)
+                p, alpha, m_new, l_new = online_softmax(s, m_i, l_i)
+                # (late: the sums traced again under the P @ V; l_new, unused, is dropped)
+                under = (l_i, lambda l_i=l_i, alpha=alpha, p=p: l_i * alpha + p.sum(axis=1)) if late else None
+                l_i = l_i if late else l_new
                 # step i - bufs released P's buffer
                 pl.when(i >= bufs)(lambda: plgpu.barrier_wait(p_free.at[lax.rem(i - bufs, 2)]))
                 p_smem[lax.rem(i, bufs)] = p.astype(jnp.bfloat16)
@@ -376,7 +396,8 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
                 plgpu.commit_smem()
                 plgpu.barrier_arrive(p_ready.at[lax.rem(i, 2)])
                 if not three:
-                    acc = pv(rescale(acc, alpha), i, 0)
+                    out = pv(rescale(acc, alpha), i, 0, under)
+                    acc, l_i = out if late else (out, l_i)
                 if ring:
                     plgpu.barrier_arrive(kv_consumed.at[lax.rem(i, 2)])
                 return acc, m_new, l_i
