@@ -4,7 +4,7 @@
 # edit it after. Usage (carry [".fa3"]):
 #   on nvidia-h200:    bash <copy> 1/2   then, in a second call,   bash <copy> 2/2
 #   on nvidia-h200-x2: bash <copy> both  (the two halves at once, one a GPU)
-# Then, here: python -m parity merge shard1of2.json shard2of2.json --json parity/results/h200-bench-mosaic-grid-s19-<date>.json
+# Then, here: python -m parity merge <files_at>/grid-shard1of2.json <files_at>/grid-shard2of2.json --json parity/results/h200-bench-mosaic-grid-s19-<date>.json
 #   --png parity/results/h200-roofline-mosaic-grid-s19-<date>.png
 # The method is the v8 grid's (session 7): --trace (the kernels' device span from the profiler, beside the host
 # clock), --check (every output against FA3), 3 reps. Predictions (session 14's composite on the same defaults):
