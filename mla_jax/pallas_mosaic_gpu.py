@@ -674,6 +674,30 @@ def prefetch_to_l2(ref) -> None:
         plgpu.async_prefetch(ref.at[tuple(pl.ds(s0, n) for s0, n in window)])
 
 
+def accumulate_wgmma(acc, issue, under=None, *, interpret: bool = False):
+    """acc + the wgmmas `issue(acc_ref)` makes (acc: an fp32 WGMMA-layout value). under: (x, f) to also return
+    f(), computed after the wgmmas' issue and before the wait for them (x: a value of f()'s type, the state's
+    placeholder), as (acc, f())."""
+    if interpret:
+        # The interpreter has no rule for run_state over an accumulator (nor for storing into one): compute into a
+        # fresh accumulator and add it. Same math, one more fp32 add per element.
+        def fresh(acc_ref):
+            issue(acc_ref)
+            return acc_ref[...]
+
+        acc = acc + pl.run_scoped(fresh, plgpu.ACC(acc.shape, jnp.float32))
+        return acc if under is None else (acc, under[1]())
+    if under is None:
+        return pl.run_state(issue)(plgpu.ACC.init(acc))  # accumulates in the tensor core
+
+    def issue_and(refs):
+        acc_ref, x_ref = refs
+        issue(acc_ref)
+        x_ref[...] = under[1]()  # between the wgmmas' issue and run_state's wait for them
+
+    return pl.run_state(issue_and)((plgpu.ACC.init(acc), under[0]))
+
+
 def supported_page_size(page_size: int, block_kv: int = 64) -> bool:
     if page_size >= block_kv:
         return page_size % block_kv == 0
@@ -974,29 +998,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             v = [w * (V_HALF // 64) + i for i in range(V_HALF // 64)]
             return [KV_LORA_RANK // 64] + v if w == 0 else v
 
-        def accumulate(acc, issue, under=None):
-            """acc + the wgmmas `issue(acc_ref)` makes (acc: a [64, 256] fp32 WGMMA-layout value). under: (x,
-            f) to also return f(), computed after the wgmmas' issue and before the wait for them (x: a value of
-            f()'s type, the state's placeholder), as (acc, f())."""
-            if interpret:
-                # The interpreter has no rule for run_state over an accumulator (nor for
-                # storing into one): compute into a fresh accumulator and add it. Same math,
-                # one more fp32 add per element.
-                def fresh(acc_ref):
-                    issue(acc_ref)
-                    return acc_ref[...]
-
-                acc = acc + pl.run_scoped(fresh, plgpu.ACC(acc.shape, jnp.float32))
-                return acc if under is None else (acc, under[1]())
-            if under is None:
-                return pl.run_state(issue)(plgpu.ACC.init(acc))  # accumulates in the tensor core
-
-            def issue_and(refs):
-                acc_ref, x_ref = refs
-                issue(acc_ref)
-                x_ref[...] = under[1]()  # between the wgmmas' issue and run_state's wait for them
-
-            return pl.run_state(issue_and)((plgpu.ACC.init(acc), under[0]))
+        accumulate = functools.partial(accumulate_wgmma, interpret=interpret)
 
         def zero_v_tail(slot, kv_start, kv_len, col0: int, ncols: int):
             """If the step in `slot` (its first position kv_start) runs past kv_len, zeroes its rows from

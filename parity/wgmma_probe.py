@@ -292,7 +292,7 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    from mla_jax.pallas_mosaic_gpu import prefetch_to_l2
+    from mla_jax.pallas_mosaic_gpu import accumulate_wgmma, prefetch_to_l2
 
     nwg = STEPS[probe]
     three, deferred = probe == "step_three_wg", probe == "step_deferred"
@@ -347,23 +347,11 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
         plgpu.barrier_wait(bar)
 
         def pv(acc, i, c0, under=None):
-            """acc + P @ V of iteration i's V half from column c0; under: (x, f) as the kernel's accumulate."""
+            """acc + P @ V of iteration i's V half from column c0 (under: accumulate_wgmma's)."""
             def issue(a_ref):
                 plgpu.wgmma(a_ref, p_smem.at[lax.rem(i, bufs)], k_slot(i).at[:, pl.ds(c0, V_HALF)])
 
-            if interpret:
-                acc = acc + pl.run_scoped(lambda a_ref: (issue(a_ref), a_ref[...])[1],
-                                          plgpu.ACC(acc.shape, jnp.float32))
-                return acc if under is None else (acc, under[1]())
-            if under is None:
-                return pl.run_state(issue)(plgpu.ACC.init(acc))
-
-            def issue_and(refs):
-                a_ref, x_ref = refs
-                issue(a_ref)
-                x_ref[...] = under[1]()
-
-            return pl.run_state(issue_and)((plgpu.ACC.init(acc), under[0]))
+            return accumulate_wgmma(acc, issue, under, interpret=interpret)
 
         def zeros_acc():
             return plgpu.layout_cast(jnp.zeros((BLOCK_H, V_HALF), jnp.float32), plgpu.Layout.WGMMA)
