@@ -207,31 +207,28 @@ GRID_VARIANT_IDS = ["heads_fastest", "l2_prefetch=1", "l2_prefetch=3", "kv_multi
 INTERPRET_GRID_VARIANTS = GRID_VARIANTS[:3]
 
 
-def _check_variant_is_the_default_bitwise(variant, interpret, page_size=64):
-    """Every CTA computes what it did with the default config, from the same KV, in the same order: out and lse are
-    bitwise the default's (with splits, and q_len 2 beside q_len 1)."""
-    batch, ref_out, ref_lse = batch_and_reference(dataclasses.replace(HEADS_FASTEST, page_size=page_size), "bfloat16")
-    runs = [_run(batch, "bfloat16", MosaicConfig(num_splits=2, **v), interpret=interpret) for v in ({}, variant)]
+def _check_variant_is_the_default_bitwise(variant, interpret, page_size=64, base=None, scenario=HEADS_FASTEST):
+    """Every CTA computes what it did with the default config (or `base`), from the same KV, in the same order: out
+    and lse are bitwise the default's (with splits; by default H = 128 with q_len 2 beside q_len 1)."""
+    base = base or {}
+    batch, ref_out, ref_lse = batch_and_reference(dataclasses.replace(scenario, page_size=page_size), "bfloat16")
+    runs = [_run(batch, "bfloat16", MosaicConfig(num_splits=2, **base, **v), interpret=interpret)
+            for v in ({}, variant)]
     (o1, l1), (o2, l2) = [(np.asarray(o.astype(jnp.float32)), np.asarray(l)) for o, l in runs]
-    assert np.array_equal(o1, o2), f"out differs from the default's with {variant}"
-    assert np.array_equal(l1, l2), f"lse differs from the default's with {variant}"
-    assert_matches(*runs[1], ref_out, ref_lse, "bfloat16", str(variant))
+    assert np.array_equal(o1, o2), f"out differs from {base or 'the default'}'s with {variant}"
+    assert np.array_equal(l1, l2), f"lse differs from {base or 'the default'}'s with {variant}"
+    assert_matches(*runs[1], ref_out, ref_lse, "bfloat16", f"{base} {variant}")
 
 
-# late_row_sums moves warpgroup 0's row sums under its P @ V: the same operations, so bitwise its base's
+# late_row_sums moves warpgroup 0's row sums under its P @ V: the same operations, so bitwise its base's (H = 16 at
+# q_len 1, where transposed scores and P @ V apply)
 LATE_ROW_SUMS_BASES = [dict(), dict(transposed_scores=True), dict(transposed_scores=True, transposed_pv=True)]
 LATE_ROW_SUMS_IDS = ["plain", "transposed_scores", "transposed_pv"]
+LATE_ROW_SUMS_SCENARIO = Scenario("late_row_sums", seq_lens=(33, 97, 520), query_lens=(1, 1, 1), page_size=64)
 
 
 def _check_late_row_sums_is_its_base_bitwise(base, interpret, page_size=64):
-    scenario = Scenario("late_row_sums", seq_lens=(33, 97, 520), query_lens=(1, 1, 1), page_size=page_size)
-    batch, ref_out, ref_lse = batch_and_reference(scenario, "bfloat16")
-    runs = [_run(batch, "bfloat16", MosaicConfig(num_splits=2, late_row_sums=late, **base), interpret=interpret)
-            for late in (False, True)]
-    (o1, l1), (o2, l2) = [(np.asarray(o.astype(jnp.float32)), np.asarray(l)) for o, l in runs]
-    assert np.array_equal(o1, o2), f"out differs from {base}'s with late_row_sums"
-    assert np.array_equal(l1, l2), f"lse differs from {base}'s with late_row_sums"
-    assert_matches(*runs[1], ref_out, ref_lse, "bfloat16", f"late_row_sums {base}")
+    _check_variant_is_the_default_bitwise(dict(late_row_sums=True), interpret, page_size, base, LATE_ROW_SUMS_SCENARIO)
 
 
 def _check_nan_in_one_head(scenario, transposed_pv, interpret):
