@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# For the next session (written at the end of session 18), after the grid: the Mosaic kernel's compiled tests that
-# session 18's call C did not reach (it ran the first 58 of 209 in collection order, 54 passed and 4 skipped, before
-# its limit). Copy to parity/sessions/<date>-s19-<x>.sh before running (carry [".fa3"]). Usage: bash <copy> FIRST
+# For a next session (written at the end of session 18, brought up to date in session 19): the Mosaic kernel's
+# compiled tests not yet run on today's code. Of the 217 (collection order): 1-58 ran in session 18 (54 passed,
+# 4 skipped), 59-142 in session 19 (75 passed, 9 skipped), 143-217 not yet: `bash <copy> 143`.
+# Copy to parity/sessions/<date>-s<N>-<x>.sh before running (carry [".fa3"]). Usage: bash <copy> FIRST
 # [LAST] runs tests FIRST..LAST (1-based, collection order of `pytest --collect-only -m gpu`; default LAST: the end).
-# If tests/test_pallas_mosaic_gpu.py changed since session 18, FIRST=59 no longer means "the rest": check first.
-# Prediction: none fails (~3.8 s a test: 59-135 in one call, 136-209 in another).
+# If tests/test_pallas_mosaic_gpu.py changed since session 19, FIRST=143 no longer means "the rest": check first.
+# Prediction: none fails (~4 s a test: 143-217 in one call of ~300 s).
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT/logs"; L="$OUT/logs"
 bash .fa3/unpack.sh /tmp/fa3 >/dev/null && export PYTHONPATH=/tmp/fa3:$PWD
