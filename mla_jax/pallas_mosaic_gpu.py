@@ -433,11 +433,13 @@ class MosaicConfig:
         2 s idle): H128 B64 S4096 q1 143.5 -> 145.0 / 148.7 / 151.4 us at d = 1 / 2 / 3, B64 S16384 546.5 -> 568.5 /
         566.0 / 568.7. The pages' order costs the kernel little (the same requests' pages in order: 141.7 against
         148.1 us, 560.3 against 564.8), and the prefetches' issue sits on the compute warpgroups' path.
-    late_row_sums: (opt-in; untimed) warpgroup 0 adds up a step's row sums of P (l = l * alpha + sum(P)) after
-        issuing its P @ V and before waiting for it, rather than before P's hand-over: the same operations in
-        another place (bitwise the default). Its SASS (session 17's, read in session 18) puts those sums (34 FADD and
-        4 shuffles a step) between the softmax's exponentials and P's store, on the path to the P @ V warpgroup;
-        the step probes had run without them (the compiler dropped sums nothing read).
+    late_row_sums: (opt-in; slower where timed) warpgroup 0 adds up a step's row sums of P (l = l * alpha + sum(P))
+        after issuing its P @ V and before waiting for it, rather than before P's hand-over: the same operations in
+        another place (bitwise the default, compiled). Its SASS (session 17's, read in session 18) puts those sums (34
+        FADD and 4 shuffles a step) between the softmax's exponentials and P's store, on the path to the P @ V
+        warpgroup. On the H200 (session 19, parity.sweep, 3 rounds, 2 s idle): H128 B64 S4096 q1 141.4 -> 146.2 us,
+        B64 S16384 531.2 -> 570.3, H16 B128 S16384 562.7 -> 566.0; the step probes with and without the sums run
+        alike (1.791 / 1.797 us a step), so they were not on the step's chain.
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
