@@ -175,6 +175,8 @@ OVERLAP_MAX_ROWS = 32
 # MosaicConfig.transposed_pv: the rows in use it runs at (its transpose back: rows of 32 or 64 bytes, a swizzle each;
 # the identity's K a multiple of 16)
 TRANSPOSED_PV_ROWS = (16, 32)
+# MosaicConfig.kv_halves: each warpgroup's block-table chunk (2 x 96 entries fit the shared memory left)
+KV_HALVES_BT_CHUNK = 96
 # three_wg's register split (setmaxnreg; 128 threads each, at most 65536 registers in all): the scores
 # warpgroup holds a 64 x 64 fp32 score tile, each P @ V warpgroup a 64 x 256 fp32 accumulator
 THREE_WG_REGISTERS = (152, 176, 176)
@@ -440,6 +442,17 @@ class MosaicConfig:
         warpgroup. On the H200 (session 19, parity.sweep, 3 rounds, 2 s idle): H128 B64 S4096 q1 141.4 -> 146.2 us,
         B64 S16384 531.2 -> 570.3, H16 B128 S16384 562.7 -> 566.0; the step probes with and without the sums run
         alike (1.791 / 1.797 us a step), so they were not on the step's chain.
+    kv_halves: (fp8 cache, transposed scores and P @ V of 16 rows: H = 16 at q_len 1, H = 8 at q_len 2; elsewhere no
+        effect) each compute warpgroup runs a whole step on its own, on its own half of the CTA's KV steps (warpgroup 0
+        the first half, 1 the second): its own fp8 ring slot and TMAs, its own f16 copy of V (the scores' rope columns
+        converted in registers as the wgmma's left operand, no f16 copy), its own column softmax, P and
+        [512, 16] O^T accumulator; the two partials (max, sum, O^T) are merged through shared memory at the end, as
+        split-KV's combine merges splits. Two step chains in flight a CTA where "flashmla" runs one (warpgroup 0's
+        scores and softmax, then both P @ V halves), so each conversion runs beside the other warpgroup's wgmmas and
+        softmax: at H = 16 the fp8 step is chain bound (2.5-2.7 us against the 1.14 us its bytes take at the copy
+        ceiling, NOTES_pallas_mosaic_gpu.md "Where fp8 stands"). Each slot is refilled as soon as its warpgroup
+        has converted it. Not bitwise the default (the two halves are summed in another order). The cross-warp column
+        reductions run through a scratch of each warpgroup's own (Pallas's reductions share one).
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -471,6 +484,7 @@ class MosaicConfig:
     part_wait: bool = False
     l2_prefetch: int = 0
     late_row_sums: bool = False
+    kv_halves: bool = False
     pdl: bool = False
 
     def __post_init__(self):
@@ -480,7 +494,7 @@ class MosaicConfig:
                 raise ValueError(f"{name} must be an int, got {name}={x!r}")
         for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
                      "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast", "deferred_pv", "split_ring",
-                     "part_wait", "late_row_sums"):
+                     "part_wait", "late_row_sums", "kv_halves"):
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
@@ -496,6 +510,13 @@ class MosaicConfig:
         if self.late_row_sums and self.schedule != "flashmla":
             raise ValueError(f"late_row_sums=True moves warpgroup 0's row sums under its P @ V (schedule='flashmla'), "
                              f"got schedule={self.schedule!r}")
+        if self.kv_halves and (self.schedule != "flashmla" or not self.transposed_pv or self.kv_multicast
+                               or self.l2_prefetch or max_concurrent_steps != 2):
+            raise ValueError(f"kv_halves=True needs schedule='flashmla' with transposed_pv=True (it runs where the "
+                             f"scores and P @ V are transposed), no kv_multicast, no l2_prefetch and 2 stages (a ring "
+                             f"slot a warpgroup), got schedule={self.schedule!r}, transposed_pv={self.transposed_pv}, "
+                             f"kv_multicast={self.kv_multicast}, l2_prefetch={self.l2_prefetch}, "
+                             f"{max_concurrent_steps=}")
         if self.schedule == "seesaw" and (self.transposed_scores or max_concurrent_steps != 2):
             raise ValueError(f"schedule='seesaw' needs plain scores and 2 stages (one per step of a pair), got "
                              f"transposed_scores={self.transposed_scores}, {max_concurrent_steps=}")
@@ -741,8 +762,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   fused_group: int = 1, fp8_convert: str = "cvt", overlap_dequant: bool = False,
                   overlap_wait: bool = False, transposed_pv: bool = False, heads_fastest: bool = False,
                   kv_multicast: bool = False, deferred_pv: bool = False, split_ring: bool = False,
-                  part_wait: bool = False, l2_prefetch: int = 0, late_row_sums: bool = False, out_dtype=None,
-                  interpret: bool = False):
+                  part_wait: bool = False, l2_prefetch: int = 0, late_row_sums: bool = False,
+                  kv_halves: bool = False, out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile), the last axis the fastest (heads_fastest: reversed, the head
@@ -755,6 +776,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     ("flashmla", plain scores, a 16-bit cache, not kv_multicast, 2 stages; split_ring and part_wait without p_in_kv).
     l2_prefetch: MosaicConfig's (each TMA of a KV step also prefetches the step that many ahead into L2).
     late_row_sums: MosaicConfig's ("flashmla": warpgroup 0's row sums under its P @ V).
+    kv_halves: MosaicConfig's (an fp8 cache, transposed_pv at 16 rows, 2 stages: a ring slot a warpgroup;
+    compute_tile_halves).
     p_in_kv, dequant_layout, fused_dequant, fused_group, fp8_convert, overlap_dequant, overlap_wait, transposed_pv:
     MosaicConfig's (all but transposed_pv fp8 only;
     overlap_dequant needs transposed scores of at most OVERLAP_MAX_ROWS rows, and then fused_dequant is ignored;
@@ -796,6 +819,13 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     if transposed_pv and not (flashmla and score_rows in TRANSPOSED_PV_ROWS):
         raise ValueError(f"transposed_pv needs schedule='flashmla' and transposed scores of {TRANSPOSED_PV_ROWS} rows, "
                          f"got {schedule=}, {score_rows=}")
+    if kv_halves and not (fp8 and transposed_pv and score_rows == TRANSPOSED_PV_ROWS[0] and stages == 2
+                          and not (kv_multicast or l2_prefetch or memory_wg)):
+        raise ValueError(f"kv_halves needs an fp8 cache, transposed_pv at {TRANSPOSED_PV_ROWS[0]} rows and 2 stages, "
+                         f"without kv_multicast, l2_prefetch or a memory warpgroup, got {fp8=}, {transposed_pv=}, "
+                         f"{score_rows=}, {stages=}, {kv_multicast=}, {l2_prefetch=}, {memory_wg=}")
+    if kv_halves:
+        overlap_dequant = fused_dequant = False  # (each warpgroup converts its own steps: compute_tile_halves)
     if overlap_dequant:
         fused_dequant = False  # (the scores of a step wait for its whole f16 copy, converted during the last step)
     q_rows = score_rows or BLOCK_H  # rows of q in SMEM
@@ -831,10 +861,19 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
              q_kv_or_stage, p_smem, x_smem, i_smem,
              q_bar, info_bar, bt_bar, kv_ready, kv_consumed, sync_a, sync_b, *extra_barriers):
         deq_smem = deq_v = deq_rope = t_smem = e_smem = None
-        if transposed_pv:  # the stage, then O^T's two bf16 parts and the identity that transposes them back
+        if transposed_pv and not kv_halves:  # the stage, then O^T's two bf16 parts and the identity that transposes
+            # them back
             q_group, (stage, t_smem, e_smem) = q_kv_or_stage
             q_kv_or_stage = q_group, stage
-        if fp8 and overlap_dequant:
+        kv_v = red_smem = None
+        if kv_halves:
+            # kv_smem: the fp8 ring, slot w warpgroup w's; kv_v: each warpgroup's f16 copy of V; x_smem: (after the
+            # steps) the row sums, lse and the two partials' max and sums, beside the stage; m_smem: the partials'
+            # O^T halves; the scratch of the cross-warp reductions (the x_smem argument) red_smem
+            (q_smem, kv_smem, kv_v), (stage, t_smem, e_smem, x_halves, m_smem) = q_kv_or_stage
+            red_smem, x_smem = x_smem, x_halves
+            deq_ready, bt_bar_wg1 = extra_barriers
+        elif fp8 and overlap_dequant:
             # kv_smem: the ring of fp8 steps; deq_v: f16 V halves (0, 1: the first half of even / odd steps, 2: the
             # second half); deq_rope: the rope columns of a step
             (q_smem, kv_smem, deq_v, deq_rope), stage = q_kv_or_stage
@@ -1814,8 +1853,169 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                             plgpu.copy_smem_to_gmem(x_smem.at[0, pl.ds(j * hp, hp)], l_dst.at[first_tok + j])
             plgpu.wait_smem_to_gmem(0)
 
+        # ---------------------------------------------------------------- kv_halves
+        def col_reduce(x, op: str, w: int):
+            """(kv_halves) x [64, n] fp32 (WGMMA layout) reduced down its columns ("max" or "add") -> [n] (the column
+            layout), across the warpgroup's 4 warps through warpgroup w's own scratch red_smem[w]: Pallas's reductions
+            use one scratch (reduction_scratch_bytes) for every warpgroup, which two running at once would share."""
+            if interpret:  # (the interpreter has no rule for inline Mosaic GPU; its reductions need no scratch)
+                return x.max(axis=0) if op == "max" else x.sum(axis=0)
+
+            @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA, plgpu.RefType()),
+                               return_type=plgpu.ShapeDtypeStruct((x.shape[1],), jnp.float32,
+                                                                  layout=plgpu.Layout.WGMMA.reduce(0)))
+            def reduce(ctx, fa, scratch):
+                del ctx
+                return fa.reduce(op, 0, scratch=scratch)
+
+            return reduce(x, red_smem.at[w])
+
+        def issue_half_step(w: int, k, prev_k, last_page):
+            """(kv_halves) TMA of KV step k into warpgroup w's ring slot (kv_ready[w]). Its block-table buffer (w) is
+            restaged when step k's chunk differs from the one there: prev_k's (the step before k in this warpgroup's
+            range; -1: none yet, where warpgroup 0's buffer holds chunk 0, loaded with the info, and 1's nothing)."""
+            bar = bt_bar if w == 0 else bt_bar_wg1
+            base = INFO_WORDS + w * bt_chunk
+            lp0 = first_page(k)
+            chunk = lax.div(lp0, jnp.int32(bt_chunk))
+            staged = jnp.where(prev_k >= 0, lax.div(first_page(jnp.maximum(prev_k, 0)), jnp.int32(bt_chunk)),
+                               jnp.int32(0 if w == 0 else -1))
+
+            @pl.when(chunk != staged)
+            def _():
+                plgpu.copy_gmem_to_smem(sched_ref.at[req, pl.ds(INFO_WORDS + chunk * bt_chunk, bt_chunk)],
+                                        i_smem.at[pl.ds(base, bt_chunk)], bar)
+                plgpu.barrier_wait(bar)
+
+            def page_at(lp):
+                return i_smem[base + lp - chunk * bt_chunk]
+
+            if pages_per_step == 1:
+                page = page_at(lp0)
+                src = kv_ref.at[page] if steps_per_page == 1 else kv_ref.at[
+                    page, pl.ds(lax.rem(k, jnp.int32(steps_per_page)) * block_kv, block_kv)]
+                plgpu.copy_gmem_to_smem(src, kv_smem.at[w], kv_ready.at[w])
+            else:
+                for j in range(pages_per_step):  # pages past the request's last: the last stands in (rows past kv_len)
+                    page = page_at(jnp.minimum(lp0 + j, last_page))
+                    plgpu.copy_gmem_to_smem(kv_ref.at[page], kv_smem.at[w, pl.ds(j * page_size, page_size)],
+                                            kv_ready.at[w])
+
+        def compute_wg_halves(w: int):
+            """(kv_halves) Warpgroup w: the tile's info (1 loads it, and q), then its half of the split's steps."""
+            if w == 1:
+                load_info()
+            first_tok, ntok, first_pos, kv_len, last_page, begin, end = tile_info()
+
+            @pl.when(ntok > 0)
+            def _():
+                if w == 1:
+                    load_q(first_tok)
+                mid = begin + lax.div(end - begin + 1, jnp.int32(2))  # warpgroup 0 the first ceil(n / 2) steps
+                b, e = (begin, mid) if w == 0 else (mid, end)
+                pl.when(e > b)(lambda: issue_half_step(w, b, jnp.int32(-1), last_page))
+                compute_tile_halves(w, first_tok, ntok, first_pos, kv_len, b, e, last_page)
+
+        def compute_tile_halves(w, first_tok, ntok, first_pos, kv_len, b, e, last_page):
+            """(kv_halves) Warpgroup w runs steps [b, e) alone: per step it converts V (fp8 -> its f16 copy, 8 chunks)
+            and the rope columns (into registers), refills its ring slot with its next step at once, computes
+            S^T = K Q^T (9 wgmmas, the rope's left operand in registers), the softmax down the columns, P^T (its P
+            buffer) and O^T += V^T P^T ([512, n], 8 wgmmas of M = 64). Then the two warpgroups merge their partials
+            (max m, sums l, O^T) through shared memory: each writes its max, sums and the O^T half the other one
+            writes out, and finishes its own half (`finish`, transposed_pv's)."""
+            n = score_rows
+            wg_layout = plgpu.Layout.WGMMA
+            v_w = kv_v.at[w]  # [block_kv, 512] f16
+            p_t = p_smem.at[w].transpose((1, 0))  # [block_kv, n]: P^T
+            scale = scale_log2 * k_scale()
+            plgpu.barrier_wait(q_bar)
+
+            def step(k, carry, masked: bool):
+                acc, m_i, l_i = carry
+                kv_start = k * block_kv
+                with jax.named_scope("kv_wait"):
+                    plgpu.barrier_wait(kv_ready.at[w])
+                with jax.named_scope("dequant"):
+                    # (the step past kv_len: its rows from kv_len on become 0; their cache slots may hold NaN)
+                    keep = rows_below(kv_len - kv_start) if masked else None
+                    for c in range(KV_LORA_RANK // 64):  # (this step's P @ V of step k - 1 is done: V's copy free)
+                        convert_chunk(w, c, keep, v_w.at[:, pl.ds(c * 64, 64)])
+                    rope = plgpu.load(kv_smem.at[w, :, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)],
+                                      layout=wg_layout).astype(dtype)
+                    if masked:
+                        rows = plgpu.broadcasted_iota(jnp.int32, rope.shape, 0, layout=wg_layout)
+                        rope = jnp.where(rows < kv_len - kv_start, rope, jnp.zeros_like(rope))
+                    plgpu.commit_smem()  # V's copy visible to the wgmmas; the slot's reads done before its refill
+                pl.when(k + 1 < e)(lambda: issue_half_step(w, k + 1, k, last_page))
+
+                def qk(s_ref):
+                    if not interpret:  # (the interpreter takes no left operand in registers: below)
+                        plgpu.wgmma(s_ref, rope, q_smem.at[:, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)].transpose((1, 0)))
+                    for c in range(KV_LORA_RANK // 64):
+                        plgpu.wgmma(s_ref, v_w.at[:, pl.ds(c * 64, 64)],
+                                    q_smem.at[:, pl.ds(c * 64, 64)].transpose((1, 0)))
+                    return s_ref[...]
+
+                with jax.named_scope("qk"):
+                    s = pl.run_scoped(qk, plgpu.ACC((block_kv, n), jnp.float32))
+                if interpret:  # the rope columns' scores, the same products (exact in fp32), summed by XLA
+                    q_rope = q_smem[:, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)].astype(jnp.float32)
+                    s = s + jnp.dot(rope.astype(jnp.float32), q_rope.T, precision=lax.Precision.HIGHEST)
+                if masked:
+                    s = mask_scores(s, kv_start, first_pos, kv_len, scale, row_ax=1, key_ax=0)
+                else:
+                    s = s * scale
+                m_new = jnp.maximum(m_i, col_reduce(s, "max", w))
+                alpha = jnp.exp2(m_i - m_new)
+                p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
+                l_i = l_i * alpha + col_reduce(p, "add", w)
+                p_t[...] = p.astype(dtype)  # (this warpgroup's P @ V of step k - 1, its reader, is done)
+                plgpu.commit_smem()
+                acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [1])
+
+                def pv(acc_ref):
+                    for c in range(KV_LORA_RANK // 64):
+                        plgpu.wgmma(acc_ref.at[pl.ds(c * 64, 64)], v_w.at[:, pl.ds(c * 64, 64)].transpose((1, 0)), p_t)
+
+                with jax.named_scope("pv"):
+                    acc = accumulate(acc, pv)
+                return acc, m_new, l_i
+
+            col_layout = wg_layout.reduce(0)
+            carry = (plgpu.layout_cast(jnp.full((KV_LORA_RANK, n), 0.0, jnp.float32), wg_layout),
+                     plgpu.layout_cast(jnp.full((n,), -jnp.inf, jnp.float32), col_layout),
+                     plgpu.layout_cast(jnp.full((n,), 0.0, jnp.float32), col_layout))
+            mid = jnp.clip(lax.div(first_pos + 1, jnp.int32(block_kv)), b, e)  # steps before it skip the mask
+            carry = lax.fori_loop(b, mid, functools.partial(step, masked=False), carry)
+            acc, m_i, l_i = lax.fori_loop(mid, e, functools.partial(step, masked=True), carry)
+
+            # The merge. x_smem and m_smem alias the ring and V's copies: both warpgroups first finish their steps.
+            plgpu.barrier_arrive(sync_a)
+            plgpu.barrier_wait(sync_a)
+            x_smem.at[2 + w, pl.ds(0, n)][...] = m_i
+            x_smem.at[4 + w, pl.ds(0, n)][...] = l_i
+            mine, theirs = (acc[:V_HALF], acc[V_HALF:]) if w == 0 else (acc[V_HALF:], acc[:V_HALF])
+            m_smem[1 - w] = theirs  # the other warpgroup's output half of this warpgroup's partial
+            plgpu.barrier_arrive(sync_a)
+            plgpu.barrier_wait(sync_a)
+            m_o = plgpu.load(x_smem.at[3 - w, pl.ds(0, n)], layout=col_layout)
+            l_o = plgpu.load(x_smem.at[5 - w, pl.ds(0, n)], layout=col_layout)
+            m_tot = jnp.maximum(m_i, m_o)
+            m_ref = jnp.where(m_tot == -jnp.inf, 0.0, m_tot)  # (no step at all: the sums 0, the output 0)
+            f_mine, f_o = jnp.exp2(m_i - m_ref), jnp.exp2(m_o - m_ref)
+            l_tot = l_i * f_mine + l_o * f_o
+            o_t = (mine * lax.broadcast_in_dim(f_mine, mine.shape, [1])
+                   + plgpu.load(m_smem.at[w], layout=wg_layout) * lax.broadcast_in_dim(f_o, mine.shape, [1]))
+            if w == 0:  # the row sums for transpose_out (rows past n: 1)
+                x_smem[1] = plgpu.layout_cast(jnp.full((BLOCK_H,), 1.0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+                x_smem.at[1, pl.ds(0, n)][...] = l_tot
+            plgpu.barrier_arrive(sync_a)
+            plgpu.barrier_wait(sync_a)  # both read x_smem's max and sums; the row sums written
+            lse = (m_tot + jnp.log(l_tot) * (1.0 / LN2)) * LN2 if w == 0 else None
+            finish(w, o_t, l_tot, lse, first_tok, ntok)
+
         for w in range(NUM_COMPUTE_WGS + int(three)):
-            pl.when(wg == w)(functools.partial(compute_wg, w))
+            pl.when(wg == w)(functools.partial(compute_wg_halves if kv_halves else compute_wg, w))
 
     # wgmma needs one swizzle for both operands. Split schedule: a P half is `half` columns
     # wide, so every wgmma operand (Q, the KV ring, P) is tiled (8, half) with a (half * 2)-byte
@@ -1843,7 +2043,42 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         kv_bufs = tuple(plgpu.SMEM((stages, block_kv, nc), dtype, transforms=transforms) for _, nc in kv_parts)
     else:
         kv_bufs = (plgpu.SMEM((stages, block_kv, HEAD_DIM), dtype, transforms=transforms),)  # KV ring
-    scratch = [
+    if kv_halves:
+        # q's rows in use, the fp8 ring (a slot a warpgroup), each warpgroup's f16 copy of V; after the steps: the
+        # stage, O^T's parts and the identity (transposed_pv's), the merge's vectors; and the partials' O^T halves
+        f16_tiles = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+        union = plgpu.RefUnion(
+            (plgpu.SMEM((q_rows, HEAD_DIM), dtype, transforms=transforms),
+             plgpu.SMEM((NUM_COMPUTE_WGS, block_kv, HEAD_DIM), jnp.float8_e4m3fn,
+                        transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(64))),
+             plgpu.SMEM((NUM_COMPUTE_WGS, block_kv, KV_LORA_RANK), dtype, transforms=f16_tiles)),
+            (plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), stage_dtype, transforms=stage_transforms),
+             plgpu.SMEM((NUM_COMPUTE_WGS, 2, V_HALF, score_rows), jnp.bfloat16, transforms=t_transforms),
+             plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, score_rows), jnp.bfloat16, transforms=t_transforms),
+             # rows 0: lse, 1: the row sums, 2 + w: warpgroup w's max, 4 + w: its sums
+             plgpu.SMEM((6, BLOCK_H), jnp.float32),
+             # the partials' O^T halves (beside the stage: a RefUnion's groups are used one at a time)
+             plgpu.SMEM((NUM_COMPUTE_WGS, V_HALF, score_rows), jnp.float32)),
+        )
+        scratch = [
+            union,
+            plgpu.SMEM((NUM_COMPUTE_WGS, score_rows, block_kv), dtype, transforms=transforms),  # each P (P^T seen)
+            # each warpgroup's scratch of its cross-warp reductions (col_reduce: 1 KiB, one register at a time)
+            plgpu.SMEM((NUM_COMPUTE_WGS, 256), jnp.float32),
+            plgpu.SMEM((INFO_WORDS + NUM_COMPUTE_WGS * bt_chunk,), jnp.int32),  # info + a block-table chunk each
+            plgpu.Barrier(num_arrivals=q_toks),  # q_bar
+            plgpu.Barrier(),  # info_bar
+            plgpu.Barrier(),  # bt_bar (warpgroup 0's chunks)
+            plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=NUM_COMPUTE_WGS),  # kv_ready, a slot each
+            plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS, num_barriers=stages),  # kv_consumed (unused)
+            plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS),  # sync_a: the merge's three hand-overs
+            plgpu.Barrier(num_arrivals=1),  # sync_b (unused)
+            plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS),  # deq_ready (unused)
+            plgpu.Barrier(),  # bt_bar_wg1 (warpgroup 1's chunks)
+        ]
+    else:
+        scratch = None
+    scratch = scratch or [
         plgpu.RefUnion(
             (plgpu.SMEM((q_rows, HEAD_DIM), dtype, transforms=transforms), *kv_bufs),  # q, the KV ring
             # the output stage, once every read of q and the ring is done: per warpgroup its
@@ -1876,7 +2111,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         # sync_b (FlashMLA, three_wg: p_free; seesaw: the second step's P and row max ready)
         plgpu.Barrier(num_arrivals=1 if flashmla or seesaw else NUM_COMPUTE_WGS),
     ]
-    if fp8:
+    if fp8 and not kv_halves:
         scratch.append(plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS))  # deq_ready: both column sets dequantized
     if p_in_kv:
         scratch.append(plgpu.Barrier(num_arrivals=1, num_barriers=stages))  # p_ready per slot
@@ -1907,7 +2142,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         num_threads=NUM_COMPUTE_WGS + int(memory_wg or three),
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True,
-                                             reduction_scratch_bytes=REDUCTION_SCRATCH_BYTES if score_rows else 0,
+                                             reduction_scratch_bytes=(REDUCTION_SCRATCH_BYTES
+                                                                      if score_rows and not kv_halves else 0),
                                              lowering_semantics=plgpu.LoweringSemantics.Lane),
     )
 
@@ -1984,6 +2220,11 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     if tuning.part_ring:  # two buffers of half the entries (a TMA moves a multiple of 128
         # bytes: 32 entries)
         bt_chunk = max(32, bt_chunk // 64 * 32)
+    # kv_halves where it applies (an fp8 cache, transposed_pv at 16 rows): two block-table chunk buffers (a
+    # warpgroup each) of at most KV_HALVES_BT_CHUNK entries, within the shared memory left
+    kv_halves = (tuning.kv_halves and fp8 and tuning.transposed_pv and score_rows == TRANSPOSED_PV_ROWS[0])
+    if kv_halves:
+        bt_chunk = min(bt_chunk, KV_HALVES_BT_CHUNK)
     bt_chunk -= bt_chunk % pages_per_step
     width = -(-metadata.block_table.shape[1] // bt_chunk) * bt_chunk
     kernel = _build_kernel(
@@ -1999,6 +2240,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         transposed_pv=tuning.transposed_pv and score_rows in TRANSPOSED_PV_ROWS, heads_fastest=tuning.heads_fastest,
         kv_multicast=tuning.kv_multicast, deferred_pv=tuning.deferred_pv, split_ring=tuning.split_ring,
         part_wait=tuning.part_wait, l2_prefetch=tuning.l2_prefetch, late_row_sums=tuning.late_row_sums,
+        kv_halves=kv_halves,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     if num_splits > 1:

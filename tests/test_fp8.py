@@ -39,7 +39,10 @@ FP8_SCENARIOS = {**SCENARIOS,
                  "heads_8_page_8": Scenario("heads_8_page_8", seq_lens=(30, 150), query_lens=(1, 3), num_heads=8,
                                             page_size=8),
                  "heads_8_q2": Scenario("heads_8_q2", seq_lens=(45, 150), query_lens=(2, 2), num_heads=8,
-                                        page_size=16)}
+                                        page_size=16),
+                 # kv_halves: pages of two steps; and block tables past one chunk of a warpgroup (96 entries)
+                 "page_128": Scenario("page_128", seq_lens=(100, 300, 700), query_lens=(1, 1, 1), page_size=128),
+                 "long_page_8": Scenario("long_page_8", seq_lens=(1030, 1700), query_lens=(1, 1), page_size=8)}
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -301,6 +304,17 @@ MOSAIC_FP8_CASES = [
     ("heads_128", "bfloat16", dict(num_splits=2, late_row_sums=True)),
     # the fp8 ring's TMAs with L2 prefetches of the steps ahead
     ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, l2_prefetch=2)),
+    # each warpgroup its own half of a split's steps (kv_halves): 16 rows at page 16 with 2 splits, pages of 64
+    # (one step a page) with 3 splits (a warpgroup with no step where a split has one), page 8 at H = 8 with q_len 2
+    # (16 rows, two tokens: causal masks), one split in fp16, pages of two steps, and each warpgroup's block table
+    # past its first chunk (page 8, one split: warpgroup 0 crosses from chunk 0 to 1, warpgroup 1 from 1 to 2)
+    ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True)),
+    ("decode_mixed_lengths", "float16", dict(num_splits=3, transposed_scores=True, transposed_pv=True,
+                                             kv_halves=True)),
+    ("heads_8_q2", "bfloat16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True)),
+    ("contiguous_blocks", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True)),
+    ("page_128", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True)),
+    ("long_page_8", "bfloat16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True)),
 ]
 
 
@@ -342,7 +356,9 @@ def test_mosaic_gpu_fp8_no_data_races_and_through_the_api():
                          ("spec_decode_page_16", dict(num_splits=2, fused_dequant=False)),
                          ("spec_decode_page_16", dict(num_splits=2, fused_group=1)),
                          ("page_size_16", dict(num_splits=2, transposed_scores=True, overlap_wait=False)),
-                         ("page_size_16", dict(num_splits=2, transposed_scores=True, overlap_wait=True))]:
+                         ("page_size_16", dict(num_splits=2, transposed_scores=True, overlap_wait=True)),
+                         ("page_size_16", dict(num_splits=2, transposed_scores=True, transposed_pv=True,
+                                               kv_halves=True))]:
         _mosaic_fp8(name, "bfloat16", tuning, interpret=params)
         assert not ipc.get_races().races_found, (name, tuning)
     # through mla_jax.mla_decode, k_scale traced under jit. (An f16 q: a bf16 one is converted to f16 first, and
