@@ -426,6 +426,8 @@ def test_mosaic_gpu_fp8_q_beyond_f16_is_not_silently_clamped():
                                               (16, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
                                                         l2_prefetch=2)),
                                               (128, dict(num_splits=1, l2_prefetch=1)),
+                                              (16, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
+                                                        kv_halves=True)),
                                               (8, None), (8, dict(num_splits=2, transposed_scores=True,
                                                                   overlap_wait=True))])
 def test_mosaic_gpu_fp8_lowers_for_cuda(num_heads, tuning):
@@ -521,6 +523,40 @@ def test_fp8_convert_config_is_validated():
         MosaicConfig(overlap_wait="yes")
     assert MosaicConfig().overlap_wait is True
     assert MosaicConfig().fused_group == 2 and MosaicConfig().overlap_dequant is True
+
+
+@pytest.mark.parametrize("fields, match", [
+    (dict(kv_halves=1), "kv_halves=1"),
+    (dict(kv_halves=True), "kv_halves=True needs .*transposed_pv=False"),
+    (dict(kv_halves=True, transposed_scores=True, transposed_pv=True, max_concurrent_steps=1),
+     "max_concurrent_steps=1"),
+    (dict(kv_halves=True, transposed_scores=True, transposed_pv=True, l2_prefetch=1), "l2_prefetch=1"),
+    (dict(kv_halves=True, schedule="split"), "schedule='split'"),
+])
+def test_kv_halves_config_is_validated(fields, match):
+    from mla_jax.pallas_mosaic_gpu import MosaicConfig
+
+    assert MosaicConfig().kv_halves is False
+    with pytest.raises(ValueError, match=match):
+        MosaicConfig(**fields)
+
+
+def test_kv_halves_has_no_effect_where_it_does_not_apply():
+    """kv_halves runs at 16 rows with an fp8 cache; a 16-bit cache (or 32 rows) keeps its path: the same results
+    bit for bit in interpret mode."""
+    pytest.importorskip("absl", reason="Mosaic GPU interpret mode needs absl-py")
+    from mla_jax import pallas_mosaic_gpu as mg
+    from parity.scenarios import make_batch
+
+    batch = make_batch(SCENARIOS["page_size_16"], "float16")
+    q = jnp.asarray(batch.q, jnp.float16)
+    kv = jnp.asarray(batch.kv_cache, jnp.float16)
+    md = mla_jax.to_jax_metadata(batch.metadata)
+    base = dict(num_splits=2, transposed_scores=True, transposed_pv=True)
+    runs = [mg.mla_decode(q, None, kv, md, batch.config, tuning=mg.MosaicConfig(**base, kv_halves=h), interpret=True)
+            for h in (False, True)]
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 
 
 def _assert_bitwise(name, dtype, tunings):
