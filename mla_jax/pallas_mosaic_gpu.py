@@ -677,9 +677,11 @@ def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_re
     # fit CUDA's z axis (without max_query_len, tpt query tiles a request at most): on the H200 (parity.sweep, 3 rounds, 2 s idle before
     # each timing, session 14) 1.06-1.11x faster at H = 128 on five shapes, one wave, two and split-KV alike.
     heads_fastest = heads // hp > 1 and num_reqs * (tpt if q_tiles is None else q_tiles) <= MAX_GRID_YZ
+    # With an fp8 cache at 16 rows (transposed_pv's there) each warpgroup runs its own half of the steps (kv_halves).
+    kv_halves = config.is_fp8_kv_cache and transposed_pv and rows == TRANSPOSED_PV_ROWS[0]
     return MosaicConfig(block_kv=block_kv, num_splits=num_splits, max_concurrent_steps=2,
                         transposed_scores=rows <= TRANSPOSED_MAX_ROWS or transposed_pv, transposed_pv=transposed_pv,
-                        heads_fastest=heads_fastest)
+                        heads_fastest=heads_fastest, kv_halves=kv_halves)
 
 
 def tma_windows(shape) -> list[tuple[tuple[int, int], ...]]:

@@ -556,6 +556,12 @@ class TestConfig:
         fp8 = MLAConfig(num_heads=16, kv_cache_dtype="fp8_e4m3")
         picks = [heuristic_config(fp8, num_tokens=8 * q, max_blocks=4, num_reqs=8, max_query_len=q) for q in (1, 2)]
         assert [(t.transposed_scores, t.transposed_pv) for t in picks] == [(True, True), (False, False)]
+        # and each warpgroup its half of the steps at 16 rows (kv_halves: H = 16 at q_len 1, H = 8 at q_len 2)
+        assert [t.kv_halves for t in picks] == [True, False]
+        fp8_h8 = MLAConfig(num_heads=8, kv_cache_dtype="fp8_e4m3")
+        assert heuristic_config(fp8_h8, num_tokens=16, max_blocks=4, num_reqs=8, max_query_len=2).kv_halves
+        assert not any(heuristic_config(c, num_tokens=8, max_blocks=4, num_reqs=8, max_query_len=1).kv_halves
+                       for c in (h16, MLAConfig(num_heads=128, kv_cache_dtype="fp8_e4m3")))
         fp8_h32 = heuristic_config(MLAConfig(num_heads=32, kv_cache_dtype="fp8_e4m3"), num_tokens=4, max_blocks=4)
         assert not fp8_h32.transposed_scores and not fp8_h32.transposed_pv
         # without max_query_len: one token a request (tokens <= requests) or not

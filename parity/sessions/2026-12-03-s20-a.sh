@@ -4,7 +4,8 @@
 # Each compute warpgroup runs whole fp8 steps alone on its half of a split's steps (its own ring slot, f16 V, column
 # softmax, P and O^T), merged at the end: two step chains a CTA instead of one.
 # 1) its compiled tests (tests/test_fp8.py -k kv_halves); 2) ptxas of the kernel at H16 B128 S16384 fp8 (registers,
-#    spills); 3) the fp8 sweep, heuristic vs kv_halves, on four H = 16 q_len 1 shapes, FA3 (bf16) in the same rounds;
+#    spills); 3) the fp8 sweep on four H = 16 q_len 1 shapes, FA3 (bf16) in the same rounds: the heuristic (kv_halves,
+#    its pick there since this commit; reverted if slower) against kv_halves=False (session 19's path);
 #    4) the bf16 kernel's heuristic on two of them, for the fp8 / bf16 ratio.
 # Predictions: tests pass; <= 255 registers, few spills; kv_halves 1.5-1.9x faster than the fp8 heuristic at H16
 # B128 S16384 (673 -> 360-450 us; the step ~1.3-1.6 us against 2.6) and B32 S16384, about equal at B1 S1024
@@ -30,7 +31,7 @@ run, _ = bench._jax_kernel('pallas_mosaic_gpu', tuning, fp8=True)(inp)
 run()" > "$L/kernel.log" 2>&1; echo "rc=$?" >> "$L/kernel.log"
 grep -h "Used\|spill" "$L/kernel.log" "$OUT"/dump/* 2>/dev/null | sort | uniq -c | head -6; tail -2 "$L/kernel.log"
 tar czf "$OUT/dump.tgz" -C "$OUT" dump && rm -rf "$OUT/dump"
-timeout 230 python3 -m parity.sweep --impl pallas_mosaic_gpu --fp8 --fields kv_halves=True --rounds 3 --reps 3 \
+timeout 230 python3 -m parity.sweep --impl pallas_mosaic_gpu --fp8 --fields kv_halves --rounds 3 --reps 3 \
   --cooldown 1 --shapes H16_B128_S16384_q1,H16_B32_S16384_q1,H16_B8_S4096_q1,H16_B1_S1024_q1 \
   --json "$OUT/sweep-fp8-kv-halves.json" > "$L/sweep-fp8.log" 2>&1; echo "rc=$?" >> "$L/sweep-fp8.log"
 timeout 90 python3 -m parity.sweep --impl pallas_mosaic_gpu --fields none --rounds 3 --reps 3 \
