@@ -111,7 +111,10 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
   past kv_len are zeroed there (NaN-safe). The per-tensor k_scale scales the scores and the output.
   With transposed scores of at most 32 rows the next step converts under this step's P @ V instead
   (overlap_dequant, two f16 buffers for V's first half), warpgroup 1 converting that half while it waits
-  for P (overlap_wait); MosaicConfig's docstring has the measured gains.
+  for P (overlap_wait); MosaicConfig's docstring has the measured gains. At 16 rows (H = 16 at q_len 1, H = 8
+  at q_len 2) each compute warpgroup instead runs whole steps alone on its half of the split's steps
+  (`MosaicConfig(kv_halves=True)`, compute_tile_halves): its own fp8 slot, f16 V, column softmax, P and O^T,
+  the rope columns' scores from registers, the two partials merged in shared memory at the end.
 
 SMEM: Q tile 72 KiB + 2 stages x 72 KiB (the output stage aliases them) + P 8 KiB +
 2 KiB of small buffers = 226 KiB, inside the 227 KiB a Hopper CTA can have (so 2 stages at most).
@@ -1927,8 +1930,16 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             writes out, and finishes its own half (`finish`, transposed_pv's)."""
             n = score_rows
             wg_layout = plgpu.Layout.WGMMA
-            v_w = kv_v.at[w]  # [block_kv, 512] f16
-            p_t = p_smem.at[w].transpose((1, 0))  # [block_kv, n]: P^T
+            def v_w():
+                """This warpgroup's f16 copy of V, [block_kv, 512]; its index read from info word 4 (0) at each use, as
+                kv_tile's: with a constant address the compiler hoists the descriptors of the step's 17 wgmmas out of
+                the loop, and they spill."""
+                return kv_v.at[info_smem[4] + w]
+
+            def p_t():
+                """P^T [block_kv, n]: this warpgroup's P buffer seen transposed (its index as v_w's)."""
+                return p_smem.at[info_smem[4] + w].transpose((1, 0))
+
             scale = scale_log2 * k_scale()
             plgpu.barrier_wait(q_bar)
 
@@ -1940,8 +1951,12 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 with jax.named_scope("dequant"):
                     # (the step past kv_len: its rows from kv_len on become 0; their cache slots may hold NaN)
                     keep = rows_below(kv_len - kv_start) if masked else None
-                    for c in range(KV_LORA_RANK // 64):  # (this step's P @ V of step k - 1 is done: V's copy free)
-                        convert_chunk(w, c, keep, v_w.at[:, pl.ds(c * 64, 64)])
+                    # (this warpgroup's P @ V of step k - 1 is done: V's copy is free) a loop, not unrolled: unrolled,
+                    # the chunks' loads are hoisted together and their registers spill
+                    @pl.loop(0, KV_LORA_RANK // 64)
+                    def _(c):
+                        convert_chunk(w, c, keep, v_w().at[:, pl.ds(pl.multiple_of(c * 64, 64), 64)])
+
                     rope = plgpu.load(kv_smem.at[w, :, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)],
                                       layout=wg_layout).astype(dtype)
                     if masked:
@@ -1954,7 +1969,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     if not interpret:  # (the interpreter takes no left operand in registers: below)
                         plgpu.wgmma(s_ref, rope, q_smem.at[:, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)].transpose((1, 0)))
                     for c in range(KV_LORA_RANK // 64):
-                        plgpu.wgmma(s_ref, v_w.at[:, pl.ds(c * 64, 64)],
+                        plgpu.wgmma(s_ref, v_w().at[:, pl.ds(c * 64, 64)],
                                     q_smem.at[:, pl.ds(c * 64, 64)].transpose((1, 0)))
                     return s_ref[...]
 
@@ -1971,13 +1986,14 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 alpha = jnp.exp2(m_i - m_new)
                 p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
                 l_i = l_i * alpha + col_reduce(p, "add", w)
-                p_t[...] = p.astype(dtype)  # (this warpgroup's P @ V of step k - 1, its reader, is done)
+                p_t()[...] = p.astype(dtype)  # (this warpgroup's P @ V of step k - 1, its reader, is done)
                 plgpu.commit_smem()
                 acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [1])
 
                 def pv(acc_ref):
                     for c in range(KV_LORA_RANK // 64):
-                        plgpu.wgmma(acc_ref.at[pl.ds(c * 64, 64)], v_w.at[:, pl.ds(c * 64, 64)].transpose((1, 0)), p_t)
+                        plgpu.wgmma(acc_ref.at[pl.ds(c * 64, 64)], v_w().at[:, pl.ds(c * 64, 64)].transpose((1, 0)),
+                                    p_t())
 
                 with jax.named_scope("pv"):
                     acc = accumulate(acc, pv)
