@@ -680,8 +680,13 @@ def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_re
     # fit CUDA's z axis (without max_query_len, tpt query tiles a request at most): on the H200 (parity.sweep, 3 rounds, 2 s idle before
     # each timing, session 14) 1.06-1.11x faster at H = 128 on five shapes, one wave, two and split-KV alike.
     heads_fastest = heads // hp > 1 and num_reqs * (tpt if q_tiles is None else q_tiles) <= MAX_GRID_YZ
-    # With an fp8 cache at 16 rows (transposed_pv's there) each warpgroup runs its own half of the steps (kv_halves).
-    kv_halves = config.is_fp8_kv_cache and transposed_pv and rows == TRANSPOSED_PV_ROWS[0]
+    # With an fp8 cache at 16 rows (transposed_pv's there) each warpgroup runs its own half of a split's steps
+    # (kv_halves) where a split has at least two steps (one each): on the H200 (parity.sweep, 3 rounds, 1 s idle,
+    # session 20) 1.19x faster than the one-chain path at H16 B128 S16384 and 1.20x at B32 S16384 (splits of 256 and 64
+    # steps), 1.07x at B8 S4096 (4 steps a split), 1.03x slower at B1 S1024 (16 splits of one step: warpgroup 1 idle).
+    steps_per_split = -(-max_steps // num_splits)
+    kv_halves = (config.is_fp8_kv_cache and transposed_pv and rows == TRANSPOSED_PV_ROWS[0]
+                 and steps_per_split >= NUM_COMPUTE_WGS)
     return MosaicConfig(block_kv=block_kv, num_splits=num_splits, max_concurrent_steps=2,
                         transposed_scores=rows <= TRANSPOSED_MAX_ROWS or transposed_pv, transposed_pv=transposed_pv,
                         heads_fastest=heads_fastest, kv_halves=kv_halves)

@@ -556,12 +556,17 @@ class TestConfig:
         fp8 = MLAConfig(num_heads=16, kv_cache_dtype="fp8_e4m3")
         picks = [heuristic_config(fp8, num_tokens=8 * q, max_blocks=4, num_reqs=8, max_query_len=q) for q in (1, 2)]
         assert [(t.transposed_scores, t.transposed_pv) for t in picks] == [(True, True), (False, False)]
-        # and each warpgroup its half of the steps at 16 rows (kv_halves: H = 16 at q_len 1, H = 8 at q_len 2)
-        assert [t.kv_halves for t in picks] == [True, False]
+        # and each warpgroup its half of a split's steps at 16 rows (kv_halves: H = 16 at q_len 1, H = 8 at q_len 2)
+        # where a split has two steps or more (B1 S1024: 16 splits of one step, the one-chain path)
+        long = [heuristic_config(fp8, num_tokens=8 * q, max_blocks=64, num_reqs=8, max_query_len=q) for q in (1, 2)]
+        assert [t.kv_halves for t in long] == [True, False] and not any(t.kv_halves for t in picks)  # (4 steps)
         fp8_h8 = MLAConfig(num_heads=8, kv_cache_dtype="fp8_e4m3")
-        assert heuristic_config(fp8_h8, num_tokens=16, max_blocks=4, num_reqs=8, max_query_len=2).kv_halves
-        assert not any(heuristic_config(c, num_tokens=8, max_blocks=4, num_reqs=8, max_query_len=1).kv_halves
+        assert heuristic_config(fp8_h8, num_tokens=16, max_blocks=64, num_reqs=8, max_query_len=2).kv_halves
+        assert not any(heuristic_config(c, num_tokens=8, max_blocks=64, num_reqs=8, max_query_len=1).kv_halves
                        for c in (h16, MLAConfig(num_heads=128, kv_cache_dtype="fp8_e4m3")))
+        for b, s, halves in [(1, 1024, False), (8, 4096, True), (128, 16384, True)]:
+            t = heuristic_config(fp8, num_tokens=b, max_blocks=s // 64, num_reqs=b, max_query_len=1)
+            assert t.kv_halves is halves and (-(-(s // 64) // t.num_splits) >= 2) is halves, (b, s, t)
         fp8_h32 = heuristic_config(MLAConfig(num_heads=32, kv_cache_dtype="fp8_e4m3"), num_tokens=4, max_blocks=4)
         assert not fp8_h32.transposed_scores and not fp8_h32.transposed_pv
         # without max_query_len: one token a request (tokens <= requests) or not
