@@ -455,7 +455,12 @@ class MosaicConfig:
         softmax: at H = 16 the fp8 step is chain bound (2.5-2.7 us against the 1.14 us its bytes take at the copy
         ceiling, NOTES_pallas_mosaic_gpu.md "Where fp8 stands"). Each slot is refilled as soon as its warpgroup
         has converted it. Not bitwise the default (the two halves are summed in another order). The cross-warp column
-        reductions run through a scratch of each warpgroup's own (Pallas's reductions share one).
+        reductions run through a scratch of each warpgroup's own (Pallas's reductions share one). The heuristic's pick
+        where it runs and a split has two steps or more, since session 20: on the H200 (parity.sweep, 3 rounds, 1 s
+        idle) 1.19x faster than kv_halves=False at H16 B128 S16384 (610.9 -> 514.4 us) and 1.20x at B32 S16384 (169.1
+        -> 141.4), 1.07x at B8 S4096 (21.6 -> 20.1), 1.03x slower at B1 S1024 (12.6 -> 13.0: 16 splits of one step,
+        warpgroup 1 idle); 215 registers, no spills (its first build, with the V chunks' conversion unrolled and
+        constant buffer addresses, 255 with 820 bytes of spills, was 1.07-1.13x slower).
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
