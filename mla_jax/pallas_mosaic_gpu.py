@@ -887,7 +887,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # O^T halves; the scratch of the cross-warp reductions (the x_smem argument) red_smem
             (q_smem, kv_smem, kv_v), (stage, t_smem, e_smem, x_halves, m_smem) = q_kv_or_stage
             red_smem, x_smem = x_smem, x_halves
-            deq_ready, bt_bar_wg1 = extra_barriers
+            (bt_bar_wg1,) = extra_barriers
         elif fp8 and overlap_dequant:
             # kv_smem: the ring of fp8 steps; deq_v: f16 V halves (0, 1: the first half of even / odd steps, 2: the
             # second half); deq_rope: the rope columns of a step
@@ -1940,6 +1940,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             writes out, and finishes its own half (`finish`, transposed_pv's)."""
             n = score_rows
             wg_layout = plgpu.Layout.WGMMA
+
             def v_w():
                 """This warpgroup's f16 copy of V, [block_kv, 512]; its index read from info word 4 (0) at each use, as
                 kv_tile's: with a constant address the compiler hoists the descriptors of the step's 17 wgmmas out of
@@ -2101,44 +2102,42 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS, num_barriers=stages),  # kv_consumed (unused)
             plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS),  # sync_a: the merge's three hand-overs
             plgpu.Barrier(num_arrivals=1),  # sync_b (unused)
-            plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS),  # deq_ready (unused)
             plgpu.Barrier(),  # bt_bar_wg1 (warpgroup 1's chunks)
         ]
     else:
-        scratch = None
-    scratch = scratch or [
-        plgpu.RefUnion(
-            (plgpu.SMEM((q_rows, HEAD_DIM), dtype, transforms=transforms), *kv_bufs),  # q, the KV ring
-            # the output stage, once every read of q and the ring is done: per warpgroup its
-            # [64, 256] half, each token's rows out in one TMA; swizzled, so that the stores of the
-            # wgmma accumulator rows do not conflict on shared-memory banks (8-way unswizzled)
-            (plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), stage_dtype, transforms=stage_transforms),
-             # transposed_pv: per warpgroup O^T's two bf16 parts and the identity (after the stage)
-             plgpu.SMEM((NUM_COMPUTE_WGS, 2, V_HALF, score_rows), jnp.bfloat16, transforms=t_transforms),
-             plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, score_rows), jnp.bfloat16, transforms=t_transforms))
-            if transposed_pv else
-            plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), stage_dtype, transforms=stage_transforms),
-        ),
-        # P (split: the two halves; p_in_kv, seesaw: in the KV slots, a 1-element placeholder here)
-        plgpu.SMEM((1,), jnp.float32) if p_in_kv or seesaw else
-        plgpu.SMEM((BLOCK_H, block_kv) if flashmla or three else (NUM_COMPUTE_WGS, BLOCK_H, half), dtype,
-                   transforms=transforms),
-        # row max / row sum exchange, lse (p_in_kv: the rescale factor per slot, then the row sums)
-        # (seesaw: the two steps' row maxima, then the two warpgroups' row sums)
-        plgpu.SMEM((4 if seesaw else stages + 1 if p_in_kv else NUM_COMPUTE_WGS, BLOCK_H), jnp.float32),
-        plgpu.SMEM((INFO_WORDS + bt_bufs * bt_chunk,), jnp.int32),  # request info + block-table chunk(s)
-        plgpu.Barrier(num_arrivals=q_toks),  # q_bar: one TMA per token of the tile (one for H >= 64)
-        plgpu.Barrier(),  # info_bar
-        plgpu.Barrier(),  # bt_bar
-        plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=stages * len(kv_parts)),  # kv_ready
-        # kv_consumed (kv_multicast: the slot is free in both CTAs of the pair, whose TMAs write it in both)
-        plgpu.ClusterBarrier(collective_axes=("hc",), num_arrivals=NUM_COMPUTE_WGS, num_barriers=stages)
-        if kv_multicast else plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS, num_barriers=stages),
-        # sync_a (FlashMLA, three_wg: p_ready; seesaw: the first step's P and row max ready)
-        plgpu.Barrier(num_arrivals=1 if flashmla or three or seesaw else NUM_COMPUTE_WGS),
-        # sync_b (FlashMLA, three_wg: p_free; seesaw: the second step's P and row max ready)
-        plgpu.Barrier(num_arrivals=1 if flashmla or seesaw else NUM_COMPUTE_WGS),
-    ]
+        scratch = [
+            plgpu.RefUnion(
+                (plgpu.SMEM((q_rows, HEAD_DIM), dtype, transforms=transforms), *kv_bufs),  # q, the KV ring
+                # the output stage, once every read of q and the ring is done: per warpgroup its
+                # [64, 256] half, each token's rows out in one TMA; swizzled, so that the stores of the
+                # wgmma accumulator rows do not conflict on shared-memory banks (8-way unswizzled)
+                (plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), stage_dtype, transforms=stage_transforms),
+                 # transposed_pv: per warpgroup O^T's two bf16 parts and the identity (after the stage)
+                 plgpu.SMEM((NUM_COMPUTE_WGS, 2, V_HALF, score_rows), jnp.bfloat16, transforms=t_transforms),
+                 plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, score_rows), jnp.bfloat16, transforms=t_transforms))
+                if transposed_pv else
+                plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), stage_dtype, transforms=stage_transforms),
+            ),
+            # P (split: the two halves; p_in_kv, seesaw: in the KV slots, a 1-element placeholder here)
+            plgpu.SMEM((1,), jnp.float32) if p_in_kv or seesaw else
+            plgpu.SMEM((BLOCK_H, block_kv) if flashmla or three else (NUM_COMPUTE_WGS, BLOCK_H, half), dtype,
+                       transforms=transforms),
+            # row max / row sum exchange, lse (p_in_kv: the rescale factor per slot, then the row sums)
+            # (seesaw: the two steps' row maxima, then the two warpgroups' row sums)
+            plgpu.SMEM((4 if seesaw else stages + 1 if p_in_kv else NUM_COMPUTE_WGS, BLOCK_H), jnp.float32),
+            plgpu.SMEM((INFO_WORDS + bt_bufs * bt_chunk,), jnp.int32),  # request info + block-table chunk(s)
+            plgpu.Barrier(num_arrivals=q_toks),  # q_bar: one TMA per token of the tile (one for H >= 64)
+            plgpu.Barrier(),  # info_bar
+            plgpu.Barrier(),  # bt_bar
+            plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=stages * len(kv_parts)),  # kv_ready
+            # kv_consumed (kv_multicast: the slot is free in both CTAs of the pair, whose TMAs write it in both)
+            plgpu.ClusterBarrier(collective_axes=("hc",), num_arrivals=NUM_COMPUTE_WGS, num_barriers=stages)
+            if kv_multicast else plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS, num_barriers=stages),
+            # sync_a (FlashMLA, three_wg: p_ready; seesaw: the first step's P and row max ready)
+            plgpu.Barrier(num_arrivals=1 if flashmla or three or seesaw else NUM_COMPUTE_WGS),
+            # sync_b (FlashMLA, three_wg: p_free; seesaw: the second step's P and row max ready)
+            plgpu.Barrier(num_arrivals=1 if flashmla or seesaw else NUM_COMPUTE_WGS),
+        ]
     if fp8 and not kv_halves:
         scratch.append(plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS))  # deq_ready: both column sets dequantized
     if p_in_kv:
