@@ -461,6 +461,11 @@ class MosaicConfig:
         -> 141.4), 1.07x at B8 S4096 (21.6 -> 20.1), 1.03x slower at B1 S1024 (12.6 -> 13.0: 16 splits of one step,
         warpgroup 1 idle); 215 registers, no spills (its first build, with the V chunks' conversion unrolled and
         constant buffer addresses, 255 with 820 bytes of spills, was 1.07-1.13x slower).
+    qk_registers: (kv_halves only; elsewhere no effect) every left operand of a step's scores S^T = K Q^T comes from
+        registers: each 64-column chunk of V is loaded from the fp8 slot in the WGMMA layout, converted, stored to V's
+        f16 copy (P @ V's operand) and handed to its scores' wgmma as it is. The scores then read no f16 copy back
+        from shared memory (64 KiB a step a warpgroup less), where the kv_halves step is bound by shared memory's
+        traffic (NOTES_pallas_mosaic_gpu.md, session 21). The same products in the same order as kv_halves's.
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -493,6 +498,7 @@ class MosaicConfig:
     l2_prefetch: int = 0
     late_row_sums: bool = False
     kv_halves: bool = False
+    qk_registers: bool = False
     pdl: bool = False
 
     def __post_init__(self):
@@ -502,7 +508,7 @@ class MosaicConfig:
                 raise ValueError(f"{name} must be an int, got {name}={x!r}")
         for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
                      "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast", "deferred_pv", "split_ring",
-                     "part_wait", "late_row_sums", "kv_halves"):
+                     "part_wait", "late_row_sums", "kv_halves", "qk_registers"):
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
@@ -778,7 +784,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   overlap_wait: bool = False, transposed_pv: bool = False, heads_fastest: bool = False,
                   kv_multicast: bool = False, deferred_pv: bool = False, split_ring: bool = False,
                   part_wait: bool = False, l2_prefetch: int = 0, late_row_sums: bool = False,
-                  kv_halves: bool = False, out_dtype=None, interpret: bool = False):
+                  kv_halves: bool = False, qk_registers: bool = False, out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile), the last axis the fastest (heads_fastest: reversed, the head
@@ -793,6 +799,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     late_row_sums: MosaicConfig's ("flashmla": warpgroup 0's row sums under its P @ V).
     kv_halves: MosaicConfig's (an fp8 cache, transposed_pv at 16 rows, 2 stages: a ring slot a warpgroup;
     compute_tile_halves).
+    qk_registers: MosaicConfig's (kv_halves only: the scores' left operands from registers).
     p_in_kv, dequant_layout, fused_dequant, fused_group, fp8_convert, overlap_dequant, overlap_wait, transposed_pv:
     MosaicConfig's (all but transposed_pv fp8 only;
     overlap_dequant needs transposed scores of at most OVERLAP_MAX_ROWS rows, and then fused_dequant is ignored;
@@ -839,6 +846,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         raise ValueError(f"kv_halves needs an fp8 cache, transposed_pv at {TRANSPOSED_PV_ROWS[0]} rows and 2 stages, "
                          f"without kv_multicast, l2_prefetch or a memory warpgroup, got {fp8=}, {transposed_pv=}, "
                          f"{score_rows=}, {stages=}, {kv_multicast=}, {l2_prefetch=}, {memory_wg=}")
+    if qk_registers and not kv_halves:
+        raise ValueError(f"qk_registers runs inside kv_halves's step: it needs kv_halves=True, got {kv_halves=}")
     if kv_halves:
         overlap_dequant = fused_dequant = False  # (each warpgroup converts its own steps: compute_tile_halves)
     if overlap_dequant:
@@ -1959,36 +1968,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 kv_start = k * block_kv
                 with jax.named_scope("kv_wait"):
                     plgpu.barrier_wait(kv_ready.at[w])
-                with jax.named_scope("dequant"):
-                    # (the step past kv_len: its rows from kv_len on become 0; their cache slots may hold NaN)
-                    keep = rows_below(kv_len - kv_start) if masked else None
-                    # (this warpgroup's P @ V of step k - 1 is done: V's copy is free) a loop, not unrolled: unrolled,
-                    # the chunks' loads are hoisted together and their registers spill
-                    @pl.loop(0, KV_LORA_RANK // 64)
-                    def _(c):
-                        convert_chunk(w, c, keep, v_w().at[:, pl.ds(pl.multiple_of(c * 64, 64), 64)])
-
-                    rope = plgpu.load(kv_smem.at[w, :, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)],
-                                      layout=wg_layout).astype(dtype)
-                    if masked:
-                        rows = plgpu.broadcasted_iota(jnp.int32, rope.shape, 0, layout=wg_layout)
-                        rope = jnp.where(rows < kv_len - kv_start, rope, jnp.zeros_like(rope))
-                    plgpu.commit_smem()  # V's copy visible to the wgmmas; the slot's reads done before its refill
-                pl.when(k + 1 < e)(lambda: issue_half_step(w, k + 1, k, last_page))
-
-                def qk(s_ref):
-                    if not interpret:  # (the interpreter takes no left operand in registers: below)
-                        plgpu.wgmma(s_ref, rope, q_smem.at[:, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)].transpose((1, 0)))
-                    for c in range(KV_LORA_RANK // 64):
-                        plgpu.wgmma(s_ref, v_w().at[:, pl.ds(c * 64, 64)],
-                                    q_smem.at[:, pl.ds(c * 64, 64)].transpose((1, 0)))
-                    return s_ref[...]
-
-                with jax.named_scope("qk"):
-                    s = pl.run_scoped(qk, plgpu.ACC((block_kv, n), jnp.float32))
-                if interpret:  # the rope columns' scores, the same products (exact in fp32), summed by XLA
-                    q_rope = q_smem[:, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)].astype(jnp.float32)
-                    s = s + jnp.dot(rope.astype(jnp.float32), q_rope.T, precision=lax.Precision.HIGHEST)
+                if qk_registers:
+                    s = scores_from_registers(k, kv_start, masked)
+                else:
+                    s = scores_from_copy(k, kv_start, masked)
                 if masked:
                     s = mask_scores(s, kv_start, first_pos, kv_len, scale, row_ax=1, key_ax=0)
                 else:
@@ -2009,6 +1992,86 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 with jax.named_scope("pv"):
                     acc = accumulate(acc, pv)
                 return acc, m_new, l_i
+
+            def rope_rows(kv_start, masked: bool):
+                """The step's rope columns [block_kv, 64] in registers (WGMMA layout), rows past kv_len 0."""
+                rope = plgpu.load(kv_smem.at[w, :, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)],
+                                  layout=wg_layout).astype(dtype)
+                if masked:
+                    rows = plgpu.broadcasted_iota(jnp.int32, rope.shape, 0, layout=wg_layout)
+                    rope = jnp.where(rows < kv_len - kv_start, rope, jnp.zeros_like(rope))
+                return rope
+
+            def rope_scores(s_ref, rope):
+                """The rope columns' scores into s_ref: the wgmma's left operand from registers (compiled)."""
+                if not interpret:  # (the interpreter takes no left operand in registers: scores_rope_ref)
+                    plgpu.wgmma(s_ref, rope, q_smem.at[:, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)].transpose((1, 0)))
+
+            def scores_rope_ref(s, rope):
+                """(interpret) the rope columns' scores, the same products (exact in fp32), summed by XLA."""
+                q_rope = q_smem[:, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)].astype(jnp.float32)
+                return s + jnp.dot(rope.astype(jnp.float32), q_rope.T, precision=lax.Precision.HIGHEST)
+
+            def scores_from_registers(k, kv_start, masked: bool):
+                """(qk_registers) S^T = K Q^T with every left operand in registers: each 64-column chunk of V is
+                loaded from the fp8 slot in the WGMMA layout, converted, stored to V's f16 copy (for P @ V) and
+                handed to its scores' wgmma as it is, so the scores never read the copy back from shared memory.
+                Then the slot is refilled."""
+                keep = (plgpu.broadcasted_iota(jnp.int32, (block_kv, 64), 0, layout=wg_layout) < kv_len - kv_start
+                        if masked else None)
+
+                def qk(s_ref):
+                    with jax.named_scope("dequant"):
+                        rope = rope_rows(kv_start, masked)
+                        rope_scores(s_ref, rope)
+
+                        @pl.loop(0, KV_LORA_RANK // 64)  # (a loop: unrolled, the chunks' registers spill)
+                        def _(c):
+                            cols = pl.ds(pl.multiple_of(c * 64, 64), 64)
+                            x = plgpu.load(kv_smem.at[w, :, cols], layout=wg_layout).astype(dtype)
+                            if keep is not None:
+                                x = jnp.where(keep, x, jnp.zeros_like(x))
+                            v_w().at[:, cols][...] = x
+                            q_t = q_smem.at[:, cols].transpose((1, 0))
+                            if interpret:  # (no left operand in registers: the copy just written, the same values)
+                                plgpu.wgmma(s_ref, v_w().at[:, cols], q_t)
+                            else:
+                                plgpu.wgmma(s_ref, x, q_t)
+
+                        plgpu.commit_smem()  # V's copy visible to P @ V; the slot's reads done before its refill
+                    pl.when(k + 1 < e)(lambda: issue_half_step(w, k + 1, k, last_page))
+                    with jax.named_scope("qk"):
+                        return s_ref[...], rope
+
+                s, rope = pl.run_scoped(qk, plgpu.ACC((block_kv, n), jnp.float32))
+                return scores_rope_ref(s, rope) if interpret else s
+
+            def scores_from_copy(k, kv_start, masked: bool):
+                """S^T = K Q^T, K's first 512 columns from V's f16 copy (converted first, 8 chunks), the rope's
+                from registers; the slot refilled once converted."""
+                with jax.named_scope("dequant"):
+                    # (the step past kv_len: its rows from kv_len on become 0; their cache slots may hold NaN)
+                    keep = rows_below(kv_len - kv_start) if masked else None
+                    # (this warpgroup's P @ V of step k - 1 is done: V's copy is free) a loop, not unrolled: unrolled,
+                    # the chunks' loads are hoisted together and their registers spill
+                    @pl.loop(0, KV_LORA_RANK // 64)
+                    def _(c):
+                        convert_chunk(w, c, keep, v_w().at[:, pl.ds(pl.multiple_of(c * 64, 64), 64)])
+
+                    rope = rope_rows(kv_start, masked)
+                    plgpu.commit_smem()  # V's copy visible to the wgmmas; the slot's reads done before its refill
+                pl.when(k + 1 < e)(lambda: issue_half_step(w, k + 1, k, last_page))
+
+                def qk(s_ref):
+                    rope_scores(s_ref, rope)
+                    for c in range(KV_LORA_RANK // 64):
+                        plgpu.wgmma(s_ref, v_w().at[:, pl.ds(c * 64, 64)],
+                                    q_smem.at[:, pl.ds(c * 64, 64)].transpose((1, 0)))
+                    return s_ref[...]
+
+                with jax.named_scope("qk"):
+                    s = pl.run_scoped(qk, plgpu.ACC((block_kv, n), jnp.float32))
+                return scores_rope_ref(s, rope) if interpret else s
 
             col_layout = wg_layout.reduce(0)
             carry = (plgpu.layout_cast(jnp.full((KV_LORA_RANK, n), 0.0, jnp.float32), wg_layout),
@@ -2267,7 +2330,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         transposed_pv=tuning.transposed_pv and score_rows in TRANSPOSED_PV_ROWS, heads_fastest=tuning.heads_fastest,
         kv_multicast=tuning.kv_multicast, deferred_pv=tuning.deferred_pv, split_ring=tuning.split_ring,
         part_wait=tuning.part_wait, l2_prefetch=tuning.l2_prefetch, late_row_sums=tuning.late_row_sums,
-        kv_halves=kv_halves,
+        kv_halves=kv_halves, qk_registers=kv_halves and tuning.qk_registers,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     if num_splits > 1:

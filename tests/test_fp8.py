@@ -315,6 +315,13 @@ MOSAIC_FP8_CASES = [
     ("contiguous_blocks", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True)),
     ("page_128", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True)),
     ("long_page_8", "bfloat16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True)),
+    # kv_halves with the scores' left operands from registers (qk_registers): 2 splits at page 16, H = 8 q_len 2
+    # (causal masks in the step past kv_len), pages of two steps in fp16
+    ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
+                                      qk_registers=True)),
+    ("heads_8_q2", "bfloat16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True)),
+    ("contiguous_blocks", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True,
+                                          qk_registers=True)),
 ]
 
 
@@ -358,7 +365,9 @@ def test_mosaic_gpu_fp8_no_data_races_and_through_the_api():
                          ("page_size_16", dict(num_splits=2, transposed_scores=True, overlap_wait=False)),
                          ("page_size_16", dict(num_splits=2, transposed_scores=True, overlap_wait=True)),
                          ("page_size_16", dict(num_splits=2, transposed_scores=True, transposed_pv=True,
-                                               kv_halves=True))]:
+                                               kv_halves=True)),
+                         ("page_size_16", dict(num_splits=2, transposed_scores=True, transposed_pv=True,
+                                               kv_halves=True, qk_registers=True))]:
         _mosaic_fp8(name, "bfloat16", tuning, interpret=params)
         assert not ipc.get_races().races_found, (name, tuning)
     # through mla_jax.mla_decode, k_scale traced under jit. (An f16 q: a bf16 one is converted to f16 first, and
@@ -459,6 +468,8 @@ def test_mosaic_gpu_fp8_kv_halves_nan_in_one_head_compiled():
                                               (128, dict(num_splits=1, l2_prefetch=1)),
                                               (16, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
                                                         kv_halves=True)),
+                                              (16, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
+                                                        kv_halves=True, qk_registers=True)),
                                               (8, None), (8, dict(num_splits=2, transposed_scores=True,
                                                                   overlap_wait=True))])
 def test_mosaic_gpu_fp8_lowers_for_cuda(num_heads, tuning):
@@ -563,6 +574,7 @@ def test_fp8_convert_config_is_validated():
      "max_concurrent_steps=1"),
     (dict(kv_halves=True, transposed_scores=True, transposed_pv=True, l2_prefetch=1), "l2_prefetch=1"),
     (dict(kv_halves=True, schedule="split"), "schedule='split'"),
+    (dict(qk_registers=1), "qk_registers=1"),
 ])
 def test_kv_halves_config_is_validated(fields, match):
     from mla_jax.pallas_mosaic_gpu import MosaicConfig
@@ -570,6 +582,19 @@ def test_kv_halves_config_is_validated(fields, match):
     assert MosaicConfig().kv_halves is False
     with pytest.raises(ValueError, match=match):
         MosaicConfig(**fields)
+
+
+def test_qk_registers_needs_kv_halves_in_the_kernel_builder():
+    """MosaicConfig(qk_registers=True) has no effect where kv_halves does not run (the wrapper passes it only with
+    kv_halves); the kernel builder itself refuses it without kv_halves, naming the value."""
+    from mla_jax import pallas_mosaic_gpu
+
+    kw = dict(dtype=jnp.float16, page_size=64, num_tokens=4, heads=16, hp=16, num_h_tiles=1, q_tiles=1, num_reqs=4,
+              num_splits=1, block_kv=64, stages=2, bt_chunk=96, scale_log2=1.0, memory_wg=False, schedule="flashmla",
+              fp8=True, score_rows=16, transposed_pv=True)
+    with pytest.raises(ValueError, match="kv_halves=False"):
+        pallas_mosaic_gpu._build_kernel(qk_registers=True, **kw)
+    pallas_mosaic_gpu._build_kernel(qk_registers=True, kv_halves=True, **kw)
 
 
 def test_kv_halves_has_no_effect_where_it_does_not_apply():
@@ -618,6 +643,17 @@ def test_mosaic_gpu_fp8_overlap_dequant_is_bitwise_unfused():
     for name in ("page_size_16", "decode_q2_page_32"):
         _assert_bitwise(name, "bfloat16", [dict(base, fused_dequant=False, overlap_dequant=False),
                                            dict(base, overlap_wait=False), dict(base, overlap_wait=True)])
+
+
+@pytest.mark.gpu
+def test_mosaic_gpu_fp8_qk_registers_is_bitwise_kv_halves():
+    """qk_registers hands each converted V chunk to its scores' wgmma from registers where kv_halves reads the same
+    values back from V's f16 copy: the same wgmmas in the same order, the same out and lse bit for bit compiled
+    (2 splits at page 16; H = 8 at q_len 2, causal masks in the last step)."""
+    _skip_without_hopper()
+    base = dict(transposed_scores=True, transposed_pv=True, kv_halves=True)
+    for name, extra in (("page_size_16", dict(num_splits=2)), ("heads_8_q2", {})):
+        _assert_bitwise(name, "bfloat16", [dict(base, **extra), dict(base, **extra, qk_registers=True)])
 
 
 def test_mosaic_gpu_overlap_dequant_is_refused_where_it_does_not_fit():
