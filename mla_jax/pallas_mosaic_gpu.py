@@ -180,6 +180,8 @@ OVERLAP_MAX_ROWS = 32
 TRANSPOSED_PV_ROWS = (16, 32)
 # MosaicConfig.kv_halves: each warpgroup's block-table chunk (2 x 96 entries fit the shared memory left)
 KV_HALVES_BT_CHUNK = 96
+# kv_halves: each warpgroup's f16 copy of V, 8 x 64 tiles with a 128-byte swizzle
+F16_TILES = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 # three_wg's register split (setmaxnreg; 128 threads each, at most 65536 registers in all): the scores
 # warpgroup holds a 64 x 64 fp32 score tile, each P @ V warpgroup a 64 x 256 fp32 accumulator
 THREE_WG_REGISTERS = (152, 176, 176)
@@ -1877,6 +1879,22 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                             plgpu.copy_smem_to_gmem(x_smem.at[0, pl.ds(j * hp, hp)], l_dst.at[first_tok + j])
             plgpu.wait_smem_to_gmem(0)
 
+        def store_tiled(ref, x, layout, transforms):
+            """ref[...] = x (ref tiled and swizzled by `transforms`) without Pallas's swap, whose lowering first
+            loads the old value: for the WGMMA layout an ldmatrix that stays in the kernel, its result unused
+            (8 KiB of shared-memory reads a 64 x 64 f16 chunk)."""
+            if interpret:  # (the interpreter has no rule for inline Mosaic GPU)
+                ref[...] = x
+                return
+            swizzle = next(t.swizzle for t in transforms if isinstance(t, plgpu.SwizzleTransform))
+
+            @plgpu.inline_mgpu(arg_types=(layout, plgpu.RefType(transforms)))
+            def store(ctx, fa, r):
+                del ctx
+                fa.store_tiled(r, swizzle=swizzle)
+
+            store(x, ref)
+
         # ---------------------------------------------------------------- kv_halves
         def col_reduce(x, op: str, w: int):
             """(kv_halves) x [64, n] fp32 (WGMMA layout) reduced down its columns ("max" or "add") -> [n] (the column
@@ -2021,22 +2039,30 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         if masked else None)
 
                 def qk(s_ref):
+                    def chunk(c):
+                        cols = pl.ds(pl.multiple_of(c * 64, 64), 64)
+                        x = plgpu.load(kv_smem.at[w, :, cols], layout=wg_layout).astype(dtype)
+                        if keep is not None:
+                            x = jnp.where(keep, x, jnp.zeros_like(x))
+                        store_tiled(v_w().at[:, cols], x, wg_layout, F16_TILES)
+                        q_t = q_smem.at[:, cols].transpose((1, 0))
+                        if interpret:  # (no left operand in registers: the copy just written, the same values)
+                            plgpu.wgmma(s_ref, v_w().at[:, cols], q_t)
+                        else:
+                            plgpu.wgmma(s_ref, x, q_t)
+                        # A wgmma reads its left operand's registers while it runs, and writing them before it is
+                        # done is undefined (PTX ISA, wgmma.mma_async): the chunk before this one (its registers
+                        # the next chunk's) is waited for here, this one's wgmma running under the next's load.
+                        plgpu.wgmma_wait(1)
+
                     with jax.named_scope("dequant"):
                         rope = rope_rows(kv_start, masked)
                         rope_scores(s_ref, rope)
 
-                        @pl.loop(0, KV_LORA_RANK // 64)  # (a loop: unrolled, the chunks' registers spill)
-                        def _(c):
-                            cols = pl.ds(pl.multiple_of(c * 64, 64), 64)
-                            x = plgpu.load(kv_smem.at[w, :, cols], layout=wg_layout).astype(dtype)
-                            if keep is not None:
-                                x = jnp.where(keep, x, jnp.zeros_like(x))
-                            v_w().at[:, cols][...] = x
-                            q_t = q_smem.at[:, cols].transpose((1, 0))
-                            if interpret:  # (no left operand in registers: the copy just written, the same values)
-                                plgpu.wgmma(s_ref, v_w().at[:, cols], q_t)
-                            else:
-                                plgpu.wgmma(s_ref, x, q_t)
+                        @pl.loop(0, KV_LORA_RANK // 128)  # two chunks an iteration, their registers apart
+                        def _(i):
+                            chunk(2 * i)
+                            chunk(2 * i + 1)
 
                         plgpu.commit_smem()  # V's copy visible to P @ V; the slot's reads done before its refill
                     pl.when(k + 1 < e)(lambda: issue_half_step(w, k + 1, k, last_page))
@@ -2138,7 +2164,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     if kv_halves:
         # q's rows in use, the fp8 ring (a slot a warpgroup), each warpgroup's f16 copy of V; after the steps: the
         # stage, O^T's parts and the identity (transposed_pv's), the merge's vectors; and the partials' O^T halves
-        f16_tiles = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+        f16_tiles = F16_TILES
         union = plgpu.RefUnion(
             (plgpu.SMEM((q_rows, HEAD_DIM), dtype, transforms=transforms),
              plgpu.SMEM((NUM_COMPUTE_WGS, block_kv, HEAD_DIM), jnp.float8_e4m3fn,
