@@ -567,6 +567,7 @@ class TestConfig:
         for b, s, halves in [(1, 1024, False), (8, 4096, True), (128, 16384, True)]:
             t = heuristic_config(fp8, num_tokens=b, max_blocks=s // 64, num_reqs=b, max_query_len=1)
             assert t.kv_halves is halves and (-(-(s // 64) // t.num_splits) >= 2) is halves, (b, s, t)
+            assert t.qk_registers is halves, (b, s, t)  # (with kv_halves, the scores' operands from registers)
         fp8_h32 = heuristic_config(MLAConfig(num_heads=32, kv_cache_dtype="fp8_e4m3"), num_tokens=4, max_blocks=4)
         assert not fp8_h32.transposed_scores and not fp8_h32.transposed_pv
         # without max_query_len: one token a request (tokens <= requests) or not
