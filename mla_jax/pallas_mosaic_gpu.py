@@ -182,6 +182,8 @@ TRANSPOSED_PV_ROWS = (16, 32)
 KV_HALVES_BT_CHUNK = 96
 # kv_halves: each warpgroup's f16 copy of V, 8 x 64 tiles with a 128-byte swizzle
 F16_TILES = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+# MosaicConfig.part_refill: a warpgroup's fp8 slot's first part, V's columns [0, KV_PART_COLS)
+KV_PART_COLS = 256
 # three_wg's register split (setmaxnreg; 128 threads each, at most 65536 registers in all): the scores
 # warpgroup holds a 64 x 64 fp32 score tile, each P @ V warpgroup a 64 x 256 fp32 accumulator
 THREE_WG_REGISTERS = (152, 176, 176)
@@ -473,6 +475,16 @@ class MosaicConfig:
         kv_halves runs, since session 21: on the H200 (parity.sweep, 3 rounds, 1 s idle) 1.20x faster than kv_halves
         alone at H16 B128 S16384 (513.1 -> 426.7 us) and 1.17x at B32 S16384 (140.9 -> 120.3); 192 registers, no
         spills.
+    upcast_loads: (opt-in; with qk_registers, elsewhere no effect; not yet timed) the fp8 chunks are loaded 4 bytes a
+        thread (the WGMMA_UPCAST_2X layout) and relaid to the WGMMA layout in registers (Mosaic GPU's relayout: a
+        shuffle and a byte permute a 4 values) rather than 2 bytes a thread in the WGMMA layout: half the shared
+        memory load instructions (and wavefronts) of the conversion. Bitwise qk_registers (the same values).
+    part_refill: (opt-in; with qk_registers, elsewhere no effect; not yet timed) each warpgroup's fp8 slot is two
+        buffers, V's columns [0, 256) and [256, 576) (V's rest and the rope), each with its TMA and barrier: part 0
+        is refilled with the next step as soon as its 4 chunks are converted, before part 1 is awaited, so each part's
+        TMA has the rest of the step and the other part's conversion to arrive (session 21's profile: a warpgroup
+        waits 0.5-0.8 us a step for its one slot under qk_registers). The rope's scores then come after V's first
+        4 chunks' (not bitwise qk_registers).
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -506,6 +518,8 @@ class MosaicConfig:
     late_row_sums: bool = False
     kv_halves: bool = False
     qk_registers: bool = False
+    upcast_loads: bool = False
+    part_refill: bool = False
     pdl: bool = False
 
     def __post_init__(self):
@@ -515,7 +529,8 @@ class MosaicConfig:
                 raise ValueError(f"{name} must be an int, got {name}={x!r}")
         for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
                      "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast", "deferred_pv", "split_ring",
-                     "part_wait", "late_row_sums", "kv_halves", "qk_registers"):
+                     "part_wait", "late_row_sums", "kv_halves", "qk_registers", "upcast_loads",
+                     "part_refill"):
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
@@ -793,7 +808,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   overlap_wait: bool = False, transposed_pv: bool = False, heads_fastest: bool = False,
                   kv_multicast: bool = False, deferred_pv: bool = False, split_ring: bool = False,
                   part_wait: bool = False, l2_prefetch: int = 0, late_row_sums: bool = False,
-                  kv_halves: bool = False, qk_registers: bool = False, out_dtype=None, interpret: bool = False):
+                  kv_halves: bool = False, qk_registers: bool = False, upcast_loads: bool = False,
+                  part_refill: bool = False, out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile), the last axis the fastest (heads_fastest: reversed, the head
@@ -809,6 +825,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     kv_halves: MosaicConfig's (an fp8 cache, transposed_pv at 16 rows, 2 stages: a ring slot a warpgroup;
     compute_tile_halves).
     qk_registers: MosaicConfig's (kv_halves only: the scores' left operands from registers).
+    upcast_loads, part_refill: MosaicConfig's (with qk_registers only).
     p_in_kv, dequant_layout, fused_dequant, fused_group, fp8_convert, overlap_dequant, overlap_wait, transposed_pv:
     MosaicConfig's (all but transposed_pv fp8 only;
     overlap_dequant needs transposed scores of at most OVERLAP_MAX_ROWS rows, and then fused_dequant is ignored;
@@ -857,6 +874,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                          f"{score_rows=}, {stages=}, {kv_multicast=}, {l2_prefetch=}, {memory_wg=}")
     if qk_registers and not kv_halves:
         raise ValueError(f"qk_registers runs inside kv_halves's step: it needs kv_halves=True, got {kv_halves=}")
+    if (upcast_loads or part_refill) and not qk_registers:
+        raise ValueError(f"upcast_loads and part_refill run inside qk_registers's scores: they need "
+                         f"qk_registers=True, got {qk_registers=}, {upcast_loads=}, {part_refill=}")
     if kv_halves:
         overlap_dequant = fused_dequant = False  # (each warpgroup converts its own steps: compute_tile_halves)
     if overlap_dequant:
@@ -885,6 +905,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                          f"cache, no kv_multicast and 2 stages, got {schedule=}, {score_rows=}, {fp8=}, "
                          f"{kv_multicast=}, {stages=}, {memory_wg=}")
     # (two_parts) a slot's two column parts, each filled and awaited on its own (kv_ready[2 slot + part])
+    # (kv_halves) a warpgroup's slot: part_refill's two column parts (buffers of their own: a TMA fills a contiguous
+    # one), else the whole slot
+    slot_parts = (((0, KV_PART_COLS), (KV_PART_COLS, HEAD_DIM - KV_PART_COLS)) if part_refill else ((0, HEAD_DIM),))
     kv_parts = ((0, V_HALF), (V_HALF, HEAD_DIM - V_HALF)) if two_parts else ((0, HEAD_DIM),)
     # (part_ring) two block-table chunk buffers (by chunk parity): warpgroup 0 stages a step's chunk for its part 0
     # while warpgroup 1 may still read the one before for its part 1 of an earlier step
@@ -898,12 +921,13 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # them back
             q_group, (stage, t_smem, e_smem) = q_kv_or_stage
             q_kv_or_stage = q_group, stage
-        kv_v = red_smem = None
+        kv_v = red_smem = ring_parts = None
         if kv_halves:
             # kv_smem: the fp8 ring, slot w warpgroup w's; kv_v: each warpgroup's f16 copy of V; x_smem: (after the
             # steps) the row sums, lse and the two partials' max and sums, beside the stage; m_smem: the partials'
             # O^T halves; the scratch of the cross-warp reductions (the x_smem argument) red_smem
-            (q_smem, kv_smem, kv_v), (stage, t_smem, e_smem, x_halves, m_smem) = q_kv_or_stage
+            (q_smem, *ring_parts, kv_v), (stage, t_smem, e_smem, x_halves, m_smem) = q_kv_or_stage
+            kv_smem = None if part_refill else ring_parts[0]
             red_smem, x_smem = x_smem, x_halves
             (bt_bar_wg1,) = extra_barriers
         elif fp8 and overlap_dequant:
@@ -1919,10 +1943,29 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
             return reduce(x, red_smem.at[w])
 
-        def issue_half_step(w: int, k, prev_k, last_page):
-            """(kv_halves) TMA of KV step k into warpgroup w's ring slot (kv_ready[w]). Its block-table buffer (w) is
-            restaged when step k's chunk differs from the one there: prev_k's (the step before k in this warpgroup's
-            range; -1: none yet, where warpgroup 0's buffer holds chunk 0, loaded with the info, and 1's nothing)."""
+        def kv_ready_half(w: int, part: int):
+            """(kv_halves) The barrier of warpgroup w's slot (part_refill: of its part `part`; else part 1 is
+            the whole slot's too)."""
+            return kv_ready.at[w * len(slot_parts) + (part if part_refill else 0)]
+
+        def fp8_cols(w: int, c0, nc: int, part: int):
+            """(kv_halves) Columns [c0, c0 + nc) of warpgroup w's fp8 slot (part_refill: all in part `part`)."""
+            if not part_refill:
+                return kv_smem.at[w, :, pl.ds(c0, nc)]
+            return ring_parts[part].at[w, :, pl.ds(c0 - slot_parts[part][0], nc)]
+
+        def load_fp8(ref):
+            """(kv_halves) A [64, n] fp8 chunk into registers in the WGMMA layout (upcast_loads: loaded 4 bytes a
+            thread in WGMMA_UPCAST_2X, then relaid, one shuffle a 4 values)."""
+            if upcast_loads:
+                return plgpu.layout_cast(plgpu.load(ref, layout=plgpu.Layout.WGMMA_UPCAST_2X), plgpu.Layout.WGMMA)
+            return plgpu.load(ref, layout=plgpu.Layout.WGMMA)
+
+        def issue_half_step(w: int, k, prev_k, last_page, parts=(0, 1)):
+            """(kv_halves) TMA of KV step k into warpgroup w's ring slot (kv_ready_half; part_refill: the slot's
+            `parts` only, each on its own barrier). Its block-table buffer (w) is restaged (with part 0) when step
+            k's chunk differs from the one there: prev_k's (the step before k in this warpgroup's range; -1: none
+            yet, where warpgroup 0's buffer holds chunk 0, loaded with the info, and 1's nothing)."""
             bar = bt_bar if w == 0 else bt_bar_wg1
             base = INFO_WORDS + w * bt_chunk
             lp0 = first_page(k)
@@ -1930,25 +1973,37 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             staged = jnp.where(prev_k >= 0, lax.div(first_page(jnp.maximum(prev_k, 0)), jnp.int32(bt_chunk)),
                                jnp.int32(0 if w == 0 else -1))
 
-            @pl.when(chunk != staged)
-            def _():
-                plgpu.copy_gmem_to_smem(sched_ref.at[req, pl.ds(INFO_WORDS + chunk * bt_chunk, bt_chunk)],
-                                        i_smem.at[pl.ds(base, bt_chunk)], bar)
-                plgpu.barrier_wait(bar)
+            if 0 in parts:  # (part 1 alone follows its step's part 0, which staged the chunk)
+                @pl.when(chunk != staged)
+                def _():
+                    plgpu.copy_gmem_to_smem(sched_ref.at[req, pl.ds(INFO_WORDS + chunk * bt_chunk, bt_chunk)],
+                                            i_smem.at[pl.ds(base, bt_chunk)], bar)
+                    plgpu.barrier_wait(bar)
 
             def page_at(lp):
                 return i_smem[base + lp - chunk * bt_chunk]
 
-            if pages_per_step == 1:
-                page = page_at(lp0)
-                src = kv_ref.at[page] if steps_per_page == 1 else kv_ref.at[
+            def src(page, part):
+                rows = kv_ref.at[page] if steps_per_page == 1 else kv_ref.at[
                     page, pl.ds(lax.rem(k, jnp.int32(steps_per_page)) * block_kv, block_kv)]
-                plgpu.copy_gmem_to_smem(src, kv_smem.at[w], kv_ready.at[w])
-            else:
-                for j in range(pages_per_step):  # pages past the request's last: the last stands in (rows past kv_len)
-                    page = page_at(jnp.minimum(lp0 + j, last_page))
-                    plgpu.copy_gmem_to_smem(kv_ref.at[page], kv_smem.at[w, pl.ds(j * page_size, page_size)],
-                                            kv_ready.at[w])
+                if not part_refill:
+                    return rows
+                c0, nc = slot_parts[part]
+                return rows.at[:, pl.ds(c0, nc)]
+
+            def dst(part, rows=None):
+                ring = ring_parts[part].at[w] if part_refill else kv_smem.at[w]
+                return ring if rows is None else ring.at[rows]
+
+            for part in (parts if part_refill else (0,)):
+                if pages_per_step == 1:
+                    plgpu.copy_gmem_to_smem(src(page_at(lp0), part), dst(part), kv_ready_half(w, part))
+                else:
+                    for j in range(pages_per_step):  # pages past the request's last: the last stands in (rows past
+                        # kv_len)
+                        page = page_at(jnp.minimum(lp0 + j, last_page))
+                        plgpu.copy_gmem_to_smem(src(page, part), dst(part, pl.ds(j * page_size, page_size)),
+                                                kv_ready_half(w, part))
 
         def compute_wg_halves(w: int):
             """(kv_halves) Warpgroup w: the tile's info (1 loads it, and q), then its half of the split's steps."""
@@ -1992,7 +2047,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 acc, m_i, l_i = carry
                 kv_start = k * block_kv
                 with jax.named_scope("kv_wait"):
-                    plgpu.barrier_wait(kv_ready.at[w])
+                    plgpu.barrier_wait(kv_ready_half(w, 0))
                 if qk_registers:
                     s = scores_from_registers(k, kv_start, masked)
                 else:
@@ -2020,8 +2075,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
             def rope_rows(kv_start, masked: bool):
                 """The step's rope columns [block_kv, 64] in registers (WGMMA layout), rows past kv_len 0."""
-                rope = plgpu.load(kv_smem.at[w, :, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)],
-                                  layout=wg_layout).astype(dtype)
+                rope = load_fp8(fp8_cols(w, KV_LORA_RANK, QK_ROPE_HEAD_DIM, part=1)).astype(dtype)
                 if masked:
                     rows = plgpu.broadcasted_iota(jnp.int32, rope.shape, 0, layout=wg_layout)
                     rope = jnp.where(rows < kv_len - kv_start, rope, jnp.zeros_like(rope))
@@ -2046,9 +2100,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         if masked else None)
 
                 def qk(s_ref):
-                    def chunk(c):
+                    def chunk(c, part: int = 0):
                         cols = pl.ds(pl.multiple_of(c * 64, 64), 64)
-                        x = plgpu.load(kv_smem.at[w, :, cols], layout=wg_layout).astype(dtype)
+                        x = load_fp8(fp8_cols(w, c * 64, 64, part)).astype(dtype)
                         if keep is not None:
                             x = jnp.where(keep, x, jnp.zeros_like(x))
                         store_tiled(v_w().at[:, cols], x, wg_layout, F16_TILES)
@@ -2062,17 +2116,33 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         # the next chunk's) is waited for here, this one's wgmma running under the next's load.
                         plgpu.wgmma_wait(1)
 
-                    with jax.named_scope("dequant"):
-                        rope = rope_rows(kv_start, masked)
-                        rope_scores(s_ref, rope)
-
-                        @pl.loop(0, KV_LORA_RANK // 128)  # two chunks an iteration, their registers apart
+                    def chunks(first, count, part: int = 0):
+                        @pl.loop(0, count // 2)  # two chunks an iteration, their registers apart
                         def _(i):
-                            chunk(2 * i)
-                            chunk(2 * i + 1)
+                            chunk(first + 2 * i, part)
+                            chunk(first + 2 * i + 1, part)
 
-                        plgpu.commit_smem()  # V's copy visible to P @ V; the slot's reads done before its refill
-                    pl.when(k + 1 < e)(lambda: issue_half_step(w, k + 1, k, last_page))
+                    if not part_refill:
+                        with jax.named_scope("dequant"):
+                            rope = rope_rows(kv_start, masked)
+                            rope_scores(s_ref, rope)
+                            chunks(0, KV_LORA_RANK // 64)
+                            plgpu.commit_smem()  # V's copy visible to P @ V; the slot's reads done before its refill
+                        pl.when(k + 1 < e)(lambda: issue_half_step(w, k + 1, k, last_page))
+                    else:  # part 0 (V's first 4 chunks), its refill, then part 1 (the rope, V's last 4), its refill
+                        with jax.named_scope("dequant"):
+                            chunks(0, KV_PART_COLS // 64, part=0)
+                            plgpu.commit_smem()  # part 0's reads done before its refill
+                        pl.when(k + 1 < e)(lambda: issue_half_step(w, k + 1, k, last_page, parts=(0,)))
+                        with jax.named_scope("kv_wait"):
+                            plgpu.barrier_wait(kv_ready_half(w, 1))
+                        with jax.named_scope("dequant"):
+                            rope = rope_rows(kv_start, masked)
+                            rope_scores(s_ref, rope)
+                            plgpu.wgmma_wait(1)  # (the rope's registers apart from the chunks': as chunk's)
+                            chunks(KV_PART_COLS // 64, (KV_LORA_RANK - KV_PART_COLS) // 64, part=1)
+                            plgpu.commit_smem()  # V's copy visible to P @ V; part 1's reads done before its refill
+                        pl.when(k + 1 < e)(lambda: issue_half_step(w, k + 1, k, last_page, parts=(1,)))
                     with jax.named_scope("qk"):
                         return s_ref[...], rope
 
@@ -2174,8 +2244,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         f16_tiles = F16_TILES
         union = plgpu.RefUnion(
             (plgpu.SMEM((q_rows, HEAD_DIM), dtype, transforms=transforms),
-             plgpu.SMEM((NUM_COMPUTE_WGS, block_kv, HEAD_DIM), jnp.float8_e4m3fn,
-                        transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(64))),
+             *(plgpu.SMEM((NUM_COMPUTE_WGS, block_kv, nc), jnp.float8_e4m3fn,
+                          transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(64)))
+               for _, nc in slot_parts),
              plgpu.SMEM((NUM_COMPUTE_WGS, block_kv, KV_LORA_RANK), dtype, transforms=f16_tiles)),
             (plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), stage_dtype, transforms=stage_transforms),
              plgpu.SMEM((NUM_COMPUTE_WGS, 2, V_HALF, score_rows), jnp.bfloat16, transforms=t_transforms),
@@ -2194,7 +2265,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             plgpu.Barrier(num_arrivals=q_toks),  # q_bar
             plgpu.Barrier(),  # info_bar
             plgpu.Barrier(),  # bt_bar (warpgroup 0's chunks)
-            plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=NUM_COMPUTE_WGS),  # kv_ready, a slot each
+            # kv_ready, a slot each (part_refill: a part each)
+            plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=NUM_COMPUTE_WGS * len(slot_parts)),
             plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS, num_barriers=stages),  # kv_consumed (unused)
             plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS),  # sync_a: the merge's three hand-overs
             plgpu.Barrier(num_arrivals=1),  # sync_b (unused)
@@ -2364,6 +2436,8 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         kv_multicast=tuning.kv_multicast, deferred_pv=tuning.deferred_pv, split_ring=tuning.split_ring,
         part_wait=tuning.part_wait, l2_prefetch=tuning.l2_prefetch, late_row_sums=tuning.late_row_sums,
         kv_halves=kv_halves, qk_registers=kv_halves and tuning.qk_registers,
+        upcast_loads=kv_halves and tuning.qk_registers and tuning.upcast_loads,
+        part_refill=kv_halves and tuning.qk_registers and tuning.part_refill,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     if num_splits > 1:
