@@ -2024,7 +2024,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             """(kv_halves) Warpgroup w runs steps [b, e) alone: per step it converts V (fp8 -> its f16 copy, 8 chunks)
             and the rope columns (into registers), refills its ring slot with its next step at once, computes
             S^T = K Q^T (9 wgmmas, the rope's left operand in registers), the softmax down the columns, P^T (its P
-            buffer) and O^T += V^T P^T ([512, n], 8 wgmmas of M = 64). Then the two warpgroups merge their partials
+            buffer) and O^T += V^T P^T ([512, n], 8 wgmmas of M = 64) (qk_registers: the scores' left operands from
+            registers as each chunk is converted, scores_from_registers). Then the two warpgroups merge their partials
             (max m, sums l, O^T) through shared memory: each writes its max, sums and the O^T half the other one
             writes out, and finishes its own half (`finish`, transposed_pv's)."""
             n = score_rows
@@ -2095,7 +2096,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 """(qk_registers) S^T = K Q^T with every left operand in registers: each 64-column chunk of V is
                 loaded from the fp8 slot in the WGMMA layout, converted, stored to V's f16 copy (for P @ V) and
                 handed to its scores' wgmma as it is, so the scores never read the copy back from shared memory.
-                Then the slot is refilled."""
+                Then the slot is refilled (part_refill: part 0's 4 chunks, part 0's refill, part 1 awaited, the rope
+                and V's last 4 chunks, part 1's refill)."""
                 keep = (plgpu.broadcasted_iota(jnp.int32, (block_kv, 64), 0, layout=wg_layout) < kv_len - kv_start
                         if masked else None)
 
