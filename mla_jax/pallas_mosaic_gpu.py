@@ -1047,9 +1047,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         # the registers' layout of an fp8 chunk: WGMMA (2 fp8 values a thread and load) or WGMMA_8BIT (4)
         deq_layout = plgpu.Layout.WGMMA_8BIT if dequant_layout == "wgmma_8bit" else plgpu.Layout.WGMMA
 
-        def rows_below(valid):
-            """[block_kv, 64] in deq_layout: row < valid (the rows of a step kept by its dequantization)."""
-            return plgpu.broadcasted_iota(jnp.int32, (block_kv, 64), 0, layout=deq_layout) < valid
+        def rows_below(valid, layout=None):
+            """[block_kv, 64] in `layout` (default deq_layout): row < valid (the rows of a step kept by its
+            dequantization)."""
+            return plgpu.broadcasted_iota(jnp.int32, (block_kv, 64), 0, layout=layout or deq_layout) < valid
 
         def convert_chunk(slot, c, keep=None, dst=None):
             """Chunk c (columns [64 c, 64 c + 64)) of the fp8 step in ring slot `slot` -> the dequantized step
@@ -2078,8 +2079,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 """The step's rope columns [block_kv, 64] in registers (WGMMA layout), rows past kv_len 0."""
                 rope = load_fp8(fp8_cols(w, KV_LORA_RANK, QK_ROPE_HEAD_DIM, part=1)).astype(dtype)
                 if masked:
-                    rows = plgpu.broadcasted_iota(jnp.int32, rope.shape, 0, layout=wg_layout)
-                    rope = jnp.where(rows < kv_len - kv_start, rope, jnp.zeros_like(rope))
+                    rope = jnp.where(rows_below(kv_len - kv_start, wg_layout), rope, jnp.zeros_like(rope))
                 return rope
 
             def rope_scores(s_ref, rope):
@@ -2098,13 +2098,13 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 handed to its scores' wgmma as it is, so the scores never read the copy back from shared memory.
                 Then the slot is refilled (part_refill: part 0's 4 chunks, part 0's refill, part 1 awaited, the rope
                 and V's last 4 chunks, part 1's refill)."""
-                keep = (plgpu.broadcasted_iota(jnp.int32, (block_kv, 64), 0, layout=wg_layout) < kv_len - kv_start
-                        if masked else None)
+                keep = rows_below(kv_len - kv_start, wg_layout) if masked else None
 
                 def qk(s_ref):
                     def chunk(c, part: int = 0):
-                        cols = pl.ds(pl.multiple_of(c * 64, 64), 64)
-                        x = load_fp8(fp8_cols(w, c * 64, 64, part)).astype(dtype)
+                        c0 = pl.multiple_of(c * 64, 64)
+                        cols = pl.ds(c0, 64)
+                        x = load_fp8(fp8_cols(w, c0, 64, part)).astype(dtype)
                         if keep is not None:
                             x = jnp.where(keep, x, jnp.zeros_like(x))
                         store_tiled(v_w().at[:, cols], x, wg_layout, F16_TILES)

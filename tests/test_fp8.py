@@ -606,15 +606,19 @@ def test_kv_halves_config_is_validated(fields, match):
         MosaicConfig(**fields)
 
 
+# _build_kernel's arguments for an fp8 kernel at H = 16 (the kernel-builder tests below vary them)
+FP8_BUILD_KW = dict(dtype=jnp.float16, page_size=64, num_tokens=4, heads=16, hp=16, num_h_tiles=1, q_tiles=1,
+                    num_reqs=4, num_splits=1, block_kv=64, stages=2, bt_chunk=224, scale_log2=1.0, memory_wg=False,
+                    schedule="flashmla", fp8=True)
+
+
 def test_qk_registers_needs_kv_halves_in_the_kernel_builder():
     """MosaicConfig(qk_registers=True) has no effect where kv_halves does not run (the wrapper passes it only with
     kv_halves); the kernel builder itself refuses it without kv_halves, and upcast_loads or part_refill without
     qk_registers, naming the value."""
     from mla_jax import pallas_mosaic_gpu
 
-    kw = dict(dtype=jnp.float16, page_size=64, num_tokens=4, heads=16, hp=16, num_h_tiles=1, q_tiles=1, num_reqs=4,
-              num_splits=1, block_kv=64, stages=2, bt_chunk=96, scale_log2=1.0, memory_wg=False, schedule="flashmla",
-              fp8=True, score_rows=16, transposed_pv=True)
+    kw = dict(FP8_BUILD_KW, bt_chunk=96, score_rows=16, transposed_pv=True)
     with pytest.raises(ValueError, match="kv_halves=False"):
         pallas_mosaic_gpu._build_kernel(qk_registers=True, **kw)
     pallas_mosaic_gpu._build_kernel(qk_registers=True, kv_halves=True, **kw)
@@ -689,9 +693,7 @@ def test_mosaic_gpu_overlap_dequant_is_refused_where_it_does_not_fit():
     the wrapper applies it only where it fits."""
     from mla_jax import pallas_mosaic_gpu
 
-    kw = dict(dtype=jnp.float16, page_size=64, num_tokens=4, heads=16, hp=16, num_h_tiles=1, q_tiles=1, num_reqs=4,
-              num_splits=1, block_kv=64, stages=2, bt_chunk=224, scale_log2=1.0, memory_wg=False,
-              schedule="flashmla", fp8=True, overlap_dequant=True)
+    kw = dict(FP8_BUILD_KW, overlap_dequant=True)
     with pytest.raises(ValueError, match="score_rows=48"):
         pallas_mosaic_gpu._build_kernel(score_rows=48, **kw)
     with pytest.raises(ValueError, match="score_rows=0"):
