@@ -178,12 +178,15 @@ OVERLAP_MAX_ROWS = 32
 # MosaicConfig.transposed_pv: the rows in use it runs at (its transpose back: rows of 32 or 64 bytes, a swizzle each;
 # the identity's K a multiple of 16)
 TRANSPOSED_PV_ROWS = (16, 32)
+# (kv_halves) the scratch of a warpgroup's cross-warp column reductions of [64, n] fp32: 4 warps x 32 lanes x 2 floats
+# for each of the n / 8 registers a thread holds, so that all of them go in one round (one store, barrier, load,
+# barrier; 256 floats took them one register at a time)
+RED_FLOATS_PER_COLUMN = 4 * 32 * 2 // 8
+assert RED_FLOATS_PER_COLUMN * 4 <= 64 * 2  # (in a warpgroup's P's bytes, [n, block_kv = 64] 16-bit: kv_halves)
 # MosaicConfig.kv_halves: each warpgroup's block-table chunk (2 x 96 entries fit the shared memory left)
 KV_HALVES_BT_CHUNK = 96
 # kv_halves: each warpgroup's f16 copy of V, 8 x 64 tiles with a 128-byte swizzle
 F16_TILES = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-# MosaicConfig.part_refill: a warpgroup's fp8 slot's first part, V's columns [0, KV_PART_COLS)
-KV_PART_COLS = 256
 # three_wg's register split (setmaxnreg; 128 threads each, at most 65536 registers in all): the scores
 # warpgroup holds a 64 x 64 fp32 score tile, each P @ V warpgroup a 64 x 256 fp32 accumulator
 THREE_WG_REGISTERS = (152, 176, 176)
@@ -475,16 +478,11 @@ class MosaicConfig:
         kv_halves runs, since session 21: on the H200 (parity.sweep, 3 rounds, 1 s idle) 1.20x faster than kv_halves
         alone at H16 B128 S16384 (513.1 -> 426.7 us) and 1.17x at B32 S16384 (140.9 -> 120.3); 192 registers, no
         spills.
-    upcast_loads: (opt-in; with qk_registers, elsewhere no effect; not yet timed) the fp8 chunks are loaded 4 bytes a
-        thread (the WGMMA_UPCAST_2X layout) and relaid to the WGMMA layout in registers (Mosaic GPU's relayout: a
-        shuffle and a byte permute a 4 values) rather than 2 bytes a thread in the WGMMA layout: half the shared
-        memory load instructions (and wavefronts) of the conversion. Bitwise qk_registers (the same values).
-    part_refill: (opt-in; with qk_registers, elsewhere no effect; not yet timed) each warpgroup's fp8 slot is two
-        buffers, V's columns [0, 256) and [256, 576) (V's rest and the rope), each with its TMA and barrier: part 0
-        is refilled with the next step as soon as its 4 chunks are converted, before part 1 is awaited, so each part's
-        TMA has the rest of the step and the other part's conversion to arrive (session 21's profile: a warpgroup
-        waits 0.5-0.8 us a step for its one slot under qk_registers). The rope's scores then come after V's first
-        4 chunks' (not bitwise qk_registers).
+    sums_at_end: (opt-in; kv_halves only, elsewhere no effect; not yet timed) each warpgroup keeps its softmax sums
+        as a [64, 16] array, l = l * alpha + P element-wise (8 FMAs a thread a step), and reduces it down its columns
+        across its 4 warps once, after its last step, rather than at every step: a step's cross-warp reduction of the
+        sums (8 shuffles, two stores and loads through shared memory, 2 warpgroup barriers) is gone. The sums are
+        added in another order (not bitwise kv_halves's).
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -518,8 +516,7 @@ class MosaicConfig:
     late_row_sums: bool = False
     kv_halves: bool = False
     qk_registers: bool = False
-    upcast_loads: bool = False
-    part_refill: bool = False
+    sums_at_end: bool = False
     pdl: bool = False
 
     def __post_init__(self):
@@ -529,8 +526,7 @@ class MosaicConfig:
                 raise ValueError(f"{name} must be an int, got {name}={x!r}")
         for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
                      "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast", "deferred_pv", "split_ring",
-                     "part_wait", "late_row_sums", "kv_halves", "qk_registers", "upcast_loads",
-                     "part_refill"):
+                     "part_wait", "late_row_sums", "kv_halves", "qk_registers", "sums_at_end"):
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
@@ -808,8 +804,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   overlap_wait: bool = False, transposed_pv: bool = False, heads_fastest: bool = False,
                   kv_multicast: bool = False, deferred_pv: bool = False, split_ring: bool = False,
                   part_wait: bool = False, l2_prefetch: int = 0, late_row_sums: bool = False,
-                  kv_halves: bool = False, qk_registers: bool = False, upcast_loads: bool = False,
-                  part_refill: bool = False, out_dtype=None, interpret: bool = False):
+                  kv_halves: bool = False, qk_registers: bool = False, sums_at_end: bool = False,
+                  out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile), the last axis the fastest (heads_fastest: reversed, the head
@@ -825,7 +821,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     kv_halves: MosaicConfig's (an fp8 cache, transposed_pv at 16 rows, 2 stages: a ring slot a warpgroup;
     compute_tile_halves).
     qk_registers: MosaicConfig's (kv_halves only: the scores' left operands from registers).
-    upcast_loads, part_refill: MosaicConfig's (with qk_registers only).
+    sums_at_end: MosaicConfig's (kv_halves only: the softmax sums reduced across warps once, at the end).
     p_in_kv, dequant_layout, fused_dequant, fused_group, fp8_convert, overlap_dequant, overlap_wait, transposed_pv:
     MosaicConfig's (all but transposed_pv fp8 only;
     overlap_dequant needs transposed scores of at most OVERLAP_MAX_ROWS rows, and then fused_dequant is ignored;
@@ -874,9 +870,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                          f"{score_rows=}, {stages=}, {kv_multicast=}, {l2_prefetch=}, {memory_wg=}")
     if qk_registers and not kv_halves:
         raise ValueError(f"qk_registers runs inside kv_halves's step: it needs kv_halves=True, got {kv_halves=}")
-    if (upcast_loads or part_refill) and not qk_registers:
-        raise ValueError(f"upcast_loads and part_refill run inside qk_registers's scores: they need "
-                         f"qk_registers=True, got {qk_registers=}, {upcast_loads=}, {part_refill=}")
+    if sums_at_end and not kv_halves:
+        raise ValueError(f"sums_at_end keeps kv_halves's column sums: it needs kv_halves=True, got {kv_halves=}")
     if kv_halves:
         overlap_dequant = fused_dequant = False  # (each warpgroup converts its own steps: compute_tile_halves)
     if overlap_dequant:
@@ -905,9 +900,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                          f"cache, no kv_multicast and 2 stages, got {schedule=}, {score_rows=}, {fp8=}, "
                          f"{kv_multicast=}, {stages=}, {memory_wg=}")
     # (two_parts) a slot's two column parts, each filled and awaited on its own (kv_ready[2 slot + part])
-    # (kv_halves) a warpgroup's slot: part_refill's two column parts (buffers of their own: a TMA fills a contiguous
-    # one), else the whole slot
-    slot_parts = (((0, KV_PART_COLS), (KV_PART_COLS, HEAD_DIM - KV_PART_COLS)) if part_refill else ((0, HEAD_DIM),))
     kv_parts = ((0, V_HALF), (V_HALF, HEAD_DIM - V_HALF)) if two_parts else ((0, HEAD_DIM),)
     # (part_ring) two block-table chunk buffers (by chunk parity): warpgroup 0 stages a step's chunk for its part 0
     # while warpgroup 1 may still read the one before for its part 1 of an earlier step
@@ -921,14 +913,14 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # them back
             q_group, (stage, t_smem, e_smem) = q_kv_or_stage
             q_kv_or_stage = q_group, stage
-        kv_v = red_smem = ring_parts = None
+        kv_v = red_smem = None
         if kv_halves:
             # kv_smem: the fp8 ring, slot w warpgroup w's; kv_v: each warpgroup's f16 copy of V; x_smem: (after the
             # steps) the row sums, lse and the two partials' max and sums, beside the stage; m_smem: the partials'
-            # O^T halves; the scratch of the cross-warp reductions (the x_smem argument) red_smem
-            (q_smem, *ring_parts, kv_v), (stage, t_smem, e_smem, x_halves, m_smem) = q_kv_or_stage
-            kv_smem = None if part_refill else ring_parts[0]
-            red_smem, x_smem = x_smem, x_halves
+            # O^T halves; red_smem: the scratch of the cross-warp reductions, in P's bytes (the p_smem argument)
+            (q_smem, kv_smem, kv_v), (stage, t_smem, e_smem, x_halves, m_smem) = q_kv_or_stage
+            p_smem, red_smem = p_smem
+            x_smem = x_halves
             (bt_bar_wg1,) = extra_barriers
         elif fp8 and overlap_dequant:
             # kv_smem: the ring of fp8 steps; deq_v: f16 V halves (0, 1: the first half of even / odd steps, 2: the
@@ -1911,18 +1903,22 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                             plgpu.copy_smem_to_gmem(x_smem.at[0, pl.ds(j * hp, hp)], l_dst.at[first_tok + j])
             plgpu.wait_smem_to_gmem(0)
 
-        def store_tiled(ref, x, layout, transforms):
-            """ref[...] = x (ref tiled and swizzled by `transforms`) without Pallas's swap, whose lowering first
-            loads the old value: for the WGMMA layout an ldmatrix that stays in the kernel, its result unused
-            (8 KiB of shared-memory reads a 64 x 64 f16 chunk)."""
+        def store_tiled(ref, x, layout, transforms, transpose: bool = False):
+            """ref[...] = x (transpose: ref.T[...] = x; ref 2-D, tiled and swizzled by `transforms`) without Pallas's
+            swap, whose lowering first loads the old value (for the WGMMA layout an ldmatrix that stays in the
+            kernel, its result unused: 8 KiB of shared-memory reads a 64 x 64 f16 chunk) between two warpgroup
+            barriers."""
             if interpret:  # (the interpreter has no rule for inline Mosaic GPU)
-                ref[...] = x
+                (ref.transpose((1, 0)) if transpose else ref)[...] = x
                 return
             swizzle = next(t.swizzle for t in transforms if isinstance(t, plgpu.SwizzleTransform))
 
             @plgpu.inline_mgpu(arg_types=(layout, plgpu.RefType(transforms)))
             def store(ctx, fa, r):
                 del ctx
+                if transpose:  # (the tiled ref [rows / 8, cols / 64, 8, 64]: its tiles and their rows swapped, as
+                    # Pallas's transpose of a tiled ref)
+                    r = mgpu.memref_transpose(r, (1, 0, 3, 2))
                 fa.store_tiled(r, swizzle=swizzle)
 
             store(x, ref)
@@ -1944,28 +1940,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
             return reduce(x, red_smem.at[w])
 
-        def kv_ready_half(w: int, part: int):
-            """(kv_halves) The barrier of warpgroup w's slot (part_refill: of its part `part`; else part 1 is
-            the whole slot's too)."""
-            return kv_ready.at[w * len(slot_parts) + (part if part_refill else 0)]
-
-        def fp8_cols(w: int, c0, nc: int, part: int):
-            """(kv_halves) Columns [c0, c0 + nc) of warpgroup w's fp8 slot (part_refill: all in part `part`)."""
-            if not part_refill:
-                return kv_smem.at[w, :, pl.ds(c0, nc)]
-            return ring_parts[part].at[w, :, pl.ds(c0 - slot_parts[part][0], nc)]
-
-        def load_fp8(ref):
-            """(kv_halves) A [64, n] fp8 chunk into registers in the WGMMA layout (upcast_loads: loaded 4 bytes a
-            thread in WGMMA_UPCAST_2X, then relaid, one shuffle a 4 values)."""
-            if upcast_loads:
-                return plgpu.layout_cast(plgpu.load(ref, layout=plgpu.Layout.WGMMA_UPCAST_2X), plgpu.Layout.WGMMA)
-            return plgpu.load(ref, layout=plgpu.Layout.WGMMA)
-
-        def issue_half_step(w: int, k, prev_k, last_page, parts=(0, 1)):
-            """(kv_halves) TMA of KV step k into warpgroup w's ring slot (kv_ready_half; part_refill: the slot's
-            `parts` only, each on its own barrier). Its block-table buffer (w) is restaged (with part 0) when step
-            k's chunk differs from the one there: prev_k's (the step before k in this warpgroup's range; -1: none
+        def issue_half_step(w: int, k, prev_k, last_page):
+            """(kv_halves) TMA of KV step k into warpgroup w's ring slot (kv_ready[w]). Its block-table buffer (w) is
+            restaged first when step k's chunk differs from the one there: prev_k's (the step before k in this warpgroup's range; -1: none
             yet, where warpgroup 0's buffer holds chunk 0, loaded with the info, and 1's nothing)."""
             bar = bt_bar if w == 0 else bt_bar_wg1
             base = INFO_WORDS + w * bt_chunk
@@ -1974,37 +1951,25 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             staged = jnp.where(prev_k >= 0, lax.div(first_page(jnp.maximum(prev_k, 0)), jnp.int32(bt_chunk)),
                                jnp.int32(0 if w == 0 else -1))
 
-            if 0 in parts:  # (part 1 alone follows its step's part 0, which staged the chunk)
-                @pl.when(chunk != staged)
-                def _():
-                    plgpu.copy_gmem_to_smem(sched_ref.at[req, pl.ds(INFO_WORDS + chunk * bt_chunk, bt_chunk)],
-                                            i_smem.at[pl.ds(base, bt_chunk)], bar)
-                    plgpu.barrier_wait(bar)
+            @pl.when(chunk != staged)
+            def _():
+                plgpu.copy_gmem_to_smem(sched_ref.at[req, pl.ds(INFO_WORDS + chunk * bt_chunk, bt_chunk)],
+                                        i_smem.at[pl.ds(base, bt_chunk)], bar)
+                plgpu.barrier_wait(bar)
 
             def page_at(lp):
                 return i_smem[base + lp - chunk * bt_chunk]
 
-            def src(page, part):
-                rows = kv_ref.at[page] if steps_per_page == 1 else kv_ref.at[
+            def src(page):
+                return kv_ref.at[page] if steps_per_page == 1 else kv_ref.at[
                     page, pl.ds(lax.rem(k, jnp.int32(steps_per_page)) * block_kv, block_kv)]
-                if not part_refill:
-                    return rows
-                c0, nc = slot_parts[part]
-                return rows.at[:, pl.ds(c0, nc)]
 
-            def dst(part, rows=None):
-                ring = ring_parts[part].at[w] if part_refill else kv_smem.at[w]
-                return ring if rows is None else ring.at[rows]
-
-            for part in (parts if part_refill else (0,)):
-                if pages_per_step == 1:
-                    plgpu.copy_gmem_to_smem(src(page_at(lp0), part), dst(part), kv_ready_half(w, part))
-                else:
-                    for j in range(pages_per_step):  # pages past the request's last: the last stands in (rows past
-                        # kv_len)
-                        page = page_at(jnp.minimum(lp0 + j, last_page))
-                        plgpu.copy_gmem_to_smem(src(page, part), dst(part, pl.ds(j * page_size, page_size)),
-                                                kv_ready_half(w, part))
+            if pages_per_step == 1:
+                plgpu.copy_gmem_to_smem(src(page_at(lp0)), kv_smem.at[w], kv_ready.at[w])
+            else:
+                for j in range(pages_per_step):  # pages past the request's last: the last stands in (rows past kv_len)
+                    page = page_at(jnp.minimum(lp0 + j, last_page))
+                    plgpu.copy_gmem_to_smem(src(page), kv_smem.at[w, pl.ds(j * page_size, page_size)], kv_ready.at[w])
 
         def compute_wg_halves(w: int):
             """(kv_halves) Warpgroup w: the tile's info (1 loads it, and q), then its half of the split's steps."""
@@ -2038,9 +2003,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 the loop, and they spill."""
                 return kv_v.at[info_smem[4] + w]
 
-            def p_t():
-                """P^T [block_kv, n]: this warpgroup's P buffer seen transposed (its index as v_w's)."""
-                return p_smem.at[info_smem[4] + w].transpose((1, 0))
+            def p_w():
+                """This warpgroup's P buffer [n, block_kv] (P^T's wgmma operand seen transposed; its index as v_w's)."""
+                return p_smem.at[info_smem[4] + w]
 
             scale = scale_log2 * k_scale()
             plgpu.barrier_wait(q_bar)
@@ -2049,7 +2014,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 acc, m_i, l_i = carry
                 kv_start = k * block_kv
                 with jax.named_scope("kv_wait"):
-                    plgpu.barrier_wait(kv_ready_half(w, 0))
+                    plgpu.barrier_wait(kv_ready.at[w])
                 if qk_registers:
                     s = scores_from_registers(k, kv_start, masked)
                 else:
@@ -2061,15 +2026,19 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 m_new = jnp.maximum(m_i, col_reduce(s, "max", w))
                 alpha = jnp.exp2(m_i - m_new)
                 p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
-                l_i = l_i * alpha + col_reduce(p, "add", w)
-                p_t()[...] = p.astype(dtype)  # (this warpgroup's P @ V of step k - 1, its reader, is done)
+                if sums_at_end:  # (the [64, n] sums, reduced down their columns after the last step)
+                    l_i = l_i * lax.broadcast_in_dim(alpha, p.shape, [1]) + p
+                else:
+                    l_i = l_i * alpha + col_reduce(p, "add", w)
+                # (this warpgroup's P @ V of step k - 1, P's reader, is done)
+                store_tiled(p_w(), p.astype(dtype), wg_layout, transforms, transpose=True)
                 plgpu.commit_smem()
                 acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [1])
 
                 def pv(acc_ref):
                     for c in range(KV_LORA_RANK // 64):
                         plgpu.wgmma(acc_ref.at[pl.ds(c * 64, 64)], v_w().at[:, pl.ds(c * 64, 64)].transpose((1, 0)),
-                                    p_t())
+                                    p_w().transpose((1, 0)))
 
                 with jax.named_scope("pv"):
                     acc = accumulate(acc, pv)
@@ -2077,7 +2046,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
             def rope_rows(kv_start, masked: bool):
                 """The step's rope columns [block_kv, 64] in registers (WGMMA layout), rows past kv_len 0."""
-                rope = load_fp8(fp8_cols(w, KV_LORA_RANK, QK_ROPE_HEAD_DIM, part=1)).astype(dtype)
+                rope = plgpu.load(kv_smem.at[w, :, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)], layout=wg_layout)
+                rope = rope.astype(dtype)
                 if masked:
                     rope = jnp.where(rows_below(kv_len - kv_start, wg_layout), rope, jnp.zeros_like(rope))
                 return rope
@@ -2096,15 +2066,14 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 """(qk_registers) S^T = K Q^T with every left operand in registers: each 64-column chunk of V is
                 loaded from the fp8 slot in the WGMMA layout, converted, stored to V's f16 copy (for P @ V) and
                 handed to its scores' wgmma as it is, so the scores never read the copy back from shared memory.
-                Then the slot is refilled (part_refill: part 0's 4 chunks, part 0's refill, part 1 awaited, the rope
-                and V's last 4 chunks, part 1's refill)."""
+                Then the slot is refilled."""
                 keep = rows_below(kv_len - kv_start, wg_layout) if masked else None
 
                 def qk(s_ref):
-                    def chunk(c, part: int = 0):
+                    def chunk(c):
                         c0 = pl.multiple_of(c * 64, 64)
                         cols = pl.ds(c0, 64)
-                        x = load_fp8(fp8_cols(w, c0, 64, part)).astype(dtype)
+                        x = plgpu.load(kv_smem.at[w, :, cols], layout=wg_layout).astype(dtype)
                         if keep is not None:
                             x = jnp.where(keep, x, jnp.zeros_like(x))
                         store_tiled(v_w().at[:, cols], x, wg_layout, F16_TILES)
@@ -2118,33 +2087,17 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         # the next chunk's) is waited for here, this one's wgmma running under the next's load.
                         plgpu.wgmma_wait(1)
 
-                    def chunks(first, count, part: int = 0):
-                        @pl.loop(0, count // 2)  # two chunks an iteration, their registers apart
-                        def _(i):
-                            chunk(first + 2 * i, part)
-                            chunk(first + 2 * i + 1, part)
+                    with jax.named_scope("dequant"):
+                        rope = rope_rows(kv_start, masked)
+                        rope_scores(s_ref, rope)
 
-                    if not part_refill:
-                        with jax.named_scope("dequant"):
-                            rope = rope_rows(kv_start, masked)
-                            rope_scores(s_ref, rope)
-                            chunks(0, KV_LORA_RANK // 64)
-                            plgpu.commit_smem()  # V's copy visible to P @ V; the slot's reads done before its refill
-                        pl.when(k + 1 < e)(lambda: issue_half_step(w, k + 1, k, last_page))
-                    else:  # part 0 (V's first 4 chunks), its refill, then part 1 (the rope, V's last 4), its refill
-                        with jax.named_scope("dequant"):
-                            chunks(0, KV_PART_COLS // 64, part=0)
-                            plgpu.commit_smem()  # part 0's reads done before its refill
-                        pl.when(k + 1 < e)(lambda: issue_half_step(w, k + 1, k, last_page, parts=(0,)))
-                        with jax.named_scope("kv_wait"):
-                            plgpu.barrier_wait(kv_ready_half(w, 1))
-                        with jax.named_scope("dequant"):
-                            rope = rope_rows(kv_start, masked)
-                            rope_scores(s_ref, rope)
-                            plgpu.wgmma_wait(1)  # (the rope's registers apart from the chunks': as chunk's)
-                            chunks(KV_PART_COLS // 64, (KV_LORA_RANK - KV_PART_COLS) // 64, part=1)
-                            plgpu.commit_smem()  # V's copy visible to P @ V; part 1's reads done before its refill
-                        pl.when(k + 1 < e)(lambda: issue_half_step(w, k + 1, k, last_page, parts=(1,)))
+                        @pl.loop(0, KV_LORA_RANK // 128)  # two chunks an iteration, their registers apart
+                        def _(i):
+                            chunk(2 * i)
+                            chunk(2 * i + 1)
+
+                        plgpu.commit_smem()  # V's copy visible to P @ V; the slot's reads done before its refill
+                    pl.when(k + 1 < e)(lambda: issue_half_step(w, k + 1, k, last_page))
                     with jax.named_scope("qk"):
                         return s_ref[...], rope
 
@@ -2181,10 +2134,13 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             col_layout = wg_layout.reduce(0)
             carry = (plgpu.layout_cast(jnp.full((KV_LORA_RANK, n), 0.0, jnp.float32), wg_layout),
                      plgpu.layout_cast(jnp.full((n,), -jnp.inf, jnp.float32), col_layout),
-                     plgpu.layout_cast(jnp.full((n,), 0.0, jnp.float32), col_layout))
+                     plgpu.layout_cast(jnp.full((block_kv, n) if sums_at_end else (n,), 0.0, jnp.float32),
+                                       wg_layout if sums_at_end else col_layout))
             mid = jnp.clip(lax.div(first_pos + 1, jnp.int32(block_kv)), b, e)  # steps before it skip the mask
             carry = lax.fori_loop(b, mid, functools.partial(step, masked=False), carry)
             acc, m_i, l_i = lax.fori_loop(mid, e, functools.partial(step, masked=True), carry)
+            if sums_at_end:
+                l_i = col_reduce(l_i, "add", w)
 
             # The merge. x_smem and m_smem alias the ring and V's copies: both warpgroups first finish their steps.
             plgpu.barrier_arrive(sync_a)
@@ -2246,9 +2202,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         f16_tiles = F16_TILES
         union = plgpu.RefUnion(
             (plgpu.SMEM((q_rows, HEAD_DIM), dtype, transforms=transforms),
-             *(plgpu.SMEM((NUM_COMPUTE_WGS, block_kv, nc), jnp.float8_e4m3fn,
-                          transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(64)))
-               for _, nc in slot_parts),
+             plgpu.SMEM((NUM_COMPUTE_WGS, block_kv, HEAD_DIM), jnp.float8_e4m3fn,
+                        transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(64))),
              plgpu.SMEM((NUM_COMPUTE_WGS, block_kv, KV_LORA_RANK), dtype, transforms=f16_tiles)),
             (plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), stage_dtype, transforms=stage_transforms),
              plgpu.SMEM((NUM_COMPUTE_WGS, 2, V_HALF, score_rows), jnp.bfloat16, transforms=t_transforms),
@@ -2260,15 +2215,17 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         )
         scratch = [
             union,
-            plgpu.SMEM((NUM_COMPUTE_WGS, score_rows, block_kv), dtype, transforms=transforms),  # each P (P^T seen)
-            # each warpgroup's scratch of its cross-warp reductions (col_reduce: 1 KiB, one register at a time)
-            plgpu.SMEM((NUM_COMPUTE_WGS, 256), jnp.float32),
+            # each P (P^T seen) and, in its bytes, each warpgroup's scratch of its cross-warp reductions (col_reduce:
+            # its two registers a thread in one round), which run while the warpgroup's P is free (its P @ V, waited
+            # for at the end of a step, done; the step's P not yet written)
+            plgpu.RefUnion(plgpu.SMEM((NUM_COMPUTE_WGS, score_rows, block_kv), dtype, transforms=transforms),
+                           plgpu.SMEM((NUM_COMPUTE_WGS, RED_FLOATS_PER_COLUMN * score_rows), jnp.float32)),
+            plgpu.SMEM((1,), jnp.float32),  # (a placeholder: the reductions' scratch is in P's bytes)
             plgpu.SMEM((INFO_WORDS + NUM_COMPUTE_WGS * bt_chunk,), jnp.int32),  # info + a block-table chunk each
             plgpu.Barrier(num_arrivals=q_toks),  # q_bar
             plgpu.Barrier(),  # info_bar
             plgpu.Barrier(),  # bt_bar (warpgroup 0's chunks)
-            # kv_ready, a slot each (part_refill: a part each)
-            plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=NUM_COMPUTE_WGS * len(slot_parts)),
+            plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=NUM_COMPUTE_WGS),  # kv_ready, a slot each
             plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS, num_barriers=stages),  # kv_consumed (unused)
             plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS),  # sync_a: the merge's three hand-overs
             plgpu.Barrier(num_arrivals=1),  # sync_b (unused)
@@ -2438,8 +2395,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         kv_multicast=tuning.kv_multicast, deferred_pv=tuning.deferred_pv, split_ring=tuning.split_ring,
         part_wait=tuning.part_wait, l2_prefetch=tuning.l2_prefetch, late_row_sums=tuning.late_row_sums,
         kv_halves=kv_halves, qk_registers=kv_halves and tuning.qk_registers,
-        upcast_loads=kv_halves and tuning.qk_registers and tuning.upcast_loads,
-        part_refill=kv_halves and tuning.qk_registers and tuning.part_refill,
+        sums_at_end=kv_halves and tuning.sums_at_end,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     if num_splits > 1:

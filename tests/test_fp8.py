@@ -322,21 +322,16 @@ MOSAIC_FP8_CASES = [
     ("heads_8_q2", "bfloat16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True)),
     ("contiguous_blocks", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True,
                                           qk_registers=True)),
-    # and its opt-ins: the fp8 chunks loaded 4 bytes a thread (upcast_loads); each slot in two parts, refilled one
-    # after the other (part_refill: pages of 16, 4 TMAs a part; H = 8 q_len 2's masks; block tables past a chunk;
-    # pages of two steps); both
+    # the softmax sums reduced across warps once, after the last step (sums_at_end): with qk_registers at pages of 16
+    # (2 splits), H = 8 q_len 2 (masks), block tables past a chunk; with kv_halves alone at pages of two steps
     ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
-                                      qk_registers=True, upcast_loads=True)),
+                                      qk_registers=True, sums_at_end=True)),
     ("heads_8_q2", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
-                                   upcast_loads=True)),
-    ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
-                                      qk_registers=True, part_refill=True)),
-    ("heads_8_q2", "bfloat16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
-                                    part_refill=True)),
+                                   sums_at_end=True)),
     ("long_page_8", "bfloat16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
-                                     part_refill=True)),
+                                     sums_at_end=True)),
     ("page_128", "float16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
-                                 qk_registers=True, part_refill=True, upcast_loads=True)),
+                                 sums_at_end=True)),
 ]
 
 
@@ -384,7 +379,7 @@ def test_mosaic_gpu_fp8_no_data_races_and_through_the_api():
                          ("page_size_16", dict(num_splits=2, transposed_scores=True, transposed_pv=True,
                                                kv_halves=True, qk_registers=True)),
                          ("page_size_16", dict(num_splits=2, transposed_scores=True, transposed_pv=True,
-                                               kv_halves=True, qk_registers=True, part_refill=True))]:
+                                               kv_halves=True, qk_registers=True, sums_at_end=True))]:
         _mosaic_fp8(name, "bfloat16", tuning, interpret=params)
         assert not ipc.get_races().races_found, (name, tuning)
     # through mla_jax.mla_decode, k_scale traced under jit. (An f16 q: a bf16 one is converted to f16 first, and
@@ -488,8 +483,7 @@ def test_mosaic_gpu_fp8_kv_halves_nan_in_one_head_compiled():
                                               (16, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
                                                         kv_halves=True, qk_registers=True)),
                                               (16, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
-                                                        kv_halves=True, qk_registers=True, upcast_loads=True,
-                                                        part_refill=True)),
+                                                        kv_halves=True, qk_registers=True, sums_at_end=True)),
                                               (8, None), (8, dict(num_splits=2, transposed_scores=True,
                                                                   overlap_wait=True))])
 def test_mosaic_gpu_fp8_lowers_for_cuda(num_heads, tuning):
@@ -595,8 +589,7 @@ def test_fp8_convert_config_is_validated():
     (dict(kv_halves=True, transposed_scores=True, transposed_pv=True, l2_prefetch=1), "l2_prefetch=1"),
     (dict(kv_halves=True, schedule="split"), "schedule='split'"),
     (dict(qk_registers=1), "qk_registers=1"),
-    (dict(upcast_loads=1), "upcast_loads=1"),
-    (dict(part_refill="yes"), "part_refill='yes'"),
+    (dict(sums_at_end="yes"), "sums_at_end='yes'"),
 ])
 def test_kv_halves_config_is_validated(fields, match):
     from mla_jax.pallas_mosaic_gpu import MosaicConfig
@@ -613,18 +606,16 @@ FP8_BUILD_KW = dict(dtype=jnp.float16, page_size=64, num_tokens=4, heads=16, hp=
 
 
 def test_qk_registers_needs_kv_halves_in_the_kernel_builder():
-    """MosaicConfig(qk_registers=True) has no effect where kv_halves does not run (the wrapper passes it only with
-    kv_halves); the kernel builder itself refuses it without kv_halves, and upcast_loads or part_refill without
-    qk_registers, naming the value."""
+    """MosaicConfig(qk_registers=True) and sums_at_end have no effect where kv_halves does not run (the wrapper
+    passes them only with kv_halves); the kernel builder itself refuses either without kv_halves, naming the
+    value."""
     from mla_jax import pallas_mosaic_gpu
 
     kw = dict(FP8_BUILD_KW, bt_chunk=96, score_rows=16, transposed_pv=True)
-    with pytest.raises(ValueError, match="kv_halves=False"):
-        pallas_mosaic_gpu._build_kernel(qk_registers=True, **kw)
-    pallas_mosaic_gpu._build_kernel(qk_registers=True, kv_halves=True, **kw)
-    for opt in ("upcast_loads", "part_refill"):  # (these two run inside qk_registers's scores)
-        with pytest.raises(ValueError, match="qk_registers=False"):
-            pallas_mosaic_gpu._build_kernel(kv_halves=True, **{opt: True}, **kw)
+    for opt in ("qk_registers", "sums_at_end"):
+        with pytest.raises(ValueError, match="kv_halves=False"):
+            pallas_mosaic_gpu._build_kernel(**{opt: True}, **kw)
+        pallas_mosaic_gpu._build_kernel(**{opt: True}, kv_halves=True, **kw)
 
 
 def test_kv_halves_has_no_effect_where_it_does_not_apply():
@@ -679,13 +670,11 @@ def test_mosaic_gpu_fp8_overlap_dequant_is_bitwise_unfused():
 def test_mosaic_gpu_fp8_qk_registers_is_bitwise_kv_halves():
     """qk_registers hands each converted V chunk to its scores' wgmma from registers where kv_halves reads the same
     values back from V's f16 copy: the same wgmmas in the same order, the same out and lse bit for bit compiled
-    (2 splits at page 16; H = 8 at q_len 2, causal masks in the last step); and upcast_loads (the same values
-    loaded another way)."""
+    (2 splits at page 16; H = 8 at q_len 2, causal masks in the last step)."""
     _skip_without_hopper()
     base = dict(transposed_scores=True, transposed_pv=True, kv_halves=True)
     for name, extra in (("page_size_16", dict(num_splits=2)), ("heads_8_q2", {})):
-        _assert_bitwise(name, "bfloat16", [dict(base, **extra), dict(base, **extra, qk_registers=True),
-                                           dict(base, **extra, qk_registers=True, upcast_loads=True)])
+        _assert_bitwise(name, "bfloat16", [dict(base, **extra), dict(base, **extra, qk_registers=True)])
 
 
 def test_mosaic_gpu_overlap_dequant_is_refused_where_it_does_not_fit():
