@@ -444,7 +444,9 @@ class MosaicConfig:
         prefetched. The same math (bitwise the default, compiled). On the H200 (session 18, parity.sweep, 3 rounds,
         2 s idle): H128 B64 S4096 q1 143.5 -> 145.0 / 148.7 / 151.4 us at d = 1 / 2 / 3, B64 S16384 546.5 -> 568.5 /
         566.0 / 568.7. The pages' order costs the kernel little (the same requests' pages in order: 141.7 against
-        148.1 us, 560.3 against 564.8), and the prefetches' issue sits on the compute warpgroups' path.
+        148.1 us, 560.3 against 564.8), and the prefetches' issue sits on the compute warpgroups' path. With
+        kv_halves, each warpgroup prefetches the step `l2_prefetch` ahead in its own range with each refill of its
+        one slot (not yet timed there).
     late_row_sums: (opt-in; slower where timed) warpgroup 0 adds up a step's row sums of P (l = l * alpha + sum(P))
         after issuing its P @ V and before waiting for it, rather than before P's hand-over: the same operations in
         another place (bitwise the default, compiled). Its SASS (session 17's, read in session 18) puts those sums (34
@@ -478,11 +480,14 @@ class MosaicConfig:
         kv_halves runs, since session 21: on the H200 (parity.sweep, 3 rounds, 1 s idle) 1.20x faster than kv_halves
         alone at H16 B128 S16384 (513.1 -> 426.7 us) and 1.17x at B32 S16384 (140.9 -> 120.3); 192 registers, no
         spills.
-    sums_at_end: (opt-in; kv_halves only, elsewhere no effect; not yet timed) each warpgroup keeps its softmax sums
+    sums_at_end: (kv_halves only; elsewhere no effect) each warpgroup keeps its softmax sums
         as a [64, 16] array, l = l * alpha + P element-wise (8 FMAs a thread a step), and reduces it down its columns
         across its 4 warps once, after its last step, rather than at every step: a step's cross-warp reduction of the
         sums (8 shuffles, two stores and loads through shared memory, 2 warpgroup barriers) is gone. The sums are
-        added in another order (not bitwise kv_halves's).
+        added in another order (not bitwise kv_halves's). The heuristic's pick wherever kv_halves runs, since session
+        22: on the H200 (parity.sweep, 3 rounds, 1 s idle) 1.05x faster than qk_registers alone at H16 B128 S16384
+        (432.2 -> 409.8 us), 1.06x at B32 S16384 (120.3 -> 113.1), 1.02x at B8 S4096 (19.1 -> 18.7); 201 registers
+        (193 without), no spills.
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -543,12 +548,11 @@ class MosaicConfig:
             raise ValueError(f"late_row_sums=True moves warpgroup 0's row sums under its P @ V (schedule='flashmla'), "
                              f"got schedule={self.schedule!r}")
         if self.kv_halves and (self.schedule != "flashmla" or not self.transposed_pv or self.kv_multicast
-                               or self.l2_prefetch or max_concurrent_steps != 2):
+                               or max_concurrent_steps != 2):
             raise ValueError(f"kv_halves=True needs schedule='flashmla' with transposed_pv=True (it runs where the "
-                             f"scores and P @ V are transposed), no kv_multicast, no l2_prefetch and 2 stages (a ring "
-                             f"slot a warpgroup), got schedule={self.schedule!r}, transposed_pv={self.transposed_pv}, "
-                             f"kv_multicast={self.kv_multicast}, l2_prefetch={self.l2_prefetch}, "
-                             f"{max_concurrent_steps=}")
+                             f"scores and P @ V are transposed), no kv_multicast and 2 stages (a ring slot a "
+                             f"warpgroup), got schedule={self.schedule!r}, transposed_pv={self.transposed_pv}, "
+                             f"kv_multicast={self.kv_multicast}, {max_concurrent_steps=}")
         if self.schedule == "seesaw" and (self.transposed_scores or max_concurrent_steps != 2):
             raise ValueError(f"schedule='seesaw' needs plain scores and 2 stages (one per step of a pair), got "
                              f"transposed_scores={self.transposed_scores}, {max_concurrent_steps=}")
@@ -717,10 +721,13 @@ def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_re
     kv_halves = (config.is_fp8_kv_cache and transposed_pv and rows == TRANSPOSED_PV_ROWS[0]
                  and steps_per_split >= NUM_COMPUTE_WGS)
     # with qk_registers (session 21, parity.sweep, 3 rounds, 1 s idle: 1.20x faster than kv_halves alone at H16
-    # B128 S16384, 513.1 -> 426.7 us, 1.17x at B32 S16384, 140.9 -> 120.3)
+    # B128 S16384, 513.1 -> 426.7 us, 1.17x at B32 S16384, 140.9 -> 120.3) and sums_at_end (session 22, the same
+    # sweep: 1.05x faster at H16 B128 S16384, 432.2 -> 409.8 us, 1.06x at B32 S16384, 120.3 -> 113.1, 1.02x at B8
+    # S4096, 19.1 -> 18.7)
     return MosaicConfig(block_kv=block_kv, num_splits=num_splits, max_concurrent_steps=2,
                         transposed_scores=rows <= TRANSPOSED_MAX_ROWS or transposed_pv, transposed_pv=transposed_pv,
-                        heads_fastest=heads_fastest, kv_halves=kv_halves, qk_registers=kv_halves)
+                        heads_fastest=heads_fastest, kv_halves=kv_halves, qk_registers=kv_halves,
+                        sums_at_end=kv_halves)
 
 
 def tma_windows(shape) -> list[tuple[tuple[int, int], ...]]:
@@ -864,10 +871,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         raise ValueError(f"transposed_pv needs schedule='flashmla' and transposed scores of {TRANSPOSED_PV_ROWS} rows, "
                          f"got {schedule=}, {score_rows=}")
     if kv_halves and not (fp8 and transposed_pv and score_rows == TRANSPOSED_PV_ROWS[0] and stages == 2
-                          and not (kv_multicast or l2_prefetch or memory_wg)):
+                          and not (kv_multicast or memory_wg)):
         raise ValueError(f"kv_halves needs an fp8 cache, transposed_pv at {TRANSPOSED_PV_ROWS[0]} rows and 2 stages, "
-                         f"without kv_multicast, l2_prefetch or a memory warpgroup, got {fp8=}, {transposed_pv=}, "
-                         f"{score_rows=}, {stages=}, {kv_multicast=}, {l2_prefetch=}, {memory_wg=}")
+                         f"without kv_multicast or a memory warpgroup, got {fp8=}, {transposed_pv=}, "
+                         f"{score_rows=}, {stages=}, {kv_multicast=}, {memory_wg=}")
     if qk_registers and not kv_halves:
         raise ValueError(f"qk_registers runs inside kv_halves's step: it needs kv_halves=True, got {kv_halves=}")
     if sums_at_end and not kv_halves:
@@ -1940,8 +1947,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
             return reduce(x, red_smem.at[w])
 
-        def issue_half_step(w: int, k, prev_k, last_page):
-            """(kv_halves) TMA of KV step k into warpgroup w's ring slot (kv_ready[w]). Its block-table buffer (w) is
+        def issue_half_step(w: int, k, prev_k, last_page, end):
+            """(kv_halves) TMA of KV step k into warpgroup w's ring slot (kv_ready[w]) and (l2_prefetch = d) of the
+            pages of step k + d (if below `end`, this warpgroup's range's) into L2. Its block-table buffer (w) is
             restaged first when step k's chunk differs from the one there: prev_k's (the step before k in this warpgroup's range; -1: none
             yet, where warpgroup 0's buffer holds chunk 0, loaded with the info, and 1's nothing)."""
             bar = bt_bar if w == 0 else bt_bar_wg1
@@ -1960,9 +1968,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             def page_at(lp):
                 return i_smem[base + lp - chunk * bt_chunk]
 
-            def src(page):
+            def src(page, ahead: int = 0):
                 return kv_ref.at[page] if steps_per_page == 1 else kv_ref.at[
-                    page, pl.ds(lax.rem(k, jnp.int32(steps_per_page)) * block_kv, block_kv)]
+                    page, pl.ds(lax.rem(k + ahead, jnp.int32(steps_per_page)) * block_kv, block_kv)]
 
             if pages_per_step == 1:
                 plgpu.copy_gmem_to_smem(src(page_at(lp0)), kv_smem.at[w], kv_ready.at[w])
@@ -1970,6 +1978,17 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 for j in range(pages_per_step):  # pages past the request's last: the last stands in (rows past kv_len)
                     page = page_at(jnp.minimum(lp0 + j, last_page))
                     plgpu.copy_gmem_to_smem(src(page), kv_smem.at[w, pl.ds(j * page_size, page_size)], kv_ready.at[w])
+            if l2_prefetch:
+                # (a hint: nothing waits for it) pages of the request (<= last_page) whose block-table entries are in
+                # the staged chunk, as issue_step's
+                lp_ahead = first_page(k + l2_prefetch)
+                for j in range(pages_per_step):
+                    lp = lp_ahead + j
+
+                    @pl.when((k + l2_prefetch < end) & (lp <= last_page)
+                             & (lax.div(lp, jnp.int32(bt_chunk)) == chunk))
+                    def _(lp=lp):
+                        prefetch_to_l2(src(page_at(lp), l2_prefetch))
 
         def compute_wg_halves(w: int):
             """(kv_halves) Warpgroup w: the tile's info (1 loads it, and q), then its half of the split's steps."""
@@ -1983,7 +2002,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     load_q(first_tok)
                 mid = begin + lax.div(end - begin + 1, jnp.int32(2))  # warpgroup 0 the first ceil(n / 2) steps
                 b, e = (begin, mid) if w == 0 else (mid, end)
-                pl.when(e > b)(lambda: issue_half_step(w, b, jnp.int32(-1), last_page))
+                pl.when(e > b)(lambda: issue_half_step(w, b, jnp.int32(-1), last_page, e))
                 compute_tile_halves(w, first_tok, ntok, first_pos, kv_len, b, e, last_page)
 
         def compute_tile_halves(w, first_tok, ntok, first_pos, kv_len, b, e, last_page):
@@ -2097,7 +2116,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                             chunk(2 * i + 1)
 
                         plgpu.commit_smem()  # V's copy visible to P @ V; the slot's reads done before its refill
-                    pl.when(k + 1 < e)(lambda: issue_half_step(w, k + 1, k, last_page))
+                    pl.when(k + 1 < e)(lambda: issue_half_step(w, k + 1, k, last_page, e))
                     with jax.named_scope("qk"):
                         return s_ref[...], rope
 
@@ -2118,7 +2137,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                     rope = rope_rows(kv_start, masked)
                     plgpu.commit_smem()  # V's copy visible to the wgmmas; the slot's reads done before its refill
-                pl.when(k + 1 < e)(lambda: issue_half_step(w, k + 1, k, last_page))
+                pl.when(k + 1 < e)(lambda: issue_half_step(w, k + 1, k, last_page, e))
 
                 def qk(s_ref):
                     rope_scores(s_ref, rope)

@@ -332,6 +332,14 @@ MOSAIC_FP8_CASES = [
                                      sums_at_end=True)),
     ("page_128", "float16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
                                  sums_at_end=True)),
+    # each warpgroup's L2 prefetch of the step l2_prefetch ahead in its range (pages of 16: 4 a step, 2 splits;
+    # block tables past a chunk, where a step ahead's entries are not staged; pages of two steps)
+    ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
+                                      qk_registers=True, sums_at_end=True, l2_prefetch=2)),
+    ("long_page_8", "bfloat16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
+                                     l2_prefetch=1)),
+    ("page_128", "float16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
+                                 qk_registers=True, l2_prefetch=3)),
 ]
 
 
@@ -478,12 +486,14 @@ def test_mosaic_gpu_fp8_kv_halves_nan_in_one_head_compiled():
                                               (16, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
                                                         l2_prefetch=2)),
                                               (128, dict(num_splits=1, l2_prefetch=1)),
-                                              (16, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
-                                                        kv_halves=True)),
-                                              (16, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
-                                                        kv_halves=True, qk_registers=True)),
-                                              (16, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
-                                                        kv_halves=True, qk_registers=True, sums_at_end=True)),
+                                              # (kv_halves at H = 8: 16 rows at q_len 2, where it runs)
+                                              (8, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
+                                                       kv_halves=True)),
+                                              (8, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
+                                                       kv_halves=True, qk_registers=True)),
+                                              (8, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
+                                                       kv_halves=True, qk_registers=True, sums_at_end=True,
+                                                        l2_prefetch=2)),
                                               (8, None), (8, dict(num_splits=2, transposed_scores=True,
                                                                   overlap_wait=True))])
 def test_mosaic_gpu_fp8_lowers_for_cuda(num_heads, tuning):
@@ -586,7 +596,6 @@ def test_fp8_convert_config_is_validated():
     (dict(kv_halves=True), "kv_halves=True needs .*transposed_pv=False"),
     (dict(kv_halves=True, transposed_scores=True, transposed_pv=True, max_concurrent_steps=1),
      "max_concurrent_steps=1"),
-    (dict(kv_halves=True, transposed_scores=True, transposed_pv=True, l2_prefetch=1), "l2_prefetch=1"),
     (dict(kv_halves=True, schedule="split"), "schedule='split'"),
     (dict(qk_registers=1), "qk_registers=1"),
     (dict(sums_at_end="yes"), "sums_at_end='yes'"),
