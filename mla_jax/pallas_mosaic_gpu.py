@@ -446,7 +446,8 @@ class MosaicConfig:
         566.0 / 568.7. The pages' order costs the kernel little (the same requests' pages in order: 141.7 against
         148.1 us, 560.3 against 564.8), and the prefetches' issue sits on the compute warpgroups' path. With
         kv_halves, each warpgroup prefetches the step `l2_prefetch` ahead in its own range with each refill of its
-        one slot (not yet timed there).
+        one slot; slower there too (session 22, parity.sweep, 3 rounds, 1 s idle: d = 2 at H16 B128 S16384 410.4 ->
+        440.4 us, B32 S16384 113.4 -> 124.3).
     late_row_sums: (opt-in; slower where timed) warpgroup 0 adds up a step's row sums of P (l = l * alpha + sum(P))
         after issuing its P @ V and before waiting for it, rather than before P's hand-over: the same operations in
         another place (bitwise the default, compiled). Its SASS (session 17's, read in session 18) puts those sums (34
