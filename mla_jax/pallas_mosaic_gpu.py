@@ -489,6 +489,13 @@ class MosaicConfig:
         22: on the H200 (parity.sweep, 3 rounds, 1 s idle) 1.05x faster than qk_registers alone at H16 B128 S16384
         (432.2 -> 409.8 us), 1.06x at B32 S16384 (120.3 -> 113.1), 1.02x at B8 S4096 (19.1 -> 18.7); 201 registers
         (193 without), no spills.
+    pv_in_flight: (opt-in; with qk_registers, elsewhere no effect; compiled only; not yet timed) a kv_halves step's
+        P @ V (8 wgmmas, one a 64 columns of V) is not awaited at the step's end: it runs on under the next step's
+        TMA wait, its rope and its first chunks, each chunk's conversion waiting (wgmma_wait) for the P @ V of its
+        columns before storing over them in V's f16 copy; O^T stays in a wgmma accumulator across the steps. Session
+        22's profile: a warpgroup waits 0.87 us a step for its P @ V, and 0.75 for its next slot's TMA. The same
+        operations in the same order (bitwise qk_registers). In interpret mode the default's path (the interpreter
+        stores into no accumulator).
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -523,6 +530,7 @@ class MosaicConfig:
     kv_halves: bool = False
     qk_registers: bool = False
     sums_at_end: bool = False
+    pv_in_flight: bool = False
     pdl: bool = False
 
     def __post_init__(self):
@@ -532,7 +540,8 @@ class MosaicConfig:
                 raise ValueError(f"{name} must be an int, got {name}={x!r}")
         for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
                      "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast", "deferred_pv", "split_ring",
-                     "part_wait", "late_row_sums", "kv_halves", "qk_registers", "sums_at_end"):
+                     "part_wait", "late_row_sums", "kv_halves", "qk_registers", "sums_at_end",
+                     "pv_in_flight"):
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
@@ -813,7 +822,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   kv_multicast: bool = False, deferred_pv: bool = False, split_ring: bool = False,
                   part_wait: bool = False, l2_prefetch: int = 0, late_row_sums: bool = False,
                   kv_halves: bool = False, qk_registers: bool = False, sums_at_end: bool = False,
-                  out_dtype=None, interpret: bool = False):
+                  pv_in_flight: bool = False, out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile), the last axis the fastest (heads_fastest: reversed, the head
@@ -830,6 +839,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     compute_tile_halves).
     qk_registers: MosaicConfig's (kv_halves only: the scores' left operands from registers).
     sums_at_end: MosaicConfig's (kv_halves only: the softmax sums reduced across warps once, at the end).
+    pv_in_flight: MosaicConfig's (with qk_registers only: a step's P @ V awaited chunk by chunk in the next step).
     p_in_kv, dequant_layout, fused_dequant, fused_group, fp8_convert, overlap_dequant, overlap_wait, transposed_pv:
     MosaicConfig's (all but transposed_pv fp8 only;
     overlap_dequant needs transposed scores of at most OVERLAP_MAX_ROWS rows, and then fused_dequant is ignored;
@@ -880,6 +890,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         raise ValueError(f"qk_registers runs inside kv_halves's step: it needs kv_halves=True, got {kv_halves=}")
     if sums_at_end and not kv_halves:
         raise ValueError(f"sums_at_end keeps kv_halves's column sums: it needs kv_halves=True, got {kv_halves=}")
+    if pv_in_flight and not qk_registers:
+        raise ValueError(f"pv_in_flight waits for P @ V in qk_registers's conversion: it needs qk_registers=True, got "
+                         f"{qk_registers=}")
     if kv_halves:
         overlap_dequant = fused_dequant = False  # (each warpgroup converts its own steps: compute_tile_halves)
     if overlap_dequant:
@@ -2030,13 +2043,14 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             scale = scale_log2 * k_scale()
             plgpu.barrier_wait(q_bar)
 
-            def step(k, carry, masked: bool):
-                acc, m_i, l_i = carry
+            def step(k, carry, masked: bool, acc_ref=None):
+                """One step; acc_ref (pv_in_flight): O^T's accumulator, its P @ V left running (carry: m, l)."""
+                acc, m_i, l_i = carry if acc_ref is None else (None, *carry)
                 kv_start = k * block_kv
                 with jax.named_scope("kv_wait"):
                     plgpu.barrier_wait(kv_ready.at[w])
                 if qk_registers:
-                    s = scores_from_registers(k, kv_start, masked)
+                    s = scores_from_registers(k, kv_start, masked, pv_pending=acc_ref is not None)
                 else:
                     s = scores_from_copy(k, kv_start, masked)
                 if masked:
@@ -2053,13 +2067,18 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 # (this warpgroup's P @ V of step k - 1, P's reader, is done)
                 store_tiled(p_w(), p.astype(dtype), wg_layout, transforms, transpose=True)
                 plgpu.commit_smem()
-                acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [1])
 
-                def pv(acc_ref):
+                def pv(acc_ref):  # 8 wgmmas (commit groups), V's columns [64 c, 64 c + 64) the c-th's
                     for c in range(KV_LORA_RANK // 64):
                         plgpu.wgmma(acc_ref.at[pl.ds(c * 64, 64)], v_w().at[:, pl.ds(c * 64, 64)].transpose((1, 0)),
                                     p_w().transpose((1, 0)))
 
+                if acc_ref is not None:  # (the accumulator's read waits for every wgmma: all are done by now)
+                    acc_ref[...] = acc_ref[...] * lax.broadcast_in_dim(alpha, (KV_LORA_RANK, n), [1])
+                    with jax.named_scope("pv"):
+                        pv(acc_ref)  # not awaited: the next step's conversion waits for each chunk's columns
+                    return m_new, l_i
+                acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [1])
                 with jax.named_scope("pv"):
                     acc = accumulate(acc, pv)
                 return acc, m_new, l_i
@@ -2082,20 +2101,25 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 q_rope = q_smem[:, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)].astype(jnp.float32)
                 return s + jnp.dot(rope.astype(jnp.float32), q_rope.T, precision=lax.Precision.HIGHEST)
 
-            def scores_from_registers(k, kv_start, masked: bool):
+            def scores_from_registers(k, kv_start, masked: bool, pv_pending: bool = False):
                 """(qk_registers) S^T = K Q^T with every left operand in registers: each 64-column chunk of V is
                 loaded from the fp8 slot in the WGMMA layout, converted, stored to V's f16 copy (for P @ V) and
                 handed to its scores' wgmma as it is, so the scores never read the copy back from shared memory.
-                Then the slot is refilled."""
+                Then the slot is refilled. pv_pending (pv_in_flight): the last step's P @ V may still run, 8 commit
+                groups in column order: before chunk c's store to V's copy, at most 8 groups stay in flight (its
+                P @ V's c-th done: after it come its last 7 - c, the rope's and chunks 0..c-1's); from chunk 1's
+                wait(1) on, none of them."""
                 keep = rows_below(kv_len - kv_start, wg_layout) if masked else None
 
                 def qk(s_ref):
-                    def chunk(c):
-                        c0 = pl.multiple_of(c * 64, 64)
+                    def chunk(c, before=None, after=1):
+                        c0 = c * 64 if isinstance(c, int) else pl.multiple_of(c * 64, 64)
                         cols = pl.ds(c0, 64)
                         x = plgpu.load(kv_smem.at[w, :, cols], layout=wg_layout).astype(dtype)
                         if keep is not None:
                             x = jnp.where(keep, x, jnp.zeros_like(x))
+                        if before is not None:  # (the last step's P @ V of these columns is done)
+                            plgpu.wgmma_wait(before)
                         store_tiled(v_w().at[:, cols], x, wg_layout, F16_TILES)
                         q_t = q_smem.at[:, cols].transpose((1, 0))
                         if interpret:  # (no left operand in registers: the copy just written, the same values)
@@ -2105,13 +2129,19 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         # A wgmma reads its left operand's registers while it runs, and writing them before it is
                         # done is undefined (PTX ISA, wgmma.mma_async): the chunk before this one (its registers
                         # the next chunk's) is waited for here, this one's wgmma running under the next's load.
-                        plgpu.wgmma_wait(1)
+                        if after is not None:
+                            plgpu.wgmma_wait(after)
 
                     with jax.named_scope("dequant"):
                         rope = rope_rows(kv_start, masked)
                         rope_scores(s_ref, rope)
+                        first = 0
+                        if pv_pending:  # (chunk 0 not waited for: its wait(1) would wait for all of P @ V)
+                            chunk(0, before=KV_LORA_RANK // 64, after=None)
+                            chunk(1, before=KV_LORA_RANK // 64)
+                            first = 1
 
-                        @pl.loop(0, KV_LORA_RANK // 128)  # two chunks an iteration, their registers apart
+                        @pl.loop(first, KV_LORA_RANK // 128)  # two chunks an iteration, their registers apart
                         def _(i):
                             chunk(2 * i)
                             chunk(2 * i + 1)
@@ -2157,8 +2187,16 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                      plgpu.layout_cast(jnp.full((block_kv, n) if sums_at_end else (n,), 0.0, jnp.float32),
                                        wg_layout if sums_at_end else col_layout))
             mid = jnp.clip(lax.div(first_pos + 1, jnp.int32(block_kv)), b, e)  # steps before it skip the mask
-            carry = lax.fori_loop(b, mid, functools.partial(step, masked=False), carry)
-            acc, m_i, l_i = lax.fori_loop(mid, e, functools.partial(step, masked=True), carry)
+            if pv_in_flight and not interpret:  # (the interpreter has no rule for storing into an accumulator)
+                def steps(acc_ref):
+                    c = lax.fori_loop(b, mid, functools.partial(step, masked=False, acc_ref=acc_ref), carry[1:])
+                    c = lax.fori_loop(mid, e, functools.partial(step, masked=True, acc_ref=acc_ref), c)
+                    return acc_ref[...], *c  # (waits for the last P @ V)
+
+                acc, m_i, l_i = pl.run_scoped(steps, plgpu.ACC((KV_LORA_RANK, n), jnp.float32))
+            else:
+                carry = lax.fori_loop(b, mid, functools.partial(step, masked=False), carry)
+                acc, m_i, l_i = lax.fori_loop(mid, e, functools.partial(step, masked=True), carry)
             if sums_at_end:
                 l_i = col_reduce(l_i, "add", w)
 
@@ -2416,6 +2454,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         part_wait=tuning.part_wait, l2_prefetch=tuning.l2_prefetch, late_row_sums=tuning.late_row_sums,
         kv_halves=kv_halves, qk_registers=kv_halves and tuning.qk_registers,
         sums_at_end=kv_halves and tuning.sums_at_end,
+        pv_in_flight=kv_halves and tuning.qk_registers and tuning.pv_in_flight,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     if num_splits > 1:

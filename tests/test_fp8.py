@@ -493,7 +493,10 @@ def test_mosaic_gpu_fp8_kv_halves_nan_in_one_head_compiled():
                                                        kv_halves=True, qk_registers=True)),
                                               (8, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
                                                        kv_halves=True, qk_registers=True, sums_at_end=True,
-                                                        l2_prefetch=2)),
+                                                       l2_prefetch=2)),
+                                              (8, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
+                                                       kv_halves=True, qk_registers=True, sums_at_end=True,
+                                                       pv_in_flight=True)),
                                               (8, None), (8, dict(num_splits=2, transposed_scores=True,
                                                                   overlap_wait=True))])
 def test_mosaic_gpu_fp8_lowers_for_cuda(num_heads, tuning):
@@ -599,6 +602,7 @@ def test_fp8_convert_config_is_validated():
     (dict(kv_halves=True, schedule="split"), "schedule='split'"),
     (dict(qk_registers=1), "qk_registers=1"),
     (dict(sums_at_end="yes"), "sums_at_end='yes'"),
+    (dict(pv_in_flight=1), "pv_in_flight=1"),
 ])
 def test_kv_halves_config_is_validated(fields, match):
     from mla_jax.pallas_mosaic_gpu import MosaicConfig
@@ -625,6 +629,9 @@ def test_qk_registers_needs_kv_halves_in_the_kernel_builder():
         with pytest.raises(ValueError, match="kv_halves=False"):
             pallas_mosaic_gpu._build_kernel(**{opt: True}, **kw)
         pallas_mosaic_gpu._build_kernel(**{opt: True}, kv_halves=True, **kw)
+    with pytest.raises(ValueError, match="qk_registers=False"):  # (pv_in_flight waits in qk_registers's conversion)
+        pallas_mosaic_gpu._build_kernel(pv_in_flight=True, kv_halves=True, **kw)
+    pallas_mosaic_gpu._build_kernel(pv_in_flight=True, kv_halves=True, qk_registers=True, **kw)
 
 
 def test_kv_halves_has_no_effect_where_it_does_not_apply():
@@ -684,6 +691,21 @@ def test_mosaic_gpu_fp8_qk_registers_is_bitwise_kv_halves():
     base = dict(transposed_scores=True, transposed_pv=True, kv_halves=True)
     for name, extra in (("page_size_16", dict(num_splits=2)), ("heads_8_q2", {})):
         _assert_bitwise(name, "bfloat16", [dict(base, **extra), dict(base, **extra, qk_registers=True)])
+
+
+@pytest.mark.gpu
+def test_mosaic_gpu_fp8_pv_in_flight_is_bitwise_qk_registers():
+    """pv_in_flight leaves a step's P @ V running into the next step, each chunk's conversion waiting for the P @ V
+    of its columns before storing over them: the same wgmmas in the same order, the same out and lse bit for bit
+    compiled (2 splits at page 16; H = 8 at q_len 2, masks; block tables past a chunk at page 8; pages of two steps
+    in fp16), with and without sums_at_end."""
+    _skip_without_hopper()
+    base = dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True)
+    for name, dtype, extra in (("page_size_16", "bfloat16", dict(num_splits=2)), ("heads_8_q2", "bfloat16", {}),
+                               ("long_page_8", "bfloat16", {}), ("page_128", "float16", dict(num_splits=2))):
+        for sums in (False, True):
+            t = dict(base, **extra, sums_at_end=sums)
+            _assert_bitwise(name, dtype, [t, dict(t, pv_in_flight=True)])
 
 
 def test_mosaic_gpu_overlap_dequant_is_refused_where_it_does_not_fit():
