@@ -489,13 +489,15 @@ class MosaicConfig:
         22: on the H200 (parity.sweep, 3 rounds, 1 s idle) 1.05x faster than qk_registers alone at H16 B128 S16384
         (432.2 -> 409.8 us), 1.06x at B32 S16384 (120.3 -> 113.1), 1.02x at B8 S4096 (19.1 -> 18.7); 201 registers
         (193 without), no spills.
-    pv_in_flight: (opt-in; with qk_registers, elsewhere no effect; compiled only; not yet timed) a kv_halves step's
+    pv_in_flight: (opt-in; with qk_registers, elsewhere no effect; compiled only; slower) a kv_halves step's
         P @ V (8 wgmmas, one a 64 columns of V) is not awaited at the step's end: it runs on under the next step's
         TMA wait, its rope and its first chunks, each chunk's conversion waiting (wgmma_wait) for the P @ V of its
         columns before storing over them in V's f16 copy; O^T stays in a wgmma accumulator across the steps. Session
         22's profile: a warpgroup waits 0.87 us a step for its P @ V, and 0.75 for its next slot's TMA. The same
-        operations in the same order (bitwise qk_registers). In interpret mode the default's path (the interpreter
-        stores into no accumulator).
+        operations in the same order (bitwise qk_registers, compiled). In interpret mode the default's path (the
+        interpreter stores into no accumulator). On the H200 (session 22, parity.sweep, 3 rounds, 1 s idle) 1.22x
+        slower than the heuristic at H16 B128 S16384 (410.1 -> 499.9 us) and at B32 S16384 (112.6 -> 137.7); its
+        ptxas output (registers, spills, wgmma serialization) not yet read.
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
