@@ -1966,8 +1966,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         def issue_half_step(w: int, k, prev_k, last_page, end):
             """(kv_halves) TMA of KV step k into warpgroup w's ring slot (kv_ready[w]) and (l2_prefetch = d) of the
             pages of step k + d (if below `end`, this warpgroup's range's) into L2. Its block-table buffer (w) is
-            restaged first when step k's chunk differs from the one there: prev_k's (the step before k in this warpgroup's range; -1: none
-            yet, where warpgroup 0's buffer holds chunk 0, loaded with the info, and 1's nothing)."""
+            restaged first when step k's chunk differs from the one there: prev_k's (the step before k in this
+            warpgroup's range; -1: none yet, where warpgroup 0's buffer holds chunk 0, loaded with the info, and 1's
+            nothing)."""
             bar = bt_bar if w == 0 else bt_bar_wg1
             base = INFO_WORDS + w * bt_chunk
             lp0 = first_page(k)
