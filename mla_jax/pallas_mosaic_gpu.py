@@ -1158,6 +1158,27 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         def first_page(k):
             return lax.div(k, jnp.int32(steps_per_page)) if pages_per_step == 1 else k * pages_per_step
 
+        def step_rows(k, page, ahead: int = 0):
+            """The rows of KV step k + ahead in `page`: the whole page unless a page holds several steps."""
+            if steps_per_page == 1:
+                return kv_ref.at[page]
+            off = lax.rem(k + ahead if ahead else k, jnp.int32(steps_per_page)) * block_kv
+            return kv_ref.at[page, pl.ds(off, block_kv)]
+
+        def prefetch_ahead(k, last_page, chunk, page_at, end=None):
+            """(l2_prefetch) Step k + l2_prefetch's pages into L2 (a hint: no barrier, nothing waits for it), so that
+            its TMA, issued l2_prefetch steps later, finds them there; only pages of the request (<= last_page) whose
+            block-table entries are in the staged chunk (page_at's), and (end given) only below step `end`."""
+            lp_ahead = first_page(k + l2_prefetch)
+            for j in range(pages_per_step):
+                lp = lp_ahead + j
+                ok = lp <= last_page if end is None else (k + l2_prefetch < end) & (lp <= last_page)
+                ok = ok & (lax.div(lp, jnp.int32(bt_chunk)) == chunk)
+
+                @pl.when(ok)
+                def _(lp=lp):
+                    prefetch_to_l2(step_rows(k, page_at(lp), l2_prefetch))
+
         def kv_ready_at(slot, part: int = 0):
             """The barrier of `slot`'s column part `part` (two_parts: 0 columns [0, 256), 1 [256, 576); else
             the whole slot, part 0)."""
@@ -1198,13 +1219,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 """Page id of the request's logical page lp (in the staged chunk)."""
                 return i_smem[INFO_WORDS + buf * bt_chunk + lp - chunk * bt_chunk]
 
-            def step_rows(page, ahead: int = 0):
-                """The rows of KV step k + ahead in `page`: the whole page unless a page holds several steps."""
-                if steps_per_page == 1:
-                    return kv_ref.at[page]
-                off = lax.rem(k + ahead if ahead else k, jnp.int32(steps_per_page)) * block_kv
-                return kv_ref.at[page, pl.ds(off, block_kv)]
-
             def cols(ref, part):
                 """The KV cache's columns of `part` (all of them without two_parts)."""
                 if not two_parts:
@@ -1219,28 +1233,19 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
             for part in parts:
                 if pages_per_step == 1:
-                    plgpu.copy_gmem_to_smem(cols(step_rows(page_at(lp0)), part), dst(part),
+                    plgpu.copy_gmem_to_smem(cols(step_rows(k, page_at(lp0)), part), dst(part),
                                             kv_ready_at(slot, part), collective_axes=kv_axes)
                 else:
                     for j in range(pages_per_step):
                         # Pages past the request's last one are never dereferenced (their
                         # rows are past kv_len): the last page stands in for them.
                         page = page_at(jnp.minimum(lp0 + j, last_page))
-                        plgpu.copy_gmem_to_smem(cols(step_rows(page), part),
+                        plgpu.copy_gmem_to_smem(cols(step_rows(k, page), part),
                                                 dst(part, pl.ds(j * page_size, page_size)),
                                                 kv_ready_at(slot, part), collective_axes=kv_axes)
 
             if l2_prefetch and 0 in parts:
-                # Step k + l2_prefetch's pages into L2 (a hint: no barrier, nothing waits for it), so that its TMA
-                # into the ring, issued l2_prefetch steps later, finds them there; only pages of the request
-                # (<= last_page) whose block-table entries are in the staged chunk.
-                lp_ahead = first_page(k + l2_prefetch)
-                for j in range(pages_per_step):
-                    lp = lp_ahead + j
-
-                    @pl.when((lp <= last_page) & (lax.div(lp, jnp.int32(bt_chunk)) == chunk))
-                    def _(lp=lp):
-                        prefetch_to_l2(step_rows(page_at(lp), l2_prefetch))
+                prefetch_ahead(k, last_page, chunk, page_at)
 
         def drain(n):
             """Observe the last releases of every slot, so that each barrier phase is awaited
@@ -1985,27 +1990,15 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             def page_at(lp):
                 return i_smem[base + lp - chunk * bt_chunk]
 
-            def src(page, ahead: int = 0):
-                return kv_ref.at[page] if steps_per_page == 1 else kv_ref.at[
-                    page, pl.ds(lax.rem(k + ahead, jnp.int32(steps_per_page)) * block_kv, block_kv)]
-
             if pages_per_step == 1:
-                plgpu.copy_gmem_to_smem(src(page_at(lp0)), kv_smem.at[w], kv_ready.at[w])
+                plgpu.copy_gmem_to_smem(step_rows(k, page_at(lp0)), kv_smem.at[w], kv_ready.at[w])
             else:
                 for j in range(pages_per_step):  # pages past the request's last: the last stands in (rows past kv_len)
                     page = page_at(jnp.minimum(lp0 + j, last_page))
-                    plgpu.copy_gmem_to_smem(src(page), kv_smem.at[w, pl.ds(j * page_size, page_size)], kv_ready.at[w])
+                    plgpu.copy_gmem_to_smem(step_rows(k, page), kv_smem.at[w, pl.ds(j * page_size, page_size)],
+                                            kv_ready.at[w])
             if l2_prefetch:
-                # (a hint: nothing waits for it) pages of the request (<= last_page) whose block-table entries are in
-                # the staged chunk, as issue_step's
-                lp_ahead = first_page(k + l2_prefetch)
-                for j in range(pages_per_step):
-                    lp = lp_ahead + j
-
-                    @pl.when((k + l2_prefetch < end) & (lp <= last_page)
-                             & (lax.div(lp, jnp.int32(bt_chunk)) == chunk))
-                    def _(lp=lp):
-                        prefetch_to_l2(src(page_at(lp), l2_prefetch))
+                prefetch_ahead(k, last_page, chunk, page_at, end)
 
         def compute_wg_halves(w: int):
             """(kv_halves) Warpgroup w: the tile's info (1 loads it, and q), then its half of the split's steps."""
