@@ -187,6 +187,13 @@ assert RED_FLOATS_PER_COLUMN * 4 <= 64 * 2  # (in a warpgroup's P's bytes, [n, b
 KV_HALVES_BT_CHUNK = 96
 # kv_halves: each warpgroup's f16 copy of V, 8 x 64 tiles with a 128-byte swizzle
 F16_TILES = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+# MosaicConfig.qk_permuted: a [64, 64] f16 array in the WGMMA_8BIT layout (a thread's register j holds columns
+# 16 j' + 4 q .. + 3, q = lane % 4) taken as the WGMMA layout's (2 columns a register piece: 8 j + 2 q, + 1) without
+# moving a value: the column the WGMMA layout calls c holds column QK_PERM_16[c % 16] + c - c % 16 (derived
+# from jax 0.11.2's layouts, fragmented_array.py; checked in tests/test_fp8.py)
+QK_PERM_16 = (0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15)
+QK_PERM_64 = np.array([16 * b + QK_PERM_16[c] for b in range(4) for c in range(16)])
+QK_PERM = np.array([16 * b + QK_PERM_16[c] for b in range(HEAD_DIM // 16) for c in range(16)])  # q's 576 columns
 # three_wg's register split (setmaxnreg; 128 threads each, at most 65536 registers in all): the scores
 # warpgroup holds a 64 x 64 fp32 score tile, each P @ V warpgroup a 64 x 256 fp32 accumulator
 THREE_WG_REGISTERS = (152, 176, 176)
@@ -227,6 +234,22 @@ def e4m3_bits_to_f16(b: np.ndarray) -> np.ndarray:
     h = b.astype(np.uint16) << 8
     f = ((h & 0x8000) | ((h >> 1) & 0x3F80)).view(np.float16)
     return (f * np.float16(256.0)).astype(np.float16)
+
+
+def _rewrap_8bit_as_wgmma(fa):
+    """(qk_permuted; inside inline Mosaic GPU) a [64 m, 64 n] 16-bit FragmentedArray in the WGMMA_8BIT layout
+    (4-value register pieces) -> the same registers as a WGMMA-layout array (each piece split in two): its columns
+    permuted by QK_PERM within each 16, no instruction emitted (FragmentedArray.to_layout's index map, without its
+    shuffles)."""
+    if fa.layout != mgpu.WGMMA_LAYOUT_8BIT or ir.VectorType(fa.registers.flat[0].type).shape != [4]:
+        raise NotImplementedError(f"_rewrap_8bit_as_wgmma needs WGMMA_8BIT pieces of 4, got {fa.layout}, "
+                                  f"{fa.registers.flat[0].type}")
+    shape = mgpu.WGMMA_LAYOUT.registers_shape(fa.shape)
+    regs = np.empty(shape, dtype=object)
+    for idx, reg in np.ndenumerate(fa.registers):
+        for s in range(2):
+            regs[(idx[0], 2 * idx[1] + s, *idx[2:len(shape)])] = mgpu.utils.vector_slice(reg, slice(2 * s, 2 * s + 2))
+    return mgpu.FragmentedArray(_registers=regs, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
 
 
 def _e4m3_to_f16(x, layout):
@@ -497,7 +520,17 @@ class MosaicConfig:
         operations in the same order (bitwise qk_registers, compiled). In interpret mode the default's path (the
         interpreter stores into no accumulator). On the H200 (session 22, parity.sweep, 3 rounds, 1 s idle) 1.22x
         slower than the heuristic at H16 B128 S16384 (410.1 -> 499.9 us) and at B32 S16384 (112.6 -> 137.7); its
-        ptxas output (registers, spills, wgmma serialization) not yet read.
+        ptxas output (session 23): "wgmma.mma_async instructions are serialized due to non wgmma instructions
+        reading accumulator registers of a wgmma between start and end of the pipeline stage" (C7514), 177
+        registers, no spills: ptxas waits for every wgmma where O^T's registers are read or carried, so nothing is
+        left in flight and the waits are added.
+    qk_permuted: (opt-in; with qk_registers, elsewhere no effect) each 64-column chunk of the fp8 slot (and the
+        rope's) is loaded 4 values a thread (the WGMMA_8BIT layout: two ldmatrix.x4 a chunk, where the WGMMA
+        layout takes 16 two-byte loads, each half a 128-byte wavefront), converted, stored to V's f16 copy in that
+        layout (its columns in order), and handed to the scores' wgmma as the WGMMA layout's registers without
+        moving them (_rewrap_8bit_as_wgmma): the wgmma then sees each 16 columns of the chunk permuted (QK_PERM),
+        so q's 576 columns are permuted the same way before the kernel (with the f16 conversion of a bf16 q: one
+        XLA fusion). The same products; a wgmma sums them in another order (not bitwise qk_registers).
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -533,6 +566,7 @@ class MosaicConfig:
     qk_registers: bool = False
     sums_at_end: bool = False
     pv_in_flight: bool = False
+    qk_permuted: bool = False
     pdl: bool = False
 
     def __post_init__(self):
@@ -543,7 +577,7 @@ class MosaicConfig:
         for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
                      "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast", "deferred_pv", "split_ring",
                      "part_wait", "late_row_sums", "kv_halves", "qk_registers", "sums_at_end",
-                     "pv_in_flight"):
+                     "pv_in_flight", "qk_permuted"):
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
@@ -824,7 +858,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   kv_multicast: bool = False, deferred_pv: bool = False, split_ring: bool = False,
                   part_wait: bool = False, l2_prefetch: int = 0, late_row_sums: bool = False,
                   kv_halves: bool = False, qk_registers: bool = False, sums_at_end: bool = False,
-                  pv_in_flight: bool = False, out_dtype=None, interpret: bool = False):
+                  pv_in_flight: bool = False, qk_permuted: bool = False, out_dtype=None,
+                  interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile), the last axis the fastest (heads_fastest: reversed, the head
@@ -842,6 +877,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     qk_registers: MosaicConfig's (kv_halves only: the scores' left operands from registers).
     sums_at_end: MosaicConfig's (kv_halves only: the softmax sums reduced across warps once, at the end).
     pv_in_flight: MosaicConfig's (with qk_registers only: a step's P @ V awaited chunk by chunk in the next step).
+    qk_permuted: MosaicConfig's (with qk_registers only: q's columns permuted by QK_PERM, the caller's).
     p_in_kv, dequant_layout, fused_dequant, fused_group, fp8_convert, overlap_dequant, overlap_wait, transposed_pv:
     MosaicConfig's (all but transposed_pv fp8 only;
     overlap_dequant needs transposed scores of at most OVERLAP_MAX_ROWS rows, and then fused_dequant is ignored;
@@ -894,6 +930,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         raise ValueError(f"sums_at_end keeps kv_halves's column sums: it needs kv_halves=True, got {kv_halves=}")
     if pv_in_flight and not qk_registers:
         raise ValueError(f"pv_in_flight waits for P @ V in qk_registers's conversion: it needs qk_registers=True, got "
+                         f"{qk_registers=}")
+    if qk_permuted and not qk_registers:
+        raise ValueError(f"qk_permuted loads qk_registers's left operands: it needs qk_registers=True, got "
                          f"{qk_registers=}")
     if kv_halves:
         overlap_dequant = fused_dequant = False  # (each warpgroup converts its own steps: compute_tile_halves)
@@ -2079,13 +2118,34 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     acc = accumulate(acc, pv)
                 return acc, m_new, l_i
 
+            # (qk_permuted) the fp8 chunks' load layout, 4 values a thread, and the WGMMA-layout view of its registers
+            ld_layout = plgpu.Layout.WGMMA_8BIT if qk_permuted else wg_layout
+
+            def as_operand(x):
+                """(qk_permuted) x [64, 64] f16 in ld_layout -> the scores' left operand: its registers as the WGMMA
+                layout's, columns permuted by QK_PERM_64 within each 16 (interpret: the permutation itself)."""
+                if not qk_permuted:
+                    return x
+                if interpret:  # (x[:, QK_PERM_64] without an index array, which a kernel may not capture: column
+                    # 16 b + 4 q + 2 s + v to 16 b + 8 s + 2 q + v)
+                    return x.reshape(64, 4, 4, 2, 2).transpose(0, 1, 3, 2, 4).reshape(x.shape)
+
+                @plgpu.inline_mgpu(arg_types=(ld_layout,),
+                                   return_type=plgpu.ShapeDtypeStruct(x.shape, x.dtype, layout=wg_layout))
+                def rewrap(ctx, fa):
+                    del ctx
+                    return _rewrap_8bit_as_wgmma(fa)
+
+                return rewrap(x)
+
             def rope_rows(kv_start, masked: bool):
-                """The step's rope columns [block_kv, 64] in registers (WGMMA layout), rows past kv_len 0."""
-                rope = plgpu.load(kv_smem.at[w, :, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)], layout=wg_layout)
+                """The step's rope columns [block_kv, 64] in registers (WGMMA layout), rows past kv_len 0
+                (qk_permuted: as_operand's view)."""
+                rope = plgpu.load(kv_smem.at[w, :, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)], layout=ld_layout)
                 rope = rope.astype(dtype)
                 if masked:
-                    rope = jnp.where(rows_below(kv_len - kv_start, wg_layout), rope, jnp.zeros_like(rope))
-                return rope
+                    rope = jnp.where(rows_below(kv_len - kv_start, ld_layout), rope, jnp.zeros_like(rope))
+                return as_operand(rope)
 
             def rope_scores(s_ref, rope):
                 """The rope columns' scores into s_ref: the wgmma's left operand from registers (compiled)."""
@@ -2105,23 +2165,27 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 groups in column order: before chunk c's store to V's copy, at most 8 groups stay in flight (its
                 P @ V's c-th done: after it come its last 7 - c, the rope's and chunks 0..c-1's); from chunk 1's
                 wait(1) on, none of them."""
-                keep = rows_below(kv_len - kv_start, wg_layout) if masked else None
+                keep = rows_below(kv_len - kv_start, ld_layout) if masked else None
 
                 def qk(s_ref):
                     def chunk(c, before=None, after=1):
                         c0 = c * 64 if isinstance(c, int) else pl.multiple_of(c * 64, 64)
                         cols = pl.ds(c0, 64)
-                        x = plgpu.load(kv_smem.at[w, :, cols], layout=wg_layout).astype(dtype)
+                        x = plgpu.load(kv_smem.at[w, :, cols], layout=ld_layout).astype(dtype)
                         if keep is not None:
                             x = jnp.where(keep, x, jnp.zeros_like(x))
                         if before is not None:  # (the last step's P @ V of these columns is done)
                             plgpu.wgmma_wait(before)
-                        store_tiled(v_w().at[:, cols], x, wg_layout, F16_TILES)
                         q_t = q_smem.at[:, cols].transpose((1, 0))
-                        if interpret:  # (no left operand in registers: the copy just written, the same values)
+                        if interpret:  # (no left operand in registers: the operand written to V's copy first, then
+                            # read by the wgmma, then (qk_permuted) V's columns in order over it; the same values)
+                            store_tiled(v_w().at[:, cols], as_operand(x), wg_layout, F16_TILES)
                             plgpu.wgmma(s_ref, v_w().at[:, cols], q_t)
+                            if qk_permuted:
+                                store_tiled(v_w().at[:, cols], x, ld_layout, F16_TILES)
                         else:
-                            plgpu.wgmma(s_ref, x, q_t)
+                            store_tiled(v_w().at[:, cols], x, ld_layout, F16_TILES)
+                            plgpu.wgmma(s_ref, as_operand(x), q_t)
                         # A wgmma reads its left operand's registers while it runs, and writing them before it is
                         # done is undefined (PTX ISA, wgmma.mma_async): the chunk before this one (its registers
                         # the next chunk's) is waited for here, this one's wgmma running under the next's load.
@@ -2435,6 +2499,9 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         bt_chunk = min(bt_chunk, KV_HALVES_BT_CHUNK)
     bt_chunk -= bt_chunk % pages_per_step
     width = -(-metadata.block_table.shape[1] // bt_chunk) * bt_chunk
+    qk_permuted = kv_halves and tuning.qk_registers and tuning.qk_permuted
+    if qk_permuted:  # (the scores' wgmmas see K's columns permuted: q's the same way; fused with q's f16 conversion)
+        q = q[..., QK_PERM]
     kernel = _build_kernel(
         dtype=q.dtype, out_dtype=out_dtype, page_size=page_size, num_tokens=num_tokens, heads=heads, hp=hp,
         num_h_tiles=num_h_tiles, q_tiles=q_tiles, num_reqs=num_reqs, num_splits=num_splits, block_kv=block_kv,
@@ -2450,7 +2517,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         part_wait=tuning.part_wait, l2_prefetch=tuning.l2_prefetch, late_row_sums=tuning.late_row_sums,
         kv_halves=kv_halves, qk_registers=kv_halves and tuning.qk_registers,
         sums_at_end=kv_halves and tuning.sums_at_end,
-        pv_in_flight=kv_halves and tuning.qk_registers and tuning.pv_in_flight,
+        pv_in_flight=kv_halves and tuning.qk_registers and tuning.pv_in_flight, qk_permuted=qk_permuted,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     if num_splits > 1:

@@ -12,6 +12,7 @@ jit, FA3's refusal of fp8, and the Mosaic GPU kernel's fp8 path (interpret mode,
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +20,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
+from jax.experimental.mosaic.gpu import fragmented_array as mfa
 
 import mla_jax
 import mla_torch
@@ -340,6 +342,14 @@ MOSAIC_FP8_CASES = [
                                      l2_prefetch=1)),
     ("page_128", "float16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
                                  qk_registers=True, l2_prefetch=3)),
+    # the scores' left operands loaded 4 values a thread, their columns permuted and q's with them (qk_permuted):
+    # 2 splits at page 16 with sums_at_end, H = 8 q_len 2 (masks), block tables past a chunk in fp16
+    ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
+                                      qk_registers=True, sums_at_end=True, qk_permuted=True)),
+    ("heads_8_q2", "bfloat16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
+                                    qk_permuted=True)),
+    ("long_page_8", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
+                                    sums_at_end=True, qk_permuted=True)),
 ]
 
 
@@ -497,6 +507,9 @@ def test_mosaic_gpu_fp8_kv_halves_nan_in_one_head_compiled():
                                               (8, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
                                                        kv_halves=True, qk_registers=True, sums_at_end=True,
                                                        pv_in_flight=True)),
+                                              (8, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
+                                                       kv_halves=True, qk_registers=True, sums_at_end=True,
+                                                       qk_permuted=True)),
                                               (8, None), (8, dict(num_splits=2, transposed_scores=True,
                                                                   overlap_wait=True))])
 def test_mosaic_gpu_fp8_lowers_for_cuda(num_heads, tuning):
@@ -603,6 +616,7 @@ def test_fp8_convert_config_is_validated():
     (dict(qk_registers=1), "qk_registers=1"),
     (dict(sums_at_end="yes"), "sums_at_end='yes'"),
     (dict(pv_in_flight=1), "pv_in_flight=1"),
+    (dict(qk_permuted="on"), "qk_permuted='on'"),
 ])
 def test_kv_halves_config_is_validated(fields, match):
     from mla_jax.pallas_mosaic_gpu import MosaicConfig
@@ -632,6 +646,54 @@ def test_qk_registers_needs_kv_halves_in_the_kernel_builder():
     with pytest.raises(ValueError, match="qk_registers=False"):  # (pv_in_flight waits in qk_registers's conversion)
         pallas_mosaic_gpu._build_kernel(pv_in_flight=True, kv_halves=True, **kw)
     pallas_mosaic_gpu._build_kernel(pv_in_flight=True, kv_halves=True, qk_registers=True, **kw)
+    with pytest.raises(ValueError, match="qk_registers=False"):  # (qk_permuted loads qk_registers's operands)
+        pallas_mosaic_gpu._build_kernel(qk_permuted=True, kv_halves=True, **kw)
+    pallas_mosaic_gpu._build_kernel(qk_permuted=True, kv_halves=True, qk_registers=True, **kw)
+
+
+def _layout_columns(layout, shape=(64, 64)):
+    """{(thread, register index): [column of each vector element]} of a Mosaic GPU TiledLayout over `shape` (a
+    mirror of TiledLayout.thread_idxs in Python; the rows are checked alike)."""
+    tiling = layout.tiling
+    strides = tiling.tile_strides(tuple(math.prod(shape[i + 1:]) for i in range(len(shape))))
+    tiled_shape = layout.tiled_tiling_shape
+    rank = layout.tiled_tiling_rank
+
+    def offset(index, dims):
+        sizes = [d.times if isinstance(d, mfa.Replicated) else tiled_shape[d] for d in dims]
+        out = 0
+        for j, (d, size) in enumerate(zip(dims, sizes)):
+            if not isinstance(d, mfa.Replicated):
+                out += (index // math.prod(sizes[j + 1:])) % size * strides[-rank:][d]
+        return out
+
+    result = {}
+    for t in range(128):
+        base = offset(t // 32 % 4, layout.warp_dims) + offset(t % 32, layout.lane_dims)
+        for idx in np.ndindex(layout.registers_shape(shape)):
+            lin = base + sum(i * s for i, s in zip(idx, strides))
+            result[t, idx] = [divmod(lin + v * strides[layout.vector_dim], shape[1])
+                              for v in range(layout.vector_length)]
+    return result
+
+
+def test_qk_perm_is_the_8bit_layout_seen_as_wgmma():
+    """qk_permuted hands the WGMMA_8BIT layout's registers (4 values a piece) to the wgmma as the WGMMA layout's
+    (2 a piece, each piece split in two: _rewrap_8bit_as_wgmma): for every thread and register, the element the
+    WGMMA layout puts at (r, c) is the 8-bit layout's (r, QK_PERM_64[c]), the permutation q's columns get."""
+    from mla_jax import pallas_mosaic_gpu as mg
+
+    src, dst = _layout_columns(mfa.WGMMA_LAYOUT_8BIT), _layout_columns(mfa.WGMMA_LAYOUT)
+    seen = {}
+    for (t, idx), elems in src.items():
+        for s in range(2):
+            new = (idx[0], 2 * idx[1] + s, *idx[2:len(mfa.WGMMA_LAYOUT.registers_shape((64, 64)))])
+            for (cr, cc), (tr, tc) in zip(dst[t, new], elems[2 * s:2 * s + 2]):
+                assert cr == tr
+                seen[cc] = seen.get(cc, tc)
+                assert seen[cc] == tc
+    assert [seen[c] for c in range(64)] == list(mg.QK_PERM_64)
+    assert sorted(mg.QK_PERM) == list(range(576)) and list(mg.QK_PERM[:64]) == list(mg.QK_PERM_64)
 
 
 def test_kv_halves_has_no_effect_where_it_does_not_apply():
