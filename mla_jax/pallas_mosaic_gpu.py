@@ -530,7 +530,11 @@ class MosaicConfig:
         layout (its columns in order), and handed to the scores' wgmma as the WGMMA layout's registers without
         moving them (_rewrap_8bit_as_wgmma): the wgmma then sees each 16 columns of the chunk permuted (QK_PERM),
         so q's 576 columns are permuted the same way before the kernel (with the f16 conversion of a bf16 q: one
-        XLA fusion). The same products; a wgmma sums them in another order (not bitwise qk_registers).
+        XLA fusion). The same products; a wgmma sums them in another order (not bitwise qk_registers). The
+        heuristic's pick wherever kv_halves runs, since session 23: on the H200 (parity.sweep, 3 rounds, 1 s idle)
+        1.06x faster than qk_registers with sums_at_end at H16 B128 S16384 (400.9 -> 376.7 us, 3.22 TB/s of fp8
+        bytes), 1.05x at B32 S16384 (113.3 -> 108.3), 1.01x at B8 S4096 (18.6 -> 18.4); 196 registers, no spills;
+        the PTX's 192 ld.shared.b16 gone (ldmatrix 50 -> 74).
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -769,11 +773,12 @@ def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_re
     # with qk_registers (session 21, parity.sweep, 3 rounds, 1 s idle: 1.20x faster than kv_halves alone at H16
     # B128 S16384, 513.1 -> 426.7 us, 1.17x at B32 S16384, 140.9 -> 120.3) and sums_at_end (session 22, the same
     # sweep: 1.05x faster at H16 B128 S16384, 432.2 -> 409.8 us, 1.06x at B32 S16384, 120.3 -> 113.1, 1.02x at B8
-    # S4096, 19.1 -> 18.7)
+    # S4096, 19.1 -> 18.7) and qk_permuted (session 23, the same sweep: 1.06x faster at H16 B128 S16384, 400.9 -> 376.7
+    # us, 1.05x at B32 S16384, 113.3 -> 108.3, 1.01x at B8 S4096, 18.6 -> 18.4)
     return MosaicConfig(block_kv=block_kv, num_splits=num_splits, max_concurrent_steps=2,
                         transposed_scores=rows <= TRANSPOSED_MAX_ROWS or transposed_pv, transposed_pv=transposed_pv,
                         heads_fastest=heads_fastest, kv_halves=kv_halves, qk_registers=kv_halves,
-                        sums_at_end=kv_halves)
+                        sums_at_end=kv_halves, qk_permuted=kv_halves)
 
 
 def tma_windows(shape) -> list[tuple[tuple[int, int], ...]]:

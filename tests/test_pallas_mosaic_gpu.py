@@ -569,6 +569,7 @@ class TestConfig:
             assert t.kv_halves is halves and (-(-(s // 64) // t.num_splits) >= 2) is halves, (b, s, t)
             assert t.qk_registers is halves, (b, s, t)  # (with kv_halves, the scores' operands from registers)
             assert t.sums_at_end is halves, (b, s, t)  # (and its softmax sums reduced across warps at the end)
+            assert t.qk_permuted is halves, (b, s, t)  # (and its fp8 chunks loaded by ldmatrix, q permuted)
         fp8_h32 = heuristic_config(MLAConfig(num_heads=32, kv_cache_dtype="fp8_e4m3"), num_tokens=4, max_blocks=4)
         assert not fp8_h32.transposed_scores and not fp8_h32.transposed_pv
         # without max_query_len: one token a request (tokens <= requests) or not
