@@ -530,7 +530,9 @@ class MosaicConfig:
         layout (its columns in order), and handed to the scores' wgmma as the WGMMA layout's registers without
         moving them (_rewrap_8bit_as_wgmma): the wgmma then sees each 16 columns of the chunk permuted (QK_PERM),
         so q's 576 columns are permuted the same way before the kernel (with the f16 conversion of a bf16 q: one
-        XLA fusion). The same products; a wgmma sums them in another order (not bitwise qk_registers). The
+        XLA fusion). The same products; a wgmma sums them in another order (not bitwise qk_registers). Compiled
+        only: interpret mode runs qk_registers's path (the permutation in the interpreted computation hung the CPU
+        tests); QK_PERM is checked against jax's layouts on the CPU and the kernel compiled on the H200. The
         heuristic's pick wherever kv_halves runs, since session 23: on the H200 (parity.sweep, 3 rounds, 1 s idle)
         1.06x faster than qk_registers with sums_at_end at H16 B128 S16384 (400.9 -> 376.7 us, 3.22 TB/s of fp8
         bytes), 1.05x at B32 S16384 (113.3 -> 108.3), 1.01x at B8 S4096 (18.6 -> 18.4); 196 registers, no spills;
@@ -2129,11 +2131,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             def as_operand(x):
                 """(qk_permuted) x [64, 64] f16 in ld_layout -> the scores' left operand: its registers as the WGMMA
                 layout's, columns permuted by QK_PERM_64 within each 16 (interpret: the permutation itself)."""
-                if not qk_permuted:
+                if not qk_permuted or interpret:  # (interpret: qk_registers's path, q not permuted either)
                     return x
-                if interpret:  # (x[:, QK_PERM_64] without an index array, which a kernel may not capture: column
-                    # 16 b + 4 q + 2 s + v to 16 b + 8 s + 2 q + v)
-                    return x.reshape(64, 4, 4, 2, 2).transpose(0, 1, 3, 2, 4).reshape(x.shape)
 
                 @plgpu.inline_mgpu(arg_types=(ld_layout,),
                                    return_type=plgpu.ShapeDtypeStruct(x.shape, x.dtype, layout=wg_layout))
@@ -2182,12 +2181,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         if before is not None:  # (the last step's P @ V of these columns is done)
                             plgpu.wgmma_wait(before)
                         q_t = q_smem.at[:, cols].transpose((1, 0))
-                        if interpret:  # (no left operand in registers: the operand written to V's copy first, then
-                            # read by the wgmma, then (qk_permuted) V's columns in order over it; the same values)
-                            store_tiled(v_w().at[:, cols], as_operand(x), wg_layout, F16_TILES)
+                        if interpret:  # (no left operand in registers: the copy just written, the same values)
+                            store_tiled(v_w().at[:, cols], x, wg_layout, F16_TILES)
                             plgpu.wgmma(s_ref, v_w().at[:, cols], q_t)
-                            if qk_permuted:
-                                store_tiled(v_w().at[:, cols], x, ld_layout, F16_TILES)
                         else:
                             store_tiled(v_w().at[:, cols], x, ld_layout, F16_TILES)
                             plgpu.wgmma(s_ref, as_operand(x), q_t)
@@ -2504,7 +2500,9 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         bt_chunk = min(bt_chunk, KV_HALVES_BT_CHUNK)
     bt_chunk -= bt_chunk % pages_per_step
     width = -(-metadata.block_table.shape[1] // bt_chunk) * bt_chunk
-    qk_permuted = kv_halves and tuning.qk_registers and tuning.qk_permuted
+    # (interpret mode runs qk_registers's path: with q's permutation in the interpreted computation the CPU tests hung,
+    # as with a bf16 -> f16 conversion there)
+    qk_permuted = kv_halves and tuning.qk_registers and tuning.qk_permuted and not interpret
     if qk_permuted:  # (the scores' wgmmas see K's columns permuted: q's the same way; fused with q's f16 conversion)
         q = q[..., QK_PERM]
     kernel = _build_kernel(
