@@ -192,8 +192,8 @@ F16_TILES = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 # moving a value: the column the WGMMA layout calls c holds column QK_PERM_16[c % 16] + c - c % 16 (derived
 # from jax 0.11.2's layouts, fragmented_array.py; checked in tests/test_fp8.py)
 QK_PERM_16 = (0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15)
-QK_PERM_64 = np.array([16 * b + QK_PERM_16[c] for b in range(4) for c in range(16)])
 QK_PERM = np.array([16 * b + QK_PERM_16[c] for b in range(HEAD_DIM // 16) for c in range(16)])  # q's 576 columns
+QK_PERM_64 = QK_PERM[:64]  # a 64-column chunk's
 # three_wg's register split (setmaxnreg; 128 threads each, at most 65536 registers in all): the scores
 # warpgroup holds a 64 x 64 fp32 score tile, each P @ V warpgroup a 64 x 256 fp32 accumulator
 THREE_WG_REGISTERS = (152, 176, 176)
@@ -2130,8 +2130,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
             def as_operand(x):
                 """(qk_permuted) x [64, 64] f16 in ld_layout -> the scores' left operand: its registers as the WGMMA
-                layout's, columns permuted by QK_PERM_64 within each 16 (interpret: the permutation itself)."""
-                if not qk_permuted or interpret:  # (interpret: qk_registers's path, q not permuted either)
+                layout's, columns permuted by QK_PERM_64 within each 16 (never in interpret mode: the wrapper passes
+                qk_permuted=False there)."""
+                if not qk_permuted:
                     return x
 
                 @plgpu.inline_mgpu(arg_types=(ld_layout,),
