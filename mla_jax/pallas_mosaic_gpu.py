@@ -777,12 +777,13 @@ def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_re
     # sweep: 1.05x faster at H16 B128 S16384, 432.2 -> 409.8 us, 1.06x at B32 S16384, 120.3 -> 113.1, 1.02x at B8
     # S4096, 19.1 -> 18.7) and qk_permuted (session 23, the same sweep: 1.06x faster at H16 B128 S16384, 400.9 -> 376.7
     # us, 1.05x at B32 S16384, 113.3 -> 108.3, 1.01x at B8 S4096, 18.6 -> 18.4)
-    # With an fp8 cache at H = 128 (tiles of 64 heads, two a request: the fused conversion's rows) warpgroup 0's V
-    # half converted 4 chunks between two fences (fused_group): on the H200 (parity.sweep, 3 rounds, 1 s idle,
-    # session 24) 1.02x faster than 2 at H128 B32 S4096 q1 (115.7 -> 113.1 us), 1.03x at B64 S16384 (756.4 -> 736.7),
-    # 1.015x at B32 S4096 q2 (198.0 -> 195.0), 1.02x at B8 S4096 (40.5 -> 39.8); elsewhere 2 (session 10: 1.02x
-    # faster than 4 at H16 q_len 2, the other fused rows).
-    fused_group = 4 if config.is_fp8_kv_cache and heads > BLOCK_H else 2
+    # With an fp8 cache warpgroup 0's V half converted 4 chunks between two fences (fused_group; it matters only where
+    # the fused conversion runs: not under overlap_dequant): on the H200 (parity.sweep, 3 rounds, 1 s idle, session 24)
+    # 1.02x faster than 2 at H128 B32 S4096 q1 (115.7 -> 113.1 us), 1.03x at B64 S16384 (756.4 -> 736.7), 1.015x at
+    # B32 S4096 q2 (198.0 -> 195.0), 1.02x at B8 S4096 (40.5 -> 39.8), and at H = 16, q_len 2 (32 rows) 1.025x at
+    # B128 S16384 (749.3 -> 731.2), 1.005x at B64 S4096 (107.5 -> 107.0). (Session 10 had 2 ahead, before the later
+    # changes of the fused path.)
+    fused_group = 4 if config.is_fp8_kv_cache else 2
     return MosaicConfig(block_kv=block_kv, num_splits=num_splits, max_concurrent_steps=2, fused_group=fused_group,
                         transposed_scores=rows <= TRANSPOSED_MAX_ROWS or transposed_pv, transposed_pv=transposed_pv,
                         heads_fastest=heads_fastest, kv_halves=kv_halves, qk_registers=kv_halves,

@@ -564,10 +564,10 @@ class TestConfig:
         assert heuristic_config(fp8_h8, num_tokens=16, max_blocks=64, num_reqs=8, max_query_len=2).kv_halves
         assert not any(heuristic_config(c, num_tokens=8, max_blocks=64, num_reqs=8, max_query_len=1).kv_halves
                        for c in (h16, MLAConfig(num_heads=128, kv_cache_dtype="fp8_e4m3")))
-        # four V-half chunks between fences at H = 128 with an fp8 cache (fused_group), two elsewhere
+        # four V-half chunks between fences with an fp8 cache (fused_group), two (no effect) with bf16
         c128 = MLAConfig(num_heads=128)
         assert [heuristic_config(c, num_tokens=8, max_blocks=64, num_reqs=8, max_query_len=1).fused_group
-                for c in (c128.replace(kv_cache_dtype="fp8_e4m3"), c128, fp8, fp8_h8)] == [4, 2, 2, 2]
+                for c in (c128.replace(kv_cache_dtype="fp8_e4m3"), c128, fp8, fp8_h8, h16)] == [4, 2, 4, 4, 2]
         for b, s, halves in [(1, 1024, False), (8, 4096, True), (128, 16384, True)]:
             t = heuristic_config(fp8, num_tokens=b, max_blocks=s // 64, num_reqs=b, max_query_len=1)
             assert t.kv_halves is halves and (-(-(s // 64) // t.num_splits) >= 2) is halves, (b, s, t)
