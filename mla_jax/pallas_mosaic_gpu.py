@@ -2188,12 +2188,11 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                             x = jnp.where(keep, x, jnp.zeros_like(x))
                         if before is not None:  # (the last step's P @ V of these columns is done)
                             plgpu.wgmma_wait(before)
+                        store_tiled(v_w().at[:, cols], x, ld_layout, F16_TILES)
                         q_t = q_smem.at[:, cols].transpose((1, 0))
                         if interpret:  # (no left operand in registers: the copy just written, the same values)
-                            store_tiled(v_w().at[:, cols], x, wg_layout, F16_TILES)
                             plgpu.wgmma(s_ref, v_w().at[:, cols], q_t)
                         else:
-                            store_tiled(v_w().at[:, cols], x, ld_layout, F16_TILES)
                             plgpu.wgmma(s_ref, as_operand(x), q_t)
                         # A wgmma reads its left operand's registers while it runs, and writing them before it is
                         # done is undefined (PTX ISA, wgmma.mma_async): the chunk before this one (its registers
