@@ -145,7 +145,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import llvm
+from jax._src.lib.mlir.dialects import arith, llvm, nvvm
 
 from mla_jax.combine import combine, combine_ref
 from mla_spec import DecodeMetadata, MLAConfig
@@ -187,6 +187,8 @@ assert RED_FLOATS_PER_COLUMN * 4 <= 64 * 2  # (in a warpgroup's P's bytes, [n, b
 KV_HALVES_BT_CHUNK = 96
 # kv_halves: each warpgroup's f16 copy of V, 8 x 64 tiles with a 128-byte swizzle
 F16_TILES = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+# the fp8 ring's slots: 8 x 64 tiles (a 64-column chunk a row of a tile), 64-byte swizzle
+FP8_RING_TILES = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(64))
 # MosaicConfig.qk_permuted: a [64, 64] f16 array in the WGMMA_8BIT layout (a thread's register j holds columns
 # 16 j' + 4 q .. + 3, q = lane % 4) taken as the WGMMA layout's (2 columns a register piece: 8 j + 2 q, + 1) without
 # moving a value: the column the WGMMA layout calls c holds column QK_PERM_16[c % 16] + c - c % 16 (derived
@@ -194,6 +196,13 @@ F16_TILES = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 QK_PERM_16 = (0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15)
 QK_PERM = np.array([16 * b + QK_PERM_16[c] for b in range(HEAD_DIM // 16) for c in range(16)])  # q's 576 columns
 QK_PERM_64 = QK_PERM[:64]  # a 64-column chunk's
+# MosaicConfig.pv_registers: P @ V's left operand V^T [64 columns, 64 keys] of a chunk loaded from the fp8 slot by
+# ldmatrix.trans of 16-bit values (two adjacent fp8 columns each), so a thread holds columns 2 g and 2 g + 1 of its
+# keys: row r of the WGMMA layout's 16 (g = r % 8) holds V's column PV_PERM_16[r] = 2 (r % 8) + r // 8, and O^T's
+# rows (the output's columns) come out permuted the same way, undone in the wrapper (PV_UNPERM)
+PV_PERM_16 = tuple(2 * (r % 8) + r // 8 for r in range(16))
+PV_PERM = np.array([16 * b + PV_PERM_16[r] for b in range(KV_LORA_RANK // 16) for r in range(16)])
+PV_UNPERM = np.argsort(PV_PERM)  # out[..., PV_UNPERM]: the kernel's output columns back in order
 # three_wg's register split (setmaxnreg; 128 threads each, at most 65536 registers in all): the scores
 # warpgroup holds a 64 x 64 fp32 score tile, each P @ V warpgroup a 64 x 256 fp32 accumulator
 THREE_WG_REGISTERS = (152, 176, 176)
@@ -249,6 +258,54 @@ def _rewrap_8bit_as_wgmma(fa):
     for idx, reg in np.ndenumerate(fa.registers):
         for s in range(2):
             regs[(idx[0], 2 * idx[1] + s, *idx[2:len(shape)])] = mgpu.utils.vector_slice(reg, slice(2 * s, 2 * s + 2))
+    return mgpu.FragmentedArray(_registers=regs, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
+
+
+# (pv_registers) a 32-bit ldmatrix.trans value of fp8 bytes (keys 2 t, 2 t + 1 x columns 2 g, 2 g + 1: bytes
+# (k0 c0, k0 c1, k1 c0, k1 c1)) -> two f16 pairs (column 2 g: keys k0, k1; column 2 g + 1: keys k0, k1)
+_E4M3_PAIRS_T_PTX = """{
+.reg .b32 p;
+.reg .b16 lo, hi;
+prmt.b32 p, $2, 0, 0x3120;
+mov.b32 {lo, hi}, p;
+cvt.rn.f16x2.e4m3x2 $0, lo;
+cvt.rn.f16x2.e4m3x2 $1, hi;
+}"""
+
+
+def _load_vt_fp8(ref):
+    """(pv_registers; inside inline Mosaic GPU) ref: a [64 keys, 64 columns] chunk of an fp8 ring slot, the tiled
+    memref [8, 1, 8, 64] (rows of 64 bytes, 64-byte swizzle) -> V^T [64 columns, 64 keys] float16 in the WGMMA
+    layout, P @ V's left operand, its rows permuted by PV_PERM_16 within each 16: per warp (16 columns) two
+    ldmatrix.x4.trans of 16-bit values (32 keys each), then per register a prmt and two cvt.rn.f16x2.e4m3x2.
+    Register [0, j, 0, 0, h, ...] of the WGMMA layout holds row 16 warp + 8 h + g, keys 8 j + 2 t, + 1 (g = lane
+    // 4, t = lane % 4); ldmatrix.trans gives lane (g, t) of matrix m the 16-bit value g (fp8 columns 2 g, 2 g + 1)
+    of its lines (keys) 2 t and 2 t + 1."""
+    i8, i32, f16 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(32), ir.F16Type.get()
+    ty = ir.MemRefType(ref.type)
+    strides, _ = ty.get_strides_and_offset()
+    if list(ty.shape) != [8, 1, 8, 64] or list(strides[2:]) != [64, 1]:
+        raise NotImplementedError(f"_load_vt_fp8 needs a [64, 64] fp8 chunk tiled (8, 64), got {ty}")
+    c = lambda v: arith.constant(i32, v)
+    tid = mgpu.utils.thread_idx()
+    lane = arith.remui(tid, c(32))
+    wp = arith.remui(arith.divui(tid, c(32)), c(4))  # the warp's 16 columns: 16-byte unit wp of each 64-byte row
+    m, rr = arith.divui(lane, c(8)), arith.remui(lane, c(8))  # lane gives matrix m's line rr: key 8 m + rr
+    unit = arith.xori(wp, arith.andi(arith.shrui(rr, c(1)), c(3)))  # the 64-byte swizzle: (row // 2) % 4
+    base = arith.addi(arith.addi(arith.muli(m, c(strides[0])), arith.muli(rr, c(64))), arith.shli(unit, c(4)))
+    ptr = mgpu.utils.memref_ptr(ref)
+    regs = np.empty(mgpu.WGMMA_LAYOUT.registers_shape((64, 64)), dtype=object)
+    pair_ty = llvm.StructType.get_literal([i32, i32])
+    for half in range(2):  # keys [32 half, 32 half + 32): 8-row tiles 4 half .. 4 half + 3
+        p = mgpu.utils.getelementptr(ptr, [arith.addi(base, c(4 * half * strides[0]))], i8)
+        words = nvvm.ldmatrix(p, layout=nvvm.MMALayout.col, num=4,
+                              shape=ir.Attribute.parse("#nvvm.ld_st_matrix_shape<m=8, n=8>"),
+                              elt_type=nvvm.LdStMatrixEltType.B16)
+        for mm in range(4):
+            pair = llvm.inline_asm(pair_ty, [llvm.extractvalue(i32, words, [mm])], _E4M3_PAIRS_T_PTX, "=r,=r,r")
+            for h in range(2):
+                regs[0, 4 * half + mm, 0, 0, h, 0, 0, 0, 0] = mgpu.utils.bitcast(
+                    llvm.extractvalue(i32, pair, [h]), ir.VectorType.get((2,), f16))
     return mgpu.FragmentedArray(_registers=regs, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
 
 
@@ -537,6 +594,14 @@ class MosaicConfig:
         1.06x faster than qk_registers with sums_at_end at H16 B128 S16384 (400.9 -> 376.7 us, 3.22 TB/s of fp8
         bytes), 1.05x at B32 S16384 (113.3 -> 108.3), 1.01x at B8 S4096 (18.6 -> 18.4); 196 registers, no spills;
         the PTX's 192 ld.shared.b16 gone (ldmatrix 50 -> 74).
+    pv_registers: (opt-in; with qk_permuted, elsewhere no effect; compiled only) P @ V's left operand V^T comes
+        from registers too, loaded from the fp8 slot by ldmatrix.trans (_load_vt_fp8: two fp8 columns a 16-bit
+        value), converted and masked there: no f16 copy of V (64 KiB of stores and 64 KiB of the wgmmas' reads a
+        step a warpgroup, session 21's count of the binding traffic, against 36 KiB more of loads), and the 128 KiB
+        of the copies free for a second ring slot a warpgroup (its step k + 2 refilled after step k's P @ V has
+        loaded the slot). The wgmma sees V's columns permuted within each 16 (PV_PERM), so O^T's rows are: the
+        wrapper puts the output's columns back in order (PV_UNPERM, after the combine). The same products in the
+        same order as qk_permuted's. In interpret mode qk_registers's path.
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -573,6 +638,7 @@ class MosaicConfig:
     sums_at_end: bool = False
     pv_in_flight: bool = False
     qk_permuted: bool = False
+    pv_registers: bool = False
     pdl: bool = False
 
     def __post_init__(self):
@@ -583,7 +649,7 @@ class MosaicConfig:
         for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
                      "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast", "deferred_pv", "split_ring",
                      "part_wait", "late_row_sums", "kv_halves", "qk_registers", "sums_at_end",
-                     "pv_in_flight", "qk_permuted"):
+                     "pv_in_flight", "qk_permuted", "pv_registers"):
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
@@ -655,6 +721,10 @@ class MosaicConfig:
                              f"l2_prefetch={self.l2_prefetch}")
         if bt_chunk < 32 or bt_chunk % 32:
             raise ValueError(f"bt_chunk must be a positive multiple of 32, got {bt_chunk=}")
+        if self.pv_registers and (self.pv_in_flight or self.l2_prefetch):
+            raise ValueError(f"pv_registers=True refills a warpgroup's slot after its P @ V's loads: it needs "
+                             f"pv_in_flight=False and l2_prefetch=0, got pv_in_flight={self.pv_in_flight}, "
+                             f"l2_prefetch={self.l2_prefetch}")
         smem = self.smem_bytes()
         if smem > SMEM_LIMIT_BYTES:
             raise ValueError(
@@ -872,7 +942,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   kv_multicast: bool = False, deferred_pv: bool = False, split_ring: bool = False,
                   part_wait: bool = False, l2_prefetch: int = 0, late_row_sums: bool = False,
                   kv_halves: bool = False, qk_registers: bool = False, sums_at_end: bool = False,
-                  pv_in_flight: bool = False, qk_permuted: bool = False, out_dtype=None,
+                  pv_in_flight: bool = False, qk_permuted: bool = False, pv_registers: bool = False,
+                  out_dtype=None,
                   interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
@@ -892,6 +963,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     sums_at_end: MosaicConfig's (kv_halves only: the softmax sums reduced across warps once, at the end).
     pv_in_flight: MosaicConfig's (with qk_registers only: a step's P @ V awaited chunk by chunk in the next step).
     qk_permuted: MosaicConfig's (with qk_registers only: q's columns permuted by QK_PERM, the caller's).
+    pv_registers: MosaicConfig's (with qk_permuted only: P @ V's left operand from the fp8 slot, a ring of two slots a
+    warpgroup; the output's columns permuted by PV_PERM, the caller undoes it).
     p_in_kv, dequant_layout, fused_dequant, fused_group, fp8_convert, overlap_dequant, overlap_wait, transposed_pv:
     MosaicConfig's (all but transposed_pv fp8 only;
     overlap_dequant needs transposed scores of at most OVERLAP_MAX_ROWS rows, and then fused_dequant is ignored;
@@ -948,6 +1021,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     if qk_permuted and not qk_registers:
         raise ValueError(f"qk_permuted loads qk_registers's left operands: it needs qk_registers=True, got "
                          f"{qk_registers=}")
+    if pv_registers and not (qk_permuted and not pv_in_flight and not l2_prefetch and not interpret):
+        raise ValueError(f"pv_registers loads P @ V's left operand beside qk_permuted's (compiled): it needs "
+                         f"qk_permuted=True, pv_in_flight=False, l2_prefetch=0 and interpret=False, got "
+                         f"{qk_permuted=}, {pv_in_flight=}, {l2_prefetch=}, {interpret=}")
     if kv_halves:
         overlap_dequant = fused_dequant = False  # (each warpgroup converts its own steps: compute_tile_halves)
     if overlap_dequant:
@@ -994,7 +1071,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # kv_smem: the fp8 ring, slot w warpgroup w's; kv_v: each warpgroup's f16 copy of V; x_smem: (after the
             # steps) the row sums, lse and the two partials' max and sums, beside the stage; m_smem: the partials'
             # O^T halves; red_smem: the scratch of the cross-warp reductions, in P's bytes (the p_smem argument)
-            (q_smem, kv_smem, kv_v), (stage, t_smem, e_smem, x_halves, m_smem) = q_kv_or_stage
+            (q_smem, kv_smem, *kv_v), (stage, t_smem, e_smem, x_halves, m_smem) = q_kv_or_stage
+            kv_v = kv_v[0] if kv_v else None  # (pv_registers: none)
             p_smem, red_smem = p_smem
             x_smem = x_halves
             (bt_bar_wg1,) = extra_barriers
@@ -2021,8 +2099,12 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
             return reduce(x, red_smem.at[w])
 
+        def half_slot(w: int, k):
+            """(kv_halves) Warpgroup w's ring slot of step k: w (pv_registers: 2 w + k % 2, two a warpgroup)."""
+            return 2 * w + lax.rem(k, jnp.int32(2)) if pv_registers else w
+
         def issue_half_step(w: int, k, prev_k, last_page, end):
-            """(kv_halves) TMA of KV step k into warpgroup w's ring slot (kv_ready[w]) and (l2_prefetch = d) of the
+            """(kv_halves) TMA of KV step k into warpgroup w's ring slot (half_slot; kv_ready's) and (l2_prefetch = d) of the
             pages of step k + d (if below `end`, this warpgroup's range's) into L2. Its block-table buffer (w) is
             restaged first when step k's chunk differs from the one there: prev_k's (the step before k in this
             warpgroup's range; -1: none yet, where warpgroup 0's buffer holds chunk 0, loaded with the info, and 1's
@@ -2043,13 +2125,14 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             def page_at(lp):
                 return i_smem[base + lp - chunk * bt_chunk]
 
+            slot = half_slot(w, k)
             if pages_per_step == 1:
-                plgpu.copy_gmem_to_smem(step_rows(k, page_at(lp0)), kv_smem.at[w], kv_ready.at[w])
+                plgpu.copy_gmem_to_smem(step_rows(k, page_at(lp0)), kv_smem.at[slot], kv_ready.at[slot])
             else:
                 for j in range(pages_per_step):  # pages past the request's last: the last stands in (rows past kv_len)
                     page = page_at(jnp.minimum(lp0 + j, last_page))
-                    plgpu.copy_gmem_to_smem(step_rows(k, page), kv_smem.at[w, pl.ds(j * page_size, page_size)],
-                                            kv_ready.at[w])
+                    plgpu.copy_gmem_to_smem(step_rows(k, page), kv_smem.at[slot, pl.ds(j * page_size, page_size)],
+                                            kv_ready.at[slot])
             if l2_prefetch:
                 prefetch_ahead(k, last_page, chunk, page_at, end)
 
@@ -2066,6 +2149,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 mid = begin + lax.div(end - begin + 1, jnp.int32(2))  # warpgroup 0 the first ceil(n / 2) steps
                 b, e = (begin, mid) if w == 0 else (mid, end)
                 pl.when(e > b)(lambda: issue_half_step(w, b, jnp.int32(-1), last_page, e))
+                if pv_registers:  # (its second slot)
+                    pl.when(e > b + 1)(lambda: issue_half_step(w, b + 1, b, last_page, e))
                 compute_tile_halves(w, first_tok, ntok, first_pos, kv_len, b, e, last_page)
 
         def compute_tile_halves(w, first_tok, ntok, first_pos, kv_len, b, e, last_page):
@@ -2096,10 +2181,11 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 """One step; acc_ref (pv_in_flight): O^T's accumulator, its P @ V left running (carry: m, l)."""
                 acc, m_i, l_i = carry if acc_ref is None else (None, *carry)
                 kv_start = k * block_kv
+                slot = half_slot(w, k)
                 with jax.named_scope("kv_wait"):
-                    plgpu.barrier_wait(kv_ready.at[w])
+                    plgpu.barrier_wait(kv_ready.at[slot])
                 if qk_registers:
-                    s = scores_from_registers(k, kv_start, masked, pv_pending=acc_ref is not None)
+                    s = scores_from_registers(k, slot, kv_start, masked, pv_pending=acc_ref is not None)
                 else:
                     s = scores_from_copy(k, kv_start, masked)
                 if masked:
@@ -2118,6 +2204,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 plgpu.commit_smem()
 
                 def pv(acc_ref):  # 8 wgmmas (commit groups), V's columns [64 c, 64 c + 64) the c-th's
+                    if pv_registers:
+                        pv_from_slot(acc_ref, k, slot, kv_start, masked)
+                        return
                     for c in range(KV_LORA_RANK // 64):
                         plgpu.wgmma(acc_ref.at[pl.ds(c * 64, 64)], v_w().at[:, pl.ds(c * 64, 64)].transpose((1, 0)),
                                     p_w().transpose((1, 0)))
@@ -2150,10 +2239,32 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                 return rewrap(x)
 
-            def rope_rows(kv_start, masked: bool):
+            def pv_from_slot(acc_ref, k, slot, kv_start, masked: bool):
+                """(pv_registers) O^T += V^T P^T, 8 wgmmas of M = 64 (O^T's rows permuted by PV_PERM), each left
+                operand loaded from the fp8 slot (_load_vt_fp8), its keys past kv_len 0 on the masked step; then the
+                slot, read, is refilled with step k + 2."""
+                keep = (plgpu.broadcasted_iota(jnp.int32, (64, block_kv), 1, layout=wg_layout) < kv_len - kv_start
+                        if masked else None)
+
+                @plgpu.inline_mgpu(arg_types=(plgpu.RefType(FP8_RING_TILES),),
+                                   return_type=plgpu.ShapeDtypeStruct((64, block_kv), dtype, layout=wg_layout))
+                def load_vt(ctx, r):
+                    del ctx
+                    return _load_vt_fp8(r)
+
+                for c in range(KV_LORA_RANK // 64):
+                    vt = load_vt(kv_smem.at[slot, :, pl.ds(c * 64, 64)])
+                    if keep is not None:
+                        vt = jnp.where(keep, vt, jnp.zeros_like(vt))
+                    plgpu.wgmma(acc_ref.at[pl.ds(c * 64, 64)], vt, p_w().transpose((1, 0)))
+                    plgpu.wgmma_wait(1)  # (the chunk before: its registers free before the next chunk's load)
+                plgpu.commit_smem()  # the slot's reads done before its refill
+                pl.when(k + 2 < e)(lambda: issue_half_step(w, k + 2, k + 1, last_page, e))
+
+            def rope_rows(slot, kv_start, masked: bool):
                 """The step's rope columns [block_kv, 64] in registers (WGMMA layout), rows past kv_len 0
                 (qk_permuted: as_operand's view)."""
-                rope = plgpu.load(kv_smem.at[w, :, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)], layout=ld_layout)
+                rope = plgpu.load(kv_smem.at[slot, :, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)], layout=ld_layout)
                 rope = rope.astype(dtype)
                 if masked:
                     rope = jnp.where(rows_below(kv_len - kv_start, ld_layout), rope, jnp.zeros_like(rope))
@@ -2169,7 +2280,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 q_rope = q_smem[:, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)].astype(jnp.float32)
                 return s + jnp.dot(rope.astype(jnp.float32), q_rope.T, precision=lax.Precision.HIGHEST)
 
-            def scores_from_registers(k, kv_start, masked: bool, pv_pending: bool = False):
+            def scores_from_registers(k, slot, kv_start, masked: bool, pv_pending: bool = False):
                 """(qk_registers) S^T = K Q^T with every left operand in registers: each 64-column chunk of V is
                 loaded from the fp8 slot in the WGMMA layout, converted, stored to V's f16 copy (for P @ V) and
                 handed to its scores' wgmma as it is, so the scores never read the copy back from shared memory.
@@ -2183,12 +2294,13 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     def chunk(c, before=None, after=1):
                         c0 = c * 64 if isinstance(c, int) else pl.multiple_of(c * 64, 64)
                         cols = pl.ds(c0, 64)
-                        x = plgpu.load(kv_smem.at[w, :, cols], layout=ld_layout).astype(dtype)
+                        x = plgpu.load(kv_smem.at[slot, :, cols], layout=ld_layout).astype(dtype)
                         if keep is not None:
                             x = jnp.where(keep, x, jnp.zeros_like(x))
                         if before is not None:  # (the last step's P @ V of these columns is done)
                             plgpu.wgmma_wait(before)
-                        store_tiled(v_w().at[:, cols], x, ld_layout, F16_TILES)
+                        if not pv_registers:  # (pv_registers: P @ V loads V from the slot)
+                            store_tiled(v_w().at[:, cols], x, ld_layout, F16_TILES)
                         q_t = q_smem.at[:, cols].transpose((1, 0))
                         if interpret:  # (no left operand in registers: the copy just written, the same values)
                             plgpu.wgmma(s_ref, v_w().at[:, cols], q_t)
@@ -2201,7 +2313,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                             plgpu.wgmma_wait(after)
 
                     with jax.named_scope("dequant"):
-                        rope = rope_rows(kv_start, masked)
+                        rope = rope_rows(slot, kv_start, masked)
                         rope_scores(s_ref, rope)
                         first = 0
                         if pv_pending:  # (chunk 0 not waited for: its wait(1) would wait for all of P @ V)
@@ -2214,8 +2326,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                             chunk(2 * i)
                             chunk(2 * i + 1)
 
-                        plgpu.commit_smem()  # V's copy visible to P @ V; the slot's reads done before its refill
-                    pl.when(k + 1 < e)(lambda: issue_half_step(w, k + 1, k, last_page, e))
+                        if not pv_registers:  # (pv_registers: the slot is refilled after P @ V's loads)
+                            plgpu.commit_smem()  # V's copy visible to P @ V; the slot's reads done before its refill
+                    if not pv_registers:
+                        pl.when(k + 1 < e)(lambda: issue_half_step(w, k + 1, k, last_page, e))
                     with jax.named_scope("qk"):
                         return s_ref[...], rope
 
@@ -2234,7 +2348,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     def _(c):
                         convert_chunk(w, c, keep, v_w().at[:, pl.ds(pl.multiple_of(c * 64, 64), 64)])
 
-                    rope = rope_rows(kv_start, masked)
+                    rope = rope_rows(w, kv_start, masked)
                     plgpu.commit_smem()  # V's copy visible to the wgmmas; the slot's reads done before its refill
                 pl.when(k + 1 < e)(lambda: issue_half_step(w, k + 1, k, last_page, e))
 
@@ -2326,11 +2440,12 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         # q's rows in use, the fp8 ring (a slot a warpgroup), each warpgroup's f16 copy of V; after the steps: the
         # stage, O^T's parts and the identity (transposed_pv's), the merge's vectors; and the partials' O^T halves
         f16_tiles = F16_TILES
+        half_slots = NUM_COMPUTE_WGS * (2 if pv_registers else 1)  # the fp8 ring: a slot a warpgroup (pv_registers: 2)
         union = plgpu.RefUnion(
             (plgpu.SMEM((q_rows, HEAD_DIM), dtype, transforms=transforms),
-             plgpu.SMEM((NUM_COMPUTE_WGS, block_kv, HEAD_DIM), jnp.float8_e4m3fn,
-                        transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(64))),
-             plgpu.SMEM((NUM_COMPUTE_WGS, block_kv, KV_LORA_RANK), dtype, transforms=f16_tiles)),
+             plgpu.SMEM((half_slots, block_kv, HEAD_DIM), jnp.float8_e4m3fn, transforms=FP8_RING_TILES),
+             *([] if pv_registers else
+               [plgpu.SMEM((NUM_COMPUTE_WGS, block_kv, KV_LORA_RANK), dtype, transforms=f16_tiles)])),
             (plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), stage_dtype, transforms=stage_transforms),
              plgpu.SMEM((NUM_COMPUTE_WGS, 2, V_HALF, score_rows), jnp.bfloat16, transforms=t_transforms),
              plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, score_rows), jnp.bfloat16, transforms=t_transforms),
@@ -2351,7 +2466,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             plgpu.Barrier(num_arrivals=q_toks),  # q_bar
             plgpu.Barrier(),  # info_bar
             plgpu.Barrier(),  # bt_bar (warpgroup 0's chunks)
-            plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=NUM_COMPUTE_WGS),  # kv_ready, a slot each
+            plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=half_slots),  # kv_ready, a slot each
             plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS, num_barriers=stages),  # kv_consumed (unused)
             plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS),  # sync_a: the merge's three hand-overs
             plgpu.Barrier(num_arrivals=1),  # sync_b (unused)
@@ -2510,6 +2625,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     # (interpret mode runs qk_registers's path: with q's permutation in the interpreted computation the CPU tests hung,
     # as with a bf16 -> f16 conversion there)
     qk_permuted = kv_halves and tuning.qk_registers and tuning.qk_permuted and not interpret
+    pv_registers = qk_permuted and tuning.pv_registers
     if qk_permuted:  # (the scores' wgmmas see K's columns permuted: q's the same way; fused with q's f16 conversion)
         q = q[..., QK_PERM]
     kernel = _build_kernel(
@@ -2528,12 +2644,15 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         kv_halves=kv_halves, qk_registers=kv_halves and tuning.qk_registers,
         sums_at_end=kv_halves and tuning.sums_at_end,
         pv_in_flight=kv_halves and tuning.qk_registers and tuning.pv_in_flight, qk_permuted=qk_permuted,
+        pv_registers=pv_registers,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     if num_splits > 1:
         # split partials per token [S, T, heads, 512] -> out, lse: one Pallas Triton kernel on the GPU
         # (mla_jax.combine); in Mosaic GPU interpret mode its jnp formula
         out, lse = combine_ref(out, lse, out_dtype) if interpret else combine(out, lse, out_dtype)
+    if pv_registers:  # (the kernel's output columns permuted by PV_PERM within each 16)
+        out = out[..., PV_UNPERM]
     return out[:, :num_heads], lse[:, :num_heads]
 
 

@@ -350,6 +350,16 @@ MOSAIC_FP8_CASES = [
                                     qk_permuted=True)),
     ("long_page_8", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
                                     sums_at_end=True, qk_permuted=True)),
+    # P @ V's left operand from the fp8 slot too, two slots a warpgroup (pv_registers; compiled only): 2 splits at
+    # page 16, H = 8 q_len 2 (masks), block tables past a chunk, pages of two steps with 2 splits
+    ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
+                                      qk_registers=True, sums_at_end=True, qk_permuted=True, pv_registers=True)),
+    ("heads_8_q2", "bfloat16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
+                                    sums_at_end=True, qk_permuted=True, pv_registers=True)),
+    ("long_page_8", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
+                                    sums_at_end=True, qk_permuted=True, pv_registers=True)),
+    ("page_128", "float16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
+                                 qk_registers=True, sums_at_end=True, qk_permuted=True, pv_registers=True)),
 ]
 
 
@@ -510,6 +520,9 @@ def test_mosaic_gpu_fp8_kv_halves_nan_in_one_head_compiled():
                                               (8, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
                                                        kv_halves=True, qk_registers=True, sums_at_end=True,
                                                        qk_permuted=True)),
+                                              (8, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
+                                                       kv_halves=True, qk_registers=True, sums_at_end=True,
+                                                       qk_permuted=True, pv_registers=True)),
                                               (8, None), (8, dict(num_splits=2, transposed_scores=True,
                                                                   overlap_wait=True))])
 def test_mosaic_gpu_fp8_lowers_for_cuda(num_heads, tuning):
@@ -617,6 +630,9 @@ def test_fp8_convert_config_is_validated():
     (dict(sums_at_end="yes"), "sums_at_end='yes'"),
     (dict(pv_in_flight=1), "pv_in_flight=1"),
     (dict(qk_permuted="on"), "qk_permuted='on'"),
+    (dict(pv_registers=1), "pv_registers=1"),
+    (dict(pv_registers=True, pv_in_flight=True), "pv_in_flight=True"),
+    (dict(pv_registers=True, l2_prefetch=2), "l2_prefetch=2"),
 ])
 def test_kv_halves_config_is_validated(fields, match):
     from mla_jax.pallas_mosaic_gpu import MosaicConfig
@@ -649,6 +665,13 @@ def test_qk_registers_needs_kv_halves_in_the_kernel_builder():
     with pytest.raises(ValueError, match="qk_registers=False"):  # (qk_permuted loads qk_registers's operands)
         pallas_mosaic_gpu._build_kernel(qk_permuted=True, kv_halves=True, **kw)
     pallas_mosaic_gpu._build_kernel(qk_permuted=True, kv_halves=True, qk_registers=True, **kw)
+    # (pv_registers loads beside qk_permuted's, compiled only)
+    full = dict(kw, kv_halves=True, qk_registers=True, sums_at_end=True)
+    with pytest.raises(ValueError, match="qk_permuted=False"):
+        pallas_mosaic_gpu._build_kernel(pv_registers=True, **full)
+    with pytest.raises(ValueError, match="interpret=True"):
+        pallas_mosaic_gpu._build_kernel(pv_registers=True, qk_permuted=True, interpret=True, **full)
+    pallas_mosaic_gpu._build_kernel(pv_registers=True, qk_permuted=True, **full)
 
 
 def _layout_columns(layout, shape=(64, 64)):
@@ -768,6 +791,44 @@ def test_mosaic_gpu_fp8_pv_in_flight_is_bitwise_qk_registers():
         for sums in (False, True):
             t = dict(base, **extra, sums_at_end=sums)
             _assert_bitwise(name, dtype, [t, dict(t, pv_in_flight=True)])
+
+
+@pytest.mark.gpu
+def test_mosaic_gpu_fp8_pv_registers_is_bitwise_qk_permuted():
+    """pv_registers loads P @ V's left operand from the fp8 slot (V^T by ldmatrix.trans, its rows permuted, the
+    output's columns put back by the wrapper) where qk_permuted reads V's f16 copy: the same products in the same
+    order, the same out and lse bit for bit compiled (2 splits at page 16; H = 8 at q_len 2, masks; block tables
+    past a chunk at page 8; pages of two steps in fp16)."""
+    _skip_without_hopper()
+    base = dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True, sums_at_end=True,
+                qk_permuted=True)
+    for name, dtype, extra in (("page_size_16", "bfloat16", dict(num_splits=2)), ("heads_8_q2", "bfloat16", {}),
+                               ("long_page_8", "bfloat16", {}), ("page_128", "float16", dict(num_splits=2))):
+        t = dict(base, **extra)
+        _assert_bitwise(name, dtype, [t, dict(t, pv_registers=True)])
+
+
+def test_pv_perm_is_ldmatrix_trans_seen_as_wgmma():
+    """pv_registers's V^T registers: lane (g, t) of an ldmatrix.trans of 16-bit values gets value g of lines 2 t and
+    2 t + 1 of each 8 x 8 matrix (PTX ISA, ldmatrix), here fp8 columns 2 g, 2 g + 1 of keys 2 t, 2 t + 1; its prmt
+    and two cvts make the pairs (column 2 g + h; keys 2 t, 2 t + 1) for h = 0, 1, put at the WGMMA layout's register
+    [0, j, 0, 0, h, ...] (matrix j's keys): for every thread that register holds V^T's row PV_PERM_16[r] at the
+    layout's row r and keys at its columns, and PV_UNPERM undoes the permutation of the output's columns."""
+    from mla_jax import pallas_mosaic_gpu as mg
+
+    dst = _layout_columns(mfa.WGMMA_LAYOUT)
+    for t in range(128):
+        warp, lane = t // 32, t % 32
+        g, q = lane // 4, lane % 4
+        for j in range(8):
+            for h in range(2):
+                # the ldmatrix value: keys 8 j + 2 q, + 1 (lines 2 q, 2 q + 1 of matrix j), V column 16 warp + 2 g + h
+                want = [(16 * warp + 2 * g + h, 8 * j + 2 * q + e) for e in range(2)]
+                got = [(16 * (r // 16) + mg.PV_PERM_16[r % 16], c) for r, c in dst[t, (0, j, 0, 0, h, 0, 0, 0, 0)]]
+                assert got == want, (t, j, h)
+    assert sorted(mg.PV_PERM) == list(range(512))
+    x = np.arange(512)
+    np.testing.assert_array_equal(x[mg.PV_PERM][mg.PV_UNPERM], x)
 
 
 def test_mosaic_gpu_overlap_dequant_is_refused_where_it_does_not_fit():
