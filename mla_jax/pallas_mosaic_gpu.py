@@ -602,6 +602,9 @@ class MosaicConfig:
         loaded the slot). The wgmma sees V's columns permuted within each 16 (PV_PERM), so O^T's rows are: the
         wrapper puts the output's columns back in order (PV_UNPERM, after the combine). The same products in the
         same order as qk_permuted's. In interpret mode qk_registers's path.
+    pv_wait: (pv_registers only) P @ V chunks left in flight after each chunk's wgmma is issued (wgmma_wait's
+        argument; each chunk's left operand in its own registers, its 8 wgmmas unrolled); 8: none awaited before the
+        step's end.
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -639,10 +642,12 @@ class MosaicConfig:
     pv_in_flight: bool = False
     qk_permuted: bool = False
     pv_registers: bool = False
+    pv_wait: int = 1
     pdl: bool = False
 
     def __post_init__(self):
-        for name in ("block_kv", "num_splits", "max_concurrent_steps", "block_h", "bt_chunk", "l2_prefetch"):
+        for name in ("block_kv", "num_splits", "max_concurrent_steps", "block_h", "bt_chunk", "l2_prefetch",
+                     "pv_wait"):
             x = getattr(self, name)
             if isinstance(x, bool) or not isinstance(x, int):
                 raise ValueError(f"{name} must be an int, got {name}={x!r}")
@@ -721,6 +726,9 @@ class MosaicConfig:
                              f"l2_prefetch={self.l2_prefetch}")
         if bt_chunk < 32 or bt_chunk % 32:
             raise ValueError(f"bt_chunk must be a positive multiple of 32, got {bt_chunk=}")
+        if not 1 <= self.pv_wait <= KV_LORA_RANK // 64:
+            raise ValueError(f"pv_wait must be in [1, {KV_LORA_RANK // 64}] (P @ V chunks in flight), got "
+                             f"pv_wait={self.pv_wait}")
         if self.pv_registers and (self.pv_in_flight or self.l2_prefetch):
             raise ValueError(f"pv_registers=True refills a warpgroup's slot after its P @ V's loads: it needs "
                              f"pv_in_flight=False and l2_prefetch=0, got pv_in_flight={self.pv_in_flight}, "
@@ -943,7 +951,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   part_wait: bool = False, l2_prefetch: int = 0, late_row_sums: bool = False,
                   kv_halves: bool = False, qk_registers: bool = False, sums_at_end: bool = False,
                   pv_in_flight: bool = False, qk_permuted: bool = False, pv_registers: bool = False,
-                  out_dtype=None,
+                  pv_wait: int = 1, out_dtype=None,
                   interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
@@ -964,7 +972,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     pv_in_flight: MosaicConfig's (with qk_registers only: a step's P @ V awaited chunk by chunk in the next step).
     qk_permuted: MosaicConfig's (with qk_registers only: q's columns permuted by QK_PERM, the caller's).
     pv_registers: MosaicConfig's (with qk_permuted only: P @ V's left operand from the fp8 slot, a ring of two slots a
-    warpgroup; the output's columns permuted by PV_PERM, the caller undoes it).
+    warpgroup; the output's columns permuted by PV_PERM, the caller undoes it). pv_wait: MosaicConfig's.
     p_in_kv, dequant_layout, fused_dequant, fused_group, fp8_convert, overlap_dequant, overlap_wait, transposed_pv:
     MosaicConfig's (all but transposed_pv fp8 only;
     overlap_dequant needs transposed scores of at most OVERLAP_MAX_ROWS rows, and then fused_dequant is ignored;
@@ -2257,7 +2265,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     if keep is not None:
                         vt = jnp.where(keep, vt, jnp.zeros_like(vt))
                     plgpu.wgmma(acc_ref.at[pl.ds(c * 64, 64)], vt, p_w().transpose((1, 0)))
-                    plgpu.wgmma_wait(1)  # (the chunk before: its registers free before the next chunk's load)
+                    if pv_wait < KV_LORA_RANK // 64:  # (at most pv_wait chunks' wgmmas left running)
+                        plgpu.wgmma_wait(pv_wait)
                 plgpu.commit_smem()  # the slot's reads done before its refill
                 pl.when(k + 2 < e)(lambda: issue_half_step(w, k + 2, k + 1, last_page, e))
 
@@ -2644,7 +2653,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         kv_halves=kv_halves, qk_registers=kv_halves and tuning.qk_registers,
         sums_at_end=kv_halves and tuning.sums_at_end,
         pv_in_flight=kv_halves and tuning.qk_registers and tuning.pv_in_flight, qk_permuted=qk_permuted,
-        pv_registers=pv_registers,
+        pv_registers=pv_registers, pv_wait=tuning.pv_wait,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     if num_splits > 1:

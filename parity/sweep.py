@@ -50,7 +50,8 @@ VARIANTS = {
                               part_wait=(True, False), l2_prefetch=(1, 2, 3), late_row_sums=(True, False),
                               kv_halves=(True, False), qk_registers=(True, False),
                               sums_at_end=(True, False), pv_in_flight=(True, False),
-                              qk_permuted=(True, False), pv_registers=(True, False)),
+                              qk_permuted=(True, False), pv_registers=(True, False),
+                              pv_wait=(1, 2, 4, 8)),
 }
 
 

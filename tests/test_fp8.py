@@ -633,6 +633,9 @@ def test_fp8_convert_config_is_validated():
     (dict(pv_registers=1), "pv_registers=1"),
     (dict(pv_registers=True, pv_in_flight=True), "pv_in_flight=True"),
     (dict(pv_registers=True, l2_prefetch=2), "l2_prefetch=2"),
+    (dict(pv_wait=0), "pv_wait=0"),
+    (dict(pv_wait=9), "pv_wait=9"),
+    (dict(pv_wait=True), "pv_wait=True"),
 ])
 def test_kv_halves_config_is_validated(fields, match):
     from mla_jax.pallas_mosaic_gpu import MosaicConfig
@@ -798,14 +801,14 @@ def test_mosaic_gpu_fp8_pv_registers_is_bitwise_qk_permuted():
     """pv_registers loads P @ V's left operand from the fp8 slot (V^T by ldmatrix.trans, its rows permuted, the
     output's columns put back by the wrapper) where qk_permuted reads V's f16 copy: the same products in the same
     order, the same out and lse bit for bit compiled (2 splits at page 16; H = 8 at q_len 2, masks; block tables
-    past a chunk at page 8; pages of two steps in fp16)."""
+    past a chunk at page 8; pages of two steps in fp16), however many chunks it leaves in flight (pv_wait)."""
     _skip_without_hopper()
     base = dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True, sums_at_end=True,
                 qk_permuted=True)
     for name, dtype, extra in (("page_size_16", "bfloat16", dict(num_splits=2)), ("heads_8_q2", "bfloat16", {}),
                                ("long_page_8", "bfloat16", {}), ("page_128", "float16", dict(num_splits=2))):
         t = dict(base, **extra)
-        _assert_bitwise(name, dtype, [t, dict(t, pv_registers=True)])
+        _assert_bitwise(name, dtype, [t] + [dict(t, pv_registers=True, pv_wait=d) for d in (1, 2, 4, 8)])
 
 
 def test_pv_perm_is_ldmatrix_trans_seen_as_wgmma():
