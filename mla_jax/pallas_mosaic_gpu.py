@@ -271,16 +271,34 @@ mov.b32 {lo, hi}, p;
 cvt.rn.f16x2.e4m3x2 $0, lo;
 cvt.rn.f16x2.e4m3x2 $1, hi;
 }"""
+# the same by integer arithmetic (fp8_convert="bits", above): the prmt puts each pair's bytes at the top of its halves
+_E4M3_PAIRS_T_BITS_PTX = """{
+.reg .b32 lo, hi, t, two8;
+prmt.b32 lo, $2, 0, 0x2404;
+prmt.b32 hi, $2, 0, 0x3414;
+mov.b32 two8, 0x5C005C00;
+shr.b32 t, lo, 1;
+and.b32 t, t, 0x3F803F80;
+and.b32 lo, lo, 0x80008000;
+or.b32 lo, lo, t;
+shr.b32 t, hi, 1;
+and.b32 t, t, 0x3F803F80;
+and.b32 hi, hi, 0x80008000;
+or.b32 hi, hi, t;
+mul.rn.f16x2 $0, lo, two8;
+mul.rn.f16x2 $1, hi, two8;
+}"""
 
 
-def _load_vt_fp8(ref):
+def _load_vt_fp8(ref, bits: bool = False):
     """(pv_registers; inside inline Mosaic GPU) ref: a [64 keys, 64 columns] chunk of an fp8 ring slot, the tiled
     memref [8, 1, 8, 64] (rows of 64 bytes, 64-byte swizzle) -> V^T [64 columns, 64 keys] float16 in the WGMMA
     layout, P @ V's left operand, its rows permuted by PV_PERM_16 within each 16: per warp (16 columns) two
     ldmatrix.x4.trans of 16-bit values (32 keys each), then per register a prmt and two cvt.rn.f16x2.e4m3x2.
     Register [0, j, 0, 0, h, ...] of the WGMMA layout holds row 16 warp + 8 h + g, keys 8 j + 2 t, + 1 (g = lane
     // 4, t = lane % 4); ldmatrix.trans gives lane (g, t) of matrix m the 16-bit value g (fp8 columns 2 g, 2 g + 1)
-    of its lines (keys) 2 t and 2 t + 1."""
+    of its lines (keys) 2 t and 2 t + 1. bits: fp8_convert="bits"'s arithmetic instead of the cvts (the integer and
+    FMA pipes; NaN becomes +-480)."""
     i8, i32, f16 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(32), ir.F16Type.get()
     ty = ir.MemRefType(ref.type)
     strides, _ = ty.get_strides_and_offset()
@@ -302,7 +320,8 @@ def _load_vt_fp8(ref):
                               shape=ir.Attribute.parse("#nvvm.ld_st_matrix_shape<m=8, n=8>"),
                               elt_type=nvvm.LdStMatrixEltType.B16)
         for mm in range(4):
-            pair = llvm.inline_asm(pair_ty, [llvm.extractvalue(i32, words, [mm])], _E4M3_PAIRS_T_PTX, "=r,=r,r")
+            pair = llvm.inline_asm(pair_ty, [llvm.extractvalue(i32, words, [mm])],
+                                   _E4M3_PAIRS_T_BITS_PTX if bits else _E4M3_PAIRS_T_PTX, "=r,=r,r")
             for h in range(2):
                 regs[0, 4 * half + mm, 0, 0, h, 0, 0, 0, 0] = mgpu.utils.bitcast(
                     llvm.extractvalue(i32, pair, [h]), ir.VectorType.get((2,), f16))
@@ -601,7 +620,8 @@ class MosaicConfig:
         of the copies free for a second ring slot a warpgroup (its step k + 2 refilled after step k's P @ V has
         loaded the slot). The wgmma sees V's columns permuted within each 16 (PV_PERM), so O^T's rows are: the
         wrapper puts the output's columns back in order (PV_UNPERM, after the combine). The same products in the
-        same order as qk_permuted's. In interpret mode qk_registers's path.
+        same order as qk_permuted's. In interpret mode qk_registers's path. fp8_convert applies to these loads
+        (the scores' chunks convert by cvt): "bits" all, "mixed" the odd chunks.
     pv_wait: (pv_registers only) P @ V chunks left in flight after each chunk's wgmma is issued (wgmma_wait's
         argument; each chunk's left operand in its own registers, its 8 wgmmas unrolled); 8: none awaited before the
         step's end.
@@ -2254,14 +2274,18 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 keep = (plgpu.broadcasted_iota(jnp.int32, (64, block_kv), 1, layout=wg_layout) < kv_len - kv_start
                         if masked else None)
 
-                @plgpu.inline_mgpu(arg_types=(plgpu.RefType(FP8_RING_TILES),),
-                                   return_type=plgpu.ShapeDtypeStruct((64, block_kv), dtype, layout=wg_layout))
-                def load_vt(ctx, r):
-                    del ctx
-                    return _load_vt_fp8(r)
+                def load_vt(ref, bits: bool):
+                    @plgpu.inline_mgpu(arg_types=(plgpu.RefType(FP8_RING_TILES),),
+                                       return_type=plgpu.ShapeDtypeStruct((64, block_kv), dtype, layout=wg_layout))
+                    def load(ctx, r):
+                        del ctx
+                        return _load_vt_fp8(r, bits)
 
-                for c in range(KV_LORA_RANK // 64):
-                    vt = load_vt(kv_smem.at[slot, :, pl.ds(c * 64, 64)])
+                    return load(ref)
+
+                for c in range(KV_LORA_RANK // 64):  # (fp8_convert: "bits" for all, "mixed" for the odd chunks)
+                    bits = fp8_convert == "bits" or (fp8_convert == "mixed" and c % 2 == 1)
+                    vt = load_vt(kv_smem.at[slot, :, pl.ds(c * 64, 64)], bits)
                     if keep is not None:
                         vt = jnp.where(keep, vt, jnp.zeros_like(vt))
                     plgpu.wgmma(acc_ref.at[pl.ds(c * 64, 64)], vt, p_w().transpose((1, 0)))

@@ -811,6 +811,20 @@ def test_mosaic_gpu_fp8_pv_registers_is_bitwise_qk_permuted():
         _assert_bitwise(name, dtype, [t] + [dict(t, pv_registers=True, pv_wait=d) for d in (1, 2, 4, 8)])
 
 
+@pytest.mark.gpu
+def test_mosaic_gpu_fp8_pv_registers_bits_is_bitwise_cvt():
+    """pv_registers's loads converted by integer arithmetic (fp8_convert="bits": all chunks, "mixed": the odd ones)
+    give the cvts' values (exact, no NaN in the cache): the same out and lse bit for bit compiled, on the bitwise
+    test's 4 scenarios."""
+    _skip_without_hopper()
+    base = dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True, sums_at_end=True,
+                qk_permuted=True, pv_registers=True, pv_wait=4)
+    for name, dtype, extra in (("page_size_16", "bfloat16", dict(num_splits=2)), ("heads_8_q2", "bfloat16", {}),
+                               ("long_page_8", "bfloat16", {}), ("page_128", "float16", dict(num_splits=2))):
+        t = dict(base, **extra)
+        _assert_bitwise(name, dtype, [t] + [dict(t, fp8_convert=c) for c in ("bits", "mixed")])
+
+
 def test_pv_perm_is_ldmatrix_trans_seen_as_wgmma():
     """pv_registers's V^T registers: lane (g, t) of an ldmatrix.trans of 16-bit values gets value g of lines 2 t and
     2 t + 1 of each 8 x 8 matrix (PTX ISA, ldmatrix), here fp8 columns 2 g, 2 g + 1 of keys 2 t, 2 t + 1; its prmt
