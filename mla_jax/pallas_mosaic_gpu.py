@@ -662,7 +662,7 @@ class MosaicConfig:
     pv_in_flight: bool = False
     qk_permuted: bool = False
     pv_registers: bool = False
-    pv_wait: int = 1
+    pv_wait: int = 4
     pdl: bool = False
 
     def __post_init__(self):
@@ -819,6 +819,8 @@ MAX_SPLITS = 128
 # 1.04-1.12x slower at q_len 2 (32 rows) on four shapes and 1.35x slower at q_len 3 (48 rows, B64 S4096).
 # With P @ V transposed too (transposed_pv, at TRANSPOSED_PV_ROWS) they win at 32 rows as well (session 12).
 TRANSPOSED_MAX_ROWS = 16
+# The heuristic's pv_registers: where a split has at least this many steps (measured: 64 and 256 faster, 4 slower)
+PV_REGISTERS_MIN_STEPS = 32
 
 
 def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_reqs: int | None = None,
@@ -882,10 +884,15 @@ def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_re
     # B128 S16384 (749.3 -> 731.2), 1.005x at B64 S4096 (107.5 -> 107.0). (Session 10 had 2 ahead, before the later
     # changes of the fused path.)
     fused_group = 4 if config.is_fp8_kv_cache else 2
+    # With kv_halves, P @ V's left operand from the fp8 slot (pv_registers, 4 chunks in flight) where a split has at
+    # least PV_REGISTERS_MIN_STEPS steps: on the H200 (parity.sweep, 3 rounds, 1 s idle, session 25) 1.07x faster at
+    # H16 B128 S16384 (387.7 -> 362.5 us), 1.01x at B32 S16384 (107.1 -> 106.1; 64 steps a split), 1.12x slower at
+    # B8 S4096 (18.2 -> 20.3; 4 steps a split)
+    pv_registers = kv_halves and steps_per_split >= PV_REGISTERS_MIN_STEPS
     return MosaicConfig(block_kv=block_kv, num_splits=num_splits, max_concurrent_steps=2, fused_group=fused_group,
                         transposed_scores=rows <= TRANSPOSED_MAX_ROWS or transposed_pv, transposed_pv=transposed_pv,
                         heads_fastest=heads_fastest, kv_halves=kv_halves, qk_registers=kv_halves,
-                        sums_at_end=kv_halves, qk_permuted=kv_halves)
+                        sums_at_end=kv_halves, qk_permuted=kv_halves, pv_registers=pv_registers, pv_wait=4)
 
 
 def tma_windows(shape) -> list[tuple[tuple[int, int], ...]]:

@@ -574,6 +574,12 @@ class TestConfig:
             assert t.qk_registers is halves, (b, s, t)  # (with kv_halves, the scores' operands from registers)
             assert t.sums_at_end is halves, (b, s, t)  # (and its softmax sums reduced across warps at the end)
             assert t.qk_permuted is halves, (b, s, t)  # (and its fp8 chunks loaded by ldmatrix, q permuted)
+            # (and P @ V's left operand from the fp8 slot where a split has 32 steps or more: B128 S16384, not B8
+            # S4096's 4)
+            assert t.pv_registers is (halves and -(-(s // 64) // t.num_splits) >= 32), (b, s, t)
+            assert t.pv_wait == 4
+        b32 = heuristic_config(fp8, num_tokens=32, max_blocks=256, num_reqs=32, max_query_len=1)
+        assert b32.kv_halves and b32.pv_registers and -(-256 // b32.num_splits) >= 32, b32
         fp8_h32 = heuristic_config(MLAConfig(num_heads=32, kv_cache_dtype="fp8_e4m3"), num_tokens=4, max_blocks=4)
         assert not fp8_h32.transposed_scores and not fp8_h32.transposed_pv
         # without max_query_len: one token a request (tokens <= requests) or not
