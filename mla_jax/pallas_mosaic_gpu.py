@@ -625,6 +625,8 @@ class MosaicConfig:
     pv_wait: (pv_registers only) P @ V chunks left in flight after each chunk's wgmma is issued (wgmma_wait's
         argument; each chunk's left operand in its own registers, its 8 wgmmas unrolled); 8: none awaited before the
         step's end.
+    wg0_share: (kv_halves only) the percent of a split's steps warpgroup 0 runs (ceil(n x share / 100); 50: the
+        first half, rounded up), warpgroup 1 the rest.
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -663,11 +665,12 @@ class MosaicConfig:
     qk_permuted: bool = False
     pv_registers: bool = False
     pv_wait: int = 4
+    wg0_share: int = 50
     pdl: bool = False
 
     def __post_init__(self):
         for name in ("block_kv", "num_splits", "max_concurrent_steps", "block_h", "bt_chunk", "l2_prefetch",
-                     "pv_wait"):
+                     "pv_wait", "wg0_share"):
             x = getattr(self, name)
             if isinstance(x, bool) or not isinstance(x, int):
                 raise ValueError(f"{name} must be an int, got {name}={x!r}")
@@ -749,6 +752,9 @@ class MosaicConfig:
         if not 1 <= self.pv_wait <= KV_LORA_RANK // 64:
             raise ValueError(f"pv_wait must be in [1, {KV_LORA_RANK // 64}] (P @ V chunks in flight), got "
                              f"pv_wait={self.pv_wait}")
+        if not 1 <= self.wg0_share <= 99:
+            raise ValueError(f"wg0_share must be in [1, 99] (percent of a split's steps), got "
+                             f"wg0_share={self.wg0_share}")
         if self.pv_registers and (self.pv_in_flight or self.l2_prefetch):
             raise ValueError(f"pv_registers=True refills a warpgroup's slot after its P @ V's loads: it needs "
                              f"pv_in_flight=False and l2_prefetch=0, got pv_in_flight={self.pv_in_flight}, "
@@ -978,7 +984,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   part_wait: bool = False, l2_prefetch: int = 0, late_row_sums: bool = False,
                   kv_halves: bool = False, qk_registers: bool = False, sums_at_end: bool = False,
                   pv_in_flight: bool = False, qk_permuted: bool = False, pv_registers: bool = False,
-                  pv_wait: int = 1, out_dtype=None,
+                  pv_wait: int = 1, wg0_share: int = 50, out_dtype=None,
                   interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
@@ -999,7 +1005,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     pv_in_flight: MosaicConfig's (with qk_registers only: a step's P @ V awaited chunk by chunk in the next step).
     qk_permuted: MosaicConfig's (with qk_registers only: q's columns permuted by QK_PERM, the caller's).
     pv_registers: MosaicConfig's (with qk_permuted only: P @ V's left operand from the fp8 slot, a ring of two slots a
-    warpgroup; the output's columns permuted by PV_PERM, the caller undoes it). pv_wait: MosaicConfig's.
+    warpgroup; the output's columns permuted by PV_PERM, the caller undoes it). pv_wait, wg0_share: MosaicConfig's.
     p_in_kv, dequant_layout, fused_dequant, fused_group, fp8_convert, overlap_dequant, overlap_wait, transposed_pv:
     MosaicConfig's (all but transposed_pv fp8 only;
     overlap_dequant needs transposed scores of at most OVERLAP_MAX_ROWS rows, and then fused_dequant is ignored;
@@ -2181,7 +2187,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             def _():
                 if w == 1:
                     load_q(first_tok)
-                mid = begin + lax.div(end - begin + 1, jnp.int32(2))  # warpgroup 0 the first ceil(n / 2) steps
+                # warpgroup 0 the first ceil(n x wg0_share / 100) steps
+                mid = begin + lax.div((end - begin) * wg0_share + 99, jnp.int32(100))
                 b, e = (begin, mid) if w == 0 else (mid, end)
                 pl.when(e > b)(lambda: issue_half_step(w, b, jnp.int32(-1), last_page, e))
                 if pv_registers:  # (its second slot)
@@ -2684,7 +2691,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         kv_halves=kv_halves, qk_registers=kv_halves and tuning.qk_registers,
         sums_at_end=kv_halves and tuning.sums_at_end,
         pv_in_flight=kv_halves and tuning.qk_registers and tuning.pv_in_flight, qk_permuted=qk_permuted,
-        pv_registers=pv_registers, pv_wait=tuning.pv_wait,
+        pv_registers=pv_registers, pv_wait=tuning.pv_wait, wg0_share=tuning.wg0_share,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     if num_splits > 1:
