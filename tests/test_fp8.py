@@ -350,6 +350,12 @@ MOSAIC_FP8_CASES = [
                                     qk_permuted=True)),
     ("long_page_8", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
                                     sums_at_end=True, qk_permuted=True)),
+    # the steps split unevenly between the warpgroups (wg0_share): 62% to warpgroup 0 with 2 splits at page 16, 20%
+    # with block tables past a chunk at page 8
+    ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
+                                      qk_registers=True, sums_at_end=True, wg0_share=62)),
+    ("long_page_8", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
+                                    sums_at_end=True, qk_permuted=True, wg0_share=20)),
     # P @ V's left operand from the fp8 slot too, two slots a warpgroup (pv_registers; compiled only): 2 splits at
     # page 16, H = 8 q_len 2 (masks), block tables past a chunk, pages of two steps with 2 splits
     ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
@@ -636,6 +642,8 @@ def test_fp8_convert_config_is_validated():
     (dict(pv_wait=0), "pv_wait=0"),
     (dict(pv_wait=9), "pv_wait=9"),
     (dict(pv_wait=True), "pv_wait=True"),
+    (dict(wg0_share=0), "wg0_share=0"),
+    (dict(wg0_share=100), "wg0_share=100"),
 ])
 def test_kv_halves_config_is_validated(fields, match):
     from mla_jax.pallas_mosaic_gpu import MosaicConfig

@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
-# For the next session's first call (nvidia-h200; carry [".fa3"]), written at the end of session 24. Copy to
-# parity/sessions/<date>-s25-a.sh and commit before running; never edit it after. About 6 minutes.
-# Session 24 ran every compiled fp8 test of session 23's kernel (all passed) and made fused_group=4 the heuristic's
-# pick with an fp8 cache at H = 128 (1.015-1.03x on four rows). This call: issue #7's whole fp8 grid with that
-# heuristic, beside FA3 and bf16 Mosaic, with the check (session 23: fp8 / bf16 0.896, FA3/fp8 0.989).
-# Predictions: fp8 / bf16 0.90-0.92, FA3/fp8 0.99-1.02; H16 B128 S16384 fp8 375-395 us.
+# For the next session's first call (nvidia-h200; carry [".fa3"]), written at the end of session 25 (whose device
+# time ran out before it could run this). Copy to parity/sessions/<date>-s26-a.sh and commit before running; never
+# edit it after. About 5 minutes.
+# Session 25 call F's region profile of the heuristic (pv_registers, H16 B128 S4096): warpgroup 1's trace spans
+# 94.2 us against warpgroup 0's 65.7 (its steps slower: pv 2.71 against 1.87 us, dequant 1.78 against 1.46) while
+# the halves split a split's steps evenly: warpgroup 1 is the tile's critical path.
+# MosaicConfig(wg0_share=p): warpgroup 0 runs ceil(n x p / 100) of a split's n steps (50: as before; interpret-mode
+# tested on the CPU, never compiled yet).
+# 1) the compiled wg0_share tests; 2) sweep wg0_share 56 and 62 against the heuristic at H16 B128 S16384 and B32
+# S16384.
+# Predictions: tests pass; 56 or 62 1.03-1.12x faster at B128 S16384.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT/logs"; L="$OUT/logs"
 bash .fa3/unpack.sh /tmp/fa3 >/dev/null && export PYTHONPATH=/tmp/fa3:$PWD
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
-timeout 340 python3 -m parity bench --grid fp8 --check --reps 3 --no-ceilings \
-  --impls torch.fa3,jax.pallas_mosaic_gpu,jax.pallas_mosaic_gpu.fp8 --json "$OUT/bench-fp8.json" > "$L/bench-fp8.log" 2>&1
-echo "bench rc=$?" >> "$L/bench-fp8.log"
-grep -v "Warning\|warn" "$L/bench-fp8.log" | cut -c1-150 | tail -24
+timeout 60 python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs tests/test_fp8.py -k "compiled and wg0_share" \
+  > "$L/tests.log" 2>&1
+echo "rc=$?" >> "$L/tests.log"; grep -E "passed|failed|^FAILED|^ERROR|rc=" "$L/tests.log" | cut -c1-200 | tail -6
+timeout 240 python3 -m parity.sweep --impl pallas_mosaic_gpu --fp8 --fields wg0_share \
+  --rounds 3 --reps 3 --cooldown 1 --shapes H16_B128_S16384_q1,H16_B32_S16384_q1 \
+  --json "$OUT/sweep-fp8-wg0-share.json" > "$L/sweep.log" 2>&1; echo "rc=$?" >> "$L/sweep.log"
+cut -c1-150 "$L/sweep.log" | grep -v "^  \|Warn" | tail -8
 tar czf "$OUT/logs.tgz" -C "$OUT" logs
 rm -rf "$L"
