@@ -114,7 +114,8 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
   for P (overlap_wait); MosaicConfig's docstring has the measured gains. At 16 rows (H = 16 at q_len 1, H = 8
   at q_len 2) each compute warpgroup instead runs whole steps alone on its half of the split's steps
   (`MosaicConfig(kv_halves=True)`, compute_tile_halves): its own fp8 slot, f16 V, column softmax, P and O^T,
-  the rope columns' scores from registers, the two partials merged in shared memory at the end.
+  the rope columns' scores from registers, the two partials merged in shared memory at the end; where a split has
+  enough steps P @ V's V^T comes from the fp8 slot too (`pv_registers`, no f16 copy; two slots a warpgroup).
 
 SMEM: Q tile 72 KiB + 2 stages x 72 KiB (the output stage aliases them) + P 8 KiB +
 2 KiB of small buffers = 226 KiB, inside the 227 KiB a Hopper CTA can have (so 2 stages at most).
@@ -613,7 +614,7 @@ class MosaicConfig:
         1.06x faster than qk_registers with sums_at_end at H16 B128 S16384 (400.9 -> 376.7 us, 3.22 TB/s of fp8
         bytes), 1.05x at B32 S16384 (113.3 -> 108.3), 1.01x at B8 S4096 (18.6 -> 18.4); 196 registers, no spills;
         the PTX's 192 ld.shared.b16 gone (ldmatrix 50 -> 74).
-    pv_registers: (opt-in; with qk_permuted, elsewhere no effect; compiled only) P @ V's left operand V^T comes
+    pv_registers: (with qk_permuted, elsewhere no effect; compiled only) P @ V's left operand V^T comes
         from registers too, loaded from the fp8 slot by ldmatrix.trans (_load_vt_fp8: two fp8 columns a 16-bit
         value), converted and masked there: no f16 copy of V (64 KiB of stores and 64 KiB of the wgmmas' reads a
         step a warpgroup, session 21's count of the binding traffic, against 36 KiB more of loads), and the 128 KiB
@@ -621,12 +622,20 @@ class MosaicConfig:
         loaded the slot). The wgmma sees V's columns permuted within each 16 (PV_PERM), so O^T's rows are: the
         wrapper puts the output's columns back in order (PV_UNPERM, after the combine). The same products in the
         same order as qk_permuted's. In interpret mode qk_registers's path. fp8_convert applies to these loads
-        (the scores' chunks convert by cvt): "bits" all, "mixed" the odd chunks.
+        (the scores' chunks convert by cvt): "bits" all, "mixed" the odd chunks (bitwise cvt; on the H200 1.20x and
+        1.10x slower at H16 B128 S16384, session 25). The heuristic's pick where kv_halves runs and a split has at
+        least PV_REGISTERS_MIN_STEPS steps, since session 25: on the H200 (parity.sweep, 3 rounds, 1 s idle, with
+        pv_wait=4) 1.07x faster than qk_permuted at H16 B128 S16384 (387.7 -> 362.5 us), 1.01x at B32 S16384
+        (107.1 -> 106.1), 1.12x slower at B8 S4096 (18.2 -> 20.3, 4 steps a split). Each fp8 value is converted
+        twice (the scores' K, this V^T): the warps' instruction issue binds (NOTES_pallas_mosaic_gpu.md, session 25).
     pv_wait: (pv_registers only) P @ V chunks left in flight after each chunk's wgmma is issued (wgmma_wait's
         argument; each chunk's left operand in its own registers, its 8 wgmmas unrolled); 8: none awaited before the
-        step's end.
+        step's end. 4 the default: on the H200 (session 25, 3 rounds) 1 / 2 / 4 / 8 took 389.1 / 389.6 / 374.5 /
+        382.8 us at H16 B128 S16384 (202 / 223 / 254 / 255 registers, 8 spilling 8 bytes), 109.3 / 109.0 / 108.6 /
+        107.1 at B32 S16384.
     wg0_share: (kv_halves only) the percent of a split's steps warpgroup 0 runs (ceil(n x share / 100); 50: the
-        first half, rounded up), warpgroup 1 the rest.
+        first half, rounded up), warpgroup 1 the rest. (Session 25's region profile: warpgroup 1's steps ~1.25x
+        slower than warpgroup 0's; not timed yet.)
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -984,7 +993,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   part_wait: bool = False, l2_prefetch: int = 0, late_row_sums: bool = False,
                   kv_halves: bool = False, qk_registers: bool = False, sums_at_end: bool = False,
                   pv_in_flight: bool = False, qk_permuted: bool = False, pv_registers: bool = False,
-                  pv_wait: int = 1, wg0_share: int = 50, out_dtype=None,
+                  pv_wait: int = 4, wg0_share: int = 50, out_dtype=None,
                   interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
@@ -2145,8 +2154,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             return 2 * w + lax.rem(k, jnp.int32(2)) if pv_registers else w
 
         def issue_half_step(w: int, k, prev_k, last_page, end):
-            """(kv_halves) TMA of KV step k into warpgroup w's ring slot (half_slot; kv_ready's) and (l2_prefetch = d) of the
-            pages of step k + d (if below `end`, this warpgroup's range's) into L2. Its block-table buffer (w) is
+            """(kv_halves) TMA of KV step k into warpgroup w's ring slot (half_slot; kv_ready's) and (l2_prefetch = d)
+            of the pages of step k + d (if below `end`, this warpgroup's range's) into L2. Its block-table buffer (w) is
             restaged first when step k's chunk differs from the one there: prev_k's (the step before k in this
             warpgroup's range; -1: none yet, where warpgroup 0's buffer holds chunk 0, loaded with the info, and 1's
             nothing)."""
@@ -2329,7 +2338,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
             def scores_from_registers(k, slot, kv_start, masked: bool, pv_pending: bool = False):
                 """(qk_registers) S^T = K Q^T with every left operand in registers: each 64-column chunk of V is
-                loaded from the fp8 slot in the WGMMA layout, converted, stored to V's f16 copy (for P @ V) and
+                loaded from the fp8 slot in the WGMMA layout, converted, stored to V's f16 copy (for P @ V; not with
+                pv_registers, whose P @ V loads V^T from the slot) and
                 handed to its scores' wgmma as it is, so the scores never read the copy back from shared memory.
                 Then the slot is refilled. pv_pending (pv_in_flight): the last step's P @ V may still run, 8 commit
                 groups in column order: before chunk c's store to V's copy, at most 8 groups stay in flight (its
