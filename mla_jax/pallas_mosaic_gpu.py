@@ -204,6 +204,13 @@ QK_PERM_64 = QK_PERM[:64]  # a 64-column chunk's
 PV_PERM_16 = tuple(2 * (r % 8) + r // 8 for r in range(16))
 PV_PERM = np.array([16 * b + PV_PERM_16[r] for b in range(KV_LORA_RANK // 16) for r in range(16)])
 PV_UNPERM = np.argsort(PV_PERM)  # out[..., PV_UNPERM]: the kernel's output columns back in order
+
+
+def pv_output_order(copy_chunks: int = 0) -> np.ndarray:
+    """(pv_registers) out[..., pv_output_order(n)]: the kernel's output columns back in order, its first 64 n
+    (pv_copy_chunks = n: P @ V from V's f16 copy) already in order, the rest permuted by PV_PERM."""
+    n = 64 * copy_chunks
+    return np.concatenate([np.arange(n), PV_UNPERM[n:]])
 # three_wg's register split (setmaxnreg; 128 threads each, at most 65536 registers in all): the scores
 # warpgroup holds a 64 x 64 fp32 score tile, each P @ V warpgroup a 64 x 256 fp32 accumulator
 THREE_WG_REGISTERS = (152, 176, 176)
@@ -633,6 +640,11 @@ class MosaicConfig:
         step's end. 4 the default: on the H200 (session 25, 3 rounds) 1 / 2 / 4 / 8 took 389.1 / 389.6 / 374.5 /
         382.8 us at H16 B128 S16384 (202 / 223 / 254 / 255 registers, 8 spilling 8 bytes), 109.3 / 109.0 / 108.6 /
         107.1 at B32 S16384.
+    pv_copy_chunks: (pv_registers only; opt-in, not yet timed) P @ V's first n chunks of V (64 columns each) read
+        from an f16 copy that the scores' conversion stores (each converted once, as qk_permuted does), the others
+        loaded from the fp8 slot (converted a second time): fewer conversions for more shared-memory traffic; at most
+        MAX_PV_COPY_CHUNKS (the copies beside q and four fp8 slots). The output's first 64 n columns then come out
+        in order (the wrapper un-permutes the rest).
     wg0_share: (kv_halves only) the percent of a split's steps warpgroup 0 runs (ceil(n x share / 100); 50: the
         first half, rounded up), warpgroup 1 the rest. (Session 25's region profile: warpgroup 1's steps ~1.25x
         slower than warpgroup 0's; not timed yet.)
@@ -675,11 +687,12 @@ class MosaicConfig:
     pv_registers: bool = False
     pv_wait: int = 4
     wg0_share: int = 50
+    pv_copy_chunks: int = 0
     pdl: bool = False
 
     def __post_init__(self):
         for name in ("block_kv", "num_splits", "max_concurrent_steps", "block_h", "bt_chunk", "l2_prefetch",
-                     "pv_wait", "wg0_share"):
+                     "pv_wait", "wg0_share", "pv_copy_chunks"):
             x = getattr(self, name)
             if isinstance(x, bool) or not isinstance(x, int):
                 raise ValueError(f"{name} must be an int, got {name}={x!r}")
@@ -761,6 +774,10 @@ class MosaicConfig:
         if not 1 <= self.pv_wait <= KV_LORA_RANK // 64:
             raise ValueError(f"pv_wait must be in [1, {KV_LORA_RANK // 64}] (P @ V chunks in flight), got "
                              f"pv_wait={self.pv_wait}")
+        if not 0 <= self.pv_copy_chunks <= MAX_PV_COPY_CHUNKS:
+            raise ValueError(f"pv_copy_chunks must be in [0, {MAX_PV_COPY_CHUNKS}] (V's 64-column chunks P @ V reads "
+                             f"from an f16 copy; more do not fit in shared memory), got "
+                             f"pv_copy_chunks={self.pv_copy_chunks}")
         if not 1 <= self.wg0_share <= 99:
             raise ValueError(f"wg0_share must be in [1, 99] (percent of a split's steps), got "
                              f"wg0_share={self.wg0_share}")
@@ -834,6 +851,9 @@ MAX_SPLITS = 128
 # 1.04-1.12x slower at q_len 2 (32 rows) on four shapes and 1.35x slower at q_len 3 (48 rows, B64 S4096).
 # With P @ V transposed too (transposed_pv, at TRANSPOSED_PV_ROWS) they win at 32 rows as well (session 12).
 TRANSPOSED_MAX_ROWS = 16
+# MosaicConfig.pv_copy_chunks: at most 3 64-column f16 chunks a warpgroup (48 KiB for both) fit beside q and the four
+# fp8 slots of pv_registers
+MAX_PV_COPY_CHUNKS = 3
 # The heuristic's pv_registers: where a split has at least this many steps (measured: 64 and 256 faster, 4 slower)
 PV_REGISTERS_MIN_STEPS = 32
 
@@ -993,7 +1013,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   part_wait: bool = False, l2_prefetch: int = 0, late_row_sums: bool = False,
                   kv_halves: bool = False, qk_registers: bool = False, sums_at_end: bool = False,
                   pv_in_flight: bool = False, qk_permuted: bool = False, pv_registers: bool = False,
-                  pv_wait: int = 4, wg0_share: int = 50, out_dtype=None,
+                  pv_wait: int = 4, wg0_share: int = 50, pv_copy_chunks: int = 0, out_dtype=None,
                   interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
@@ -1014,7 +1034,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     pv_in_flight: MosaicConfig's (with qk_registers only: a step's P @ V awaited chunk by chunk in the next step).
     qk_permuted: MosaicConfig's (with qk_registers only: q's columns permuted by QK_PERM, the caller's).
     pv_registers: MosaicConfig's (with qk_permuted only: P @ V's left operand from the fp8 slot, a ring of two slots a
-    warpgroup; the output's columns permuted by PV_PERM, the caller undoes it). pv_wait, wg0_share: MosaicConfig's.
+    warpgroup; the output's columns permuted by PV_PERM, the caller undoes it). pv_wait, wg0_share, pv_copy_chunks:
+    MosaicConfig's.
     p_in_kv, dequant_layout, fused_dequant, fused_group, fp8_convert, overlap_dequant, overlap_wait, transposed_pv:
     MosaicConfig's (all but transposed_pv fp8 only;
     overlap_dequant needs transposed scores of at most OVERLAP_MAX_ROWS rows, and then fused_dequant is ignored;
@@ -1075,6 +1096,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         raise ValueError(f"pv_registers loads P @ V's left operand beside qk_permuted's (compiled): it needs "
                          f"qk_permuted=True, pv_in_flight=False, l2_prefetch=0 and interpret=False, got "
                          f"{qk_permuted=}, {pv_in_flight=}, {l2_prefetch=}, {interpret=}")
+    if pv_copy_chunks and not (pv_registers and 0 < pv_copy_chunks <= MAX_PV_COPY_CHUNKS):
+        raise ValueError(f"pv_copy_chunks splits pv_registers's P @ V: it needs pv_registers=True and at most "
+                         f"{MAX_PV_COPY_CHUNKS} chunks, got {pv_registers=}, {pv_copy_chunks=}")
     if kv_halves:
         overlap_dequant = fused_dequant = False  # (each warpgroup converts its own steps: compute_tile_halves)
     if overlap_dequant:
@@ -2306,7 +2330,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                     return load(ref)
 
-                for c in range(KV_LORA_RANK // 64):  # (fp8_convert: "bits" for all, "mixed" for the odd chunks)
+                for c in range(pv_copy_chunks):  # (from V's f16 copy, stored by the scores' conversion)
+                    plgpu.wgmma(acc_ref.at[pl.ds(c * 64, 64)], v_w().at[:, pl.ds(c * 64, 64)].transpose((1, 0)),
+                                p_w().transpose((1, 0)))
+                for c in range(pv_copy_chunks, KV_LORA_RANK // 64):  # (fp8_convert: "bits" all, "mixed" the odd)
                     bits = fp8_convert == "bits" or (fp8_convert == "mixed" and c % 2 == 1)
                     vt = load_vt(kv_smem.at[slot, :, pl.ds(c * 64, 64)], bits)
                     if keep is not None:
@@ -2358,6 +2385,15 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                             plgpu.wgmma_wait(before)
                         if not pv_registers:  # (pv_registers: P @ V loads V from the slot)
                             store_tiled(v_w().at[:, cols], x, ld_layout, F16_TILES)
+                        elif pv_copy_chunks:  # (but the first pv_copy_chunks chunks from this copy)
+                            def store():
+                                store_tiled(v_w().at[:, cols], x, ld_layout, F16_TILES)
+
+                            if isinstance(c, int):
+                                if c < pv_copy_chunks:
+                                    store()
+                            else:
+                                pl.when(c < pv_copy_chunks)(store)
                         q_t = q_smem.at[:, cols].transpose((1, 0))
                         if interpret:  # (no left operand in registers: the copy just written, the same values)
                             plgpu.wgmma(s_ref, v_w().at[:, cols], q_t)
@@ -2501,8 +2537,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         union = plgpu.RefUnion(
             (plgpu.SMEM((q_rows, HEAD_DIM), dtype, transforms=transforms),
              plgpu.SMEM((half_slots, block_kv, HEAD_DIM), jnp.float8_e4m3fn, transforms=FP8_RING_TILES),
-             *([] if pv_registers else
-               [plgpu.SMEM((NUM_COMPUTE_WGS, block_kv, KV_LORA_RANK), dtype, transforms=f16_tiles)])),
+             *([] if pv_registers and not pv_copy_chunks else  # (pv_copy_chunks: the copies of its chunks only)
+               [plgpu.SMEM((NUM_COMPUTE_WGS, block_kv, 64 * pv_copy_chunks if pv_registers else KV_LORA_RANK),
+                           dtype, transforms=f16_tiles)])),
             (plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), stage_dtype, transforms=stage_transforms),
              plgpu.SMEM((NUM_COMPUTE_WGS, 2, V_HALF, score_rows), jnp.bfloat16, transforms=t_transforms),
              plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, score_rows), jnp.bfloat16, transforms=t_transforms),
@@ -2702,14 +2739,15 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         sums_at_end=kv_halves and tuning.sums_at_end,
         pv_in_flight=kv_halves and tuning.qk_registers and tuning.pv_in_flight, qk_permuted=qk_permuted,
         pv_registers=pv_registers, pv_wait=tuning.pv_wait, wg0_share=tuning.wg0_share,
+        pv_copy_chunks=tuning.pv_copy_chunks if pv_registers else 0,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     if num_splits > 1:
         # split partials per token [S, T, heads, 512] -> out, lse: one Pallas Triton kernel on the GPU
         # (mla_jax.combine); in Mosaic GPU interpret mode its jnp formula
         out, lse = combine_ref(out, lse, out_dtype) if interpret else combine(out, lse, out_dtype)
-    if pv_registers:  # (the kernel's output columns permuted by PV_PERM within each 16)
-        out = out[..., PV_UNPERM]
+    if pv_registers:  # (the kernel's output columns permuted by PV_PERM within each 16, past the copy's chunks)
+        out = out[..., pv_output_order(tuning.pv_copy_chunks)]
     return out[:, :num_heads], lse[:, :num_heads]
 
 

@@ -529,6 +529,9 @@ def test_mosaic_gpu_fp8_kv_halves_nan_in_one_head_compiled():
                                               (8, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
                                                        kv_halves=True, qk_registers=True, sums_at_end=True,
                                                        qk_permuted=True, pv_registers=True)),
+                                              (8, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
+                                                       kv_halves=True, qk_registers=True, sums_at_end=True,
+                                                       qk_permuted=True, pv_registers=True, pv_copy_chunks=3)),
                                               (8, None), (8, dict(num_splits=2, transposed_scores=True,
                                                                   overlap_wait=True))])
 def test_mosaic_gpu_fp8_lowers_for_cuda(num_heads, tuning):
@@ -644,6 +647,8 @@ def test_fp8_convert_config_is_validated():
     (dict(pv_wait=True), "pv_wait=True"),
     (dict(wg0_share=0), "wg0_share=0"),
     (dict(wg0_share=100), "wg0_share=100"),
+    (dict(pv_copy_chunks=4), "pv_copy_chunks=4"),
+    (dict(pv_copy_chunks=-1), "pv_copy_chunks=-1"),
 ])
 def test_kv_halves_config_is_validated(fields, match):
     from mla_jax.pallas_mosaic_gpu import MosaicConfig
@@ -683,6 +688,9 @@ def test_qk_registers_needs_kv_halves_in_the_kernel_builder():
     with pytest.raises(ValueError, match="interpret=True"):
         pallas_mosaic_gpu._build_kernel(pv_registers=True, qk_permuted=True, interpret=True, **full)
     pallas_mosaic_gpu._build_kernel(pv_registers=True, qk_permuted=True, **full)
+    with pytest.raises(ValueError, match="pv_registers=False"):  # (pv_copy_chunks splits pv_registers's P @ V)
+        pallas_mosaic_gpu._build_kernel(pv_copy_chunks=2, qk_permuted=True, **full)
+    pallas_mosaic_gpu._build_kernel(pv_copy_chunks=2, pv_registers=True, qk_permuted=True, **full)
 
 
 def _layout_columns(layout, shape=(64, 64)):
@@ -833,6 +841,20 @@ def test_mosaic_gpu_fp8_pv_registers_bits_is_bitwise_cvt():
         _assert_bitwise(name, dtype, [t] + [dict(t, fp8_convert=c) for c in ("bits", "mixed")])
 
 
+@pytest.mark.gpu
+def test_mosaic_gpu_fp8_pv_copy_chunks_is_bitwise_qk_permuted():
+    """pv_copy_chunks reads P @ V's first chunks from an f16 copy and the rest from the fp8 slot (the output's first
+    columns then in order, the wrapper un-permuting the rest): the same products in the same order as qk_permuted,
+    the same out and lse bit for bit compiled, on the bitwise test's 4 scenarios."""
+    _skip_without_hopper()
+    base = dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True, sums_at_end=True,
+                qk_permuted=True)
+    for name, dtype, extra in (("page_size_16", "bfloat16", dict(num_splits=2)), ("heads_8_q2", "bfloat16", {}),
+                               ("long_page_8", "bfloat16", {}), ("page_128", "float16", dict(num_splits=2))):
+        t = dict(base, **extra)
+        _assert_bitwise(name, dtype, [t] + [dict(t, pv_registers=True, pv_copy_chunks=n) for n in (1, 3)])
+
+
 def test_pv_perm_is_ldmatrix_trans_seen_as_wgmma():
     """pv_registers's V^T registers: lane (g, t) of an ldmatrix.trans of 16-bit values gets value g of lines 2 t and
     2 t + 1 of each 8 x 8 matrix (PTX ISA, ldmatrix), here fp8 columns 2 g, 2 g + 1 of keys 2 t, 2 t + 1; its prmt
@@ -854,6 +876,9 @@ def test_pv_perm_is_ldmatrix_trans_seen_as_wgmma():
     assert sorted(mg.PV_PERM) == list(range(512))
     x = np.arange(512)
     np.testing.assert_array_equal(x[mg.PV_PERM][mg.PV_UNPERM], x)
+    for n in range(mg.MAX_PV_COPY_CHUNKS + 1):  # (pv_copy_chunks: the first 64 n columns from the copy, in order)
+        kernel_cols = np.concatenate([x[:64 * n], x[mg.PV_PERM][64 * n:]])
+        np.testing.assert_array_equal(kernel_cols[mg.pv_output_order(n)], x)
 
 
 def test_mosaic_gpu_overlap_dequant_is_refused_where_it_does_not_fit():
