@@ -2316,8 +2316,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
             def pv_from_slot(acc_ref, k, slot, kv_start, masked: bool):
                 """(pv_registers) O^T += V^T P^T, 8 wgmmas of M = 64 (O^T's rows permuted by PV_PERM), each left
-                operand loaded from the fp8 slot (_load_vt_fp8), its keys past kv_len 0 on the masked step; then the
-                slot, read, is refilled with step k + 2."""
+                operand loaded from the fp8 slot (_load_vt_fp8), its keys past kv_len 0 on the masked step (the first
+                pv_copy_chunks from V's f16 copy, rows in order); then the slot, read, is refilled with step k + 2."""
                 keep = (plgpu.broadcasted_iota(jnp.int32, (64, block_kv), 1, layout=wg_layout) < kv_len - kv_start
                         if masked else None)
 
