@@ -226,11 +226,13 @@ def _is_pow2(x: int) -> bool:
 # 15 - 7) makes it the value: exact for every finite e4m3 value, subnormals included; NaN (0x7f, 0xff)
 # becomes +-480 (the kernel zeroes cache rows past kv_len before any NaN could matter). Two prmt, two
 # shifts, two lop3 and two f16x2 multiplications for four values, on the integer and FMA pipes, where
-# "cvt" issues two cvt.rn.f16x2.e4m3x2 on the conversion pipe.
-_E4M3_TO_F16_PTX = """{
+# "cvt" issues two cvt.rn.f16x2.e4m3x2 on the conversion pipe. The two prmt selectors pick which bytes of the
+# 32-bit input go to the top of each output pair's halves.
+def _e4m3_bits_ptx(lo_select: int, hi_select: int) -> str:
+    return f"""{{
 .reg .b32 lo, hi, t, two8;
-prmt.b32 lo, $2, 0, 0x1404;
-prmt.b32 hi, $2, 0, 0x3424;
+prmt.b32 lo, $2, 0, {lo_select:#06x};
+prmt.b32 hi, $2, 0, {hi_select:#06x};
 mov.b32 two8, 0x5C005C00;
 shr.b32 t, lo, 1;
 and.b32 t, t, 0x3F803F80;
@@ -242,7 +244,10 @@ and.b32 hi, hi, 0x80008000;
 or.b32 hi, hi, t;
 mul.rn.f16x2 $0, lo, two8;
 mul.rn.f16x2 $1, hi, two8;
-}"""
+}}"""
+
+
+_E4M3_TO_F16_PTX = _e4m3_bits_ptx(0x1404, 0x3424)  # bytes (0, 1), (2, 3): four values in order
 
 
 def e4m3_bits_to_f16(b: np.ndarray) -> np.ndarray:
@@ -279,23 +284,8 @@ mov.b32 {lo, hi}, p;
 cvt.rn.f16x2.e4m3x2 $0, lo;
 cvt.rn.f16x2.e4m3x2 $1, hi;
 }"""
-# the same by integer arithmetic (fp8_convert="bits", above): the prmt puts each pair's bytes at the top of its halves
-_E4M3_PAIRS_T_BITS_PTX = """{
-.reg .b32 lo, hi, t, two8;
-prmt.b32 lo, $2, 0, 0x2404;
-prmt.b32 hi, $2, 0, 0x3414;
-mov.b32 two8, 0x5C005C00;
-shr.b32 t, lo, 1;
-and.b32 t, t, 0x3F803F80;
-and.b32 lo, lo, 0x80008000;
-or.b32 lo, lo, t;
-shr.b32 t, hi, 1;
-and.b32 t, t, 0x3F803F80;
-and.b32 hi, hi, 0x80008000;
-or.b32 hi, hi, t;
-mul.rn.f16x2 $0, lo, two8;
-mul.rn.f16x2 $1, hi, two8;
-}"""
+# the same by integer arithmetic (fp8_convert="bits", above): bytes (0, 2) and (1, 3), the keys paired
+_E4M3_PAIRS_T_BITS_PTX = _e4m3_bits_ptx(0x2404, 0x3414)
 
 
 def _load_vt_fp8(ref, bits: bool = False):

@@ -797,6 +797,15 @@ def test_mosaic_gpu_fp8_qk_registers_is_bitwise_kv_halves():
         _assert_bitwise(name, "bfloat16", [dict(base, **extra), dict(base, **extra, qk_registers=True)])
 
 
+# the kv_halves bitwise tests' scenarios (name, dtype, tuning fields): 2 splits at page 16; H = 8 at q_len 2, masks;
+# block tables past a chunk at page 8; pages of two steps in fp16
+KV_HALVES_BITWISE_SCENARIOS = (("page_size_16", "bfloat16", dict(num_splits=2)), ("heads_8_q2", "bfloat16", {}),
+                               ("long_page_8", "bfloat16", {}), ("page_128", "float16", dict(num_splits=2)))
+# the heuristic's kv_halves path since session 23 (qk_permuted), before pv_registers
+QK_PERMUTED_TUNING = dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
+                          sums_at_end=True, qk_permuted=True)
+
+
 @pytest.mark.gpu
 def test_mosaic_gpu_fp8_pv_in_flight_is_bitwise_qk_registers():
     """pv_in_flight leaves a step's P @ V running into the next step, each chunk's conversion waiting for the P @ V
@@ -805,8 +814,7 @@ def test_mosaic_gpu_fp8_pv_in_flight_is_bitwise_qk_registers():
     in fp16), with and without sums_at_end."""
     _skip_without_hopper()
     base = dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True)
-    for name, dtype, extra in (("page_size_16", "bfloat16", dict(num_splits=2)), ("heads_8_q2", "bfloat16", {}),
-                               ("long_page_8", "bfloat16", {}), ("page_128", "float16", dict(num_splits=2))):
+    for name, dtype, extra in KV_HALVES_BITWISE_SCENARIOS:
         for sums in (False, True):
             t = dict(base, **extra, sums_at_end=sums)
             _assert_bitwise(name, dtype, [t, dict(t, pv_in_flight=True)])
@@ -819,10 +827,8 @@ def test_mosaic_gpu_fp8_pv_registers_is_bitwise_qk_permuted():
     order, the same out and lse bit for bit compiled (2 splits at page 16; H = 8 at q_len 2, masks; block tables
     past a chunk at page 8; pages of two steps in fp16), however many chunks it leaves in flight (pv_wait)."""
     _skip_without_hopper()
-    base = dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True, sums_at_end=True,
-                qk_permuted=True)
-    for name, dtype, extra in (("page_size_16", "bfloat16", dict(num_splits=2)), ("heads_8_q2", "bfloat16", {}),
-                               ("long_page_8", "bfloat16", {}), ("page_128", "float16", dict(num_splits=2))):
+    base = QK_PERMUTED_TUNING
+    for name, dtype, extra in KV_HALVES_BITWISE_SCENARIOS:
         t = dict(base, **extra)
         _assert_bitwise(name, dtype, [t] + [dict(t, pv_registers=True, pv_wait=d) for d in (1, 2, 4, 8)])
 
@@ -833,10 +839,8 @@ def test_mosaic_gpu_fp8_pv_registers_bits_is_bitwise_cvt():
     give the cvts' values (exact, no NaN in the cache): the same out and lse bit for bit compiled, on the bitwise
     test's 4 scenarios."""
     _skip_without_hopper()
-    base = dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True, sums_at_end=True,
-                qk_permuted=True, pv_registers=True, pv_wait=4)
-    for name, dtype, extra in (("page_size_16", "bfloat16", dict(num_splits=2)), ("heads_8_q2", "bfloat16", {}),
-                               ("long_page_8", "bfloat16", {}), ("page_128", "float16", dict(num_splits=2))):
+    base = dict(QK_PERMUTED_TUNING, pv_registers=True, pv_wait=4)
+    for name, dtype, extra in KV_HALVES_BITWISE_SCENARIOS:
         t = dict(base, **extra)
         _assert_bitwise(name, dtype, [t] + [dict(t, fp8_convert=c) for c in ("bits", "mixed")])
 
@@ -847,10 +851,8 @@ def test_mosaic_gpu_fp8_pv_copy_chunks_is_bitwise_qk_permuted():
     columns then in order, the wrapper un-permuting the rest): the same products in the same order as qk_permuted,
     the same out and lse bit for bit compiled, on the bitwise test's 4 scenarios."""
     _skip_without_hopper()
-    base = dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True, sums_at_end=True,
-                qk_permuted=True)
-    for name, dtype, extra in (("page_size_16", "bfloat16", dict(num_splits=2)), ("heads_8_q2", "bfloat16", {}),
-                               ("long_page_8", "bfloat16", {}), ("page_128", "float16", dict(num_splits=2))):
+    base = QK_PERMUTED_TUNING
+    for name, dtype, extra in KV_HALVES_BITWISE_SCENARIOS:
         t = dict(base, **extra)
         _assert_bitwise(name, dtype, [t] + [dict(t, pv_registers=True, pv_copy_chunks=n) for n in (1, 3)])
 
