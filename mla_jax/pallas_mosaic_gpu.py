@@ -2376,14 +2376,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         if not pv_registers:  # (pv_registers: P @ V loads V from the slot)
                             store_tiled(v_w().at[:, cols], x, ld_layout, F16_TILES)
                         elif pv_copy_chunks:  # (but the first pv_copy_chunks chunks from this copy)
-                            def store():
-                                store_tiled(v_w().at[:, cols], x, ld_layout, F16_TILES)
-
-                            if isinstance(c, int):
-                                if c < pv_copy_chunks:
-                                    store()
-                            else:
-                                pl.when(c < pv_copy_chunks)(store)
+                            pl.when(c < pv_copy_chunks)(
+                                lambda: store_tiled(v_w().at[:, cols], x, ld_layout, F16_TILES))
                         q_t = q_smem.at[:, cols].transpose((1, 0))
                         if interpret:  # (no left operand in registers: the copy just written, the same values)
                             plgpu.wgmma(s_ref, v_w().at[:, cols], q_t)
