@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# Session 26, call A (nvidia-h200; carry [".fa3"]), written at the end of session 25 as next-session-first-call.sh;
-# time ran out before it could run this). Copy to parity/sessions/<date>-s26-a.sh and commit before running; never
-# copied unchanged otherwise. About 9 minutes.
+# Session 26, call A (nvidia-h200; carry [".fa3"]): session 25's next-session-first-call.sh, unchanged but for
+# this header (session 25's device time ran out before it could run). About 9 minutes.
 # Session 25 call F's region profile of the heuristic (pv_registers, H16 B128 S4096): warpgroup 1's trace spans
 # 94.2 us against warpgroup 0's 65.7 (its steps slower: pv 2.71 against 1.87 us, dequant 1.78 against 1.46) while
 # the halves split a split's steps evenly: warpgroup 1 is the tile's critical path. And pv_registers converts each
