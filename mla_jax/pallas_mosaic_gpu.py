@@ -1067,11 +1067,15 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     if transposed_pv and not (flashmla and score_rows in TRANSPOSED_PV_ROWS):
         raise ValueError(f"transposed_pv needs schedule='flashmla' and transposed scores of {TRANSPOSED_PV_ROWS} rows, "
                          f"got {schedule=}, {score_rows=}")
-    if kv_halves and not (fp8 and transposed_pv and score_rows == TRANSPOSED_PV_ROWS[0] and stages == 2
+    if kv_halves and not (fp8 and transposed_pv and score_rows in TRANSPOSED_PV_ROWS and stages == 2
                           and not (kv_multicast or memory_wg)):
-        raise ValueError(f"kv_halves needs an fp8 cache, transposed_pv at {TRANSPOSED_PV_ROWS[0]} rows and 2 stages, "
+        raise ValueError(f"kv_halves needs an fp8 cache, transposed_pv at {TRANSPOSED_PV_ROWS} rows and 2 stages, "
                          f"without kv_multicast or a memory warpgroup, got {fp8=}, {transposed_pv=}, "
                          f"{score_rows=}, {stages=}, {kv_multicast=}, {memory_wg=}")
+    if kv_halves and score_rows > TRANSPOSED_PV_ROWS[0] and not ((pv_registers and not pv_copy_chunks) or interpret):
+        raise ValueError(f"kv_halves at {score_rows} rows fits shared memory only without V's f16 copies: it needs "
+                         f"pv_registers=True and pv_copy_chunks=0 (or interpret mode), got {pv_registers=}, "
+                         f"{pv_copy_chunks=}")
     if qk_registers and not kv_halves:
         raise ValueError(f"qk_registers runs inside kv_halves's step: it needs kv_halves=True, got {kv_halves=}")
     if sums_at_end and not kv_halves:
@@ -1133,12 +1137,12 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         kv_v = red_smem = None
         if kv_halves:
             # kv_smem: the fp8 ring, slot w warpgroup w's; kv_v: each warpgroup's f16 copy of V; x_smem: (after the
-            # steps) the row sums, lse and the two partials' max and sums, beside the stage; m_smem: the partials'
-            # O^T halves; red_smem: the scratch of the cross-warp reductions, in P's bytes (the p_smem argument)
-            (q_smem, kv_smem, *kv_v), (stage, t_smem, e_smem, x_halves, m_smem) = q_kv_or_stage
+            # steps) the row sums, lse and the two partials' max and sums; m_smem: the partials'
+            # O^T halves (over q and the ring); red_smem: the scratch of the cross-warp reductions, in P's bytes (the
+            # p_smem argument)
+            (q_smem, kv_smem, *kv_v), (stage, t_smem, e_smem), (m_smem,) = q_kv_or_stage
             kv_v = kv_v[0] if kv_v else None  # (pv_registers: none)
             p_smem, red_smem = p_smem
-            x_smem = x_halves
             (bt_bar_wg1,) = extra_barriers
         elif fp8 and overlap_dequant:
             # kv_smem: the ring of fp8 steps; deq_v: f16 V halves (0, 1: the first half of even / odd steps, 2: the
@@ -2459,7 +2463,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             if sums_at_end:
                 l_i = col_reduce(l_i, "add", w)
 
-            # The merge. x_smem and m_smem alias the ring and V's copies: both warpgroups first finish their steps.
+            # The merge. x_smem and m_smem alias the ring and V's copies (m_smem the stage too, written after its
+            # reads): both warpgroups first finish their steps.
             plgpu.barrier_arrive(sync_a)
             plgpu.barrier_wait(sync_a)
             x_smem.at[2 + w, pl.ds(0, n)][...] = m_i
@@ -2526,11 +2531,13 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                            dtype, transforms=f16_tiles)])),
             (plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), stage_dtype, transforms=stage_transforms),
              plgpu.SMEM((NUM_COMPUTE_WGS, 2, V_HALF, score_rows), jnp.bfloat16, transforms=t_transforms),
-             plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, score_rows), jnp.bfloat16, transforms=t_transforms),
-             # rows 0: lse, 1: the row sums, 2 + w: warpgroup w's max, 4 + w: its sums
-             plgpu.SMEM((6, BLOCK_H), jnp.float32),
-             # the partials' O^T halves (beside the stage: a RefUnion's groups are used one at a time)
-             plgpu.SMEM((NUM_COMPUTE_WGS, V_HALF, score_rows), jnp.float32)),
+             plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, score_rows), jnp.bfloat16, transforms=t_transforms)),
+            # the partials' O^T halves, written and read after the steps, before the stage is written (over q and
+            # the ring: 32 KiB at 16 rows, 64 at 32, where its rows of 128 bytes are tiled and swizzled: untiled,
+            # its WGMMA-layout load has no conflict-free transfer)
+            (plgpu.SMEM((NUM_COMPUTE_WGS, V_HALF, score_rows), jnp.float32,
+                        transforms=(plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
+                        if score_rows == 32 else ()),),
         )
         scratch = [
             union,
@@ -2539,7 +2546,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # for at the end of a step, done; the step's P not yet written)
             plgpu.RefUnion(plgpu.SMEM((NUM_COMPUTE_WGS, score_rows, block_kv), dtype, transforms=transforms),
                            plgpu.SMEM((NUM_COMPUTE_WGS, RED_FLOATS_PER_COLUMN * score_rows), jnp.float32)),
-            plgpu.SMEM((1,), jnp.float32),  # (a placeholder: the reductions' scratch is in P's bytes)
+            # the merge's vectors (outside the union: used beside the partials and the stage), rows 0: lse, 1: the
+            # row sums, 2 + w: warpgroup w's max, 4 + w: its sums
+            plgpu.SMEM((6, BLOCK_H), jnp.float32),
             plgpu.SMEM((INFO_WORDS + NUM_COMPUTE_WGS * bt_chunk,), jnp.int32),  # info + a block-table chunk each
             plgpu.Barrier(num_arrivals=q_toks),  # q_bar
             plgpu.Barrier(),  # info_bar
@@ -2695,7 +2704,12 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         bt_chunk = max(32, bt_chunk // 64 * 32)
     # kv_halves where it applies (an fp8 cache, transposed_pv at 16 rows): two block-table chunk buffers (a
     # warpgroup each) of at most KV_HALVES_BT_CHUNK entries, within the shared memory left
-    kv_halves = (tuning.kv_halves and fp8 and tuning.transposed_pv and score_rows == TRANSPOSED_PV_ROWS[0])
+    # (at 32 rows only where pv_registers runs too: V's f16 copies do not fit beside q's 32 rows; interpret mode, with
+    # no shared-memory limit, runs it with the copies)
+    pv_registers_asked = tuning.qk_registers and tuning.qk_permuted and tuning.pv_registers
+    kv_halves = (tuning.kv_halves and fp8 and tuning.transposed_pv and score_rows in TRANSPOSED_PV_ROWS
+                 and (score_rows == TRANSPOSED_PV_ROWS[0] or interpret
+                      or (pv_registers_asked and not tuning.pv_copy_chunks)))
     if kv_halves:
         bt_chunk = min(bt_chunk, KV_HALVES_BT_CHUNK)
     bt_chunk -= bt_chunk % pages_per_step

@@ -44,7 +44,11 @@ FP8_SCENARIOS = {**SCENARIOS,
                                         page_size=16),
                  # kv_halves: pages of two steps; and block tables past one chunk of a warpgroup (96 entries)
                  "page_128": Scenario("page_128", seq_lens=(100, 300, 700), query_lens=(1, 1, 1), page_size=128),
-                 "long_page_8": Scenario("long_page_8", seq_lens=(1030, 1700), query_lens=(1, 1), page_size=8)}
+                 "long_page_8": Scenario("long_page_8", seq_lens=(1030, 1700), query_lens=(1, 1), page_size=8),
+                 # kv_halves at 32 rows: H = 16 at q_len 2 past a block-table chunk, H = 32 at q_len 1
+                 "long_q2_page_16": Scenario("long_q2_page_16", seq_lens=(1030, 1700), query_lens=(2, 2),
+                                             page_size=16),
+                 "heads_32": Scenario("heads_32", seq_lens=(300, 1100, 77), query_lens=(1, 1, 1), num_heads=32)}
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -366,6 +370,17 @@ MOSAIC_FP8_CASES = [
                                     sums_at_end=True, qk_permuted=True, pv_registers=True)),
     ("page_128", "float16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
                                  qk_registers=True, sums_at_end=True, qk_permuted=True, pv_registers=True)),
+    # kv_halves at 32 rows (H = 16 at q_len 2, H = 32 at q_len 1), where it needs pv_registers (interpret mode: V's
+    # copies): 2 splits at page 32 (a q_len-1 request beside q_len-2 ones), block tables past a chunk at page 16 in
+    # fp16, H = 32 with 3 splits
+    ("decode_q2_page_32", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
+                                           qk_registers=True, sums_at_end=True, qk_permuted=True, pv_registers=True,
+                                           pv_wait=1)),
+    ("long_q2_page_16", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True,
+                                        qk_registers=True, sums_at_end=True, qk_permuted=True, pv_registers=True,
+                                        pv_wait=2)),
+    ("heads_32", "bfloat16", dict(num_splits=3, transposed_scores=True, transposed_pv=True, kv_halves=True,
+                                  qk_registers=True, sums_at_end=True, qk_permuted=True, pv_registers=True)),
 ]
 
 
@@ -532,6 +547,11 @@ def test_mosaic_gpu_fp8_kv_halves_nan_in_one_head_compiled():
                                               (8, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
                                                        kv_halves=True, qk_registers=True, sums_at_end=True,
                                                        qk_permuted=True, pv_registers=True, pv_copy_chunks=3)),
+                                              # (kv_halves at 32 rows: H = 16 at q_len 2, with pv_registers; one
+                                              # split: the bf16 stage)
+                                              (16, dict(num_splits=1, transposed_scores=True, transposed_pv=True,
+                                                        kv_halves=True, qk_registers=True, sums_at_end=True,
+                                                        qk_permuted=True, pv_registers=True, pv_wait=1)),
                                               (8, None), (8, dict(num_splits=2, transposed_scores=True,
                                                                   overlap_wait=True))])
 def test_mosaic_gpu_fp8_lowers_for_cuda(num_heads, tuning):
