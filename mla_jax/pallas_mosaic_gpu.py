@@ -851,8 +851,9 @@ PV_REGISTERS_MIN_STEPS = 32
 def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_reqs: int | None = None,
                      num_sms: int = NUM_SMS_H200, max_query_len: int | None = None) -> MosaicConfig:
     """Picks transposed scores where a tile uses at most 16 of its 64 rows (H = 16 at q_len 1) or 32 (H = 16 at
-    q_len 2, H = 32 at q_len 1, H = 8 at q_len 4: the same tiles, not timed; with an fp8 cache 16 only), with P @ V
-    transposed too (transposed_pv) wherever the scores are at 16 or 32 rows, and the split count
+    q_len 2, H = 32 at q_len 1, H = 8 at q_len 4: the same tiles, not timed; with an fp8 cache 16, and 32 where
+    kv_halves runs), with P @ V transposed too (transposed_pv) wherever the scores are at 16 or 32 rows, and the split
+    count
     with the least modelled time: waves of CTAs (one CTA per SM: the
     Q tile and two KV stages fill its shared memory) x (the longest split's steps + a CTA's fixed
     cost), plus the combine of the fp32 partials. Splits of one 64-token step are allowed.
@@ -884,19 +885,26 @@ def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_re
     # S16384 than both transposed with the overlap.
     q_len = max_query_len if max_query_len is not None else 1 if num_tokens <= num_reqs else tpt
     rows = hp * min(tpt, max(1, q_len))
-    pv_rows = TRANSPOSED_PV_ROWS[:1] if config.is_fp8_kv_cache else TRANSPOSED_PV_ROWS
-    transposed_pv = rows in pv_rows
-    # A request's head tiles launched together wherever there are several (H > 64) and the requests x query tiles
-    # fit CUDA's z axis (without max_query_len, tpt query tiles a request at most): on the H200 (parity.sweep, 3 rounds, 2 s idle before
-    # each timing, session 14) 1.06-1.11x faster at H = 128 on five shapes, one wave, two and split-KV alike.
-    heads_fastest = heads // hp > 1 and num_reqs * (tpt if q_tiles is None else q_tiles) <= MAX_GRID_YZ
     # With an fp8 cache at 16 rows (transposed_pv's there) each warpgroup runs its own half of a split's steps
     # (kv_halves) where a split has at least two steps (one each): on the H200 (parity.sweep, 3 rounds, 1 s idle,
     # session 20) 1.19x faster than the one-chain path at H16 B128 S16384 and 1.20x at B32 S16384 (splits of 256 and 64
     # steps), 1.07x at B8 S4096 (4 steps a split), 1.03x slower at B1 S1024 (16 splits of one step: warpgroup 1 idle).
+    # At 32 rows (with pv_registers: V's f16 copies do not fit beside q there) where a split has at least
+    # PV_REGISTERS_MIN_STEPS steps: on the H200 (parity.sweep, 3 rounds, 1 s idle, session 26, each against FA3 in
+    # its own run) 1.58x faster than the one-chain fused path at H16 B128 S16384 q2 (739.1 -> 467.3 us), 1.20x at
+    # H32 B64 S4096 q1 (107.0 -> 89.1), 1.06x at H16 B64 S4096 q2 (107.6 -> 101.7; 32 steps a split), 1.30x slower
+    # at B8 S4096 q2 (24.6 -> 31.9; 4 steps a split); at 255 registers, pv_wait 1 (444 bytes of spills) faster than
+    # 2, 4 (none) and 8 (session 26 call B: 102.7 / 114.3 / 116.7 / 119.4 us at B64 S4096 q2).
     steps_per_split = -(-max_steps // num_splits)
-    kv_halves = (config.is_fp8_kv_cache and transposed_pv and rows == TRANSPOSED_PV_ROWS[0]
-                 and steps_per_split >= NUM_COMPUTE_WGS)
+    fp8 = config.is_fp8_kv_cache
+    kv_halves = fp8 and (rows == TRANSPOSED_PV_ROWS[0] and steps_per_split >= NUM_COMPUTE_WGS
+                         or rows == TRANSPOSED_PV_ROWS[1] and steps_per_split >= PV_REGISTERS_MIN_STEPS)
+    # (an fp8 cache at 32 rows: transposed_pv with kv_halves only; the one-chain path runs the plain scores there)
+    transposed_pv = rows in TRANSPOSED_PV_ROWS and (not fp8 or rows == TRANSPOSED_PV_ROWS[0] or kv_halves)
+    # A request's head tiles launched together wherever there are several (H > 64) and the requests x query tiles
+    # fit CUDA's z axis (without max_query_len, tpt query tiles a request at most): on the H200 (parity.sweep, 3 rounds, 2 s idle before
+    # each timing, session 14) 1.06-1.11x faster at H = 128 on five shapes, one wave, two and split-KV alike.
+    heads_fastest = heads // hp > 1 and num_reqs * (tpt if q_tiles is None else q_tiles) <= MAX_GRID_YZ
     # with qk_registers (session 21, parity.sweep, 3 rounds, 1 s idle: 1.20x faster than kv_halves alone at H16
     # B128 S16384, 513.1 -> 426.7 us, 1.17x at B32 S16384, 140.9 -> 120.3) and sums_at_end (session 22, the same
     # sweep: 1.05x faster at H16 B128 S16384, 432.2 -> 409.8 us, 1.06x at B32 S16384, 120.3 -> 113.1, 1.02x at B8
@@ -913,11 +921,12 @@ def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_re
     # least PV_REGISTERS_MIN_STEPS steps: on the H200 (parity.sweep, 3 rounds, 1 s idle, session 25) 1.07x faster at
     # H16 B128 S16384 (387.7 -> 362.5 us), 1.01x at B32 S16384 (107.1 -> 106.1; 64 steps a split), 1.12x slower at
     # B8 S4096 (18.2 -> 20.3; 4 steps a split)
-    pv_registers = kv_halves and steps_per_split >= PV_REGISTERS_MIN_STEPS
+    pv_registers = kv_halves and steps_per_split >= PV_REGISTERS_MIN_STEPS  # (at 32 rows: always)
+    pv_wait = 1 if pv_registers and rows == TRANSPOSED_PV_ROWS[1] else 4
     return MosaicConfig(block_kv=block_kv, num_splits=num_splits, max_concurrent_steps=2, fused_group=fused_group,
                         transposed_scores=rows <= TRANSPOSED_MAX_ROWS or transposed_pv, transposed_pv=transposed_pv,
                         heads_fastest=heads_fastest, kv_halves=kv_halves, qk_registers=kv_halves,
-                        sums_at_end=kv_halves, qk_permuted=kv_halves, pv_registers=pv_registers, pv_wait=4)
+                        sums_at_end=kv_halves, qk_permuted=kv_halves, pv_registers=pv_registers, pv_wait=pv_wait)
 
 
 def tma_windows(shape) -> list[tuple[tuple[int, int], ...]]:

@@ -552,7 +552,8 @@ class TestConfig:
         picks = [heuristic_config(h8, num_tokens=8 * q, max_blocks=4, num_reqs=8, max_query_len=q) for q in (1, 2, 3, 4)]
         assert [(t.transposed_scores, t.transposed_pv) for t in picks] == [(True, False), (True, True), (False, False),
                                                                           (True, True)]
-        # an fp8 cache: both transposed at 16 rows only (the plain, fused path was faster at 32 rows)
+        # an fp8 cache: both transposed at 16 rows, at 32 only with kv_halves (below, long splits; the plain, fused
+        # path was faster at 32 rows without it)
         fp8 = MLAConfig(num_heads=16, kv_cache_dtype="fp8_e4m3")
         picks = [heuristic_config(fp8, num_tokens=8 * q, max_blocks=4, num_reqs=8, max_query_len=q) for q in (1, 2)]
         assert [(t.transposed_scores, t.transposed_pv) for t in picks] == [(True, True), (False, False)]
@@ -580,6 +581,16 @@ class TestConfig:
             assert t.pv_wait == 4
         b32 = heuristic_config(fp8, num_tokens=32, max_blocks=256, num_reqs=32, max_query_len=1)
         assert b32.kv_halves and b32.pv_registers and -(-256 // b32.num_splits) >= 32, b32
+        # kv_halves at 32 rows (H = 16 at q_len 2, H = 32 at q_len 1) where a split has 32 steps or more, always
+        # with pv_registers (V's copies do not fit) and one P @ V chunk in flight: B64 S4096 and B128 S16384, not
+        # B8 S4096 (4 steps a split); everything transposed there, nothing on the one-chain path
+        fp8_c32 = MLAConfig(num_heads=32, kv_cache_dtype="fp8_e4m3")
+        for c, q in [(fp8, 2), (fp8_c32, 1)]:
+            for b, s, halves in [(8, 4096, False), (64, 4096, True), (128, 16384, True)]:
+                t = heuristic_config(c, num_tokens=b * q, max_blocks=s // 64, num_reqs=b, max_query_len=q)
+                assert t.kv_halves is halves and (-(-(s // 64) // t.num_splits) >= 32) is halves, (c, b, s, t)
+                assert t.transposed_scores is t.transposed_pv is t.pv_registers is t.qk_permuted is halves, (b, s, t)
+                assert t.pv_wait == (1 if halves else 4), (b, s, t)
         fp8_h32 = heuristic_config(MLAConfig(num_heads=32, kv_cache_dtype="fp8_e4m3"), num_tokens=4, max_blocks=4)
         assert not fp8_h32.transposed_scores and not fp8_h32.transposed_pv
         # without max_query_len: one token a request (tokens <= requests) or not
