@@ -115,7 +115,8 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
   at q_len 2) each compute warpgroup instead runs whole steps alone on its half of the split's steps
   (`MosaicConfig(kv_halves=True)`, compute_tile_halves): its own fp8 slot, f16 V, column softmax, P and O^T,
   the rope columns' scores from registers, the two partials merged in shared memory at the end; where a split has
-  enough steps P @ V's V^T comes from the fp8 slot too (`pv_registers`, no f16 copy; two slots a warpgroup).
+  enough steps P @ V's V^T comes from the fp8 slot too (`pv_registers`, no f16 copy; two slots a warpgroup). At
+  32 rows (H = 16 at q_len 2, H = 32 at q_len 1) the same with pv_registers, where a split has 32 steps or more.
 
 SMEM: Q tile 72 KiB + 2 stages x 72 KiB (the output stage aliases them) + P 8 KiB +
 2 KiB of small buffers = 226 KiB, inside the 227 KiB a Hopper CTA can have (so 2 stages at most).
@@ -552,8 +553,9 @@ class MosaicConfig:
         warpgroup. On the H200 (session 19, parity.sweep, 3 rounds, 2 s idle): H128 B64 S4096 q1 141.4 -> 146.2 us,
         B64 S16384 531.2 -> 570.3, H16 B128 S16384 562.7 -> 566.0; the step probes with and without the sums run
         alike (1.791 / 1.797 us a step), so they were not on the step's chain.
-    kv_halves: (fp8 cache, transposed scores and P @ V of 16 rows: H = 16 at q_len 1, H = 8 at q_len 2; elsewhere no
-        effect) each compute warpgroup runs a whole step on its own, on its own half of the CTA's KV steps (warpgroup 0
+    kv_halves: (fp8 cache, transposed scores and P @ V of 16 rows: H = 16 at q_len 1, H = 8 at q_len 2; or of 32 rows,
+        H = 16 at q_len 2, H = 32 at q_len 1, with pv_registers (V's f16 copies do not fit beside q's 32 rows; interpret
+        mode runs it with them); elsewhere no effect) each compute warpgroup runs a whole step on its own, on its own half of the CTA's KV steps (warpgroup 0
         the first half, 1 the second): its own fp8 ring slot and TMAs, its own f16 copy of V (the scores' rope columns
         converted in registers as the wgmma's left operand, no f16 copy), its own column softmax, P and
         [512, 16] O^T accumulator; the two partials (max, sum, O^T) are merged through shared memory at the end, as
@@ -567,7 +569,12 @@ class MosaicConfig:
         idle) 1.19x faster than kv_halves=False at H16 B128 S16384 (610.9 -> 514.4 us) and 1.20x at B32 S16384 (169.1
         -> 141.4), 1.07x at B8 S4096 (21.6 -> 20.1), 1.03x slower at B1 S1024 (12.6 -> 13.0: 16 splits of one step,
         warpgroup 1 idle); 215 registers, no spills (its first build, with the V chunks' conversion unrolled and
-        constant buffer addresses, 255 with 820 bytes of spills, was 1.07-1.13x slower).
+        constant buffer addresses, 255 with 820 bytes of spills, was 1.07-1.13x slower). At 32 rows (O^T [512, 32]:
+        128 registers a thread; 255 in all, pv_wait 1 spilling 444 bytes) the heuristic's pick where a split has at
+        least PV_REGISTERS_MIN_STEPS steps, since session 26: on the H200 (parity.sweep, 3 rounds, 1 s idle, each
+        sweep with FA3 beside it) 1.58x faster than the one-chain path at H16 B128 S16384 q2 (739.1 -> 467.3 us),
+        1.20x at H32 B64 S4096 q1 (107.0 -> 89.1), 1.06x at H16 B64 S4096 q2 (107.6 -> 101.7; 32 steps a split),
+        1.09-1.44x slower at 16 steps a split and 1.30-1.58x at 4 and 8.
     qk_registers: (kv_halves only; elsewhere no effect) every left operand of a step's scores S^T = K Q^T comes from
         registers: each 64-column chunk of V is loaded from the fp8 slot in the WGMMA layout, converted, stored to V's
         f16 copy (P @ V's operand) and handed to its scores' wgmma as it is. The scores then read no f16 copy back
@@ -629,15 +636,19 @@ class MosaicConfig:
         argument; each chunk's left operand in its own registers, its 8 wgmmas unrolled); 8: none awaited before the
         step's end. 4 the default: on the H200 (session 25, 3 rounds) 1 / 2 / 4 / 8 took 389.1 / 389.6 / 374.5 /
         382.8 us at H16 B128 S16384 (202 / 223 / 254 / 255 registers, 8 spilling 8 bytes), 109.3 / 109.0 / 108.6 /
-        107.1 at B32 S16384.
-    pv_copy_chunks: (pv_registers only; opt-in, not yet timed) P @ V's first n chunks of V (64 columns each) read
+        107.1 at B32 S16384. The heuristic takes 1 at 32 rows: on the H200 (session 26, 3 rounds) 1 / 2 / 4 / 8 took
+        102.7 / 114.3 / 116.7 / 119.4 us at H16 B64 S4096 q2 (255 registers; 1 spilling 444 bytes, 2 968, 4 none).
+    pv_copy_chunks: (pv_registers at 16 rows only; opt-in: slower on the H200, session 26, 3 rounds, H16 B128 S16384:
+        the heuristic 394.4 us, 1 / 2 / 3 chunks 398.4 / 416.1 / 399.7) P @ V's first n chunks of V (64 columns each) read
         from an f16 copy that the scores' conversion stores (each converted once, as qk_permuted does), the others
         loaded from the fp8 slot (converted a second time): fewer conversions for more shared-memory traffic; at most
         MAX_PV_COPY_CHUNKS (the copies beside q and four fp8 slots). The output's first 64 n columns then come out
         in order (the wrapper un-permutes the rest).
     wg0_share: (kv_halves only) the percent of a split's steps warpgroup 0 runs (ceil(n x share / 100); 50: the
         first half, rounded up), warpgroup 1 the rest. (Session 25's region profile: warpgroup 1's steps ~1.25x
-        slower than warpgroup 0's; not timed yet.)
+        slower than warpgroup 0's.) Opt-in: slower on the H200 (session 26, 3 rounds): H16 B128 S16384 the heuristic
+        376.7 us, 56 391.2, 62 412.3; B32 S16384 108.8 / 113.5 / 117.7: the warpgroups share the SM's issue, so
+        moving steps to warpgroup 0 slows its steps too.
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
