@@ -554,11 +554,11 @@ class MosaicConfig:
         B64 S16384 531.2 -> 570.3, H16 B128 S16384 562.7 -> 566.0; the step probes with and without the sums run
         alike (1.791 / 1.797 us a step), so they were not on the step's chain.
     kv_halves: (fp8 cache, transposed scores and P @ V of 16 rows: H = 16 at q_len 1, H = 8 at q_len 2; or of 32 rows,
-        H = 16 at q_len 2, H = 32 at q_len 1, with pv_registers (V's f16 copies do not fit beside q's 32 rows; interpret
-        mode runs it with them); elsewhere no effect) each compute warpgroup runs a whole step on its own, on its own half of the CTA's KV steps (warpgroup 0
-        the first half, 1 the second): its own fp8 ring slot and TMAs, its own f16 copy of V (the scores' rope columns
-        converted in registers as the wgmma's left operand, no f16 copy), its own column softmax, P and
-        [512, 16] O^T accumulator; the two partials (max, sum, O^T) are merged through shared memory at the end, as
+        H = 16 at q_len 2, H = 32 at q_len 1, with pv_registers (V's f16 copies do not fit beside q's 32 rows;
+        interpret mode runs it with them); elsewhere no effect) each compute warpgroup runs a whole step on its own,
+        on its own half of the CTA's KV steps (warpgroup 0 the first half, 1 the second): its own fp8 ring slot and
+        TMAs, its own f16 copy of V (the scores' rope columns converted in registers as the wgmma's left operand, no
+        f16 copy), its own column softmax, P and [512, 16] (or [512, 32]) O^T accumulator; the two partials (max, sum, O^T) are merged through shared memory at the end, as
         split-KV's combine merges splits. Two step chains in flight a CTA where "flashmla" runs one (warpgroup 0's
         scores and softmax, then both P @ V halves), so each conversion runs beside the other warpgroup's wgmmas and
         softmax: at H = 16 the fp8 step is chain bound (2.5-2.7 us against the 1.14 us its bytes take at the copy
@@ -638,12 +638,12 @@ class MosaicConfig:
         382.8 us at H16 B128 S16384 (202 / 223 / 254 / 255 registers, 8 spilling 8 bytes), 109.3 / 109.0 / 108.6 /
         107.1 at B32 S16384. The heuristic takes 1 at 32 rows: on the H200 (session 26, 3 rounds) 1 / 2 / 4 / 8 took
         102.7 / 114.3 / 116.7 / 119.4 us at H16 B64 S4096 q2 (255 registers; 1 spilling 444 bytes, 2 968, 4 none).
-    pv_copy_chunks: (pv_registers at 16 rows only; opt-in: slower on the H200, session 26, 3 rounds, H16 B128 S16384:
-        the heuristic 394.4 us, 1 / 2 / 3 chunks 398.4 / 416.1 / 399.7) P @ V's first n chunks of V (64 columns each) read
-        from an f16 copy that the scores' conversion stores (each converted once, as qk_permuted does), the others
-        loaded from the fp8 slot (converted a second time): fewer conversions for more shared-memory traffic; at most
-        MAX_PV_COPY_CHUNKS (the copies beside q and four fp8 slots). The output's first 64 n columns then come out
-        in order (the wrapper un-permutes the rest).
+    pv_copy_chunks: (pv_registers at 16 rows only; opt-in: slower on the H200, session 26, 3 rounds, H16 B128
+        S16384: the heuristic 394.4 us, 1 / 2 / 3 chunks 398.4 / 416.1 / 399.7) P @ V's first n chunks of V (64
+        columns each) read from an f16 copy that the scores' conversion stores (each converted once, as qk_permuted
+        does), the others loaded from the fp8 slot (converted a second time): fewer conversions for more
+        shared-memory traffic; at most MAX_PV_COPY_CHUNKS (the copies beside q and four fp8 slots). The output's
+        first 64 n columns then come out in order (the wrapper un-permutes the rest).
     wg0_share: (kv_halves only) the percent of a split's steps warpgroup 0 runs (ceil(n x share / 100); 50: the
         first half, rounded up), warpgroup 1 the rest. (Session 25's region profile: warpgroup 1's steps ~1.25x
         slower than warpgroup 0's.) Opt-in: slower on the H200 (session 26, 3 rounds): H16 B128 S16384 the heuristic
@@ -2483,8 +2483,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             if sums_at_end:
                 l_i = col_reduce(l_i, "add", w)
 
-            # The merge. x_smem and m_smem alias the ring and V's copies (m_smem the stage too, written after its
-            # reads): both warpgroups first finish their steps.
+            # The merge. m_smem aliases q, the ring and V's copies (and the stage, written after m_smem's reads):
+            # both warpgroups first finish their steps.
             plgpu.barrier_arrive(sync_a)
             plgpu.barrier_wait(sync_a)
             x_smem.at[2 + w, pl.ds(0, n)][...] = m_i
@@ -2722,7 +2722,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     if tuning.part_ring:  # two buffers of half the entries (a TMA moves a multiple of 128
         # bytes: 32 entries)
         bt_chunk = max(32, bt_chunk // 64 * 32)
-    # kv_halves where it applies (an fp8 cache, transposed_pv at 16 rows): two block-table chunk buffers (a
+    # kv_halves where it applies (an fp8 cache, transposed_pv at 16 or 32 rows): two block-table chunk buffers (a
     # warpgroup each) of at most KV_HALVES_BT_CHUNK entries, within the shared memory left
     # (at 32 rows only where pv_registers runs too: V's f16 copies do not fit beside q's 32 rows; interpret mode, with
     # no shared-memory limit, runs it with the copies)
