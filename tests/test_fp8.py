@@ -711,6 +711,14 @@ def test_qk_registers_needs_kv_halves_in_the_kernel_builder():
     with pytest.raises(ValueError, match="pv_registers=False"):  # (pv_copy_chunks splits pv_registers's P @ V)
         pallas_mosaic_gpu._build_kernel(pv_copy_chunks=2, qk_permuted=True, **full)
     pallas_mosaic_gpu._build_kernel(pv_copy_chunks=2, pv_registers=True, qk_permuted=True, **full)
+    # at 32 rows V's f16 copies do not fit: compiled, kv_halves needs pv_registers there, without pv_copy_chunks
+    full32 = dict(full, score_rows=32)
+    with pytest.raises(ValueError, match="kv_halves at 32 rows .* got pv_registers=False"):
+        pallas_mosaic_gpu._build_kernel(qk_permuted=True, **full32)
+    with pytest.raises(ValueError, match="pv_copy_chunks=1"):
+        pallas_mosaic_gpu._build_kernel(pv_copy_chunks=1, pv_registers=True, qk_permuted=True, **full32)
+    pallas_mosaic_gpu._build_kernel(interpret=True, **full32)  # (interpret mode: with the copies)
+    pallas_mosaic_gpu._build_kernel(pv_registers=True, qk_permuted=True, **full32)
 
 
 def _layout_columns(layout, shape=(64, 64)):
