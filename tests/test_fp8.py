@@ -48,7 +48,10 @@ FP8_SCENARIOS = {**SCENARIOS,
                  # kv_halves at 32 rows: H = 16 at q_len 2 past a block-table chunk, H = 32 at q_len 1
                  "long_q2_page_16": Scenario("long_q2_page_16", seq_lens=(1030, 1700), query_lens=(2, 2),
                                              page_size=16),
-                 "heads_32": Scenario("heads_32", seq_lens=(300, 1100, 77), query_lens=(1, 1, 1), num_heads=32)}
+                 "heads_32": Scenario("heads_32", seq_lens=(300, 1100, 77), query_lens=(1, 1, 1), num_heads=32),
+                 # and H = 8 at q_len 4 (four tokens a tile: their causal masks), beside a q_len-3 request
+                 "heads_8_q4": Scenario("heads_8_q4", seq_lens=(300, 1100), query_lens=(4, 3), num_heads=8,
+                                        page_size=32)}
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -370,9 +373,9 @@ MOSAIC_FP8_CASES = [
                                     sums_at_end=True, qk_permuted=True, pv_registers=True)),
     ("page_128", "float16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
                                  qk_registers=True, sums_at_end=True, qk_permuted=True, pv_registers=True)),
-    # kv_halves at 32 rows (H = 16 at q_len 2, H = 32 at q_len 1), where it needs pv_registers (interpret mode: V's
-    # copies): 2 splits at page 32 (a q_len-1 request beside q_len-2 ones), block tables past a chunk at page 16 in
-    # fp16, H = 32 with 3 splits
+    # kv_halves at 32 rows (H = 16 at q_len 2, H = 32 at q_len 1, H = 8 at q_len 4), where it needs pv_registers
+    # (interpret mode: V's copies): 2 splits at page 32 (a q_len-1 request beside q_len-2 ones), block tables past a
+    # chunk at page 16 in fp16, H = 32 with 3 splits, H = 8 with four tokens a tile (2 splits)
     ("decode_q2_page_32", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
                                            qk_registers=True, sums_at_end=True, qk_permuted=True, pv_registers=True,
                                            pv_wait=1)),
@@ -381,6 +384,9 @@ MOSAIC_FP8_CASES = [
                                         pv_wait=2)),
     ("heads_32", "bfloat16", dict(num_splits=3, transposed_scores=True, transposed_pv=True, kv_halves=True,
                                   qk_registers=True, sums_at_end=True, qk_permuted=True, pv_registers=True)),
+    ("heads_8_q4", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
+                                    qk_registers=True, sums_at_end=True, qk_permuted=True, pv_registers=True,
+                                    pv_wait=1)),
 ]
 
 
