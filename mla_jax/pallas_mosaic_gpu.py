@@ -558,23 +558,24 @@ class MosaicConfig:
         interpret mode runs it with them); elsewhere no effect) each compute warpgroup runs a whole step on its own,
         on its own half of the CTA's KV steps (warpgroup 0 the first half, 1 the second): its own fp8 ring slot and
         TMAs, its own f16 copy of V (the scores' rope columns converted in registers as the wgmma's left operand, no
-        f16 copy), its own column softmax, P and [512, 16] (or [512, 32]) O^T accumulator; the two partials (max, sum, O^T) are merged through shared memory at the end, as
-        split-KV's combine merges splits. Two step chains in flight a CTA where "flashmla" runs one (warpgroup 0's
-        scores and softmax, then both P @ V halves), so each conversion runs beside the other warpgroup's wgmmas and
-        softmax: at H = 16 the fp8 step is chain bound (2.5-2.7 us against the 1.14 us its bytes take at the copy
-        ceiling, NOTES_pallas_mosaic_gpu.md "Where fp8 stands"). Each slot is refilled as soon as its warpgroup
-        has converted it. Not bitwise the default (the two halves are summed in another order). The cross-warp column
-        reductions run through a scratch of each warpgroup's own (Pallas's reductions share one). The heuristic's pick
-        where it runs and a split has two steps or more, since session 20: on the H200 (parity.sweep, 3 rounds, 1 s
-        idle) 1.19x faster than kv_halves=False at H16 B128 S16384 (610.9 -> 514.4 us) and 1.20x at B32 S16384 (169.1
-        -> 141.4), 1.07x at B8 S4096 (21.6 -> 20.1), 1.03x slower at B1 S1024 (12.6 -> 13.0: 16 splits of one step,
-        warpgroup 1 idle); 215 registers, no spills (its first build, with the V chunks' conversion unrolled and
-        constant buffer addresses, 255 with 820 bytes of spills, was 1.07-1.13x slower). At 32 rows (O^T [512, 32]:
-        128 registers a thread; 255 in all, pv_wait 1 spilling 444 bytes) the heuristic's pick where a split has at
-        least PV_REGISTERS_MIN_STEPS steps, since session 26: on the H200 (parity.sweep, 3 rounds, 1 s idle, each
-        sweep with FA3 beside it) 1.58x faster than the one-chain path at H16 B128 S16384 q2 (739.1 -> 467.3 us),
-        1.20x at H32 B64 S4096 q1 (107.0 -> 89.1), 1.06x at H16 B64 S4096 q2 (107.6 -> 101.7; 32 steps a split),
-        1.09-1.44x slower at 16 steps a split and 1.30-1.58x at 4 and 8.
+        f16 copy), its own column softmax, P and [512, 16] (or [512, 32]) O^T accumulator; the two partials (max, sum,
+        O^T) are merged through shared memory at the end, as split-KV's combine merges splits. Two step chains in
+        flight a CTA where "flashmla" runs one (warpgroup 0's scores and softmax, then both P @ V halves), so each
+        conversion runs beside the other warpgroup's wgmmas and softmax: at H = 16 the fp8 step is chain bound
+        (2.5-2.7 us against the 1.14 us its bytes take at the copy ceiling, NOTES_pallas_mosaic_gpu.md "Where fp8
+        stands"). Each slot is refilled as soon as its warpgroup has converted it. Not bitwise the default (the two
+        halves are summed in another order). The cross-warp column reductions run through a scratch of each
+        warpgroup's own (Pallas's reductions share one). The heuristic's pick where it runs and a split has two steps
+        or more, since session 20: on the H200 (parity.sweep, 3 rounds, 1 s idle) 1.19x faster than kv_halves=False at
+        H16 B128 S16384 (610.9 -> 514.4 us) and 1.20x at B32 S16384 (169.1 -> 141.4), 1.07x at B8 S4096 (21.6 ->
+        20.1), 1.03x slower at B1 S1024 (12.6 -> 13.0: 16 splits of one step, warpgroup 1 idle); 215 registers, no
+        spills (its first build, with the V chunks' conversion unrolled and constant buffer addresses, 255 with 820
+        bytes of spills, was 1.07-1.13x slower). At 32 rows (O^T [512, 32]: 128 registers a thread; 255 in all,
+        pv_wait 1 spilling 444 bytes) the heuristic's pick where a split has at least PV_REGISTERS_MIN_STEPS steps,
+        since session 26: on the H200 (parity.sweep, 3 rounds, 1 s idle, each sweep with FA3 beside it) 1.58x faster
+        than the one-chain path at H16 B128 S16384 q2 (739.1 -> 467.3 us), 1.20x at H32 B64 S4096 q1 (107.0 -> 89.1),
+        1.06x at H16 B64 S4096 q2 (107.6 -> 101.7; 32 steps a split), 1.09-1.44x slower at 16 steps a split and
+        1.30-1.58x at 4 and 8.
     qk_registers: (kv_halves only; elsewhere no effect) every left operand of a step's scores S^T = K Q^T comes from
         registers: each 64-column chunk of V is loaded from the fp8 slot in the WGMMA layout, converted, stored to V's
         f16 copy (P @ V's operand) and handed to its scores' wgmma as it is. The scores then read no f16 copy back
@@ -913,8 +914,9 @@ def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_re
     # (an fp8 cache at 32 rows: transposed_pv with kv_halves only; the one-chain path runs the plain scores there)
     transposed_pv = rows in TRANSPOSED_PV_ROWS and (not fp8 or rows == TRANSPOSED_PV_ROWS[0] or kv_halves)
     # A request's head tiles launched together wherever there are several (H > 64) and the requests x query tiles
-    # fit CUDA's z axis (without max_query_len, tpt query tiles a request at most): on the H200 (parity.sweep, 3 rounds, 2 s idle before
-    # each timing, session 14) 1.06-1.11x faster at H = 128 on five shapes, one wave, two and split-KV alike.
+    # fit CUDA's z axis (without max_query_len, tpt query tiles a request at most): on the H200 (parity.sweep, 3
+    # rounds, 2 s idle before each timing, session 14) 1.06-1.11x faster at H = 128 on five shapes, one wave, two and
+    # split-KV alike.
     heads_fastest = heads // hp > 1 and num_reqs * (tpt if q_tiles is None else q_tiles) <= MAX_GRID_YZ
     # with qk_registers (session 21, parity.sweep, 3 rounds, 1 s idle: 1.20x faster than kv_halves alone at H16
     # B128 S16384, 513.1 -> 426.7 us, 1.17x at B32 S16384, 140.9 -> 120.3) and sums_at_end (session 22, the same
@@ -927,7 +929,7 @@ def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_re
     # B32 S4096 q2 (198.0 -> 195.0), 1.02x at B8 S4096 (40.5 -> 39.8), and at H = 16, q_len 2 (32 rows) 1.025x at
     # B128 S16384 (749.3 -> 731.2), 1.005x at B64 S4096 (107.5 -> 107.0). (Session 10 had 2 ahead, before the later
     # changes of the fused path.)
-    fused_group = 4 if config.is_fp8_kv_cache else 2
+    fused_group = 4 if fp8 else 2
     # With kv_halves, P @ V's left operand from the fp8 slot (pv_registers, 4 chunks in flight) where a split has at
     # least PV_REGISTERS_MIN_STEPS steps: on the H200 (parity.sweep, 3 rounds, 1 s idle, session 25) 1.07x faster at
     # H16 B128 S16384 (387.7 -> 362.5 us), 1.01x at B32 S16384 (107.1 -> 106.1; 64 steps a split), 1.12x slower at
@@ -2296,9 +2298,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     if pv_registers:
                         pv_from_slot(acc_ref, k, slot, kv_start, masked)
                         return
-                    for c in range(KV_LORA_RANK // 64):
-                        plgpu.wgmma(acc_ref.at[pl.ds(c * 64, 64)], v_w().at[:, pl.ds(c * 64, 64)].transpose((1, 0)),
-                                    p_w().transpose((1, 0)))
+                    pv_from_copy(acc_ref, KV_LORA_RANK // 64)
 
                 if acc_ref is not None:  # (the accumulator's read waits for every wgmma: all are done by now)
                     acc_ref[...] = acc_ref[...] * lax.broadcast_in_dim(alpha, (KV_LORA_RANK, n), [1])
@@ -2328,6 +2328,12 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                 return rewrap(x)
 
+            def pv_from_copy(acc_ref, chunks: int):
+                """O^T's first `chunks` 64-row chunks += V^T P^T, V^T read from this warpgroup's f16 copy of V."""
+                for c in range(chunks):
+                    plgpu.wgmma(acc_ref.at[pl.ds(c * 64, 64)], v_w().at[:, pl.ds(c * 64, 64)].transpose((1, 0)),
+                                p_w().transpose((1, 0)))
+
             def pv_from_slot(acc_ref, k, slot, kv_start, masked: bool):
                 """(pv_registers) O^T += V^T P^T, 8 wgmmas of M = 64 (O^T's rows permuted by PV_PERM), each left
                 operand loaded from the fp8 slot (_load_vt_fp8), its keys past kv_len 0 on the masked step (the first
@@ -2344,9 +2350,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                     return load(ref)
 
-                for c in range(pv_copy_chunks):  # (from V's f16 copy, stored by the scores' conversion)
-                    plgpu.wgmma(acc_ref.at[pl.ds(c * 64, 64)], v_w().at[:, pl.ds(c * 64, 64)].transpose((1, 0)),
-                                p_w().transpose((1, 0)))
+                pv_from_copy(acc_ref, pv_copy_chunks)  # (V's f16 copy, stored by the scores' conversion)
                 for c in range(pv_copy_chunks, KV_LORA_RANK // 64):  # (fp8_convert: "bits" all, "mixed" the odd)
                     bits = fp8_convert == "bits" or (fp8_convert == "mixed" and c % 2 == 1)
                     vt = load_vt(kv_smem.at[slot, :, pl.ds(c * 64, 64)], bits)
@@ -2527,8 +2531,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         # the ring of fp8 steps (8 x 64 tiles, 64-byte swizzle: one 64-column chunk a row of a tile, read in
         # the WGMMA layout to dequantize) and the dequantized step the wgmmas read (the 16-bit ring's layout;
         # overlap_dequant: three V halves and the rope columns)
-        ring = plgpu.SMEM((stages, block_kv, HEAD_DIM), jnp.float8_e4m3fn,
-                          transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(64)))
+        ring = plgpu.SMEM((stages, block_kv, HEAD_DIM), jnp.float8_e4m3fn, transforms=FP8_RING_TILES)
         if overlap_dequant:
             kv_bufs = (ring, plgpu.SMEM((3, block_kv, V_HALF), dtype, transforms=transforms),
                        plgpu.SMEM((1, block_kv, QK_ROPE_HEAD_DIM), dtype, transforms=transforms))
@@ -2540,7 +2543,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         kv_bufs = (plgpu.SMEM((stages, block_kv, HEAD_DIM), dtype, transforms=transforms),)  # KV ring
     if kv_halves:
         # q's rows in use, the fp8 ring (a slot a warpgroup), each warpgroup's f16 copy of V; after the steps: the
-        # stage, O^T's parts and the identity (transposed_pv's), the merge's vectors; and the partials' O^T halves
+        # partials' O^T halves; then the stage, O^T's parts and the identity (transposed_pv's)
         f16_tiles = F16_TILES
         half_slots = NUM_COMPUTE_WGS * (2 if pv_registers else 1)  # the fp8 ring: a slot a warpgroup (pv_registers: 2)
         union = plgpu.RefUnion(
