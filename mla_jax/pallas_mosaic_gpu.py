@@ -650,6 +650,12 @@ class MosaicConfig:
         slower than warpgroup 0's.) Opt-in: slower on the H200 (session 26, 3 rounds): H16 B128 S16384 the heuristic
         376.7 us, 56 391.2, 62 412.3; B32 S16384 108.8 / 113.5 / 117.7: the warpgroups share the SM's issue, so
         moving steps to warpgroup 0 slows its steps too.
+    zero_tail: (kv_halves only; elsewhere no effect) a masked step (the one that runs past kv_len) first zeroes its
+        ring slot's rows from kv_len on in shared memory (the fp8 bytes: a load, select and store of its 9 chunks,
+        then a warpgroup barrier), and then converts the slot as an unmasked step does: no select on the keys in
+        K's or V^T's registers (only the scores' mask stays). Session 27 (ncu, one call): the 32-row kernel took
+        73.2 us at H32 B64 S4096 q_len 1 (no masked step) and 82.1 at S4095 (one), 81.8 at H16 B64 S4096 q_len 2;
+        16 rows at H16 B128 S16384 347.6, S16383 349.7. The same values in the same order (bitwise zero_tail=False).
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -690,6 +696,7 @@ class MosaicConfig:
     pv_wait: int = 4
     wg0_share: int = 50
     pv_copy_chunks: int = 0
+    zero_tail: bool = False
     pdl: bool = False
 
     def __post_init__(self):
@@ -701,7 +708,7 @@ class MosaicConfig:
         for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
                      "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast", "deferred_pv", "split_ring",
                      "part_wait", "late_row_sums", "kv_halves", "qk_registers", "sums_at_end",
-                     "pv_in_flight", "qk_permuted", "pv_registers"):
+                     "pv_in_flight", "qk_permuted", "pv_registers", "zero_tail"):
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
@@ -1025,8 +1032,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   part_wait: bool = False, l2_prefetch: int = 0, late_row_sums: bool = False,
                   kv_halves: bool = False, qk_registers: bool = False, sums_at_end: bool = False,
                   pv_in_flight: bool = False, qk_permuted: bool = False, pv_registers: bool = False,
-                  pv_wait: int = 4, wg0_share: int = 50, pv_copy_chunks: int = 0, out_dtype=None,
-                  interpret: bool = False):
+                  pv_wait: int = 4, wg0_share: int = 50, pv_copy_chunks: int = 0, zero_tail: bool = False,
+                  out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile), the last axis the fastest (heads_fastest: reversed, the head
@@ -1046,8 +1053,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     pv_in_flight: MosaicConfig's (with qk_registers only: a step's P @ V awaited chunk by chunk in the next step).
     qk_permuted: MosaicConfig's (with qk_registers only: q's columns permuted by QK_PERM, the caller's).
     pv_registers: MosaicConfig's (with qk_permuted only: P @ V's left operand from the fp8 slot, a ring of two slots a
-    warpgroup; the output's columns permuted by PV_PERM, the caller undoes it). pv_wait, wg0_share, pv_copy_chunks:
-    MosaicConfig's.
+    warpgroup; the output's columns permuted by PV_PERM, the caller undoes it). pv_wait, wg0_share, pv_copy_chunks,
+    zero_tail: MosaicConfig's (zero_tail kv_halves only).
     p_in_kv, dequant_layout, fused_dequant, fused_group, fp8_convert, overlap_dequant, overlap_wait, transposed_pv:
     MosaicConfig's (all but transposed_pv fp8 only;
     overlap_dequant needs transposed scores of at most OVERLAP_MAX_ROWS rows, and then fused_dequant is ignored;
@@ -1098,6 +1105,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         raise ValueError(f"kv_halves at {score_rows} rows fits shared memory only without V's f16 copies: it needs "
                          f"pv_registers=True and pv_copy_chunks=0 (or interpret mode), got {pv_registers=}, "
                          f"{pv_copy_chunks=}")
+    if zero_tail and not kv_halves:
+        raise ValueError(f"zero_tail zeroes a kv_halves slot's tail: it needs kv_halves=True, got {kv_halves=}")
     if qk_registers and not kv_halves:
         raise ValueError(f"qk_registers runs inside kv_halves's step: it needs kv_halves=True, got {kv_halves=}")
     if sums_at_end and not kv_halves:
@@ -2275,10 +2284,14 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 slot = half_slot(w, k)
                 with jax.named_scope("kv_wait"):
                     plgpu.barrier_wait(kv_ready.at[slot])
+                masked_keys = masked  # (zero_tail: the slot's rows past kv_len zeroed here, the keys then unmasked)
+                if masked and zero_tail:
+                    zero_rows_past(slot, kv_len - kv_start)
+                    masked_keys = False
                 if qk_registers:
-                    s = scores_from_registers(k, slot, kv_start, masked, pv_pending=acc_ref is not None)
+                    s = scores_from_registers(k, slot, kv_start, masked_keys, pv_pending=acc_ref is not None)
                 else:
-                    s = scores_from_copy(k, kv_start, masked)
+                    s = scores_from_copy(k, kv_start, masked_keys)
                 if masked:
                     s = mask_scores(s, kv_start, first_pos, kv_len, scale, row_ax=1, key_ax=0)
                 else:
@@ -2296,7 +2309,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                 def pv(acc_ref):  # 8 wgmmas (commit groups), V's columns [64 c, 64 c + 64) the c-th's
                     if pv_registers:
-                        pv_from_slot(acc_ref, k, slot, kv_start, masked)
+                        pv_from_slot(acc_ref, k, slot, kv_start, masked_keys)
                         return
                     pv_from_copy(acc_ref, KV_LORA_RANK // 64)
 
@@ -2327,6 +2340,22 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     return _rewrap_8bit_as_wgmma(fa)
 
                 return rewrap(x)
+
+            def zero_rows_past(slot, valid):
+                """(zero_tail) The slot's rows from `valid` on become 0 in shared memory, all HEAD_DIM columns (their
+                cache slots may hold NaN; pages past the last are clamped), each 64-column chunk loaded in ld_layout,
+                masked and stored back; then a warpgroup barrier (each thread reads the others' rows after)."""
+                with jax.named_scope("zero_tail"):
+                    # (Mosaic GPU has no select on 8-bit values, only bitwise operations: an AND with a byte mask)
+                    ones = jnp.where(rows_below(valid, ld_layout), jnp.int32(-1), jnp.int32(0)).astype(jnp.int8)
+
+                    @pl.loop(0, HEAD_DIM // 64)
+                    def _(c):
+                        ref = kv_smem.at[slot, :, pl.ds(pl.multiple_of(c * 64, 64), 64)]
+                        x = lax.bitcast_convert_type(plgpu.load(ref, layout=ld_layout), jnp.int8) & ones
+                        store_tiled(ref, lax.bitcast_convert_type(x, jnp.float8_e4m3fn), ld_layout, FP8_RING_TILES)
+
+                    plgpu.commit_smem()
 
             def pv_from_copy(acc_ref, chunks: int):
                 """O^T's first `chunks` 64-row chunks += V^T P^T, V^T read from this warpgroup's f16 copy of V."""
@@ -2760,7 +2789,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         sums_at_end=kv_halves and tuning.sums_at_end,
         pv_in_flight=kv_halves and tuning.qk_registers and tuning.pv_in_flight, qk_permuted=qk_permuted,
         pv_registers=pv_registers, pv_wait=tuning.pv_wait, wg0_share=tuning.wg0_share,
-        pv_copy_chunks=tuning.pv_copy_chunks if pv_registers else 0,
+        pv_copy_chunks=tuning.pv_copy_chunks if pv_registers else 0, zero_tail=kv_halves and tuning.zero_tail,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     if num_splits > 1:

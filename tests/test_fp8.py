@@ -387,6 +387,16 @@ MOSAIC_FP8_CASES = [
     ("heads_8_q4", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
                                     qk_registers=True, sums_at_end=True, qk_permuted=True, pv_registers=True,
                                     pv_wait=1)),
+    # zero_tail: the masked step zeroes its slot's rows past kv_len (NaN in the tests' tails) and converts it
+    # unmasked: H = 8 at q_len 2 (16 rows, causal masks), block tables past a chunk at page 8, 32 rows with a q_len-1
+    # request beside q_len-2 ones (2 splits at page 32)
+    ("heads_8_q2", "bfloat16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
+                                    sums_at_end=True, qk_permuted=True, pv_registers=True, zero_tail=True)),
+    ("long_page_8", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
+                                    sums_at_end=True, qk_permuted=True, pv_registers=True, zero_tail=True)),
+    ("decode_q2_page_32", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
+                                           qk_registers=True, sums_at_end=True, qk_permuted=True, pv_registers=True,
+                                           pv_wait=1, zero_tail=True)),
 ]
 
 
@@ -558,6 +568,14 @@ def test_mosaic_gpu_fp8_kv_halves_nan_in_one_head_compiled():
                                               (16, dict(num_splits=1, transposed_scores=True, transposed_pv=True,
                                                         kv_halves=True, qk_registers=True, sums_at_end=True,
                                                         qk_permuted=True, pv_registers=True, pv_wait=1)),
+                                              # (zero_tail: the masked step's slot rows zeroed, 16 and 32 rows)
+                                              (8, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
+                                                       kv_halves=True, qk_registers=True, sums_at_end=True,
+                                                       qk_permuted=True, pv_registers=True, zero_tail=True)),
+                                              (16, dict(num_splits=1, transposed_scores=True, transposed_pv=True,
+                                                        kv_halves=True, qk_registers=True, sums_at_end=True,
+                                                        qk_permuted=True, pv_registers=True, pv_wait=1,
+                                                        zero_tail=True)),
                                               (8, None), (8, dict(num_splits=2, transposed_scores=True,
                                                                   overlap_wait=True))])
 def test_mosaic_gpu_fp8_lowers_for_cuda(num_heads, tuning):
@@ -889,6 +907,20 @@ def test_mosaic_gpu_fp8_pv_copy_chunks_is_bitwise_qk_permuted():
     for name, dtype, extra in KV_HALVES_BITWISE_SCENARIOS:
         t = dict(base, **extra)
         _assert_bitwise(name, dtype, [t] + [dict(t, pv_registers=True, pv_copy_chunks=n) for n in (1, 3)])
+
+
+@pytest.mark.gpu
+def test_mosaic_gpu_fp8_zero_tail_is_bitwise():
+    """zero_tail zeroes the masked step's slot rows past kv_len in shared memory (fp8 zeros) where the default
+    selects 0 for them after their conversion (f16 zeros): the same values in the same order, the same out and lse
+    bit for bit compiled, on the bitwise test's 4 scenarios (16 rows, pv_registers) and at 32 rows (H = 16 at q_len 2
+    with a q_len-1 request, 2 splits; H = 8 at q_len 4)."""
+    _skip_without_hopper()
+    base = dict(QK_PERMUTED_TUNING, pv_registers=True)
+    for name, dtype, extra in KV_HALVES_BITWISE_SCENARIOS + (("decode_q2_page_32", "bfloat16", dict(num_splits=2)),
+                                                             ("heads_8_q4", "bfloat16", dict(num_splits=2))):
+        t = dict(base, **extra, pv_wait=1 if name in ("decode_q2_page_32", "heads_8_q4") else 4)
+        _assert_bitwise(name, dtype, [t, dict(t, zero_tail=True)])
 
 
 def test_pv_perm_is_ldmatrix_trans_seen_as_wgmma():
