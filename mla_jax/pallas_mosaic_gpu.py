@@ -655,7 +655,11 @@ class MosaicConfig:
         then a warpgroup barrier), and then converts the slot as an unmasked step does: no select on the keys in
         K's or V^T's registers (only the scores' mask stays). Session 27 (ncu, one call): the 32-row kernel took
         73.2 us at H32 B64 S4096 q_len 1 (no masked step) and 82.1 at S4095 (one), 81.8 at H16 B64 S4096 q_len 2;
-        16 rows at H16 B128 S16384 347.6, S16383 349.7. The same values in the same order (bitwise zero_tail=False).
+        16 rows at H16 B128 S16384 347.6, S16383 349.7. The same values in the same order (bitwise zero_tail=False,
+        compiled). The heuristic's pick with pv_registers, since session 27: on the H200 (parity.sweep, 3 rounds, 1 s
+        idle) 1.11x faster at H32 B64 S4095 q1 (103.3 -> 93.2 us), 1.10x at H16 B64 S4096 q2 (102.0 -> 92.6), 1.03x
+        at H32 B64 S4096 q1 (89.9 -> 86.9, no masked step: the kernel's registers), 1.00x at H16 B128 S16383;
+        without pv_registers 1.02x slower at H16 B8 S4095 (18.9 -> 19.3).
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -943,10 +947,15 @@ def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_re
     # B8 S4096 (18.2 -> 20.3; 4 steps a split)
     pv_registers = kv_halves and steps_per_split >= PV_REGISTERS_MIN_STEPS  # (at 32 rows: always)
     pv_wait = 1 if pv_registers and rows == TRANSPOSED_PV_ROWS[1] else 4
+    # With pv_registers, the masked step's slot tail zeroed in shared memory (zero_tail): on the H200 (parity.sweep,
+    # 3 rounds, 1 s idle, session 27) 1.11x faster at H32 B64 S4095 q1 (103.3 -> 93.2 us), 1.10x at H16 B64 S4096 q2
+    # (102.0 -> 92.6), 1.03x at H32 B64 S4096 q1 (89.9 -> 86.9; no masked step), 1.00x at H16 B128 S16383 (366.1 ->
+    # 364.8); without pv_registers 1.02x slower at H16 B8 S4095 (18.9 -> 19.3)
     return MosaicConfig(block_kv=block_kv, num_splits=num_splits, max_concurrent_steps=2, fused_group=fused_group,
                         transposed_scores=rows <= TRANSPOSED_MAX_ROWS or transposed_pv, transposed_pv=transposed_pv,
                         heads_fastest=heads_fastest, kv_halves=kv_halves, qk_registers=kv_halves,
-                        sums_at_end=kv_halves, qk_permuted=kv_halves, pv_registers=pv_registers, pv_wait=pv_wait)
+                        sums_at_end=kv_halves, qk_permuted=kv_halves, pv_registers=pv_registers, pv_wait=pv_wait,
+                        zero_tail=pv_registers)
 
 
 def tma_windows(shape) -> list[tuple[tuple[int, int], ...]]:

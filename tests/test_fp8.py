@@ -709,13 +709,13 @@ FP8_BUILD_KW = dict(dtype=jnp.float16, page_size=64, num_tokens=4, heads=16, hp=
 
 
 def test_qk_registers_needs_kv_halves_in_the_kernel_builder():
-    """MosaicConfig(qk_registers=True) and sums_at_end have no effect where kv_halves does not run (the wrapper
-    passes them only with kv_halves); the kernel builder itself refuses either without kv_halves, naming the
+    """MosaicConfig(qk_registers=True), sums_at_end and zero_tail have no effect where kv_halves does not run (the
+    wrapper passes them only with kv_halves); the kernel builder itself refuses each without kv_halves, naming the
     value."""
     from mla_jax import pallas_mosaic_gpu
 
     kw = dict(FP8_BUILD_KW, bt_chunk=96, score_rows=16, transposed_pv=True)
-    for opt in ("qk_registers", "sums_at_end"):
+    for opt in ("qk_registers", "sums_at_end", "zero_tail"):
         with pytest.raises(ValueError, match="kv_halves=False"):
             pallas_mosaic_gpu._build_kernel(**{opt: True}, **kw)
         pallas_mosaic_gpu._build_kernel(**{opt: True}, kv_halves=True, **kw)
