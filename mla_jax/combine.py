@@ -15,6 +15,10 @@ H=16, B=8, S=1024 on the H200, by ncu in session 3); `combine` is one Pallas Tri
 that reads each partial once. A program takes one token, a block of heads and 64 of the L
 columns, with every split at once: a [S_pad, block_h, 64] tile (S_pad = S rounded up to a power
 of two, block_h as many heads as keep the tile at 8192 float32 values).
+
+`col_order` (optional, an int [L] permutation): the merged output's columns gathered, out[..., j] = merged[...,
+col_order[j]], in the same kernel (the kernel reads partial column col_order[j] for output column j): the Mosaic
+kernel's pv_registers writes its partials' columns permuted, put back here instead of by a gather of its own.
 """
 
 from __future__ import annotations
@@ -32,8 +36,9 @@ BLOCK_L = 64  # output columns per program
 TILE_ELEMS = 8192  # S_pad * block_h * BLOCK_L: 64 float32 registers a thread at 4 warps
 
 
-def combine_ref(o_part, lse_part, dtype):
-    """The jnp combine: o_part [S, T, H, L], lse_part [S, T, H] -> out [T, H, L] in dtype, lse [T, H]."""
+def combine_ref(o_part, lse_part, dtype, col_order=None):
+    """The jnp combine: o_part [S, T, H, L], lse_part [S, T, H] -> out [T, H, L] in dtype, lse [T, H] (col_order:
+    out's columns gathered by it)."""
     lse_max = jnp.max(lse_part, axis=0)
     lse_max_safe = jnp.where(jnp.isfinite(lse_max), lse_max, 0.0)
     w = jnp.exp(lse_part - lse_max_safe[None])  # [S, T, H]; 0 for empty splits
@@ -41,6 +46,8 @@ def combine_ref(o_part, lse_part, dtype):
     out = jnp.sum(jnp.where(w[..., None] > 0, w[..., None] * o_part, 0.0), axis=0)
     out = out / jnp.where(w_sum > 0, w_sum, 1.0)[..., None]
     out = jnp.where(jnp.isnan(w_sum)[..., None], jnp.nan, out)  # a NaN split: NaN, not 0
+    if col_order is not None:
+        out = out[..., col_order]
     return out.astype(dtype), lse_max_safe + jnp.log(w_sum)
 
 
@@ -48,10 +55,15 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
 
-def _combine_kernel(lse_ref, o_ref, out_ref, lse_out_ref, *, num_splits, num_heads, s_pad, block_h):
+def _combine_kernel(*refs, num_splits, num_heads, s_pad, block_h, gather):
+    if gather:
+        lse_ref, o_ref, order_ref, out_ref, lse_out_ref = refs
+    else:
+        (lse_ref, o_ref, out_ref, lse_out_ref), order_ref = refs, None
     t = pl.program_id(0)
     h = pl.program_id(1) * block_h + lax.broadcasted_iota(jnp.int32, (block_h,), 0)
     c = pl.program_id(2) * BLOCK_L + lax.broadcasted_iota(jnp.int32, (BLOCK_L,), 0)
+    src = plgpu_triton.load(order_ref.at[c]) if gather else c  # the partials' columns this program reads
     s = lax.broadcasted_iota(jnp.int32, (s_pad,), 0)
     h_ok = h < num_heads
     ok = (s[:, None] < num_splits) & h_ok[None, :]  # [s_pad, block_h]
@@ -60,7 +72,7 @@ def _combine_kernel(lse_ref, o_ref, out_ref, lse_out_ref, *, num_splits, num_hea
     m = jnp.where(m > -jnp.inf, m, 0.0)  # every split empty: weights 0, lse -inf below
     w = jnp.exp(lse - m[None, :])  # 0 where lse = -inf (an empty split, a masked slot)
     o = plgpu_triton.load(
-        o_ref.at[s[:, None, None], t, h[None, :, None], c[None, None, :]], mask=ok[:, :, None], other=0.0
+        o_ref.at[s[:, None, None], t, h[None, :, None], src[None, None, :]], mask=ok[:, :, None], other=0.0
     )  # [s_pad, block_h, BLOCK_L]
     num = jnp.sum(jnp.where(w[:, :, None] > 0, w[:, :, None] * o, 0.0), axis=0)
     den = jnp.sum(w, axis=0)
@@ -74,18 +86,23 @@ def _combine_kernel(lse_ref, o_ref, out_ref, lse_out_ref, *, num_splits, num_hea
 
 
 @functools.partial(jax.jit, static_argnames=("dtype", "interpret"))
-def combine(o_part, lse_part, dtype, interpret: bool = False):
-    """One Pallas Triton kernel computing combine_ref (same shapes and result to rounding).
+def combine(o_part, lse_part, dtype, interpret: bool = False, col_order=None):
+    """One Pallas Triton kernel computing combine_ref (same shapes and result to rounding; col_order an int [L]
+    permutation of the output's columns, gathered in the kernel).
     Falls back to combine_ref where L is not a multiple of 64 or a split count is too large
     for one tile (S > 8192 / 64)."""
     dtype = jnp.dtype(dtype)
     num_splits, num_tokens, num_heads, lora = o_part.shape
+    if col_order is not None and jnp.shape(col_order) != (lora,):
+        raise ValueError(f"col_order must have shape ({lora},) (a permutation of the output's columns), got "
+                         f"{jnp.shape(col_order)}")
     s_pad = _next_pow2(num_splits)
     if lora % BLOCK_L or s_pad * BLOCK_L > TILE_ELEMS:
-        return combine_ref(o_part, lse_part, dtype)
+        return combine_ref(o_part, lse_part, dtype, col_order)
     block_h = min(_next_pow2(num_heads), TILE_ELEMS // (s_pad * BLOCK_L))
+    gather = col_order is not None
     kernel = functools.partial(_combine_kernel, num_splits=num_splits, num_heads=num_heads, s_pad=s_pad,
-                               block_h=block_h)
+                               block_h=block_h, gather=gather)
     return pl.pallas_call(
         kernel,
         grid=(num_tokens, math.ceil(num_heads / block_h), lora // BLOCK_L),
@@ -96,4 +113,5 @@ def combine(o_part, lse_part, dtype, interpret: bool = False):
         compiler_params=plgpu_triton.CompilerParams(num_warps=4, num_stages=1),
         interpret=interpret,
         name="mla_combine_splits",
-    )(lse_part.astype(jnp.float32), o_part.astype(jnp.float32))
+    )(lse_part.astype(jnp.float32), o_part.astype(jnp.float32),
+      *([jnp.asarray(col_order, jnp.int32)] if gather else []))

@@ -625,7 +625,8 @@ class MosaicConfig:
         step a warpgroup, session 21's count of the binding traffic, against 36 KiB more of loads), and the 128 KiB
         of the copies free for a second ring slot a warpgroup (its step k + 2 refilled after step k's P @ V has
         loaded the slot). The wgmma sees V's columns permuted within each 16 (PV_PERM), so O^T's rows are: the
-        wrapper puts the output's columns back in order (PV_UNPERM, after the combine). The same products in the
+        output's columns are put back in order (PV_UNPERM) by the split-KV combine's gather (mla_jax.combine's
+        col_order, since session 27) or, with one split, by a gather of their own. The same products in the
         same order as qk_permuted's. In interpret mode qk_registers's path. fp8_convert applies to these loads
         (the scores' chunks convert by cvt): "bits" all, "mixed" the odd chunks (bitwise cvt; on the H200 1.20x and
         1.10x slower at H16 B128 S16384, session 25). The heuristic's pick where kv_halves runs and a split has at
@@ -2801,12 +2802,16 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         pv_copy_chunks=tuning.pv_copy_chunks if pv_registers else 0, zero_tail=kv_halves and tuning.zero_tail,
     )
     out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
+    # (pv_registers) the kernel's output columns permuted by PV_PERM within each 16, past the copy's chunks: put back
+    # by the combine's gather with split-KV, else by a gather of their own
+    order = jnp.asarray(pv_output_order(tuning.pv_copy_chunks), jnp.int32) if pv_registers else None
     if num_splits > 1:
         # split partials per token [S, T, heads, 512] -> out, lse: one Pallas Triton kernel on the GPU
         # (mla_jax.combine); in Mosaic GPU interpret mode its jnp formula
-        out, lse = combine_ref(out, lse, out_dtype) if interpret else combine(out, lse, out_dtype)
-    if pv_registers:  # (the kernel's output columns permuted by PV_PERM within each 16, past the copy's chunks)
-        out = out[..., pv_output_order(tuning.pv_copy_chunks)]
+        out, lse = (combine_ref(out, lse, out_dtype, order) if interpret
+                    else combine(out, lse, out_dtype, col_order=order))
+    elif pv_registers:
+        out = out[..., order]
     return out[:, :num_heads], lse[:, :num_heads]
 
 

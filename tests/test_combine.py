@@ -53,6 +53,25 @@ def test_a_nan_split_gives_nan_in_that_row_only(num_splits):
         assert not np.isnan(out[keep]).any()
 
 
+@pytest.mark.parametrize("num_splits, num_heads", [(2, 16), (5, 20)])
+def test_col_order_gathers_the_output_columns(num_splits, num_heads):
+    """col_order: the kernel reads partial column col_order[j] for output column j, the formula gathers its
+    output: the same as combining and then gathering (pv_registers's PV_UNPERM order, past 0 and 3 f16 chunks, and a
+    permutation across the 64-column blocks)."""
+    from mla_jax.pallas_mosaic_gpu import pv_output_order
+
+    o, lse = _partials(num_splits, 3, num_heads)
+    ref_out, ref_lse = combine_ref(o, lse, jnp.float32)
+    orders = [pv_output_order(0), pv_output_order(3), np.random.default_rng(2).permutation(512)]
+    for order in orders:
+        for out, lse_out in (combine(o, lse, jnp.float32, interpret=True, col_order=jnp.asarray(order)),
+                             combine_ref(o, lse, jnp.float32, col_order=order)):
+            np.testing.assert_allclose(np.asarray(out), np.asarray(ref_out)[..., order], rtol=1e-5, atol=1e-5)
+            np.testing.assert_array_equal(np.asarray(lse_out), np.asarray(ref_lse))
+    with pytest.raises(ValueError, match=r"col_order must have shape \(512,\).*\(64,\)"):
+        combine(o, lse, jnp.float32, interpret=True, col_order=jnp.arange(64))
+
+
 def test_one_split_is_the_identity():
     rng = np.random.default_rng(1)
     o = jnp.asarray(rng.standard_normal((1, 2, 16, 512)), jnp.float32)
@@ -75,9 +94,11 @@ def test_falls_back_to_the_formula_where_a_tile_cannot_hold_it():
 
 
 @pytest.mark.parametrize("num_splits, num_heads", [(2, 16), (128, 16), (7, 128), (3, 20)])
-def test_lowers_to_triton_for_an_abstract_h200(num_splits, num_heads):
+@pytest.mark.parametrize("gather", [False, True])
+def test_lowers_to_triton_for_an_abstract_h200(num_splits, num_heads, gather):
     o, lse = _partials(num_splits, 3, num_heads)
-    text = lower_for_h200(lambda o, l: combine(o, l, jnp.bfloat16), o, lse).as_text()
+    order = jnp.asarray(np.random.default_rng(3).permutation(512)) if gather else None
+    text = lower_for_h200(lambda o, l: combine(o, l, jnp.bfloat16, col_order=order), o, lse).as_text()
     assert "__gpu$xla.gpu.triton" in text and "mla_combine_splits" in text
 
 
@@ -90,6 +111,10 @@ def test_compiled_kernel_matches_formula(num_splits, num_tokens, num_heads):
     out, lse_out = combine(o, lse, jnp.float32)
     ref_out, ref_lse = combine_ref(o, lse, jnp.float32)
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref_out), rtol=1e-5, atol=1e-5)
+    order = np.random.default_rng(4).permutation(512)  # (col_order: the kernel's gather of the output's columns)
+    out_g, lse_g = combine(o, lse, jnp.float32, col_order=jnp.asarray(order))
+    np.testing.assert_array_equal(np.asarray(out_g), np.asarray(out)[..., order])
+    np.testing.assert_array_equal(np.asarray(lse_g), np.asarray(lse_out))
     finite = np.isfinite(np.asarray(ref_lse))
     np.testing.assert_array_equal(np.isneginf(lse_out), ~finite)
     np.testing.assert_allclose(np.asarray(lse_out)[finite], np.asarray(ref_lse)[finite], rtol=1e-6, atol=1e-6)

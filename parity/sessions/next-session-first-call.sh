@@ -1,25 +1,28 @@
 #!/usr/bin/env bash
-# For the next session's first call (nvidia-h200; carry [".fa3"]), written at the end of session 26. Copy to
-# parity/sessions/<date>-s27-a.sh and commit before running; never edit it after. About 4 minutes.
-# Session 26: kv_halves at 32 rows (pv_registers, pv_wait 1; the heuristic's pick where a split has >= 32 steps) was
-# 1.20x faster than the one-chain path at H32 B64 S4096 q1 (107.0 -> 89.1 us) but 1.06x at H16 B64 S4096 q2 (107.6 ->
-# 101.7), the same tiles (64 CTAs x 2 splits of 32 steps): why is not known.
-# 0) the compiled test of kv_halves at 32 rows with four tokens a tile (H = 8 at q_len 4; added after session 26's
-# device time: interpret mode and the lowering only); 1) the region profile of both (the heuristic); 2) the same at
-# H16 B128 S16384 q2 (256 steps a split, 1.58x).
-# Predictions: the test passes; the per-step regions (dequant, pv, kv_wait) alike at the two B64 shapes; the q2 row's difference in
-# its masked last step or the tile's tail (the merge, O^T's transpose), ~10 us of its 102.
+# For the next session's first call (nvidia-h200; carry [".fa3"]), written at the end of session 27. Copy to
+# parity/sessions/<date>-s28-a.sh and commit before running; never edit it after. About 6 minutes.
+# Session 27 (after its device time): with split-KV the pv_registers output's columns are put back in order by the
+# combine kernel's gather (mla_jax.combine col_order) instead of a gather of their own (ncu in session 27: 4.0 us,
+# cold caches, at H16 B64 S4096 q_len 2). Checked on the CPU only (the combine in interpret mode, the lowering).
+# 0) the compiled combine tests (with col_order) and the compiled pv_registers / zero_tail tests (split-KV cases
+# through the new combine; bitwise against qk_permuted, which takes no gather); 1) every kernel of one call at H16 B64
+# S4096 q_len 2 (ncu); 2) the sweep of the heuristic at the two 32-row B64 rows (session 27 call E with zero_tail:
+# 92.6 us, FA3/impl 1.01 at H16 B64 S4096 q2; 93.2, 0.96 at H32 B64 S4095 q1).
+# Predictions: the tests pass; ncu lists four kernels (no wrapped_gather), the combine within 0.5 us of 5.15;
+# the sweep 1-3 us faster (H16 B64 S4096 q2 ~90-91.5 us, FA3/impl 1.02-1.04).
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT/logs"; L="$OUT/logs"
 bash .fa3/unpack.sh /tmp/fa3 >/dev/null && export PYTHONPATH=/tmp/fa3:$PWD
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
-timeout 60 python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs tests/test_fp8.py -k "compiled and heads_8_q4" \
+timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs tests/test_combine.py tests/test_fp8.py \
+  -k "compiled_kernel_matches or (compiled and (pv_registers or zero_tail)) or pv_registers_is_bitwise or zero_tail_is_bitwise" \
   > "$L/tests.log" 2>&1
 echo "rc=$?" >> "$L/tests.log"; grep -E "passed|failed|^FAILED|^ERROR|Mismatch|rc=" "$L/tests.log" | cut -c1-200 | tail -4
-for s in H16_B64_S4096_q2 H32_B64_S4096_q1 H16_B128_S16384_q2; do
-  timeout 100 python3 -m parity.regions --fp8 --shapes $s --space 56 --json "$OUT/regions-$s.json" \
-    > "$L/regions-$s.log" 2>&1; echo "rc=$?" >> "$L/regions-$s.log"
-  grep -v "Warn" "$L/regions-$s.log" | cut -c1-150 | tail -14
-done
+timeout 50 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum \
+  python3 -m parity.profile --impl jax.pallas_mosaic_gpu.fp8 --shape H16_B64_S4096_q2 > "$L/list_fp8_H16_B64_S4096_q2.txt" 2>&1
+grep -E "^\s+\S+ \(|gpu__time_duration" "$L/list_fp8_H16_B64_S4096_q2.txt" | paste - - | awk '{print substr($1,1,60), $NF}'
+timeout 150 python3 -m parity.sweep --impl pallas_mosaic_gpu --fp8 --fields none --rounds 3 --reps 3 --cooldown 1 \
+  --shapes H16_B64_S4096_q2,H32_B64_S4095_q1 --json "$OUT/sweep-fp8-combine-gather.json" > "$L/sweep.log" 2>&1
+echo "rc=$?" >> "$L/sweep.log"; grep -v Warn "$L/sweep.log" | grep -E " us |rc=" | cut -c1-110
 tar czf "$OUT/logs.tgz" -C "$OUT" logs
 rm -rf "$L"
