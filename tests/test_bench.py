@@ -67,6 +67,8 @@ def test_shape_bytes_with_a_one_byte_kv_cache():
 def test_fp8_grid_and_runner_are_opt_in():
     assert GRIDS["fp8"] == [Shape(16, 128, 16384), Shape(16, 64, 4096, 2), Shape(16, 32, 16384),
                             Shape(128, 64, 16384), Shape(128, 32, 4096), Shape(16, 1, 1024), Shape(128, 1, 1024)]
+    # (fp8_tails: the same kinds of rows with every request's last KV step masked, sequence lengths 64 k - 1)
+    assert all(s.seq_len % 64 == 63 for s in GRIDS["fp8_tails"]) and len(GRIDS["fp8_tails"]) == 7
     assert FP8 in RUNNERS and bench.FP8_IMPLS <= set(RUNNERS)
     assert FP8 not in bench.DEFAULT_IMPLS
     assert "Bytes" in bench.__doc__.split("Method")[1]  # main() cuts the method text at the Bytes paragraph
