@@ -10,6 +10,8 @@
 # 92.6 us, FA3/impl 1.01 at H16 B64 S4096 q2; 93.2, 0.96 at H32 B64 S4095 q1).
 # Predictions: the tests pass; ncu lists four kernels (no wrapped_gather), the combine within 0.5 us of 5.15;
 # the sweep 1-3 us faster (H16 B64 S4096 q2 ~90-91.5 us, FA3/impl 1.02-1.04).
+# Then (the next call): `python -m parity bench --grid fp8` and `--grid fp8_tails` (new, never run: every request's
+# last step masked) with --check --reps 3 --no-ceilings --impls torch.fa3,jax.pallas_mosaic_gpu,jax.pallas_mosaic_gpu.fp8.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT/logs"; L="$OUT/logs"
 bash .fa3/unpack.sh /tmp/fa3 >/dev/null && export PYTHONPATH=/tmp/fa3:$PWD
