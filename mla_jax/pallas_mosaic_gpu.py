@@ -198,6 +198,51 @@ FP8_RING_TILES = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(64))
 QK_PERM_16 = (0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15)
 QK_PERM = np.array([16 * b + QK_PERM_16[c] for b in range(HEAD_DIM // 16) for c in range(16)])  # q's 576 columns
 QK_PERM_64 = QK_PERM[:64]  # a 64-column chunk's
+# MosaicConfig.qk_fp8: q in 2 or 3 e4m3 parts, q a = t_0 + t_1 / 16 (+ t_2 / 256) (a: a power of two per request,
+# the largest |q a| at most E4M3_MAX), the scores' wgmma on the e4m3 tensor cores against all parts at once (its N the
+# parts x the rows in use): 2 parts hold a bf16 q exactly, 3 an f16 one (where |q a| >= 2^-6, split_q_e4m3)
+QS_WORDS = 32  # (qk_fp8) a request's row of the inverse scales' kernel input: 128 bytes, one TMA
+Q_FP8_STEP = 16.0  # each part the residual of those before it, times this (its magnitude at most the part before's)
+E4M3_MAX = 448.0
+
+
+def q_fp8_parts(dtype) -> int:
+    """(qk_fp8) the e4m3 parts of q: 2 for bf16 (8 significant bits: 4 + 4), 3 for f16 (11) and wider."""
+    return 2 if jnp.dtype(dtype) == jnp.bfloat16 else 3
+
+
+def split_q_e4m3(q, query_start_loc, num_reqs: int, num_parts: int):
+    """(MosaicConfig.qk_fp8) q [T, H, D] -> (parts [T, num_parts, H, D] float8_e4m3fn, inv_scale [num_reqs] float32)
+    with q ~= inv_scale[r] x sum_t parts[:, t] / Q_FP8_STEP**t for the tokens of request r. The request's scale
+    a = 1 / inv_scale, a power of two (exact), is the largest with max |q a| <= E4M3_MAX; part t is the residual of
+    the parts before it, times Q_FP8_STEP^t, rounded to e4m3 (never past E4M3_MAX: a residual is at most 2^-4 of the
+    value it is left from). Error per element at most 2^-4n |q a| + 2^-(6 + 4n) for n parts (in the units of q a):
+    none for a bf16 q with 2 parts or an f16 q with 3 where |q a| >= 2^-6 (e4m3's normal range: elements within
+    2^-14.8 of the request's largest); no overflow for any finite q. The scale is taken over the finite entries (a
+    request of zeros: a = 1); an inf or NaN entry becomes NaN in every part (e4m3fn has no inf), so that row's scores
+    and output are NaN, as the reference's (never a silent wrong answer), the other rows untouched. Tokens past
+    query_start_loc[-1] (padding; no request's) take a scale of their own."""
+    x = q.astype(jnp.float32)
+    num_tokens = x.shape[0]
+    qsl = query_start_loc.astype(jnp.int32)
+    req = jnp.searchsorted(qsl[1:], jnp.arange(num_tokens, dtype=jnp.int32), side="right")  # num_reqs: padding
+    amax_tok = jnp.max(jnp.where(jnp.isfinite(x), jnp.abs(x), 0.0).reshape(num_tokens, -1), axis=1)  # (finite)
+    amax = jax.ops.segment_max(amax_tok, req, num_segments=num_reqs + 1, indices_are_sorted=True)  # (and padding)
+    ok = amax > 0
+    # a = 2^k, k = floor(log2(E4M3_MAX / amax)), from frexp (exact): amax = m 2^e, m in [0.5, 1), 448 = 0.875 x 2^9
+    m, e = jnp.frexp(jnp.where(ok, amax, 1.0))
+    k = jnp.where(m <= E4M3_MAX / 512.0, 9, 8) - e
+    a = jnp.where(ok, jnp.ldexp(jnp.float32(1.0), k), 1.0)
+    a_tok = a[req]
+    r = x * a_tok.reshape((num_tokens,) + (1,) * (x.ndim - 1))
+    parts = []
+    for _ in range(num_parts):
+        p = r.astype(jnp.float8_e4m3fn)
+        parts.append(p)
+        r = (r - p.astype(jnp.float32)) * Q_FP8_STEP
+    return jnp.stack(parts, axis=1), 1.0 / a[:num_reqs]
+
+
 # MosaicConfig.pv_registers: P @ V's left operand V^T [64 columns, 64 keys] of a chunk loaded from the fp8 slot by
 # ldmatrix.trans of 16-bit values (two adjacent fp8 columns each), so a thread holds columns 2 g and 2 g + 1 of its
 # keys: row r of the WGMMA layout's 16 (g = r % 8) holds V's column PV_PERM_16[r] = 2 (r % 8) + r // 8, and O^T's
@@ -661,6 +706,16 @@ class MosaicConfig:
         idle) 1.11x faster at H32 B64 S4095 q1 (103.3 -> 93.2 us), 1.10x at H16 B64 S4096 q2 (102.0 -> 92.6), 1.03x
         at H32 B64 S4096 q1 (89.9 -> 86.9, no masked step: the kernel's registers), 1.00x at H16 B128 S16383;
         without pv_registers 1.02x slower at H16 B8 S4095 (18.9 -> 19.3).
+    qk_fp8: (kv_halves only, elsewhere no effect; not with pv_copy_chunks or pv_in_flight; opt-in: not yet timed)
+        the scores on the tensor cores' e4m3 path: S^T = K Q^T with K straight from the fp8 ring slot (the wgmma's left
+        operand from shared memory: no conversion of K, no registers) against q in e4m3 parts (split_q_e4m3: 2 for a
+        bf16 q, 3 for an f16 one, each exact where |q a| >= 2^-6, a power-of-two scale per request), all parts in one
+        wgmma (N = parts x the rows in use, K read once) and summed in registers (part t / 16^t). Each fp8 value is
+        then converted once (V^T for P @ V: pv_registers's loads, or V's f16 copy without it), where the default
+        converts K for the scores as well (session 25: the warps' instruction issue binds at 16 rows). The same
+        products, summed by the e4m3 tensor cores (the parts in separate columns; not bitwise the default). q's
+        parts and scales are made by one XLA fusion before the kernel (in place of the f16 conversion and
+        QK_PERM's gather); the output's columns as pv_registers's. In interpret mode too (with V's f16 copy).
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -702,6 +757,7 @@ class MosaicConfig:
     wg0_share: int = 50
     pv_copy_chunks: int = 0
     zero_tail: bool = False
+    qk_fp8: bool = False
     pdl: bool = False
 
     def __post_init__(self):
@@ -713,7 +769,7 @@ class MosaicConfig:
         for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
                      "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast", "deferred_pv", "split_ring",
                      "part_wait", "late_row_sums", "kv_halves", "qk_registers", "sums_at_end",
-                     "pv_in_flight", "qk_permuted", "pv_registers", "zero_tail"):
+                     "pv_in_flight", "qk_permuted", "pv_registers", "zero_tail", "qk_fp8"):
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
@@ -799,6 +855,10 @@ class MosaicConfig:
             raise ValueError(f"pv_registers=True refills a warpgroup's slot after its P @ V's loads: it needs "
                              f"pv_in_flight=False and l2_prefetch=0, got pv_in_flight={self.pv_in_flight}, "
                              f"l2_prefetch={self.l2_prefetch}")
+        if self.qk_fp8 and (self.pv_copy_chunks or self.pv_in_flight):
+            raise ValueError(f"qk_fp8=True converts no K for the scores (no f16 copy of V's chunks from them, no P @ V "
+                             f"awaited in their conversion): it needs pv_copy_chunks=0 and pv_in_flight=False, got "
+                             f"pv_copy_chunks={self.pv_copy_chunks}, pv_in_flight={self.pv_in_flight}")
         smem = self.smem_bytes()
         if smem > SMEM_LIMIT_BYTES:
             raise ValueError(
@@ -1043,7 +1103,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   kv_halves: bool = False, qk_registers: bool = False, sums_at_end: bool = False,
                   pv_in_flight: bool = False, qk_permuted: bool = False, pv_registers: bool = False,
                   pv_wait: int = 4, wg0_share: int = 50, pv_copy_chunks: int = 0, zero_tail: bool = False,
-                  out_dtype=None, interpret: bool = False):
+                  q_parts: int = 0, out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile), the last axis the fastest (heads_fastest: reversed, the head
@@ -1065,6 +1125,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     pv_registers: MosaicConfig's (with qk_permuted only: P @ V's left operand from the fp8 slot, a ring of two slots a
     warpgroup; the output's columns permuted by PV_PERM, the caller undoes it). pv_wait, wg0_share, pv_copy_chunks,
     zero_tail: MosaicConfig's (zero_tail kv_halves only).
+    q_parts: (MosaicConfig.qk_fp8, kv_halves only) q's e4m3 parts: the kernel's q is then (q [T, q_parts, heads, 576]
+    fp8, inverse scales [R, QS_WORDS] float32, the request's 1 / a in column 0: split_q_e4m3's), the scores on the e4m3
+    tensor cores; 0: q [T, heads, 576] in `dtype`.
     p_in_kv, dequant_layout, fused_dequant, fused_group, fp8_convert, overlap_dequant, overlap_wait, transposed_pv:
     MosaicConfig's (all but transposed_pv fp8 only;
     overlap_dequant needs transposed scores of at most OVERLAP_MAX_ROWS rows, and then fused_dequant is ignored;
@@ -1127,10 +1190,16 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     if qk_permuted and not qk_registers:
         raise ValueError(f"qk_permuted loads qk_registers's left operands: it needs qk_registers=True, got "
                          f"{qk_registers=}")
-    if pv_registers and not (qk_permuted and not pv_in_flight and not l2_prefetch and not interpret):
-        raise ValueError(f"pv_registers loads P @ V's left operand beside qk_permuted's (compiled): it needs "
-                         f"qk_permuted=True, pv_in_flight=False, l2_prefetch=0 and interpret=False, got "
-                         f"{qk_permuted=}, {pv_in_flight=}, {l2_prefetch=}, {interpret=}")
+    if pv_registers and not ((qk_permuted or q_parts) and not pv_in_flight and not l2_prefetch and not interpret):
+        raise ValueError(f"pv_registers loads P @ V's left operand beside qk_permuted's or q_parts's (compiled): it "
+                         f"needs qk_permuted=True or q_parts > 0, pv_in_flight=False, l2_prefetch=0 and "
+                         f"interpret=False, got {qk_permuted=}, {q_parts=}, {pv_in_flight=}, {l2_prefetch=}, "
+                         f"{interpret=}")
+    if q_parts and not (kv_halves and q_parts in (2, 3) and not qk_permuted and not pv_in_flight
+                        and not pv_copy_chunks):
+        raise ValueError(f"q_parts (qk_fp8) runs in kv_halves's step with 2 or 3 parts, without qk_permuted, "
+                         f"pv_in_flight or pv_copy_chunks, got {q_parts=}, {kv_halves=}, {qk_permuted=}, "
+                         f"{pv_in_flight=}, {pv_copy_chunks=}")
     if pv_copy_chunks and not (pv_registers and 0 < pv_copy_chunks <= MAX_PV_COPY_CHUNKS):
         raise ValueError(f"pv_copy_chunks splits pv_registers's P @ V: it needs pv_registers=True and at most "
                          f"{MAX_PV_COPY_CHUNKS} chunks, got {pv_registers=}, {pv_copy_chunks=}")
@@ -1171,6 +1240,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
              q_kv_or_stage, p_smem, x_smem, i_smem,
              q_bar, info_bar, bt_bar, kv_ready, kv_consumed, sync_a, sync_b, *extra_barriers):
         deq_smem = deq_v = deq_rope = t_smem = e_smem = None
+        qs_ref = None
+        if q_parts:  # (q's parts and the requests' inverse scales)
+            q_ref, qs_ref = q_ref
         if transposed_pv and not kv_halves:  # the stage, then O^T's two bf16 parts and the identity that transposes
             # them back
             q_group, (stage, t_smem, e_smem) = q_kv_or_stage
@@ -1184,7 +1256,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             (q_smem, kv_smem, *kv_v), (stage, t_smem, e_smem), (m_smem,) = q_kv_or_stage
             kv_v = kv_v[0] if kv_v else None  # (pv_registers: none)
             p_smem, red_smem = p_smem
-            (bt_bar_wg1,) = extra_barriers
+            (bt_bar_wg1, *qs_smem) = extra_barriers  # (q_parts: the request's 1 / a, qs_ref's row)
         elif fp8 and overlap_dequant:
             # kv_smem: the ring of fp8 steps; deq_v: f16 V halves (0, 1: the first half of even / odd steps, 2: the
             # second half); deq_rope: the rope columns of a step
@@ -1387,8 +1459,15 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                                     i_smem.at[pl.ds(0, INFO_WORDS + bt_chunk)], info_bar)
 
         def load_q(first_tok):
-            """The query tile, straight from q [T, H, 576]."""
-            if tpt == 1:
+            """The query tile, straight from q [T, H, 576] (q_parts: each part t of q [T, q_parts, H, 576] into rows
+            [t q_rows, t q_rows + q_rows))."""
+            if q_parts:
+                plgpu.copy_gmem_to_smem(qs_ref.at[req], qs_smem[0], q_bar)
+                for t in range(q_parts):
+                    for j in range(q_toks):  # (as below)
+                        tok = jnp.minimum(first_tok + j, num_tokens - 1)
+                        plgpu.copy_gmem_to_smem(q_ref.at[tok, t], q_smem.at[pl.ds(t * q_rows + j * hp, hp)], q_bar)
+            elif tpt == 1:
                 plgpu.copy_gmem_to_smem(q_ref.at[first_tok, pl.ds(hb * BLOCK_H, BLOCK_H)], q_smem, q_bar)
             else:
                 for j in range(q_toks):  # rows of tokens past the tile's last repeat a valid token: never written
@@ -2286,6 +2365,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
             scale = scale_log2 * k_scale()
             plgpu.barrier_wait(q_bar)
+            if q_parts:  # (q's parts are q a: times the request's 1 / a)
+                scale = scale * qs_smem[0][0]
 
             def step(k, carry, masked: bool, acc_ref=None):
                 """One step; acc_ref (pv_in_flight): O^T's accumulator, its P @ V left running (carry: m, l)."""
@@ -2298,7 +2379,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 if masked and zero_tail:
                     zero_rows_past(slot, kv_len - kv_start)
                     masked_keys = False
-                if qk_registers:
+                if q_parts:
+                    s = scores_fp8(k, slot, kv_start, masked_keys)
+                elif qk_registers:
                     s = scores_from_registers(k, slot, kv_start, masked_keys, pv_pending=acc_ref is not None)
                 else:
                     s = scores_from_copy(k, kv_start, masked_keys)
@@ -2480,6 +2563,34 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 s, rope = pl.run_scoped(qk, plgpu.ACC((block_kv, n), jnp.float32))
                 return scores_rope_ref(s, rope) if interpret else s
 
+            def scores_fp8(k, slot, kv_start, masked: bool):
+                """(q_parts) S^T = K Q^T on the e4m3 tensor cores: one wgmma (K = 576, N = q_parts x n), its left
+                operand the fp8 slot, its right one q's parts; part t's columns [t n, t n + n) summed times 16^-t.
+                Keys past kv_len (their slots may hold NaN) make only their own rows of S^T, which the mask drops.
+                Without pv_registers V's f16 copy is converted meanwhile (rows past kv_len 0 on the masked step) and
+                the slot refilled once the wgmma and the conversion have read it."""
+                def qk(s_ref):
+                    plgpu.wgmma(s_ref, kv_smem.at[slot], q_smem.transpose((1, 0)))
+                    if not pv_registers:
+                        with jax.named_scope("dequant"):
+                            keep = rows_below(kv_len - kv_start) if masked else None
+
+                            @pl.loop(0, KV_LORA_RANK // 64)
+                            def _(c):
+                                convert_chunk(slot, c, keep, v_w().at[:, pl.ds(pl.multiple_of(c * 64, 64), 64)])
+
+                            plgpu.commit_smem()  # V's copy visible to P @ V
+                    with jax.named_scope("qk"):
+                        return s_ref[...]
+
+                s = pl.run_scoped(qk, plgpu.ACC((block_kv, q_parts * n), jnp.float32))
+                if not pv_registers:  # (the wgmma is done: s read; the conversion's reads before the fence above)
+                    pl.when(k + 1 < e)(lambda: issue_half_step(w, k + 1, k, last_page, e))
+                total = s[:, :n]
+                for t in range(1, q_parts):
+                    total = total + s[:, t * n:(t + 1) * n] * (Q_FP8_STEP ** -t)
+                return total
+
             def scores_from_copy(k, kv_start, masked: bool):
                 """S^T = K Q^T, K's first 512 columns from V's f16 copy (converted first, 8 chunks), the rope's
                 from registers; the slot refilled once converted."""
@@ -2585,8 +2696,11 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         # partials' O^T halves; then the stage, O^T's parts and the identity (transposed_pv's)
         f16_tiles = F16_TILES
         half_slots = NUM_COMPUTE_WGS * (2 if pv_registers else 1)  # the fp8 ring: a slot a warpgroup (pv_registers: 2)
+        # (q_parts: q's e4m3 parts stacked by rows, part t rows [t q_rows, t q_rows + q_rows): the scores' wgmma's
+        # right operand, tiled and swizzled as the fp8 ring, its left one)
         union = plgpu.RefUnion(
-            (plgpu.SMEM((q_rows, HEAD_DIM), dtype, transforms=transforms),
+            (plgpu.SMEM((q_parts * q_rows, HEAD_DIM), jnp.float8_e4m3fn, transforms=FP8_RING_TILES) if q_parts else
+             plgpu.SMEM((q_rows, HEAD_DIM), dtype, transforms=transforms),
              plgpu.SMEM((half_slots, block_kv, HEAD_DIM), jnp.float8_e4m3fn, transforms=FP8_RING_TILES),
              *([] if pv_registers and not pv_copy_chunks else  # (pv_copy_chunks: the copies of its chunks only)
                [plgpu.SMEM((NUM_COMPUTE_WGS, block_kv, 64 * pv_copy_chunks if pv_registers else KV_LORA_RANK),
@@ -2612,7 +2726,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # row sums, 2 + w: warpgroup w's max, 4 + w: its sums
             plgpu.SMEM((6, BLOCK_H), jnp.float32),
             plgpu.SMEM((INFO_WORDS + NUM_COMPUTE_WGS * bt_chunk,), jnp.int32),  # info + a block-table chunk each
-            plgpu.Barrier(num_arrivals=q_toks),  # q_bar
+            plgpu.Barrier(num_arrivals=q_toks * max(1, q_parts) + bool(q_parts)),  # q_bar (a TMA a token and part;
+            # q_parts: and the request's scale)
             plgpu.Barrier(),  # info_bar
             plgpu.Barrier(),  # bt_bar (warpgroup 0's chunks)
             plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=half_slots),  # kv_ready, a slot each
@@ -2620,6 +2735,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS),  # sync_a: the merge's three hand-overs
             plgpu.Barrier(num_arrivals=1),  # sync_b (unused)
             plgpu.Barrier(),  # bt_bar_wg1 (warpgroup 1's chunks)
+            *([plgpu.SMEM((QS_WORDS,), jnp.float32)] if q_parts else []),  # (q_parts) the request's 1 / a (q_bar's)
         ]
     else:
         scratch = [
@@ -2719,9 +2835,37 @@ def _sched(metadata: DecodeMetadata, width: int, k_scale=None):
     return jnp.concatenate([info, jnp.pad(bt, ((0, 0), (0, width - bt.shape[1])))], axis=1)
 
 
+def _kv_halves_runs(tuning: MosaicConfig, fp8: bool, num_heads: int, max_query_len: int,
+                    interpret: bool) -> tuple[bool, int]:
+    """(kv_halves runs, the tile's rows in use: score_rows, BLOCK_H without transposed scores) for `tuning`: an fp8
+    cache, transposed_pv at 16 or 32 rows (at 32 only where pv_registers runs, compiled: V's f16 copies do not fit
+    beside q's 32 rows; interpret mode, with no shared-memory limit, runs it with the copies)."""
+    _, hp, tpt = _tile_geometry(num_heads)
+    score_rows = hp * min(tpt, max(1, max_query_len)) if tuning.transposed_scores else BLOCK_H
+    pv_registers_asked = tuning.pv_registers and (tuning.qk_fp8 or (tuning.qk_registers and tuning.qk_permuted))
+    kv_halves = (tuning.kv_halves and fp8 and tuning.transposed_pv and score_rows in TRANSPOSED_PV_ROWS
+                 and (score_rows == TRANSPOSED_PV_ROWS[0] or interpret
+                      or (pv_registers_asked and not tuning.pv_copy_chunks)))
+    return bool(kv_halves), score_rows
+
+
+def _qk_fp8_runs(tuning: MosaicConfig, fp8: bool, num_heads: int, max_query_len: int, interpret: bool,
+                 q_dtype) -> bool:
+    """MosaicConfig.qk_fp8 runs: where kv_halves does, and (compiled) where q's parts fit in shared memory: with
+    pv_registers (no f16 copies of V), or a bf16 q (2 parts: at 16 rows the copies, 2 fp8 slots and 3 parts of q
+    take 235 KiB)."""
+    if not (fp8 and tuning.qk_fp8 and _kv_halves_runs(tuning, fp8, num_heads, max_query_len, interpret)[0]):
+        return False
+    return interpret or tuning.pv_registers or q_fp8_parts(q_dtype) == 2
+
+
 def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfig, tuning: MosaicConfig,
-                interpret: bool, out_dtype=None):
-    num_tokens, num_heads, _ = q.shape
+                interpret: bool, out_dtype=None, q_inv_scale=None):
+    # (qk_fp8: q [T, parts, H, 576] e4m3, split_q_e4m3's, and q_inv_scale [R, QS_WORDS] its requests' 1 / a in column 0:
+    # a kernel input of its own, where a column of the schedule array made the CPU interpreter deadlock, an XLA op
+    # beside the interpreted kernel)
+    q_parts = q.shape[1] if q_inv_scale is not None else 0
+    num_tokens, num_heads = q.shape[0], q.shape[-2]
     fp8 = config.is_fp8_kv_cache
     if fp8 and (tuning.schedule != "flashmla" or tuning.memory_warpgroup):
         raise NotImplementedError(f"an fp8 cache runs the flashmla schedule only, got schedule={tuning.schedule!r}, "
@@ -2738,7 +2882,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     page_size = config.page_size
     heads, hp, tpt = _tile_geometry(num_heads)
     if heads != num_heads:
-        q = jnp.pad(q, ((0, 0), (0, heads - num_heads), (0, 0)))
+        q = jnp.pad(q, ((0, 0),) * (q.ndim - 2) + ((0, heads - num_heads), (0, 0)))
     num_h_tiles = heads // hp
     num_reqs = metadata.seq_lens.shape[0]
     q_tiles = -(-max(1, metadata.max_query_len) // tpt)
@@ -2758,32 +2902,28 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
                                   f"{MAX_GRID_YZ}), got {num_reqs} x {q_tiles} = {num_reqs * q_tiles}")
 
     # transposed scores: the tile's rows in use (hp heads x the tokens a tile can hold), when fewer than 64
-    score_rows = hp * min(tpt, max(1, metadata.max_query_len)) if tuning.transposed_scores else BLOCK_H
+    kv_halves, score_rows = _kv_halves_runs(tuning, fp8, num_heads, metadata.max_query_len, interpret)
+    if q_parts and not kv_halves:
+        raise ValueError(f"q in e4m3 parts (qk_fp8) needs kv_halves to run, got {tuning}")
     pages_per_step = max(1, block_kv // page_size)
     bt_chunk = tuning.bt_chunk
     if tuning.part_ring:  # two buffers of half the entries (a TMA moves a multiple of 128
         # bytes: 32 entries)
         bt_chunk = max(32, bt_chunk // 64 * 32)
-    # kv_halves where it applies (an fp8 cache, transposed_pv at 16 or 32 rows): two block-table chunk buffers (a
-    # warpgroup each) of at most KV_HALVES_BT_CHUNK entries, within the shared memory left
-    # (at 32 rows only where pv_registers runs too: V's f16 copies do not fit beside q's 32 rows; interpret mode, with
-    # no shared-memory limit, runs it with the copies)
-    pv_registers_asked = tuning.qk_registers and tuning.qk_permuted and tuning.pv_registers
-    kv_halves = (tuning.kv_halves and fp8 and tuning.transposed_pv and score_rows in TRANSPOSED_PV_ROWS
-                 and (score_rows == TRANSPOSED_PV_ROWS[0] or interpret
-                      or (pv_registers_asked and not tuning.pv_copy_chunks)))
+    # kv_halves where it applies (_kv_halves_runs): two block-table chunk buffers (a warpgroup each) of at most
+    # KV_HALVES_BT_CHUNK entries, within the shared memory left
     if kv_halves:
         bt_chunk = min(bt_chunk, KV_HALVES_BT_CHUNK)
     bt_chunk -= bt_chunk % pages_per_step
     width = -(-metadata.block_table.shape[1] // bt_chunk) * bt_chunk
     # (interpret mode runs qk_registers's path: with q's permutation in the interpreted computation the CPU tests hung,
     # as with a bf16 -> f16 conversion there)
-    qk_permuted = kv_halves and tuning.qk_registers and tuning.qk_permuted and not interpret
-    pv_registers = qk_permuted and tuning.pv_registers
+    qk_permuted = kv_halves and tuning.qk_registers and tuning.qk_permuted and not interpret and not q_parts
+    pv_registers = (qk_permuted or (q_parts and not interpret)) and tuning.pv_registers
     if qk_permuted:  # (the scores' wgmmas see K's columns permuted: q's the same way; fused with q's f16 conversion)
         q = q[..., QK_PERM]
     kernel = _build_kernel(
-        dtype=q.dtype, out_dtype=out_dtype, page_size=page_size, num_tokens=num_tokens, heads=heads, hp=hp,
+        dtype=jnp.float16 if q_parts else q.dtype, out_dtype=out_dtype, page_size=page_size, num_tokens=num_tokens, heads=heads, hp=hp,
         num_h_tiles=num_h_tiles, q_tiles=q_tiles, num_reqs=num_reqs, num_splits=num_splits, block_kv=block_kv,
         stages=tuning.max_concurrent_steps, bt_chunk=bt_chunk, scale_log2=config.softmax_scale * LOG2E,
         memory_wg=tuning.memory_warpgroup, schedule=tuning.schedule,
@@ -2800,8 +2940,10 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         pv_in_flight=kv_halves and tuning.qk_registers and tuning.pv_in_flight, qk_permuted=qk_permuted,
         pv_registers=pv_registers, pv_wait=tuning.pv_wait, wg0_share=tuning.wg0_share,
         pv_copy_chunks=tuning.pv_copy_chunks if pv_registers else 0, zero_tail=kv_halves and tuning.zero_tail,
+        q_parts=q_parts,
     )
-    out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
+    q_in = (q, q_inv_scale) if q_parts else q
+    out, lse = kernel(q_in, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     # (pv_registers) the kernel's output columns permuted by PV_PERM within each 16, past the copy's chunks: put back
     # by the combine's gather with split-KV, else by a gather of their own
     order = jnp.asarray(pv_output_order(tuning.pv_copy_chunks), jnp.int32) if pv_registers else None
@@ -2816,14 +2958,14 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
 
 
 @functools.partial(jax.jit, static_argnames=("config", "tuning", "interpret", "out_dtype"))
-def _mla_decode_jit(q, kv_cache, k_scale, metadata, config, tuning, interpret, out_dtype=None):
+def _mla_decode_jit(q, kv_cache, k_scale, metadata, config, tuning, interpret, out_dtype=None, q_inv_scale=None):
     if interpret:
         # The context manager must be active while the kernel is traced (it sets a
         # trace-context config); inside this jitted function it is.
         params = interpret if isinstance(interpret, plgpu.InterpretGPUParams) else plgpu.InterpretGPUParams()
         with plgpu.force_gpu_interpret_mode(params):
-            return _mla_decode(q, kv_cache, k_scale, metadata, config, tuning, True, out_dtype)
-    return _mla_decode(q, kv_cache, k_scale, metadata, config, tuning, False, out_dtype)
+            return _mla_decode(q, kv_cache, k_scale, metadata, config, tuning, True, out_dtype, q_inv_scale)
+    return _mla_decode(q, kv_cache, k_scale, metadata, config, tuning, False, out_dtype, q_inv_scale)
 
 
 def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConfig, *,
@@ -2853,10 +2995,19 @@ def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConf
         raise ValueError(f"tuning must be a MosaicConfig, got tuning={tuning!r}")
     if not isinstance(interpret, plgpu.InterpretGPUParams):
         interpret = bool(interpret)
-    out_dtype = None
-    if config.is_fp8_kv_cache and q.dtype != jnp.float16:
+    out_dtype = q_inv_scale = None
+    fp8 = config.is_fp8_kv_cache
+    if _qk_fp8_runs(tuning, fp8, q.shape[1], metadata.max_query_len, bool(interpret), q.dtype):
+        # (qk_fp8) q's e4m3 parts and its requests' scales (before the jitted kernel: as the f16 conversion below, an
+        # XLA op in the same CPU computation as the interpreted kernel can deadlock the interpreter)
+        out_dtype = jnp.dtype(q.dtype)
+        q, q_inv_scale = split_q_e4m3(q, metadata.query_start_loc, metadata.seq_lens.shape[0],
+                                      q_fp8_parts(q.dtype))
+        # [R, 32]: the TMA of a request's row moves 128 bytes (a multiple of the warpgroup's 128 threads)
+        q_inv_scale = jnp.pad(q_inv_scale[:, None], ((0, 0), (0, QS_WORDS - 1)))
+    elif fp8 and q.dtype != jnp.float16:
         # The fp8 path runs its wgmmas in f16 (see _build_kernel): bf16 q converts exactly for |q| in
         # [2^-14, 65504] (f16 has 3 more mantissa bits); larger values become inf (the output NaN).
         out_dtype, q = jnp.dtype(q.dtype), q.astype(jnp.float16)
     return _mla_decode_jit(q, kv_cache, jnp.asarray(k_scale, jnp.float32), metadata, config, tuning, interpret,
-                           out_dtype)
+                           out_dtype, q_inv_scale)

@@ -8,7 +8,8 @@ The implementation runs once to compile and warm up (outside the range), then on
 `cudaProfilerStart` / `cudaProfilerStop`, so ncu sees the kernels of exactly one call.
 `--loop N` profiles the bench's timed loop of N calls instead (N a multiple of 4: FA3 replays a CUDA
 graph of N calls, JAX runs N calls in one jitted loop), to see what the bench times, e.g. whether
-calls that share metadata share its kernels.
+calls that share metadata share its kernels. `--set f=v,...` (a jax.pallas_* impl): the heuristic's tuning for the
+shape with those fields replaced (as parity.sweep's --set).
 """
 
 from __future__ import annotations
@@ -38,7 +39,11 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--loop", type=int, default=0, metavar="N",
                    help="profile the bench's timed loop of N calls (a multiple of 4) instead of one call")
+    p.add_argument("--set", dest="overrides", type=_parse_overrides, default={},
+                   help="(jax.pallas_* impls) MosaicConfig / TritonConfig fields replaced in the heuristic's pick")
     args = p.parse_args(argv)
+    if args.overrides and not args.impl.startswith("jax.pallas_"):
+        p.error(f"--set applies to the jax.pallas_* impls, got --impl {args.impl}")
     if args.loop < 0 or args.loop % 4:
         p.error(f"--loop must be a positive multiple of 4 (or 0: one call), got --loop {args.loop}")
 
@@ -48,7 +53,10 @@ def main(argv=None) -> int:
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     inp = bench.make_inputs(args.shape)
-    once, time_n = bench.RUNNERS[args.impl](inp)
+    runner = bench.RUNNERS[args.impl]
+    if args.overrides:
+        runner = _with_tuning(args.impl, inp, args.overrides)
+    once, time_n = runner(inp)
     run = time_n(args.loop) if args.loop else once
     for _ in range(max(1, args.warmup)):
         run()
@@ -58,8 +66,31 @@ def main(argv=None) -> int:
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
     what = f"the timed loop of {args.loop} calls" if args.loop else "one call"
-    print(f"profiled {what} of {args.impl} on {args.shape.name}")
+    print(f"profiled {what} of {args.impl} on {args.shape.name}" + (f" with {args.overrides}" if args.overrides else ""))
     return 0
+
+
+def _parse_overrides(text: str) -> dict:
+    from parity.sweep import parse_overrides
+
+    return parse_overrides(text)
+
+
+def _with_tuning(impl: str, inp, overrides: dict):
+    """The runner of `impl` (jax.pallas_<kernel>[.fp8]) on the heuristic's tuning for `inp` with `overrides`."""
+    import importlib
+
+    from parity import bench
+    from parity.sweep import with_overrides
+
+    kernel, _, suffix = impl.removeprefix("jax.").partition(".")
+    fp8 = suffix == "fp8"
+    mod = importlib.import_module(f"mla_jax.{kernel}")
+    md = inp.metadata
+    config = inp.config.replace(kv_cache_dtype="fp8_e4m3") if fp8 else inp.config
+    base = mod.heuristic_config(config, md.num_decode_tokens, md.max_blocks, num_reqs=md.num_reqs,
+                                max_query_len=md.max_query_len)
+    return bench._jax_kernel(kernel, with_overrides(base, overrides), fp8=fp8)
 
 
 if __name__ == "__main__":

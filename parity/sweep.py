@@ -51,7 +51,8 @@ VARIANTS = {
                               kv_halves=(True, False), qk_registers=(True, False),
                               sums_at_end=(True, False), pv_in_flight=(True, False),
                               qk_permuted=(True, False), pv_registers=(True, False),
-                              pv_wait=(1, 2, 4, 8), wg0_share=(56, 62), pv_copy_chunks=(1, 2, 3), zero_tail=(True,)),
+                              pv_wait=(1, 2, 4, 8), wg0_share=(56, 62), pv_copy_chunks=(1, 2, 3), zero_tail=(True,),
+                              qk_fp8=(True,)),
 }
 
 

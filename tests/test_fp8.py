@@ -397,6 +397,25 @@ MOSAIC_FP8_CASES = [
     ("decode_q2_page_32", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
                                            qk_registers=True, sums_at_end=True, qk_permuted=True, pv_registers=True,
                                            pv_wait=1, zero_tail=True)),
+    # qk_fp8: the scores on the e4m3 tensor cores, K from the slot, q in e4m3 parts (bf16 2, f16 3): 2 splits at page
+    # 16 (V's f16 copies), H = 8 q_len 2 in fp16 (masks; compiled: no pv_registers, 3 parts do not fit, so not run),
+    # block tables past a chunk with pv_registers and zero_tail, 32 rows (interpret: V's copies) at page 32 beside a
+    # q_len-1 request, in fp16 at page 16, H = 32 with 3 splits, H = 8 with four tokens a tile
+    ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
+                                      sums_at_end=True, qk_fp8=True)),
+    ("heads_8_q2", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, sums_at_end=True,
+                                   qk_fp8=True)),
+    ("long_page_8", "bfloat16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, sums_at_end=True,
+                                     pv_registers=True, zero_tail=True, qk_fp8=True)),
+    ("decode_q2_page_32", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
+                                           sums_at_end=True, pv_registers=True, pv_wait=1, zero_tail=True,
+                                           qk_fp8=True)),
+    ("long_q2_page_16", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, sums_at_end=True,
+                                        pv_registers=True, pv_wait=1, qk_fp8=True)),
+    ("heads_32", "bfloat16", dict(num_splits=3, transposed_scores=True, transposed_pv=True, kv_halves=True,
+                                  sums_at_end=True, pv_registers=True, zero_tail=True, qk_fp8=True)),
+    ("heads_8_q4", "float16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
+                                   sums_at_end=True, pv_registers=True, pv_wait=1, qk_fp8=True)),
 ]
 
 
@@ -576,6 +595,16 @@ def test_mosaic_gpu_fp8_kv_halves_nan_in_one_head_compiled():
                                                         kv_halves=True, qk_registers=True, sums_at_end=True,
                                                         qk_permuted=True, pv_registers=True, pv_wait=1,
                                                         zero_tail=True)),
+                                              # (qk_fp8: the e4m3 scores, with V's copies at 16 rows,
+                                              # with pv_registers at 16 and 32 rows)
+                                              (8, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
+                                                       kv_halves=True, sums_at_end=True, qk_fp8=True)),
+                                              (8, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
+                                                       kv_halves=True, sums_at_end=True, pv_registers=True,
+                                                       zero_tail=True, qk_fp8=True)),
+                                              (16, dict(num_splits=1, transposed_scores=True, transposed_pv=True,
+                                                        kv_halves=True, sums_at_end=True, pv_registers=True,
+                                                        pv_wait=1, zero_tail=True, qk_fp8=True)),
                                               (8, None), (8, dict(num_splits=2, transposed_scores=True,
                                                                   overlap_wait=True))])
 def test_mosaic_gpu_fp8_lowers_for_cuda(num_heads, tuning):
@@ -1096,3 +1125,90 @@ def test_fp8_heuristic_tiles_run_compiled(num_heads, batch_invariant, dtype):
     # bf16 keeps its head blocks of 64 (8 warps) at H >= 64
     bf16 = pallas_triton.heuristic_config(cfg.replace(kv_cache_dtype="auto"), 4, 16)
     assert bf16.block_h == min(max(num_heads, 16), 64)
+
+
+# ----------------------------------------------------------------------------- qk_fp8: q in e4m3 parts
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_split_q_e4m3_bound_and_exactness(dtype):
+    """split_q_e4m3: |q - inv_scale x sum_t part_t / 16^t| <= 2^-4n |q a| + 2^-(6 + 4n) (units of q a) for n parts,
+    none where |q a| >= 2^-6 with the dtype's own part count (bf16 2, f16 3; one part fewer is not exact there); the
+    scale a power of two with max |q a| in (224, 448] per request; padding tokens past query_start_loc[-1] scaled by
+    their own."""
+    from mla_jax.pallas_mosaic_gpu import E4M3_MAX, Q_FP8_STEP, q_fp8_parts, split_q_e4m3
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((7, 16, 576)) * np.exp(rng.uniform(-12, 8, (7, 16, 576)))
+    x[2] *= 1e-3  # (a token much smaller than its request's other one)
+    q = jnp.asarray(x, JNP_DTYPES[dtype])
+    qsl = jnp.array([0, 3, 4, 6], jnp.int32)  # 3 requests; token 6 is padding
+    req = np.array([0, 0, 0, 1, 2, 2, 3])
+    xq = np.asarray(q.astype(jnp.float32), np.float64)
+    own = q_fp8_parts(q.dtype)
+    assert own == (2 if dtype == "bfloat16" else 3)
+    for n in (own - 1, own):
+        parts, inv = split_q_e4m3(q, qsl, 3, n)
+        assert parts.shape == (7, n, 16, 576) and parts.dtype == jnp.float8_e4m3fn and inv.shape == (3,)
+        inv_r = np.asarray(inv, np.float64)
+        a = 1.0 / np.concatenate([inv_r, [2.0 ** -np.floor(np.log2(E4M3_MAX / np.abs(xq[6]).max()))]])[req]
+        assert np.all(np.log2(1 / inv_r) == np.round(np.log2(1 / inv_r)))  # powers of two
+        p = np.asarray(parts.astype(jnp.float32), np.float64)
+        assert np.all(np.isfinite(p)) and np.abs(p).max() <= E4M3_MAX
+        xa = xq * a[:, None, None]
+        for r in range(4):  # the largest |q a| of each request (and of the padding) in (224, 448]
+            assert E4M3_MAX / 2 < np.abs(xa[req == r]).max() <= E4M3_MAX
+        rec = sum(p[:, t] / Q_FP8_STEP ** t for t in range(n))
+        err = np.abs(rec - xa)
+        assert np.all(err <= 2.0 ** (-4 * n) * np.abs(xa) + 2.0 ** (-6 - 4 * n))
+        big = np.abs(xa) >= 2.0 ** -6
+        if n == own:
+            assert np.all(err[big] == 0)
+        else:
+            assert np.any(err[big] > 0)
+
+
+def test_split_q_e4m3_zeros_huge_and_nonfinite():
+    """A request of zeros takes a = 1 (parts 0); huge finite q (bf16 1e30) is scaled down, no overflow, exact; an inf
+    or NaN entry is NaN in each part, its request's scale taken over the finite entries (ones: a = 2^8)."""
+    from mla_jax.pallas_mosaic_gpu import split_q_e4m3
+
+    x = np.ones((4, 8, 576), np.float32)
+    x[0] = 0.0
+    x[1] = 1e30
+    x[2, 3, 5] = np.inf
+    x[3, 0, 0] = np.nan
+    q = jnp.asarray(x, jnp.bfloat16)
+    parts, inv = split_q_e4m3(q, jnp.arange(5, dtype=jnp.int32), 4, 2)
+    p = np.asarray(parts.astype(jnp.float32))
+    inv = np.asarray(inv)
+    assert inv[0] == 1.0 and np.all(p[0] == 0)
+    assert np.all(np.isfinite(p[1])) and np.isfinite(inv[1])
+    np.testing.assert_array_equal((p[1, 0] + p[1, 1] / 16) * inv[1], np.asarray(q[1].astype(jnp.float32)))
+    assert np.isnan(p[2, :, 3, 5]).all() and np.isnan(p[3, :, 0, 0]).all()  # (each part)
+    nonfinite = np.zeros(p.shape, bool)
+    nonfinite[2, :, 3, 5] = nonfinite[3, :, 0, 0] = True
+    assert np.all(np.isfinite(p[~nonfinite])) and np.all(inv == [1.0, inv[1], 2.0 ** -8, 2.0 ** -8])
+
+
+def test_mosaic_gpu_qk_fp8_where_it_runs():
+    """qk_fp8 runs where kv_halves does, and compiled only where q's parts fit: with pv_registers, or a bf16 q (2
+    parts) beside V's f16 copies; the lowered kernel then holds the request's scale buffer (1 KiB more shared memory
+    than the same tuning without qk_fp8, q's 2 parts taking the bf16 q's bytes)."""
+    from mla_jax import pallas_mosaic_gpu as mg
+    from parity.smem import kernel_smem_bytes
+
+    halves = dict(transposed_scores=True, transposed_pv=True, kv_halves=True, sums_at_end=True, qk_fp8=True)
+    runs = mg._qk_fp8_runs
+    t = mg.MosaicConfig(**halves)
+    assert runs(t, True, 8, 2, False, jnp.bfloat16) and not runs(t, True, 8, 2, False, jnp.float16)
+    assert runs(t, True, 8, 2, True, jnp.float16)  # (interpret mode: no shared-memory limit)
+    tp = mg.MosaicConfig(**halves, pv_registers=True)
+    assert runs(tp, True, 16, 2, False, jnp.float16) and runs(tp, True, 16, 1, False, jnp.bfloat16)
+    assert not runs(tp, False, 16, 1, False, jnp.bfloat16)  # (a 16-bit cache)
+    assert not runs(mg.MosaicConfig(**dict(halves, kv_halves=False)), True, 16, 1, False, jnp.bfloat16)
+    assert not runs(mg.MosaicConfig(**halves), True, 128, 1, False, jnp.bfloat16)  # (64 rows: no kv_halves)
+    sets = dict(halves, qk_registers=True, qk_permuted=True, pv_registers=True)
+    with_fp8, _ = kernel_smem_bytes(16, fp8=True, sets=sets)
+    without, _ = kernel_smem_bytes(16, fp8=True, sets=dict(sets, qk_fp8=False))
+    assert with_fp8 - without == mg.SMEM_ALIGNMENT

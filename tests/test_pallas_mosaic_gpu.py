@@ -503,6 +503,9 @@ class TestConfig:
             (dict(part_wait=True, p_in_kv=True), "part_wait=True needs p_in_kv=False"),
             (dict(part_wait=True, split_ring=True), "part_wait=True is the two-part slot"),
             (dict(zero_tail=1), "zero_tail=1"),
+            (dict(qk_fp8=1), "qk_fp8=1"),
+            (dict(qk_fp8=True, pv_copy_chunks=1), "qk_fp8=True converts no K"),
+            (dict(qk_fp8=True, pv_in_flight=True), "pv_in_flight=True"),
         ],
     )
     def test_invalid_config(self, kwargs, needle):
