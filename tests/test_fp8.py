@@ -1212,3 +1212,41 @@ def test_mosaic_gpu_qk_fp8_where_it_runs():
     with_fp8, _ = kernel_smem_bytes(16, fp8=True, sets=sets)
     without, _ = kernel_smem_bytes(16, fp8=True, sets=dict(sets, qk_fp8=False))
     assert with_fp8 - without == mg.SMEM_ALIGNMENT
+
+
+def test_kernel_hash_sees_the_tuning_and_qk_fp8_issues_e4m3_wgmmas():
+    """parity.kernel_hash's module text (lowered for an abstract H200, no GPU): the same twice in one process, another
+    with another tuning; qk_fp8's kernel issues e4m3 x e4m3 wgmmas (N = 2 parts x 16 rows for a bf16 q), the
+    heuristic's none."""
+    import dataclasses
+    import re
+
+    from mla_jax import pallas_mosaic_gpu as mg
+    from parity import kernel_hash
+
+    problem = (16, 128, 16384, 1, True)
+    heuristic = kernel_hash.module_texts(problem)
+    assert len(heuristic) == 1 and heuristic == kernel_hash.module_texts(problem)
+    config = MLAConfig(num_heads=16, page_size=64, dtype="bfloat16", kv_cache_dtype="fp8_e4m3")
+    base = mg.heuristic_config(config, 128, 256, 128, max_query_len=1)
+    assert base.pv_registers and not base.qk_fp8
+    assert kernel_hash.module_texts(problem, tuning=base) == heuristic
+    fp8 = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, qk_fp8=True))
+    assert fp8 != heuristic
+    assert not re.search(r"wgmma\.mma_async[.\w]*\.e4m3\.e4m3", heuristic[0])
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n32k32\.f32\.e4m3\.e4m3", fp8[0])
+
+
+def test_kernel_hash_cli(tmp_path, monkeypatch, capsys):
+    """`python -m parity.kernel_hash --json F`: one hash per problem; --against a revision git does not know is refused."""
+    import json
+
+    from parity import kernel_hash
+
+    monkeypatch.setattr(kernel_hash, "PROBLEMS", ((16, 2, 300, 1, True),))
+    assert kernel_hash.main(["--json", str(tmp_path / "h.json")]) == 0
+    h = json.loads((tmp_path / "h.json").read_text())
+    assert list(h) == ["H16_B2_S300_q1_fp8"] and len(h["H16_B2_S300_q1_fp8"]) == 64
+    assert "H16_B2_S300_q1_fp8" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        kernel_hash.main(["--against", "no-such-revision-xyz"])
