@@ -204,6 +204,7 @@ QK_PERM_64 = QK_PERM[:64]  # a 64-column chunk's
 QS_WORDS = 32  # (qk_fp8) a request's row of the inverse scales' kernel input: 128 bytes, one TMA
 Q_FP8_STEP = 16.0  # each part the residual of those before it, times this (its magnitude at most the part before's)
 E4M3_MAX = 448.0
+Q_FP8_MAX_EXP = 100  # split_q_e4m3's scale at most 2^100 (its inverse a normal float32, not flushed to 0)
 
 
 def q_fp8_parts(dtype) -> int:
@@ -214,13 +215,15 @@ def q_fp8_parts(dtype) -> int:
 def split_q_e4m3(q, query_start_loc, num_reqs: int, num_parts: int):
     """(MosaicConfig.qk_fp8) q [T, H, D] -> (parts [T, num_parts, H, D] float8_e4m3fn, inv_scale [num_reqs] float32)
     with q ~= inv_scale[r] x sum_t parts[:, t] / Q_FP8_STEP**t for the tokens of request r. The request's scale
-    a = 1 / inv_scale, a power of two (exact), is the largest with max |q a| <= E4M3_MAX; part t is the residual of
+    a = 1 / inv_scale, a power of two (exact), is the largest with max |q a| <= E4M3_MAX (at most 2^Q_FP8_MAX_EXP: 1 / a
+    stays a normal float32; a request with max |q| below 2^-91 keeps max |q a| < 448); part t is the residual of
     the parts before it, times Q_FP8_STEP^t, rounded to e4m3 (never past E4M3_MAX: a residual is at most 2^-4 of the
     value it is left from). Error per element at most 2^-4n |q a| + 2^-(6 + 4n) for n parts (in the units of q a):
     none for a bf16 q with 2 parts or an f16 q with 3 where |q a| >= 2^-6 (e4m3's normal range: elements within
-    2^-14.8 of the request's largest); no overflow for any finite q. The scale is taken over the finite entries (a
-    request of zeros: a = 1); an inf or NaN entry becomes NaN in every part (e4m3fn has no inf), so that row's scores
-    and output are NaN, as the reference's (never a silent wrong answer), the other rows untouched. Tokens past
+    2^-13.8 of the request's largest, which may be 224); no overflow for any finite q. The scale is taken over the
+    finite entries (a request of zeros: a = 1); an inf or NaN entry becomes NaN in every part (made NaN before the
+    conversion: e4m3fn has no inf, and a saturating conversion would make inf 448), so that row's scores and output
+    are NaN, as the reference's (never a silent wrong answer), the other rows untouched. Tokens past
     query_start_loc[-1] (padding; no request's) take a scale of their own."""
     x = q.astype(jnp.float32)
     num_tokens = x.shape[0]
@@ -231,10 +234,11 @@ def split_q_e4m3(q, query_start_loc, num_reqs: int, num_parts: int):
     ok = amax > 0
     # a = 2^k, k = floor(log2(E4M3_MAX / amax)), from frexp (exact): amax = m 2^e, m in [0.5, 1), 448 = 0.875 x 2^9
     m, e = jnp.frexp(jnp.where(ok, amax, 1.0))
-    k = jnp.where(m <= E4M3_MAX / 512.0, 9, 8) - e
+    k = jnp.minimum(jnp.where(m <= E4M3_MAX / 512.0, 9, 8) - e, Q_FP8_MAX_EXP)
     a = jnp.where(ok, jnp.ldexp(jnp.float32(1.0), k), 1.0)
     a_tok = a[req]
     r = x * a_tok.reshape((num_tokens,) + (1,) * (x.ndim - 1))
+    r = jnp.where(jnp.isinf(r), jnp.nan, r)
     parts = []
     for _ in range(num_parts):
         p = r.astype(jnp.float8_e4m3fn)
@@ -1466,7 +1470,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 for t in range(q_parts):
                     for j in range(q_toks):  # (as below)
                         tok = jnp.minimum(first_tok + j, num_tokens - 1)
-                        plgpu.copy_gmem_to_smem(q_ref.at[tok, t], q_smem.at[pl.ds(t * q_rows + j * hp, hp)], q_bar)
+                        plgpu.copy_gmem_to_smem(q_ref.at[tok, t], q_smem.at[0, pl.ds(t * q_rows + j * hp, hp)], q_bar)
             elif tpt == 1:
                 plgpu.copy_gmem_to_smem(q_ref.at[first_tok, pl.ds(hb * BLOCK_H, BLOCK_H)], q_smem, q_bar)
             else:
@@ -2568,9 +2572,13 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 operand the fp8 slot, its right one q's parts; part t's columns [t n, t n + n) summed times 16^-t.
                 Keys past kv_len (their slots may hold NaN) make only their own rows of S^T, which the mask drops.
                 Without pv_registers V's f16 copy is converted meanwhile (rows past kv_len 0 on the masked step) and
-                the slot refilled once the wgmma and the conversion have read it."""
+                the slot refilled once the wgmma and the conversion have read it (later in the step than
+                scores_from_copy's refill: the wgmma reads the slot itself). Both operands indexed by info word 4 (0),
+                as kv_tile's: with constant addresses the compiler may hoist the 9 k-steps' descriptors out of the
+                loop, and they take registers."""
                 def qk(s_ref):
-                    plgpu.wgmma(s_ref, kv_smem.at[slot], q_smem.transpose((1, 0)))
+                    zero = info_smem[4]
+                    plgpu.wgmma(s_ref, kv_smem.at[zero + slot], q_smem.at[zero].transpose((1, 0)))
                     if not pv_registers:
                         with jax.named_scope("dequant"):
                             keep = rows_below(kv_len - kv_start) if masked else None
@@ -2697,9 +2705,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         f16_tiles = F16_TILES
         half_slots = NUM_COMPUTE_WGS * (2 if pv_registers else 1)  # the fp8 ring: a slot a warpgroup (pv_registers: 2)
         # (q_parts: q's e4m3 parts stacked by rows, part t rows [t q_rows, t q_rows + q_rows): the scores' wgmma's
-        # right operand, tiled and swizzled as the fp8 ring, its left one)
+        # right operand, tiled and swizzled as the fp8 ring, its left one; a leading axis of 1 for scores_fp8's index)
         union = plgpu.RefUnion(
-            (plgpu.SMEM((q_parts * q_rows, HEAD_DIM), jnp.float8_e4m3fn, transforms=FP8_RING_TILES) if q_parts else
+            (plgpu.SMEM((1, q_parts * q_rows, HEAD_DIM), jnp.float8_e4m3fn, transforms=FP8_RING_TILES) if q_parts else
              plgpu.SMEM((q_rows, HEAD_DIM), dtype, transforms=transforms),
              plgpu.SMEM((half_slots, block_kv, HEAD_DIM), jnp.float8_e4m3fn, transforms=FP8_RING_TILES),
              *([] if pv_registers and not pv_copy_chunks else  # (pv_copy_chunks: the copies of its chunks only)

@@ -463,7 +463,9 @@ def test_mosaic_gpu_fp8_no_data_races_and_through_the_api():
                          ("page_size_16", dict(num_splits=2, transposed_scores=True, transposed_pv=True,
                                                kv_halves=True, qk_registers=True)),
                          ("page_size_16", dict(num_splits=2, transposed_scores=True, transposed_pv=True,
-                                               kv_halves=True, qk_registers=True, sums_at_end=True))]:
+                                               kv_halves=True, qk_registers=True, sums_at_end=True)),
+                         ("page_size_16", dict(num_splits=2, transposed_scores=True, transposed_pv=True,
+                                               kv_halves=True, sums_at_end=True, qk_fp8=True))]:
         _mosaic_fp8(name, "bfloat16", tuning, interpret=params)
         assert not ipc.get_races().races_found, (name, tuning)
     # through mla_jax.mla_decode, k_scale traced under jit. (An f16 q: a bf16 one is converted to f16 first, and
@@ -1189,6 +1191,12 @@ def test_split_q_e4m3_zeros_huge_and_nonfinite():
     nonfinite = np.zeros(p.shape, bool)
     nonfinite[2, :, 3, 5] = nonfinite[3, :, 0, 0] = True
     assert np.all(np.isfinite(p[~nonfinite])) and np.all(inv == [1.0, inv[1], 2.0 ** -8, 2.0 ** -8])
+    # a request of tiny q (max 2^-125): the scale capped at 2^Q_FP8_MAX_EXP, its inverse a normal float32, parts finite
+    from mla_jax.pallas_mosaic_gpu import Q_FP8_MAX_EXP
+
+    tiny = jnp.asarray(np.full((1, 8, 576), 2.0 ** -125, np.float32))
+    parts, inv = split_q_e4m3(tiny, jnp.array([0, 1], jnp.int32), 1, 3)
+    assert float(inv[0]) == 2.0 ** -Q_FP8_MAX_EXP and np.all(np.isfinite(np.asarray(parts.astype(jnp.float32))))
 
 
 def test_mosaic_gpu_qk_fp8_where_it_runs():
