@@ -8,7 +8,8 @@
 #   e4m3 parts for bf16, 3 for f16), so each fp8 value is converted once (V^T's) where the default converts K too.
 #   Checked on the CPU: interpret cases (7, NaN tails, a 1-part mutant fails them), lowering for CUDA (3 cases).
 # 0) compiled tests: the combine's (col_order), the pv_registers / zero_tail ones, and qk_fp8's (7 cases in the
-#    compiled list: where qk_fp8 does not fit compiled, f16 q without pv_registers, it does not run);
+#    compiled list: where qk_fp8 does not fit compiled, f16 q without pv_registers, it does not run); split_q_e4m3's
+#    tests with JAX on the GPU (its conversion of inf and NaN there);
 # 1) every kernel of one call at H16 B64 S4096 q_len 2 (ncu), heuristic and qk_fp8;
 # 2) the sweep of qk_fp8=True against the heuristic at the 16-row H16 B128 S16384 and the 32-row H16 B64 S4096 q2.
 # Predictions: the tests pass (ptxas may spill more at 32 rows: q's descriptors hoisted); ncu lists four kernels for
@@ -26,6 +27,8 @@ timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs tests/test_com
   -k "compiled_kernel_matches or (compiled and (pv_registers or zero_tail or qk_fp8)) or pv_registers_is_bitwise or zero_tail_is_bitwise" \
   > "$L/tests.log" 2>&1
 echo "rc=$?" >> "$L/tests.log"; grep -E "passed|failed|^FAILED|^ERROR|Mismatch|rc=" "$L/tests.log" | cut -c1-200 | tail -6
+# (split_q_e4m3 on the GPU: XLA's f32 -> e4m3 conversion there, inf and NaN; not gpu-marked tests)
+timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_fp8.py -k split_q_e4m3 2>&1 | tail -1
 for set in "" "--set qk_fp8=True"; do
   timeout 60 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum \
     python3 -m parity.profile --impl jax.pallas_mosaic_gpu.fp8 --shape H16_B64_S4096_q2 $set > "$L/list${set// /_}.txt" 2>&1
