@@ -16,7 +16,9 @@
 # the heuristic (no wrapped_gather), the qk_fp8 kernel's fusion before it (q's parts) about as long as the f16
 # conversion's; qk_fp8 1.15-1.35x faster at H16 B128 S16384 (heuristic ~365 us; each step's conversions about halved
 # where the warps' issue binds), 1.05-1.2x at H16 B64 S4096 q2 (~90 us).
-# Then (the next call): the sweep at H16_B32_S16384,H16_B8_S4096,H32_B64_S4095_q1,H16_B1_S1024; and if qk_fp8 wins,
+# Then (the next call): the sweep at H16_B32_S16384,H16_B8_S4096,H32_B64_S4095_q1; at H16_B1_S1024 (16 splits of one
+# step, the one-chain path) `--set kv_halves=True,qk_registers=True,sums_at_end=True,qk_fp8=True` (one step's latency
+# without K's conversion; kv_halves alone was 1.03x slower there, session 20); and if qk_fp8 wins,
 # `python -m parity bench --grid fp8 --check --reps 3 --no-ceilings --impls torch.fa3,jax.pallas_mosaic_gpu,jax.pallas_mosaic_gpu.fp8`
 # with the heuristic taking it (and --grid fp8_tails, never run).
 set -uo pipefail
