@@ -5,7 +5,7 @@
 #    (16 rows, 64 steps a split), H16 B8 S4096 (16 rows, 4 steps a split: V's f16 copies, no pv_registers; the slot is
 #    refilled after the scores' wgmma, later than the default), H32 B64 S4095 q1 (32 rows, a masked step);
 # 2) H16 B1 S1024 (16 splits of one step; the heuristic's one-chain path) with kv_halves and qk_fp8 forced, against
-#    the heuristic and kv_halves alone.
+#    kv_halves alone (the sweep's base row there; the heuristic took 12.5 us in session 27).
 # Predictions: qk_fp8 1.1-1.3x faster at B32 S16384, 0.95-1.1x at B8 S4096 (the later refill), 1.05-1.2x at H32 B64;
 # at B1 kv_halves + qk_fp8 within 5% of the heuristic (12.5 us in session 27: a step's latency, not its throughput).
 set -uo pipefail
