@@ -1467,16 +1467,16 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             [t q_rows, t q_rows + q_rows))."""
             if q_parts:
                 plgpu.copy_gmem_to_smem(qs_ref.at[req], qs_smem[0], q_bar)
-                for t in range(q_parts):
-                    for j in range(q_toks):  # (as below)
-                        tok = jnp.minimum(first_tok + j, num_tokens - 1)
-                        plgpu.copy_gmem_to_smem(q_ref.at[tok, t], q_smem.at[0, pl.ds(t * q_rows + j * hp, hp)], q_bar)
-            elif tpt == 1:
+            if tpt == 1:
                 plgpu.copy_gmem_to_smem(q_ref.at[first_tok, pl.ds(hb * BLOCK_H, BLOCK_H)], q_smem, q_bar)
-            else:
+                return
+            for t in range(max(1, q_parts)):
                 for j in range(q_toks):  # rows of tokens past the tile's last repeat a valid token: never written
                     tok = jnp.minimum(first_tok + j, num_tokens - 1)
-                    plgpu.copy_gmem_to_smem(q_ref.at[tok], q_smem.at[pl.ds(j * hp, hp)], q_bar)
+                    if q_parts:
+                        plgpu.copy_gmem_to_smem(q_ref.at[tok, t], q_smem.at[0, pl.ds(t * q_rows + j * hp, hp)], q_bar)
+                    else:
+                        plgpu.copy_gmem_to_smem(q_ref.at[tok], q_smem.at[pl.ds(j * hp, hp)], q_bar)
 
         def first_page(k):
             return lax.div(k, jnp.int32(steps_per_page)) if pages_per_step == 1 else k * pages_per_step
@@ -2567,6 +2567,14 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 s, rope = pl.run_scoped(qk, plgpu.ACC((block_kv, n), jnp.float32))
                 return scores_rope_ref(s, rope) if interpret else s
 
+            def convert_v_copy(slot, keep):
+                """V's 8 chunks of the fp8 slot -> this warpgroup's f16 copy of V, rows where `keep` (rows_below) is
+                False 0: a loop, not unrolled (unrolled, the chunks' loads are hoisted together and their registers
+                spill)."""
+                @pl.loop(0, KV_LORA_RANK // 64)
+                def _(c):
+                    convert_chunk(slot, c, keep, v_w().at[:, pl.ds(pl.multiple_of(c * 64, 64), 64)])
+
             def scores_fp8(k, slot, kv_start, masked: bool):
                 """(q_parts) S^T = K Q^T on the e4m3 tensor cores: one wgmma (K = 576, N = q_parts x n), its left
                 operand the fp8 slot, its right one q's parts; part t's columns [t n, t n + n) summed times 16^-t.
@@ -2581,12 +2589,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     plgpu.wgmma(s_ref, kv_smem.at[zero + slot], q_smem.at[zero].transpose((1, 0)))
                     if not pv_registers:
                         with jax.named_scope("dequant"):
-                            keep = rows_below(kv_len - kv_start) if masked else None
-
-                            @pl.loop(0, KV_LORA_RANK // 64)
-                            def _(c):
-                                convert_chunk(slot, c, keep, v_w().at[:, pl.ds(pl.multiple_of(c * 64, 64), 64)])
-
+                            convert_v_copy(slot, rows_below(kv_len - kv_start) if masked else None)
                             plgpu.commit_smem()  # V's copy visible to P @ V
                     with jax.named_scope("qk"):
                         return s_ref[...]
@@ -2605,12 +2608,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 with jax.named_scope("dequant"):
                     # (the step past kv_len: its rows from kv_len on become 0; their cache slots may hold NaN)
                     keep = rows_below(kv_len - kv_start) if masked else None
-                    # (this warpgroup's P @ V of step k - 1 is done: V's copy is free) a loop, not unrolled: unrolled,
-                    # the chunks' loads are hoisted together and their registers spill
-                    @pl.loop(0, KV_LORA_RANK // 64)
-                    def _(c):
-                        convert_chunk(w, c, keep, v_w().at[:, pl.ds(pl.multiple_of(c * 64, 64), 64)])
-
+                    convert_v_copy(w, keep)  # (this warpgroup's P @ V of step k - 1 is done: V's copy is free)
                     rope = rope_rows(w, kv_start, masked)
                     plgpu.commit_smem()  # V's copy visible to the wgmmas; the slot's reads done before its refill
                 pl.when(k + 1 < e)(lambda: issue_half_step(w, k + 1, k, last_page, e))
@@ -2931,8 +2929,8 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     if qk_permuted:  # (the scores' wgmmas see K's columns permuted: q's the same way; fused with q's f16 conversion)
         q = q[..., QK_PERM]
     kernel = _build_kernel(
-        dtype=jnp.float16 if q_parts else q.dtype, out_dtype=out_dtype, page_size=page_size, num_tokens=num_tokens, heads=heads, hp=hp,
-        num_h_tiles=num_h_tiles, q_tiles=q_tiles, num_reqs=num_reqs, num_splits=num_splits, block_kv=block_kv,
+        dtype=jnp.float16 if q_parts else q.dtype, out_dtype=out_dtype, page_size=page_size, num_tokens=num_tokens,
+        heads=heads, hp=hp, num_h_tiles=num_h_tiles, q_tiles=q_tiles, num_reqs=num_reqs, num_splits=num_splits, block_kv=block_kv,
         stages=tuning.max_concurrent_steps, bt_chunk=bt_chunk, scale_log2=config.softmax_scale * LOG2E,
         memory_wg=tuning.memory_warpgroup, schedule=tuning.schedule,
         score_rows=score_rows if score_rows < BLOCK_H else 0, pdl=tuning.pdl, fp8=fp8, p_in_kv=tuning.p_in_kv,

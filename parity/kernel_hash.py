@@ -2,8 +2,8 @@
 lowering for an abstract H200 needs no GPU), to check that a change leaves them as they were.
 
 Each problem of PROBLEMS (bench shapes: fp8 and bf16 caches, 16, 32 and 64-row tiles, long and short splits, B = 1)
-is lowered with the heuristic's tuning on abstract inputs; the Mosaic GPU module handed to XLA is printed without its debug locations (so
-moving code does not change it) and hashed. `--against REV` lowers the same problems with mla_jax/pallas_mosaic_gpu.py
+is lowered with the heuristic's tuning on abstract inputs; the Mosaic GPU module handed to XLA is printed without
+its debug locations (so moving code does not change it) and hashed. `--against REV` lowers the same problems with mla_jax/pallas_mosaic_gpu.py
 as it is at git revision REV (in a subprocess) and prints SAME / DIFF per problem: a refactor or an opt-in that must
 not touch the default kernels shows SAME everywhere. (Only the Mosaic GPU kernel: the Triton combine is not in it.)
 

@@ -32,6 +32,7 @@ def parse_shape(name: str):
 
 def main(argv=None) -> int:
     from parity import bench
+    from parity.sweep import parse_overrides
 
     p = argparse.ArgumentParser(prog="python -m parity.profile", description=__doc__.split("\n\n")[0])
     p.add_argument("--impl", required=True, choices=sorted(bench.RUNNERS))
@@ -39,7 +40,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--loop", type=int, default=0, metavar="N",
                    help="profile the bench's timed loop of N calls (a multiple of 4) instead of one call")
-    p.add_argument("--set", dest="overrides", type=_parse_overrides, default={},
+    p.add_argument("--set", dest="overrides", type=parse_overrides, default={},
                    help="(jax.pallas_* impls) MosaicConfig / TritonConfig fields replaced in the heuristic's pick")
     args = p.parse_args(argv)
     if args.overrides and not args.impl.startswith("jax.pallas_"):
@@ -66,14 +67,9 @@ def main(argv=None) -> int:
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
     what = f"the timed loop of {args.loop} calls" if args.loop else "one call"
-    print(f"profiled {what} of {args.impl} on {args.shape.name}" + (f" with {args.overrides}" if args.overrides else ""))
+    with_set = f" with {args.overrides}" if args.overrides else ""
+    print(f"profiled {what} of {args.impl} on {args.shape.name}{with_set}")
     return 0
-
-
-def _parse_overrides(text: str) -> dict:
-    from parity.sweep import parse_overrides
-
-    return parse_overrides(text)
 
 
 def _with_tuning(impl: str, inp, overrides: dict):
@@ -81,16 +77,13 @@ def _with_tuning(impl: str, inp, overrides: dict):
     import importlib
 
     from parity import bench
-    from parity.sweep import with_overrides
+    from parity.sweep import heuristic_tuning
 
     kernel, _, suffix = impl.removeprefix("jax.").partition(".")
     fp8 = suffix == "fp8"
-    mod = importlib.import_module(f"mla_jax.{kernel}")
-    md = inp.metadata
     config = inp.config.replace(kv_cache_dtype="fp8_e4m3") if fp8 else inp.config
-    base = mod.heuristic_config(config, md.num_decode_tokens, md.max_blocks, num_reqs=md.num_reqs,
-                                max_query_len=md.max_query_len)
-    return bench._jax_kernel(kernel, with_overrides(base, overrides), fp8=fp8)
+    tuning = heuristic_tuning(importlib.import_module(f"mla_jax.{kernel}"), config, inp.metadata, overrides)
+    return bench._jax_kernel(kernel, tuning, fp8=fp8)
 
 
 if __name__ == "__main__":

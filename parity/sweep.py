@@ -80,6 +80,15 @@ def with_overrides(config, overrides: dict):
     return dataclasses.replace(config, **overrides)
 
 
+def heuristic_tuning(mod, config, metadata, overrides=None):
+    """The tuning `mod` (mla_jax.pallas_triton or .pallas_mosaic_gpu) picks for `config` and `metadata`, with
+    `overrides` replaced (with_overrides)."""
+    md = metadata
+    base = mod.heuristic_config(config, md.num_decode_tokens, md.max_blocks, num_reqs=md.num_reqs,
+                                max_query_len=md.max_query_len)
+    return with_overrides(base, overrides) if overrides else base
+
+
 def sweep_spec(impl: str, fields, narrowed: dict) -> dict:
     """The values of each field in `fields` to time (VARIANTS' order), a narrowed field's only its one: a tuple
     of values, or a relative spec such as "x0.5,x2,=1" kept whole (variants() reads it against the heuristic)."""
@@ -170,12 +179,8 @@ def main(argv=None) -> int:
     rows = []
     for shape in shapes:
         inp = bench.make_inputs(shape)
-        md = inp.metadata
         config = inp.config.replace(kv_cache_dtype="fp8_e4m3") if args.fp8 else inp.config
-        base = mod.heuristic_config(config, md.num_decode_tokens, md.max_blocks, num_reqs=md.num_reqs,
-                                    max_query_len=md.max_query_len)
-        if args.overrides:
-            base = with_overrides(base, args.overrides)
+        base = heuristic_tuning(mod, config, inp.metadata, args.overrides)
         runners = []  # (row, timer): calibrated first, then timed in rounds
         fa3 = None
         try:
