@@ -225,6 +225,11 @@ def split_q_e4m3(q, query_start_loc, num_reqs: int, num_parts: int):
     conversion: e4m3fn has no inf, and a saturating conversion would make inf 448), so that row's scores and output
     are NaN, as the reference's (never a silent wrong answer), the other rows untouched. Tokens past
     query_start_loc[-1] (padding; no request's) take a scale of their own."""
+    if isinstance(num_parts, bool) or not isinstance(num_parts, int) or num_parts < 1:
+        raise ValueError(f"num_parts must be an int >= 1 (q's e4m3 parts), got num_parts={num_parts!r}")
+    if q.ndim < 2 or jnp.shape(query_start_loc) != (num_reqs + 1,):
+        raise ValueError(f"split_q_e4m3 takes q [T, ...] and query_start_loc [num_reqs + 1], got q.shape="
+                         f"{tuple(q.shape)}, query_start_loc.shape={tuple(jnp.shape(query_start_loc))}, {num_reqs=}")
     x = q.astype(jnp.float32)
     num_tokens = x.shape[0]
     qsl = query_start_loc.astype(jnp.int32)

@@ -1199,6 +1199,18 @@ def test_split_q_e4m3_zeros_huge_and_nonfinite():
     assert float(inv[0]) == 2.0 ** -Q_FP8_MAX_EXP and np.all(np.isfinite(np.asarray(parts.astype(jnp.float32))))
 
 
+def test_split_q_e4m3_rejects_bad_input():
+    """A part count below 1 (or not an int) and a query_start_loc of the wrong length are ValueErrors naming them."""
+    from mla_jax.pallas_mosaic_gpu import split_q_e4m3
+
+    q, qsl = jnp.ones((2, 8, 576), jnp.bfloat16), jnp.array([0, 1, 2], jnp.int32)
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match="num_parts must be an int >= 1"):
+            split_q_e4m3(q, qsl, 2, bad)
+    with pytest.raises(ValueError, match=r"query_start_loc.shape=\(3,\), num_reqs=3"):
+        split_q_e4m3(q, qsl, 3, 2)
+
+
 def test_mosaic_gpu_qk_fp8_where_it_runs():
     """qk_fp8 runs where kv_halves does, and compiled only where q's parts fit: with pv_registers, or a bf16 q (2
     parts) beside V's f16 copies; the lowered kernel then holds the request's scale buffer (1 KiB more shared memory
