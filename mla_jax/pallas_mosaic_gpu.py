@@ -200,7 +200,8 @@ QK_PERM = np.array([16 * b + QK_PERM_16[c] for b in range(HEAD_DIM // 16) for c 
 QK_PERM_64 = QK_PERM[:64]  # a 64-column chunk's
 # MosaicConfig.qk_fp8: q in 2 or 3 e4m3 parts, q a = t_0 + t_1 / 16 (+ t_2 / 256) (a: a power of two per request,
 # the largest |q a| at most E4M3_MAX), the scores' wgmma on the e4m3 tensor cores against all parts at once (its N the
-# parts x the rows in use): 2 parts hold a bf16 q exactly, 3 an f16 one (where |q a| >= 2^-6, split_q_e4m3)
+# parts x the rows in use): 2 parts hold a bf16 q exactly, 3 an f16 one (where |q a| >= 2^-6, split_q_e4m3). On the
+# plain scores (64 rows, a wgmma a part into one accumulator) the parts are unscaled: q a = t_0 + t_1 (+ t_2), step 1
 QS_WORDS = 32  # (qk_fp8) a request's row of the inverse scales' kernel input: 128 bytes, one TMA
 Q_FP8_STEP = 16.0  # each part the residual of those before it, times this (its magnitude at most the part before's)
 E4M3_MAX = 448.0
@@ -212,9 +213,9 @@ def q_fp8_parts(dtype) -> int:
     return 2 if jnp.dtype(dtype) == jnp.bfloat16 else 3
 
 
-def split_q_e4m3(q, query_start_loc, num_reqs: int, num_parts: int):
+def split_q_e4m3(q, query_start_loc, num_reqs: int, num_parts: int, step: float = Q_FP8_STEP):
     """(MosaicConfig.qk_fp8) q [T, H, D] -> (parts [T, num_parts, H, D] float8_e4m3fn, inv_scale [num_reqs] float32)
-    with q ~= inv_scale[r] x sum_t parts[:, t] / Q_FP8_STEP**t for the tokens of request r. The request's scale
+    with q ~= inv_scale[r] x sum_t parts[:, t] / step**t for the tokens of request r. The request's scale
     a = 1 / inv_scale, a power of two (exact), is the largest with max |q a| <= E4M3_MAX (at most 2^Q_FP8_MAX_EXP: 1 / a
     stays a normal float32; a request with max |q| below 2^-91 keeps max |q a| < 448); part t is the residual of
     the parts before it, times Q_FP8_STEP^t, rounded to e4m3 (never past E4M3_MAX: a residual is at most 2^-4 of the
@@ -224,9 +225,14 @@ def split_q_e4m3(q, query_start_loc, num_reqs: int, num_parts: int):
     finite entries (a request of zeros: a = 1); an inf or NaN entry becomes NaN in every part (made NaN before the
     conversion: e4m3fn has no inf, and a saturating conversion would make inf 448), so that row's scores and output
     are NaN, as the reference's (never a silent wrong answer), the other rows untouched. Tokens past
-    query_start_loc[-1] (padding; no request's) take a scale of their own."""
+    query_start_loc[-1] (padding; no request's) take a scale of their own.
+    step=1 (the plain scores' parts, summed by the tensor cores in one accumulator): each part the bare residual, which
+    e4m3 holds down to its subnormals (spacing 2^-9): error per element at most 2^-4n |q a| + 2^-10, none for a bf16 q
+    with 2 parts where |q a| >= 2^-2 (within 2^-9.8 of the request's largest) or an f16 q with 3 where |q a| >= 2."""
     if isinstance(num_parts, bool) or not isinstance(num_parts, int) or num_parts < 1:
         raise ValueError(f"num_parts must be an int >= 1 (q's e4m3 parts), got num_parts={num_parts!r}")
+    if step not in (1.0, Q_FP8_STEP):
+        raise ValueError(f"step must be 1 or {Q_FP8_STEP} (the scale between q's parts), got step={step!r}")
     if q.ndim < 2 or jnp.shape(query_start_loc) != (num_reqs + 1,):
         raise ValueError(f"split_q_e4m3 takes q [T, ...] and query_start_loc [num_reqs + 1], got q.shape="
                          f"{tuple(q.shape)}, query_start_loc.shape={tuple(jnp.shape(query_start_loc))}, {num_reqs=}")
@@ -248,7 +254,7 @@ def split_q_e4m3(q, query_start_loc, num_reqs: int, num_parts: int):
     for _ in range(num_parts):
         p = r.astype(jnp.float8_e4m3fn)
         parts.append(p)
-        r = (r - p.astype(jnp.float32)) * Q_FP8_STEP
+        r = (r - p.astype(jnp.float32)) * step
     return jnp.stack(parts, axis=1), 1.0 / a[:num_reqs]
 
 
@@ -715,8 +721,8 @@ class MosaicConfig:
         idle) 1.11x faster at H32 B64 S4095 q1 (103.3 -> 93.2 us), 1.10x at H16 B64 S4096 q2 (102.0 -> 92.6), 1.03x
         at H32 B64 S4096 q1 (89.9 -> 86.9, no masked step: the kernel's registers), 1.00x at H16 B128 S16383;
         without pv_registers 1.02x slower at H16 B8 S4095 (18.9 -> 19.3).
-    qk_fp8: (kv_halves only, elsewhere no effect; not with pv_copy_chunks or pv_in_flight; opt-in: not yet timed)
-        the scores on the tensor cores' e4m3 path: S^T = K Q^T with K straight from the fp8 ring slot (the wgmma's left
+    qk_fp8: (fp8 cache: kv_halves, and the plain scores' fused conversion, below; elsewhere no effect; not with
+        pv_copy_chunks or pv_in_flight; opt-in: not yet timed) the scores on the tensor cores' e4m3 path: S^T = K Q^T with K straight from the fp8 ring slot (the wgmma's left
         operand from shared memory: no conversion of K, no registers) against q in e4m3 parts (split_q_e4m3: 2 for a
         bf16 q, 3 for an f16 one, each exact where |q a| >= 2^-6, a power-of-two scale per request), all parts in one
         wgmma (N = parts x the rows in use, K read once) and summed in registers (part t / 16^t). Each fp8 value is
@@ -725,6 +731,12 @@ class MosaicConfig:
         products, summed by the e4m3 tensor cores (the parts in separate columns; not bitwise the default). q's
         parts and scales are made by one XLA fusion before the kernel (in place of the f16 conversion and
         QK_PERM's gather); the output's columns as pv_registers's. In interpret mode too (with V's f16 copy).
+        On the plain scores (64-row tiles: H >= 64, or H = 16 at q_len 2 to 4 without kv_halves) with fused_dequant:
+        S = Q K^T as a wgmma a part of q (M = its 64 rows, K straight from the fp8 slot, N = 64 keys), under which
+        warpgroup 0 converts only its V half of the step (no rope chunk: only the scores read it), and warpgroup 0's
+        scores no longer wait for warpgroup 1's half (`deq_ready`); each warpgroup's V half is converted for its P @ V
+        only. Compiled with a bf16 q only (2 parts: the 16-bit q's 72 KiB; 3 would not fit beside the ring and the
+        copy).
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -1134,7 +1146,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     pv_registers: MosaicConfig's (with qk_permuted only: P @ V's left operand from the fp8 slot, a ring of two slots a
     warpgroup; the output's columns permuted by PV_PERM, the caller undoes it). pv_wait, wg0_share, pv_copy_chunks,
     zero_tail: MosaicConfig's (zero_tail kv_halves only).
-    q_parts: (MosaicConfig.qk_fp8, kv_halves only) q's e4m3 parts: the kernel's q is then (q [T, q_parts, heads, 576]
+    q_parts: (MosaicConfig.qk_fp8: kv_halves, or the plain scores' fused conversion) q's e4m3 parts: the kernel's q is then (q [T, q_parts, heads, 576]
     fp8, inverse scales [R, QS_WORDS] float32, the request's 1 / a in column 0: split_q_e4m3's), the scores on the e4m3
     tensor cores; 0: q [T, heads, 576] in `dtype`.
     p_in_kv, dequant_layout, fused_dequant, fused_group, fp8_convert, overlap_dequant, overlap_wait, transposed_pv:
@@ -1199,16 +1211,19 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     if qk_permuted and not qk_registers:
         raise ValueError(f"qk_permuted loads qk_registers's left operands: it needs qk_registers=True, got "
                          f"{qk_registers=}")
-    if pv_registers and not ((qk_permuted or q_parts) and not pv_in_flight and not l2_prefetch and not interpret):
+    if pv_registers and not ((qk_permuted or (q_parts and kv_halves)) and not pv_in_flight and not l2_prefetch
+                             and not interpret):
         raise ValueError(f"pv_registers loads P @ V's left operand beside qk_permuted's or q_parts's (compiled): it "
                          f"needs qk_permuted=True or q_parts > 0, pv_in_flight=False, l2_prefetch=0 and "
                          f"interpret=False, got {qk_permuted=}, {q_parts=}, {pv_in_flight=}, {l2_prefetch=}, "
                          f"{interpret=}")
-    if q_parts and not (kv_halves and q_parts in (2, 3) and not qk_permuted and not pv_in_flight
-                        and not pv_copy_chunks):
-        raise ValueError(f"q_parts (qk_fp8) runs in kv_halves's step with 2 or 3 parts, without qk_permuted, "
-                         f"pv_in_flight or pv_copy_chunks, got {q_parts=}, {kv_halves=}, {qk_permuted=}, "
-                         f"{pv_in_flight=}, {pv_copy_chunks=}")
+    if q_parts and not (q_parts in (2, 3) and (kv_halves and not qk_permuted and not pv_in_flight
+                                               and not pv_copy_chunks
+                                               or fp8 and fused_dequant and not score_rows and not kv_halves)):
+        raise ValueError(f"q_parts (qk_fp8) runs with 2 or 3 parts in kv_halves's step (without qk_permuted, "
+                         f"pv_in_flight or pv_copy_chunks) or in the plain scores' fused conversion (an fp8 cache, "
+                         f"fused_dequant, score_rows=0), got {q_parts=}, {kv_halves=}, {qk_permuted=}, "
+                         f"{pv_in_flight=}, {pv_copy_chunks=}, {fp8=}, {fused_dequant=}, {score_rows=}")
     if pv_copy_chunks and not (pv_registers and 0 < pv_copy_chunks <= MAX_PV_COPY_CHUNKS):
         raise ValueError(f"pv_copy_chunks splits pv_registers's P @ V: it needs pv_registers=True and at most "
                          f"{MAX_PV_COPY_CHUNKS} chunks, got {pv_registers=}, {pv_copy_chunks=}")
@@ -1274,7 +1289,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         elif fp8:
             # kv_smem: the ring of fp8 steps the TMAs fill; deq_smem: the step the wgmmas read
             (q_smem, kv_smem, deq_smem), stage = q_kv_or_stage
-            (deq_ready,) = extra_barriers
+            (deq_ready, *qs_smem) = extra_barriers  # (q_parts: the request's 1 / a, qs_ref's row)
         elif two_parts:  # the ring in two column parts (each a contiguous TMA destination)
             (q_smem, *kv_part_smem), stage = q_kv_or_stage
             kv_smem = None
@@ -1408,24 +1423,29 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             warpgroup writes columns the other may still be reading. In the step that runs past kv_len,
             rows past it become 0 (their cache slots may hold NaN; P = 0 times NaN is NaN). Then releases
             the slot to the TMAs."""
-            num_chunks = V_HALF // 64 + (1 if w == 0 else 0)  # 64-column chunks (warpgroup 0: + rope)
-
-            def convert_chunks(slot, keep):
-                if fp8_convert == "mixed":  # the method by chunk: unrolled
-                    for c in fused_chunks(w):
-                        convert_chunk(slot, c, keep)
-                    return
-
-                # a loop over the chunks (not unrolled)
-                @pl.loop(0, num_chunks)
-                def _(i):
-                    # chunk i of this warpgroup's columns: V half w, then (warpgroup 0) the rope chunk
-                    rope = (i == V_HALF // 64).astype(jnp.int32)
-                    convert_chunk(slot, w * (V_HALF // 64) + i + rope * (KV_LORA_RANK // 64 - V_HALF // 64), keep)
-
-            slot = convert_step(k, begin, kv_len, convert_chunks, fence=True)
-            plgpu.barrier_arrive(deq_ready)
+            slot = convert_step(k, begin, kv_len, functools.partial(convert_columns, w), fence=True)
+            if not q_parts:  # (q_parts: warpgroup 0's scores read the fp8 slot, not this warpgroup's columns)
+                plgpu.barrier_arrive(deq_ready)
             plgpu.barrier_arrive(kv_consumed.at[slot])
+
+        def convert_columns(w: int, slot, keep, rope: bool = True):
+            """This warpgroup's columns of the fp8 step in `slot` -> the dequantized step (rows where `keep` is False 0):
+            its P @ V half, then (warpgroup 0, rope) the rope chunk; a loop over the chunks (not unrolled), unrolled
+            under fp8_convert="mixed" (the method by chunk)."""
+            num_chunks = V_HALF // 64 + (1 if w == 0 and rope else 0)  # 64-column chunks (warpgroup 0: + rope)
+            if fp8_convert == "mixed":
+                for c in fused_chunks(w)[0 if rope or w else 1:]:
+                    convert_chunk(slot, c, keep)
+                return
+
+            @pl.loop(0, num_chunks)
+            def _(i):
+                # chunk i of this warpgroup's columns: V half w, then (warpgroup 0) the rope chunk
+                if w == 0 and not rope:  # (V half 0 only)
+                    convert_chunk(slot, i, keep)
+                    return
+                rope_i = (i == V_HALF // 64).astype(jnp.int32)
+                convert_chunk(slot, w * (V_HALF // 64) + i + rope_i * (KV_LORA_RANK // 64 - V_HALF // 64), keep)
 
         def fused_chunks(w: int) -> list[int]:
             """The 64-column chunks of the head dim warpgroup w converts (fused_dequant, fp8_convert="mixed"):
@@ -1473,7 +1493,11 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             if q_parts:
                 plgpu.copy_gmem_to_smem(qs_ref.at[req], qs_smem[0], q_bar)
             if tpt == 1:
-                plgpu.copy_gmem_to_smem(q_ref.at[first_tok, pl.ds(hb * BLOCK_H, BLOCK_H)], q_smem, q_bar)
+                if not q_parts:
+                    plgpu.copy_gmem_to_smem(q_ref.at[first_tok, pl.ds(hb * BLOCK_H, BLOCK_H)], q_smem, q_bar)
+                for t in range(q_parts):
+                    plgpu.copy_gmem_to_smem(q_ref.at[first_tok, t, pl.ds(hb * BLOCK_H, BLOCK_H)],
+                                            q_smem.at[0, pl.ds(t * BLOCK_H, BLOCK_H)], q_bar)
                 return
             for t in range(max(1, q_parts)):
                 for j in range(q_toks):  # rows of tokens past the tile's last repeat a valid token: never written
@@ -1840,6 +1864,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     p_smem[...] = plgpu.layout_cast(jnp.zeros((BLOCK_H, block_kv), dtype), plgpu.Layout.WGMMA)
                     p_t = p_smem.transpose((1, 0)).at[:, pl.ds(0, n)]  # [keys, n]: P^T's columns in use
                 plgpu.barrier_wait(q_bar)
+                if q_parts:  # (q's parts are q a: times the request's 1 / a)
+                    scale = scale * qs_smem[0][0]
                 m_i = plgpu.layout_cast(jnp.full((n,), -jnp.inf, jnp.float32), vec_layout)
                 l_i = plgpu.layout_cast(jnp.full((n,), 0.0, jnp.float32), vec_layout)
 
@@ -1905,9 +1931,38 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                             qk_chunk(s_ref, c)
                         return s_ref[...]
 
+                    def scores_fp8():
+                        """(q_parts) S = Q K^T on the e4m3 tensor cores: a wgmma a part of q (its left operand the
+                        part's 64 rows, K = 576), K straight from the fp8 slot, all into one accumulator (the parts
+                        unscaled here: split_q_e4m3's step 1); under them this warpgroup's V half of the step
+                        converted into the f16 copy (rows past kv_len 0 on the masked step; keys past it make only
+                        their own columns of S, which the mask drops), and the slot released once both have read it.
+                        Both operands indexed by info word 4 (0), as kv_tile's."""
+                        with jax.named_scope("kv_wait"):
+                            plgpu.barrier_wait(kv_ready.at[slot])
+
+                        def qk_parts(s_ref):
+                            zero = info_smem[4]
+                            for t in range(q_parts):
+                                plgpu.wgmma(s_ref, q_smem.at[zero, pl.ds(t * BLOCK_H, BLOCK_H)],
+                                            kv_smem.at[zero + slot].transpose((1, 0)))
+                            with jax.named_scope("dequant"):
+                                convert_columns(0, slot, rows_below(kv_len - kv_start) if masked else None,
+                                                rope=False)
+                                plgpu.commit_smem()  # V's half visible to this warpgroup's P @ V
+                            with jax.named_scope("qk"):
+                                return s_ref[...]
+
+                        s = pl.run_scoped(qk_parts, plgpu.ACC((BLOCK_H, block_kv), jnp.float32))
+                        plgpu.barrier_arrive(kv_consumed.at[slot])  # (the wgmmas are done: their scores read)
+                        return s
+
                     shape = (block_kv, n) if tr else (BLOCK_H, block_kv)
-                    with jax.named_scope("qk"):
-                        s = pl.run_scoped(qk, plgpu.ACC(shape, jnp.float32))
+                    if q_parts:
+                        s = scores_fp8()
+                    else:
+                        with jax.named_scope("qk"):
+                            s = pl.run_scoped(qk, plgpu.ACC(shape, jnp.float32))
                     if deferred_pv:  # warpgroup 1 may run its P @ V of step k - 1.
                         # Not after the first step's scores (nothing waits for them): then each arrival comes after
                         # warpgroup 1 saw the one before (step k's scores read part 1 of step k, which warpgroup 1
@@ -2696,8 +2751,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         if overlap_dequant:
             kv_bufs = (ring, plgpu.SMEM((3, block_kv, V_HALF), dtype, transforms=transforms),
                        plgpu.SMEM((1, block_kv, QK_ROPE_HEAD_DIM), dtype, transforms=transforms))
-        else:
-            kv_bufs = (ring, plgpu.SMEM((1, block_kv, HEAD_DIM), dtype, transforms=transforms))
+        else:  # (q_parts: V's columns only, which alone are converted: the scores read the fp8 slot)
+            kv_bufs = (ring, plgpu.SMEM((1, block_kv, KV_LORA_RANK if q_parts else HEAD_DIM), dtype,
+                                        transforms=transforms))
     elif two_parts:  # the KV ring's two column parts
         kv_bufs = tuple(plgpu.SMEM((stages, block_kv, nc), dtype, transforms=transforms) for _, nc in kv_parts)
     else:
@@ -2751,7 +2807,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     else:
         scratch = [
             plgpu.RefUnion(
-                (plgpu.SMEM((q_rows, HEAD_DIM), dtype, transforms=transforms), *kv_bufs),  # q, the KV ring
+                # q (q_parts: its e4m3 parts stacked by rows, as kv_halves's), the KV ring
+                (plgpu.SMEM((1, q_parts * q_rows, HEAD_DIM), jnp.float8_e4m3fn, transforms=FP8_RING_TILES) if q_parts
+                 else plgpu.SMEM((q_rows, HEAD_DIM), dtype, transforms=transforms), *kv_bufs),
                 # the output stage, once every read of q and the ring is done: per warpgroup its
                 # [64, 256] half, each token's rows out in one TMA; swizzled, so that the stores of the
                 # wgmma accumulator rows do not conflict on shared-memory banks (8-way unswizzled)
@@ -2770,7 +2828,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # (seesaw: the two steps' row maxima, then the two warpgroups' row sums)
             plgpu.SMEM((4 if seesaw else stages + 1 if p_in_kv else NUM_COMPUTE_WGS, BLOCK_H), jnp.float32),
             plgpu.SMEM((INFO_WORDS + bt_bufs * bt_chunk,), jnp.int32),  # request info + block-table chunk(s)
-            plgpu.Barrier(num_arrivals=q_toks),  # q_bar: one TMA per token of the tile (one for H >= 64)
+            # q_bar: one TMA per token of the tile (one for H >= 64; q_parts: a token and part, and the request's scale)
+            plgpu.Barrier(num_arrivals=q_toks * max(1, q_parts) + bool(q_parts)),
             plgpu.Barrier(),  # info_bar
             plgpu.Barrier(),  # bt_bar
             plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=stages * len(kv_parts)),  # kv_ready
@@ -2784,6 +2843,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         ]
     if fp8 and not kv_halves:
         scratch.append(plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS))  # deq_ready: both column sets dequantized
+        if q_parts:
+            scratch.append(plgpu.SMEM((QS_WORDS,), jnp.float32))  # the request's 1 / a (q_bar's)
     if p_in_kv:
         scratch.append(plgpu.Barrier(num_arrivals=1, num_barriers=stages))  # p_ready per slot
     if part_ring:
@@ -2861,13 +2922,19 @@ def _kv_halves_runs(tuning: MosaicConfig, fp8: bool, num_heads: int, max_query_l
 
 
 def _qk_fp8_runs(tuning: MosaicConfig, fp8: bool, num_heads: int, max_query_len: int, interpret: bool,
-                 q_dtype) -> bool:
-    """MosaicConfig.qk_fp8 runs: where kv_halves does, and (compiled) where q's parts fit in shared memory: with
-    pv_registers (no f16 copies of V), or a bf16 q (2 parts: at 16 rows the copies, 2 fp8 slots and 3 parts of q
-    take 235 KiB)."""
-    if not (fp8 and tuning.qk_fp8 and _kv_halves_runs(tuning, fp8, num_heads, max_query_len, interpret)[0]):
-        return False
-    return interpret or tuning.pv_registers or q_fp8_parts(q_dtype) == 2
+                 q_dtype) -> float | None:
+    """Where MosaicConfig.qk_fp8 runs, split_q_e4m3's step between q's parts (else None): where kv_halves does
+    (Q_FP8_STEP: the parts summed in registers), and (compiled) where q's parts fit in shared memory: with pv_registers
+    (no f16 copies of V), or a bf16 q (2 parts: at 16 rows the copies, 2 fp8 slots and 3 parts of q take 235 KiB); and
+    on the plain scores (64-row tiles) with the fused conversion (fused_dequant; 1: the parts summed in one
+    accumulator), compiled with a bf16 q (its 2 parts take the bytes of the 16-bit q; 3 would not fit)."""
+    if not (fp8 and tuning.qk_fp8):
+        return None
+    kv_halves, score_rows = _kv_halves_runs(tuning, fp8, num_heads, max_query_len, interpret)
+    if kv_halves:
+        return Q_FP8_STEP if interpret or tuning.pv_registers or q_fp8_parts(q_dtype) == 2 else None
+    plain = score_rows == BLOCK_H and tuning.fused_dequant and (interpret or q_fp8_parts(q_dtype) == 2)
+    return 1.0 if plain else None
 
 
 def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfig, tuning: MosaicConfig,
@@ -2914,8 +2981,9 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
 
     # transposed scores: the tile's rows in use (hp heads x the tokens a tile can hold), when fewer than 64
     kv_halves, score_rows = _kv_halves_runs(tuning, fp8, num_heads, metadata.max_query_len, interpret)
-    if q_parts and not kv_halves:
-        raise ValueError(f"q in e4m3 parts (qk_fp8) needs kv_halves to run, got {tuning}")
+    if q_parts and not (kv_halves or (fp8 and score_rows == BLOCK_H and tuning.fused_dequant)):
+        raise ValueError(f"q in e4m3 parts (qk_fp8) needs kv_halves or the plain scores' fused conversion to run, got "
+                         f"{tuning}")
     pages_per_step = max(1, block_kv // page_size)
     bt_chunk = tuning.bt_chunk
     if tuning.part_ring:  # two buffers of half the entries (a TMA moves a multiple of 128
@@ -2930,7 +2998,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     # (interpret mode runs qk_registers's path: with q's permutation in the interpreted computation the CPU tests hung,
     # as with a bf16 -> f16 conversion there)
     qk_permuted = kv_halves and tuning.qk_registers and tuning.qk_permuted and not interpret and not q_parts
-    pv_registers = (qk_permuted or (q_parts and not interpret)) and tuning.pv_registers
+    pv_registers = (qk_permuted or (kv_halves and q_parts and not interpret)) and tuning.pv_registers
     if qk_permuted:  # (the scores' wgmmas see K's columns permuted: q's the same way; fused with q's f16 conversion)
         q = q[..., QK_PERM]
     kernel = _build_kernel(
@@ -3008,12 +3076,13 @@ def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConf
         interpret = bool(interpret)
     out_dtype = q_inv_scale = None
     fp8 = config.is_fp8_kv_cache
-    if _qk_fp8_runs(tuning, fp8, q.shape[1], metadata.max_query_len, bool(interpret), q.dtype):
+    q_step = _qk_fp8_runs(tuning, fp8, q.shape[1], metadata.max_query_len, bool(interpret), q.dtype)
+    if q_step is not None:
         # (qk_fp8) q's e4m3 parts and its requests' scales (before the jitted kernel: as the f16 conversion below, an
         # XLA op in the same CPU computation as the interpreted kernel can deadlock the interpreter)
         out_dtype = jnp.dtype(q.dtype)
         q, q_inv_scale = split_q_e4m3(q, metadata.query_start_loc, metadata.seq_lens.shape[0],
-                                      q_fp8_parts(q.dtype))
+                                      q_fp8_parts(q.dtype), q_step)
         # [R, 32]: the TMA of a request's row moves 128 bytes (a multiple of the warpgroup's 128 threads)
         q_inv_scale = jnp.pad(q_inv_scale[:, None], ((0, 0), (0, QS_WORDS - 1)))
     elif fp8 and q.dtype != jnp.float16:

@@ -416,6 +416,15 @@ MOSAIC_FP8_CASES = [
                                   sums_at_end=True, pv_registers=True, zero_tail=True, qk_fp8=True)),
     ("heads_8_q4", "float16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
                                    sums_at_end=True, pv_registers=True, pv_wait=1, qk_fp8=True)),
+    # qk_fp8 on the plain scores (64-row tiles, the fused conversion): a wgmma a part of q into one accumulator (the
+    # parts unscaled), warpgroup 0 converting only its V half: H = 128 with splits, in fp16 (3 parts; compiled they do
+    # not fit, so not run) with one stage, H = 128 at q_len up to 4 (a query tile a token), H = 16 with causal masks
+    # (spec decode, pages of 16) and 3 splits, pages of 8 with the "mixed" conversion's unrolled chunks
+    ("heads_128", "bfloat16", dict(num_splits=2, qk_fp8=True)),
+    ("heads_128", "float16", dict(max_concurrent_steps=1, qk_fp8=True)),
+    ("heads_128_spec", "bfloat16", dict(qk_fp8=True)),
+    ("spec_decode_page_16", "bfloat16", dict(num_splits=3, qk_fp8=True)),
+    ("long_page_8", "bfloat16", dict(qk_fp8=True, fp8_convert="mixed")),
 ]
 
 
@@ -465,7 +474,8 @@ def test_mosaic_gpu_fp8_no_data_races_and_through_the_api():
                          ("page_size_16", dict(num_splits=2, transposed_scores=True, transposed_pv=True,
                                                kv_halves=True, qk_registers=True, sums_at_end=True)),
                          ("page_size_16", dict(num_splits=2, transposed_scores=True, transposed_pv=True,
-                                               kv_halves=True, sums_at_end=True, qk_fp8=True))]:
+                                               kv_halves=True, sums_at_end=True, qk_fp8=True)),
+                         ("spec_decode_page_16", dict(num_splits=2, qk_fp8=True))]:
         _mosaic_fp8(name, "bfloat16", tuning, interpret=params)
         assert not ipc.get_races().races_found, (name, tuning)
     # through mla_jax.mla_decode, k_scale traced under jit. (An f16 q: a bf16 one is converted to f16 first, and
@@ -607,6 +617,8 @@ def test_mosaic_gpu_fp8_kv_halves_nan_in_one_head_compiled():
                                               (16, dict(num_splits=1, transposed_scores=True, transposed_pv=True,
                                                         kv_halves=True, sums_at_end=True, pv_registers=True,
                                                         pv_wait=1, zero_tail=True, qk_fp8=True)),
+                                              # (qk_fp8 on the plain scores: H = 64, a query tile a token)
+                                              (64, dict(num_splits=2, qk_fp8=True)),
                                               (8, None), (8, dict(num_splits=2, transposed_scores=True,
                                                                   overlap_wait=True))])
 def test_mosaic_gpu_fp8_lowers_for_cuda(num_heads, tuning):
@@ -1209,12 +1221,48 @@ def test_split_q_e4m3_rejects_bad_input():
             split_q_e4m3(q, qsl, 2, bad)
     with pytest.raises(ValueError, match=r"query_start_loc.shape=\(3,\), num_reqs=3"):
         split_q_e4m3(q, qsl, 3, 2)
+    for bad in (2.0, 0.0, 15.0):
+        with pytest.raises(ValueError, match=f"step must be 1 or 16.0.*step={bad}"):
+            split_q_e4m3(q, qsl, 2, 2, bad)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_split_q_e4m3_step_1(dtype):
+    """step=1 (the plain scores' parts, summed in one accumulator): q a ~= sum_t part_t, the parts bare residuals, error
+    at most 2^-4n |q a| + 2^-10 for n parts (e4m3's subnormal spacing 2^-9), none with the dtype's own part count where
+    |q a| >= 2^-2 (bf16) or 2 (f16); the same scales as step 16; one part fewer is not exact there."""
+    from mla_jax.pallas_mosaic_gpu import E4M3_MAX, q_fp8_parts, split_q_e4m3
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((5, 16, 576)) * np.exp(rng.uniform(-14, 6, (5, 16, 576)))
+    q = jnp.asarray(x, JNP_DTYPES[dtype])
+    qsl = jnp.array([0, 2, 5], jnp.int32)
+    req = np.array([0, 0, 1, 1, 1])
+    xq = np.asarray(q.astype(jnp.float32), np.float64)
+    own = q_fp8_parts(q.dtype)
+    exact_from = 2.0 ** -2 if dtype == "bfloat16" else 2.0
+    for n in (own - 1, own):
+        parts, inv = split_q_e4m3(q, qsl, 2, n, 1.0)
+        assert np.array_equal(np.asarray(inv), np.asarray(split_q_e4m3(q, qsl, 2, n)[1]))
+        p = np.asarray(parts.astype(jnp.float32), np.float64)
+        assert np.all(np.isfinite(p)) and np.abs(p).max() <= E4M3_MAX
+        xa = xq / np.asarray(inv, np.float64)[req][:, None, None]
+        err = np.abs(p.sum(axis=1) - xa)
+        assert np.all(err <= 2.0 ** (-4 * n) * np.abs(xa) + 2.0 ** -10)
+        big = np.abs(xa) >= exact_from
+        assert big.mean() > 0.1
+        if n == own:
+            assert np.all(err[big] == 0)
+        else:
+            assert np.any(err[big] > 0)
 
 
 def test_mosaic_gpu_qk_fp8_where_it_runs():
-    """qk_fp8 runs where kv_halves does, and compiled only where q's parts fit: with pv_registers, or a bf16 q (2
-    parts) beside V's f16 copies; the lowered kernel then holds the request's scale buffer (1 KiB more shared memory
-    than the same tuning without qk_fp8, q's 2 parts taking the bf16 q's bytes)."""
+    """qk_fp8 runs where kv_halves does (parts 16x apart), and compiled only where q's parts fit: with pv_registers,
+    or a bf16 q (2 parts) beside V's f16 copies; the lowered kernel then holds the request's scale buffer (1 KiB more
+    shared memory than the same tuning without qk_fp8, q's 2 parts taking the bf16 q's bytes). And on the plain scores
+    (64-row tiles) with the fused conversion (parts unscaled), compiled with a bf16 q: 7 KiB less there (V's copy
+    without the rope columns)."""
     from mla_jax import pallas_mosaic_gpu as mg
     from parity.smem import kernel_smem_bytes
 
@@ -1227,7 +1275,19 @@ def test_mosaic_gpu_qk_fp8_where_it_runs():
     assert runs(tp, True, 16, 2, False, jnp.float16) and runs(tp, True, 16, 1, False, jnp.bfloat16)
     assert not runs(tp, False, 16, 1, False, jnp.bfloat16)  # (a 16-bit cache)
     assert not runs(mg.MosaicConfig(**dict(halves, kv_halves=False)), True, 16, 1, False, jnp.bfloat16)
-    assert not runs(mg.MosaicConfig(**halves), True, 128, 1, False, jnp.bfloat16)  # (64 rows: no kv_halves)
+    # (64 rows: no kv_halves; the plain scores' fused conversion, bf16 q compiled, parts unscaled)
+    assert runs(t, True, 8, 2, False, jnp.bfloat16) == mg.Q_FP8_STEP
+    assert runs(t, True, 128, 1, False, jnp.bfloat16) == 1.0 and runs(t, True, 16, 3, False, jnp.bfloat16) is None
+    assert runs(mg.MosaicConfig(qk_fp8=True), True, 16, 3, False, jnp.bfloat16) == 1.0  # (48 rows: transposed above)
+    assert runs(t, True, 128, 1, False, jnp.float16) is None and runs(t, True, 128, 1, True, jnp.float16) == 1.0
+    assert runs(mg.MosaicConfig(qk_fp8=True, fused_dequant=False), True, 128, 1, False, jnp.bfloat16) is None
+    # (16 rows without kv_halves: transposed scores with the overlap, no qk_fp8)
+    assert runs(mg.MosaicConfig(transposed_scores=True, qk_fp8=True), True, 16, 1, False, jnp.bfloat16) is None
+    plain = dict(qk_fp8=True)
+    with_fp8, _ = kernel_smem_bytes(128, fp8=True, sets=plain)
+    without, _ = kernel_smem_bytes(128, fp8=True, sets=dict(plain, qk_fp8=False))
+    # (the f16 copy without the rope's 64 columns: 8 KiB less; the request's scale 1 KiB more)
+    assert without - with_fp8 == 64 * 64 * 2 - mg.SMEM_ALIGNMENT
     sets = dict(halves, qk_registers=True, qk_permuted=True, pv_registers=True)
     with_fp8, _ = kernel_smem_bytes(16, fp8=True, sets=sets)
     without, _ = kernel_smem_bytes(16, fp8=True, sets=dict(sets, qk_fp8=False))
@@ -1255,6 +1315,12 @@ def test_kernel_hash_sees_the_tuning_and_qk_fp8_issues_e4m3_wgmmas():
     assert fp8 != heuristic
     assert not re.search(r"wgmma\.mma_async[.\w]*\.e4m3\.e4m3", heuristic[0])
     assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n32k32\.f32\.e4m3\.e4m3", fp8[0])
+    # 64 rows (H = 128): a wgmma a part of q, M = its 64 rows, N = the step's 64 keys
+    problem = (128, 64, 4096, 1, True)
+    base = mg.heuristic_config(dataclasses.replace(config, num_heads=128), 64, 64, 64, max_query_len=1)
+    heuristic, fp8 = (kernel_hash.module_texts(problem, tuning=t) for t in (base, dataclasses.replace(base, qk_fp8=True)))
+    assert not re.search(r"wgmma\.mma_async[.\w]*\.e4m3\.e4m3", heuristic[0])
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n64k32\.f32\.e4m3\.e4m3", fp8[0])
 
 
 def test_kernel_hash_cli(tmp_path, monkeypatch, capsys):

@@ -7,6 +7,9 @@
 # - session 28: MosaicConfig(qk_fp8=True), the scores on the e4m3 tensor cores (K straight from the fp8 slot, q in 2
 #   e4m3 parts for bf16, 3 for f16), so each fp8 value is converted once (V^T's) where the default converts K too.
 #   Checked on the CPU: interpret cases (7, NaN tails, a 1-part mutant fails them), lowering for CUDA (3 cases).
+# - session 29 (no device either): qk_fp8 on the plain scores too (64-row tiles: H = 128, H = 16 at q_len 2 where
+#   kv_halves does not run), a wgmma a part of q into one accumulator; its 5 cases are in the compiled list below (the
+#   fp16 one falls back: 3 parts do not fit); timed in the second call.
 # 0) compiled tests: the combine's (col_order), the pv_registers / zero_tail ones, and qk_fp8's (7 cases in the
 #    compiled list: where qk_fp8 does not fit compiled, f16 q without pv_registers, it does not run); split_q_e4m3's
 #    tests with JAX on the GPU (its conversion of inf and NaN there);
