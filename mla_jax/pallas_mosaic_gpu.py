@@ -159,7 +159,6 @@ BLOCK_H = 64  # wgmma M
 NUM_COMPUTE_WGS = 2
 V_HALF = KV_LORA_RANK // NUM_COMPUTE_WGS  # 256 latent columns per compute warpgroup
 INFO_WORDS = 32  # per-tile int32 metadata row (TMA copies must be multiples of 128 bytes)
-MAX_L2_PREFETCH = 8  # MosaicConfig.l2_prefetch: steps ahead
 TMA_MAX_BOX = 256  # a TMA box's elements along each dimension (cuTensorMapEncodeTiled's limit)
 SMEM_LIMIT_BYTES = 227 * 1024  # Hopper opt-in shared memory per CTA
 SMEM_ALIGNMENT = 1024  # Mosaic GPU aligns each scratch allocation to 1 KiB
@@ -202,6 +201,7 @@ QK_PERM_64 = QK_PERM[:64]  # a 64-column chunk's
 # the largest |q a| at most E4M3_MAX), the scores' wgmma on the e4m3 tensor cores against all parts at once (its N the
 # parts x the rows in use): 2 parts hold a bf16 q exactly, 3 an f16 one (where |q a| >= 2^-6, split_q_e4m3). On the
 # plain scores (64 rows, a wgmma a part into one accumulator) the parts are unscaled: q a = t_0 + t_1 (+ t_2), step 1
+# (exact for bf16 where |q a| >= 2^-2, f16 where |q a| >= 2: the residuals in e4m3's subnormals)
 QS_WORDS = 32  # (qk_fp8) a request's row of the inverse scales' kernel input: 128 bytes, one TMA
 Q_FP8_STEP = 16.0  # each part the residual of those before it, times this (its magnitude at most the part before's)
 E4M3_MAX = 448.0
@@ -265,13 +265,6 @@ def split_q_e4m3(q, query_start_loc, num_reqs: int, num_parts: int, step: float 
 PV_PERM_16 = tuple(2 * (r % 8) + r // 8 for r in range(16))
 PV_PERM = np.array([16 * b + PV_PERM_16[r] for b in range(KV_LORA_RANK // 16) for r in range(16)])
 PV_UNPERM = np.argsort(PV_PERM)  # out[..., PV_UNPERM]: the kernel's output columns back in order
-
-
-def pv_output_order(copy_chunks: int = 0) -> np.ndarray:
-    """(pv_registers) out[..., pv_output_order(n)]: the kernel's output columns back in order, its first 64 n
-    (pv_copy_chunks = n: P @ V from V's f16 copy) already in order, the rest permuted by PV_PERM."""
-    n = 64 * copy_chunks
-    return np.concatenate([np.arange(n), PV_UNPERM[n:]])
 # three_wg's register split (setmaxnreg; 128 threads each, at most 65536 registers in all): the scores
 # warpgroup holds a 64 x 64 fp32 score tile, each P @ V warpgroup a 64 x 256 fp32 accumulator
 THREE_WG_REGISTERS = (152, 176, 176)
@@ -595,24 +588,6 @@ class MosaicConfig:
         step; measured on four calls (parity.sweep, 3 rounds, 2 s idle): H128 B64 S4096 q1 144.0 -> 144.4, 144.0 ->
         145.0, 141.6 -> 146.5, 142.5 -> 143.5 us; B64 S16384 560.9 -> 571.8; B128 S4096 q2 557.2 -> 551.3. The
         same math (bitwise the default at pages 16, 64, 128).
-    l2_prefetch: (0: off, the default; slower where timed) with each KV step's TMA into the ring, the producer also
-        prefetches the pages of the step `l2_prefetch` ahead into L2 (`prefetch_to_l2`: TMA's prefetch a box of at
-        most 256 elements a dimension at a time, no shared memory, no barrier), so that their TMA, issued that many
-        steps later, reads L2 rather than HBM. Only pages whose block-table entries are in the staged chunk are
-        prefetched. The same math (bitwise the default, compiled). On the H200 (session 18, parity.sweep, 3 rounds,
-        2 s idle): H128 B64 S4096 q1 143.5 -> 145.0 / 148.7 / 151.4 us at d = 1 / 2 / 3, B64 S16384 546.5 -> 568.5 /
-        566.0 / 568.7. The pages' order costs the kernel little (the same requests' pages in order: 141.7 against
-        148.1 us, 560.3 against 564.8), and the prefetches' issue sits on the compute warpgroups' path. With
-        kv_halves, each warpgroup prefetches the step `l2_prefetch` ahead in its own range with each refill of its
-        one slot; slower there too (session 22, parity.sweep, 3 rounds, 1 s idle: d = 2 at H16 B128 S16384 410.4 ->
-        440.4 us, B32 S16384 113.4 -> 124.3).
-    late_row_sums: (opt-in; slower where timed) warpgroup 0 adds up a step's row sums of P (l = l * alpha + sum(P))
-        after issuing its P @ V and before waiting for it, rather than before P's hand-over: the same operations in
-        another place (bitwise the default, compiled). Its SASS (session 17's, read in session 18) puts those sums (34
-        FADD and 4 shuffles a step) between the softmax's exponentials and P's store, on the path to the P @ V
-        warpgroup. On the H200 (session 19, parity.sweep, 3 rounds, 2 s idle): H128 B64 S4096 q1 141.4 -> 146.2 us,
-        B64 S16384 531.2 -> 570.3, H16 B128 S16384 562.7 -> 566.0; the step probes with and without the sums run
-        alike (1.791 / 1.797 us a step), so they were not on the step's chain.
     kv_halves: (fp8 cache, transposed scores and P @ V of 16 rows: H = 16 at q_len 1, H = 8 at q_len 2; or of 32 rows,
         H = 16 at q_len 2, H = 32 at q_len 1, with pv_registers (V's f16 copies do not fit beside q's 32 rows;
         interpret mode runs it with them); elsewhere no effect) each compute warpgroup runs a whole step on its own,
@@ -654,18 +629,6 @@ class MosaicConfig:
         22: on the H200 (parity.sweep, 3 rounds, 1 s idle) 1.05x faster than qk_registers alone at H16 B128 S16384
         (432.2 -> 409.8 us), 1.06x at B32 S16384 (120.3 -> 113.1), 1.02x at B8 S4096 (19.1 -> 18.7); 201 registers
         (193 without), no spills.
-    pv_in_flight: (opt-in; with qk_registers, elsewhere no effect; compiled only; slower) a kv_halves step's
-        P @ V (8 wgmmas, one a 64 columns of V) is not awaited at the step's end: it runs on under the next step's
-        TMA wait, its rope and its first chunks, each chunk's conversion waiting (wgmma_wait) for the P @ V of its
-        columns before storing over them in V's f16 copy; O^T stays in a wgmma accumulator across the steps. Session
-        22's profile: a warpgroup waits 0.87 us a step for its P @ V, and 0.75 for its next slot's TMA. The same
-        operations in the same order (bitwise qk_registers, compiled). In interpret mode the default's path (the
-        interpreter stores into no accumulator). On the H200 (session 22, parity.sweep, 3 rounds, 1 s idle) 1.22x
-        slower than the heuristic at H16 B128 S16384 (410.1 -> 499.9 us) and at B32 S16384 (112.6 -> 137.7); its
-        ptxas output (session 23): "wgmma.mma_async instructions are serialized due to non wgmma instructions
-        reading accumulator registers of a wgmma between start and end of the pipeline stage" (C7514), 177
-        registers, no spills: ptxas waits for every wgmma where O^T's registers are read or carried, so nothing is
-        left in flight and the waits are added.
     qk_permuted: (opt-in; with qk_registers, elsewhere no effect) each 64-column chunk of the fp8 slot (and the
         rope's) is loaded 4 values a thread (the WGMMA_8BIT layout: two ldmatrix.x4 a chunk, where the WGMMA
         layout takes 16 two-byte loads, each half a 128-byte wavefront), converted, stored to V's f16 copy in that
@@ -700,17 +663,6 @@ class MosaicConfig:
         382.8 us at H16 B128 S16384 (202 / 223 / 254 / 255 registers, 8 spilling 8 bytes), 109.3 / 109.0 / 108.6 /
         107.1 at B32 S16384. The heuristic takes 1 at 32 rows: on the H200 (session 26, 3 rounds) 1 / 2 / 4 / 8 took
         102.7 / 114.3 / 116.7 / 119.4 us at H16 B64 S4096 q2 (255 registers; 1 spilling 444 bytes, 2 968, 4 none).
-    pv_copy_chunks: (pv_registers at 16 rows only; opt-in: slower on the H200, session 26, 3 rounds, H16 B128
-        S16384: the heuristic 394.4 us, 1 / 2 / 3 chunks 398.4 / 416.1 / 399.7) P @ V's first n chunks of V (64
-        columns each) read from an f16 copy that the scores' conversion stores (each converted once, as qk_permuted
-        does), the others loaded from the fp8 slot (converted a second time): fewer conversions for more
-        shared-memory traffic; at most MAX_PV_COPY_CHUNKS (the copies beside q and four fp8 slots). The output's
-        first 64 n columns then come out in order (the wrapper un-permutes the rest).
-    wg0_share: (kv_halves only) the percent of a split's steps warpgroup 0 runs (ceil(n x share / 100); 50: the
-        first half, rounded up), warpgroup 1 the rest. (Session 25's region profile: warpgroup 1's steps ~1.25x
-        slower than warpgroup 0's.) Opt-in: slower on the H200 (session 26, 3 rounds): H16 B128 S16384 the heuristic
-        376.7 us, 56 391.2, 62 412.3; B32 S16384 108.8 / 113.5 / 117.7: the warpgroups share the SM's issue, so
-        moving steps to warpgroup 0 slows its steps too.
     zero_tail: (kv_halves only; elsewhere no effect) a masked step (the one that runs past kv_len) first zeroes its
         ring slot's rows from kv_len on in shared memory (the fp8 bytes: a load, select and store of its 9 chunks,
         then a warpgroup barrier), and then converts the slot as an unmasked step does: no select on the keys in
@@ -721,28 +673,35 @@ class MosaicConfig:
         idle) 1.11x faster at H32 B64 S4095 q1 (103.3 -> 93.2 us), 1.10x at H16 B64 S4096 q2 (102.0 -> 92.6), 1.03x
         at H32 B64 S4096 q1 (89.9 -> 86.9, no masked step: the kernel's registers), 1.00x at H16 B128 S16383;
         without pv_registers 1.02x slower at H16 B8 S4095 (18.9 -> 19.3).
-    qk_fp8: (fp8 cache: kv_halves, and the plain scores' fused conversion, below; elsewhere no effect; not with
-        pv_copy_chunks or pv_in_flight; opt-in: not yet timed) the scores on the tensor cores' e4m3 path: S^T = K Q^T with K straight from the fp8 ring slot (the wgmma's left
-        operand from shared memory: no conversion of K, no registers) against q in e4m3 parts (split_q_e4m3: 2 for a
-        bf16 q, 3 for an f16 one, each exact where |q a| >= 2^-6, a power-of-two scale per request), all parts in one
-        wgmma (N = parts x the rows in use, K read once) and summed in registers (part t / 16^t). Each fp8 value is
-        then converted once (V^T for P @ V: pv_registers's loads, or V's f16 copy without it), where the default
-        converts K for the scores as well (session 25: the warps' instruction issue binds at 16 rows). The same
-        products, summed by the e4m3 tensor cores (the parts in separate columns; not bitwise the default). q's
-        parts and scales are made by one XLA fusion before the kernel (in place of the f16 conversion and
-        QK_PERM's gather); the output's columns as pv_registers's. In interpret mode too (with V's f16 copy).
-        On the plain scores (64-row tiles: H >= 64, or H = 16 at q_len 2 to 4 without kv_halves) with fused_dequant:
-        S = Q K^T as a wgmma a part of q (M = its 64 rows, K straight from the fp8 slot, N = 64 keys), under which
-        warpgroup 0 converts only its V half of the step (no rope chunk: only the scores read it), and warpgroup 0's
-        scores no longer wait for warpgroup 1's half (`deq_ready`); each warpgroup's V half is converted for its P @ V
-        only. Compiled with a bf16 q only (2 parts: the 16-bit q's 72 KiB; 3 would not fit beside the ring and the
-        copy).
+    qk_fp8: (fp8 cache: kv_halves, and the plain scores' fused conversion, below; elsewhere no effect; opt-in: not yet
+        timed) the scores on the tensor cores' e4m3 path: S^T = K Q^T with K straight from the fp8 ring slot (the
+        wgmma's left operand from shared memory: no conversion of K, no registers) against q in e4m3 parts
+        (split_q_e4m3: 2 for a bf16 q, 3 for an f16 one, each exact where |q a| >= 2^-6, a power-of-two scale per
+        request), all parts in one wgmma (N = parts x the rows in use, K read once) and summed in registers (part t /
+        16^t). Each fp8 value is then converted once (V^T for P @ V: pv_registers's loads, or V's f16 copy without it),
+        where the default converts K for the scores as well (session 25: the warps' instruction issue binds at 16 rows).
+        The same products, summed by the e4m3 tensor cores (the parts in separate columns; not bitwise the default). q's
+        parts and scales are made by one XLA fusion before the kernel (in place of the f16 conversion and QK_PERM's
+        gather); the output's columns as pv_registers's. In interpret mode too (with V's f16 copy). On the plain scores
+        (the 64-row tiles wherever the scores are not transposed: H >= 64; with the heuristic's tuning also wherever a
+        tile uses more than 16 rows and kv_halves does not run, e.g. H = 32, H = 16 at q_len >= 2; any H with
+        transposed_scores=False) with fused_dequant: S = Q K^T as a wgmma a part of q (M = its 64 rows, K straight from
+        the fp8 slot, N = 64 keys) into one accumulator (the parts unscaled, split_q_e4m3's step 1: exact for a bf16 q
+        where |q a| >= 2^-2), under which warpgroup 0 converts only
+        its V half of the step (no rope chunk: only the scores read it), and warpgroup 0's scores no longer wait for
+        warpgroup 1's half (`deq_ready`); each warpgroup's V half is converted for its P @ V only. Compiled with a bf16
+        q only (2 parts: the 16-bit q's 72 KiB; 3 would not fit beside the ring and the copy).
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
         kernel is marked as using PDL, so XLA may launch it while the kernel before it is still
         running (with `--xla_gpu_enable_pdl=true`), hiding the launch and the CTAs' set-up. No
         effect on the results; none in interpret mode.
+
+    Removed in session 29, each measured slower than the default on the H200 and never the heuristic's pick (their
+    code, docs and timings: `git show d67a20e:mla_jax/pallas_mosaic_gpu.py`; parity/NOTES_pallas_mosaic_gpu.md):
+    l2_prefetch (1.01-1.10x slower, sessions 18 and 22), late_row_sums (1.01-1.07x, session 19), pv_in_flight (1.22x,
+    session 22), wg0_share (1.04-1.09x, session 26), pv_copy_chunks (1.01-1.06x, session 26).
     """
 
     block_kv: int = 64
@@ -766,31 +725,25 @@ class MosaicConfig:
     deferred_pv: bool = False
     split_ring: bool = False
     part_wait: bool = False
-    l2_prefetch: int = 0
-    late_row_sums: bool = False
     kv_halves: bool = False
     qk_registers: bool = False
     sums_at_end: bool = False
-    pv_in_flight: bool = False
     qk_permuted: bool = False
     pv_registers: bool = False
     pv_wait: int = 4
-    wg0_share: int = 50
-    pv_copy_chunks: int = 0
     zero_tail: bool = False
     qk_fp8: bool = False
     pdl: bool = False
 
     def __post_init__(self):
-        for name in ("block_kv", "num_splits", "max_concurrent_steps", "block_h", "bt_chunk", "l2_prefetch",
-                     "pv_wait", "wg0_share", "pv_copy_chunks"):
+        for name in ("block_kv", "num_splits", "max_concurrent_steps", "block_h", "bt_chunk", "pv_wait"):
             x = getattr(self, name)
             if isinstance(x, bool) or not isinstance(x, int):
                 raise ValueError(f"{name} must be an int, got {name}={x!r}")
         for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
                      "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast", "deferred_pv", "split_ring",
-                     "part_wait", "late_row_sums", "kv_halves", "qk_registers", "sums_at_end",
-                     "pv_in_flight", "qk_permuted", "pv_registers", "zero_tail", "qk_fp8"):
+                     "part_wait", "kv_halves", "qk_registers", "sums_at_end", "qk_permuted", "pv_registers",
+                     "zero_tail", "qk_fp8"):
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
@@ -803,9 +756,6 @@ class MosaicConfig:
                              f"memory_warpgroup=False, got memory_warpgroup=True")
         if self.transposed_scores and self.schedule != "flashmla":
             raise ValueError(f"transposed_scores=True needs schedule='flashmla', got schedule={self.schedule!r}")
-        if self.late_row_sums and self.schedule != "flashmla":
-            raise ValueError(f"late_row_sums=True moves warpgroup 0's row sums under its P @ V (schedule='flashmla'), "
-                             f"got schedule={self.schedule!r}")
         if self.kv_halves and (self.schedule != "flashmla" or not self.transposed_pv or self.kv_multicast
                                or max_concurrent_steps != 2):
             raise ValueError(f"kv_halves=True needs schedule='flashmla' with transposed_pv=True (it runs where the "
@@ -857,29 +807,11 @@ class MosaicConfig:
             raise ValueError(f"max_concurrent_steps must be >= 1, got {max_concurrent_steps=}")
         if block_h != BLOCK_H:
             raise ValueError(f"block_h must be {BLOCK_H} (the wgmma M dimension), got {block_h=}")
-        if not 0 <= self.l2_prefetch <= MAX_L2_PREFETCH:
-            raise ValueError(f"l2_prefetch must be in [0, {MAX_L2_PREFETCH}] (steps ahead), got "
-                             f"l2_prefetch={self.l2_prefetch}")
         if bt_chunk < 32 or bt_chunk % 32:
             raise ValueError(f"bt_chunk must be a positive multiple of 32, got {bt_chunk=}")
         if not 1 <= self.pv_wait <= KV_LORA_RANK // 64:
             raise ValueError(f"pv_wait must be in [1, {KV_LORA_RANK // 64}] (P @ V chunks in flight), got "
                              f"pv_wait={self.pv_wait}")
-        if not 0 <= self.pv_copy_chunks <= MAX_PV_COPY_CHUNKS:
-            raise ValueError(f"pv_copy_chunks must be in [0, {MAX_PV_COPY_CHUNKS}] (V's 64-column chunks P @ V reads "
-                             f"from an f16 copy; more do not fit in shared memory), got "
-                             f"pv_copy_chunks={self.pv_copy_chunks}")
-        if not 1 <= self.wg0_share <= 99:
-            raise ValueError(f"wg0_share must be in [1, 99] (percent of a split's steps), got "
-                             f"wg0_share={self.wg0_share}")
-        if self.pv_registers and (self.pv_in_flight or self.l2_prefetch):
-            raise ValueError(f"pv_registers=True refills a warpgroup's slot after its P @ V's loads: it needs "
-                             f"pv_in_flight=False and l2_prefetch=0, got pv_in_flight={self.pv_in_flight}, "
-                             f"l2_prefetch={self.l2_prefetch}")
-        if self.qk_fp8 and (self.pv_copy_chunks or self.pv_in_flight):
-            raise ValueError(f"qk_fp8=True converts no K for the scores (no f16 copy of V's chunks from them, no P @ V "
-                             f"awaited in their conversion): it needs pv_copy_chunks=0 and pv_in_flight=False, got "
-                             f"pv_copy_chunks={self.pv_copy_chunks}, pv_in_flight={self.pv_in_flight}")
         smem = self.smem_bytes()
         if smem > SMEM_LIMIT_BYTES:
             raise ValueError(
@@ -946,9 +878,6 @@ MAX_SPLITS = 128
 # 1.04-1.12x slower at q_len 2 (32 rows) on four shapes and 1.35x slower at q_len 3 (48 rows, B64 S4096).
 # With P @ V transposed too (transposed_pv, at TRANSPOSED_PV_ROWS) they win at 32 rows as well (session 12).
 TRANSPOSED_MAX_ROWS = 16
-# MosaicConfig.pv_copy_chunks: at most 3 64-column f16 chunks a warpgroup (48 KiB for both) fit beside q and the four
-# fp8 slots of pv_registers
-MAX_PV_COPY_CHUNKS = 3
 # The heuristic's pv_registers: where a split has at least this many steps (measured: 64 and 256 faster, 4 slower)
 PV_REGISTERS_MIN_STEPS = 32
 
@@ -1120,10 +1049,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   fused_group: int = 1, fp8_convert: str = "cvt", overlap_dequant: bool = False,
                   overlap_wait: bool = False, transposed_pv: bool = False, heads_fastest: bool = False,
                   kv_multicast: bool = False, deferred_pv: bool = False, split_ring: bool = False,
-                  part_wait: bool = False, l2_prefetch: int = 0, late_row_sums: bool = False,
+                  part_wait: bool = False,
                   kv_halves: bool = False, qk_registers: bool = False, sums_at_end: bool = False,
-                  pv_in_flight: bool = False, qk_permuted: bool = False, pv_registers: bool = False,
-                  pv_wait: int = 4, wg0_share: int = 50, pv_copy_chunks: int = 0, zero_tail: bool = False,
+                  qk_permuted: bool = False, pv_registers: bool = False, pv_wait: int = 4, zero_tail: bool = False,
                   q_parts: int = 0, out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
@@ -1135,28 +1063,25 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     warpgroup 0 computes transposed (MosaicConfig.transposed_scores); q holds only those rows.
     pdl: programmatic dependent launch (MosaicConfig.pdl). deferred_pv, split_ring, part_wait: MosaicConfig's
     ("flashmla", plain scores, a 16-bit cache, not kv_multicast, 2 stages; split_ring and part_wait without p_in_kv).
-    l2_prefetch: MosaicConfig's (each TMA of a KV step also prefetches the step that many ahead into L2).
-    late_row_sums: MosaicConfig's ("flashmla": warpgroup 0's row sums under its P @ V).
     kv_halves: MosaicConfig's (an fp8 cache, transposed_pv at 16 rows, 2 stages: a ring slot a warpgroup;
     compute_tile_halves).
     qk_registers: MosaicConfig's (kv_halves only: the scores' left operands from registers).
     sums_at_end: MosaicConfig's (kv_halves only: the softmax sums reduced across warps once, at the end).
-    pv_in_flight: MosaicConfig's (with qk_registers only: a step's P @ V awaited chunk by chunk in the next step).
     qk_permuted: MosaicConfig's (with qk_registers only: q's columns permuted by QK_PERM, the caller's).
     pv_registers: MosaicConfig's (with qk_permuted only: P @ V's left operand from the fp8 slot, a ring of two slots a
-    warpgroup; the output's columns permuted by PV_PERM, the caller undoes it). pv_wait, wg0_share, pv_copy_chunks,
-    zero_tail: MosaicConfig's (zero_tail kv_halves only).
-    q_parts: (MosaicConfig.qk_fp8: kv_halves, or the plain scores' fused conversion) q's e4m3 parts: the kernel's q is then (q [T, q_parts, heads, 576]
-    fp8, inverse scales [R, QS_WORDS] float32, the request's 1 / a in column 0: split_q_e4m3's), the scores on the e4m3
-    tensor cores; 0: q [T, heads, 576] in `dtype`.
+    warpgroup; the output's columns permuted by PV_PERM, the caller undoes it). pv_wait, zero_tail: MosaicConfig's
+    (zero_tail kv_halves only).
+    q_parts: (MosaicConfig.qk_fp8: kv_halves, or the plain scores' fused conversion) q's e4m3 parts: the kernel's q
+    is then (q [T, q_parts, heads, 576] fp8, inverse scales [R, QS_WORDS] float32, the request's 1 / a in column 0:
+    split_q_e4m3's), the scores on the e4m3 tensor cores; 0: q [T, heads, 576] in `dtype`.
     p_in_kv, dequant_layout, fused_dequant, fused_group, fp8_convert, overlap_dequant, overlap_wait, transposed_pv:
     MosaicConfig's (all but transposed_pv fp8 only;
     overlap_dequant needs transposed scores of at most OVERLAP_MAX_ROWS rows, and then fused_dequant is ignored;
     transposed_pv transposed scores of TRANSPOSED_PV_ROWS rows).
     fp8 ("flashmla" only): the cache is float8_e4m3fn; the TMAs fill a ring of fp8 steps, and each compute
     warpgroup dequantizes its own columns of the next step into one `dtype` buffer after its P @ V of the
-    current one (`deq_ready`); the per-tensor k_scale (info word 3, float32 bits) scales the scores and the
-    output. `dtype` (q, the wgmma operands) is then float16: e4m3 -> f16 is one exact conversion per two
+    current one (`deq_ready`; q_parts: unused, the scores read the fp8 slot); the per-tensor k_scale (info word 3,
+    float32 bits) scales the scores and the output. `dtype` (q, the wgmma operands) is then float16: e4m3 -> f16 is one exact conversion per two
     values. out_dtype: the final output's dtype (default `dtype`).
     """
     if fp8 and dtype != jnp.float16:
@@ -1174,8 +1099,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     flashmla = schedule == "flashmla"
     three = schedule == "three_wg"
     seesaw = schedule == "seesaw"
-    if late_row_sums and not flashmla:
-        raise ValueError(f"late_row_sums needs schedule='flashmla', got {schedule=}")
     if seesaw and (score_rows or fp8 or stages != 2 or memory_wg):
         raise ValueError(f"schedule='seesaw' needs plain scores, a 16-bit cache and 2 stages, got {score_rows=}, "
                          f"{fp8=}, {stages=}, {memory_wg=}")
@@ -1195,38 +1118,27 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         raise ValueError(f"kv_halves needs an fp8 cache, transposed_pv at {TRANSPOSED_PV_ROWS} rows and 2 stages, "
                          f"without kv_multicast or a memory warpgroup, got {fp8=}, {transposed_pv=}, "
                          f"{score_rows=}, {stages=}, {kv_multicast=}, {memory_wg=}")
-    if kv_halves and score_rows > TRANSPOSED_PV_ROWS[0] and not ((pv_registers and not pv_copy_chunks) or interpret):
+    if kv_halves and score_rows > TRANSPOSED_PV_ROWS[0] and not (pv_registers or interpret):
         raise ValueError(f"kv_halves at {score_rows} rows fits shared memory only without V's f16 copies: it needs "
-                         f"pv_registers=True and pv_copy_chunks=0 (or interpret mode), got {pv_registers=}, "
-                         f"{pv_copy_chunks=}")
+                         f"pv_registers=True (or interpret mode), got {pv_registers=}")
     if zero_tail and not kv_halves:
         raise ValueError(f"zero_tail zeroes a kv_halves slot's tail: it needs kv_halves=True, got {kv_halves=}")
     if qk_registers and not kv_halves:
         raise ValueError(f"qk_registers runs inside kv_halves's step: it needs kv_halves=True, got {kv_halves=}")
     if sums_at_end and not kv_halves:
         raise ValueError(f"sums_at_end keeps kv_halves's column sums: it needs kv_halves=True, got {kv_halves=}")
-    if pv_in_flight and not qk_registers:
-        raise ValueError(f"pv_in_flight waits for P @ V in qk_registers's conversion: it needs qk_registers=True, got "
-                         f"{qk_registers=}")
     if qk_permuted and not qk_registers:
         raise ValueError(f"qk_permuted loads qk_registers's left operands: it needs qk_registers=True, got "
                          f"{qk_registers=}")
-    if pv_registers and not ((qk_permuted or (q_parts and kv_halves)) and not pv_in_flight and not l2_prefetch
-                             and not interpret):
+    if pv_registers and not ((qk_permuted or (q_parts and kv_halves)) and not interpret):
         raise ValueError(f"pv_registers loads P @ V's left operand beside qk_permuted's or q_parts's (compiled): it "
-                         f"needs qk_permuted=True or q_parts > 0, pv_in_flight=False, l2_prefetch=0 and "
-                         f"interpret=False, got {qk_permuted=}, {q_parts=}, {pv_in_flight=}, {l2_prefetch=}, "
-                         f"{interpret=}")
-    if q_parts and not (q_parts in (2, 3) and (kv_halves and not qk_permuted and not pv_in_flight
-                                               and not pv_copy_chunks
+                         f"needs qk_permuted=True or q_parts > 0, and interpret=False, got {qk_permuted=}, "
+                         f"{q_parts=}, {interpret=}")
+    if q_parts and not (q_parts in (2, 3) and (kv_halves and not qk_permuted
                                                or fp8 and fused_dequant and not score_rows and not kv_halves)):
-        raise ValueError(f"q_parts (qk_fp8) runs with 2 or 3 parts in kv_halves's step (without qk_permuted, "
-                         f"pv_in_flight or pv_copy_chunks) or in the plain scores' fused conversion (an fp8 cache, "
-                         f"fused_dequant, score_rows=0), got {q_parts=}, {kv_halves=}, {qk_permuted=}, "
-                         f"{pv_in_flight=}, {pv_copy_chunks=}, {fp8=}, {fused_dequant=}, {score_rows=}")
-    if pv_copy_chunks and not (pv_registers and 0 < pv_copy_chunks <= MAX_PV_COPY_CHUNKS):
-        raise ValueError(f"pv_copy_chunks splits pv_registers's P @ V: it needs pv_registers=True and at most "
-                         f"{MAX_PV_COPY_CHUNKS} chunks, got {pv_registers=}, {pv_copy_chunks=}")
+        raise ValueError(f"q_parts (qk_fp8) runs with 2 or 3 parts in kv_halves's step (without qk_permuted) or in "
+                         f"the plain scores' fused conversion (an fp8 cache, fused_dequant, score_rows=0), got "
+                         f"{q_parts=}, {kv_halves=}, {qk_permuted=}, {fp8=}, {fused_dequant=}, {score_rows=}")
     if kv_halves:
         overlap_dequant = fused_dequant = False  # (each warpgroup converts its own steps: compute_tile_halves)
     if overlap_dequant:
@@ -1429,9 +1341,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             plgpu.barrier_arrive(kv_consumed.at[slot])
 
         def convert_columns(w: int, slot, keep, rope: bool = True):
-            """This warpgroup's columns of the fp8 step in `slot` -> the dequantized step (rows where `keep` is False 0):
-            its P @ V half, then (warpgroup 0, rope) the rope chunk; a loop over the chunks (not unrolled), unrolled
-            under fp8_convert="mixed" (the method by chunk)."""
+            """This warpgroup's columns of the fp8 step in `slot` -> the dequantized step (rows where `keep` is False
+            0): its P @ V half, then (warpgroup 0, rope) the rope chunk; a loop over the chunks (not unrolled),
+            unrolled under fp8_convert="mixed" (the method by chunk)."""
             num_chunks = V_HALF // 64 + (1 if w == 0 and rope else 0)  # 64-column chunks (warpgroup 0: + rope)
             if fp8_convert == "mixed":
                 for c in fused_chunks(w)[0 if rope or w else 1:]:
@@ -1517,20 +1429,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             off = lax.rem(k + ahead if ahead else k, jnp.int32(steps_per_page)) * block_kv
             return kv_ref.at[page, pl.ds(off, block_kv)]
 
-        def prefetch_ahead(k, last_page, chunk, page_at, end=None):
-            """(l2_prefetch) Step k + l2_prefetch's pages into L2 (a hint: no barrier, nothing waits for it), so that
-            its TMA, issued l2_prefetch steps later, finds them there; only pages of the request (<= last_page) whose
-            block-table entries are in the staged chunk (page_at's), and (end given) only below step `end`."""
-            lp_ahead = first_page(k + l2_prefetch)
-            for j in range(pages_per_step):
-                lp = lp_ahead + j
-                ok = lp <= last_page if end is None else (k + l2_prefetch < end) & (lp <= last_page)
-                ok = ok & (lax.div(lp, jnp.int32(bt_chunk)) == chunk)
-
-                @pl.when(ok)
-                def _(lp=lp):
-                    prefetch_to_l2(step_rows(k, page_at(lp), l2_prefetch))
-
         def kv_ready_at(slot, part: int = 0):
             """The barrier of `slot`'s column part `part` (two_parts: 0 columns [0, 256), 1 [256, 576); else
             the whole slot, part 0)."""
@@ -1596,8 +1494,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                                                 dst(part, pl.ds(j * page_size, page_size)),
                                                 kv_ready_at(slot, part), collective_axes=kv_axes)
 
-            if l2_prefetch and 0 in parts:
-                prefetch_ahead(k, last_page, chunk, page_at)
 
         def drain(n):
             """Observe the last releases of every slot, so that each barrier phase is awaited
@@ -1801,10 +1697,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # (p_in_kv) the row of x_smem holding the rescale factor of the step in `slot` (the row sums': sums_row)
             alpha_row = (lambda slot: slot) if p_in_kv else (lambda slot: 0)
 
-            def pv(acc, half, slot, under=None):
+            def pv(acc, half, slot):
                 v_cols = pl.ds(half * V_HALF, V_HALF)
                 v = kv_cols(slot, half * V_HALF, V_HALF) if two_parts else kv_tile(slot).at[:, v_cols]
-                return accumulate(acc, lambda acc_ref: pv_wgmma(acc_ref, v, p_ref(slot)), under)
+                return accumulate(acc, lambda acc_ref: pv_wgmma(acc_ref, v, p_ref(slot)))
 
             # (overlap_dequant) the chunks of the next step each warpgroup converts: under its own P @ V of this
             # step the rope and V's first half (warpgroup 0 three chunks, 1 two), then V's second half (two chunks
@@ -1824,16 +1720,16 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 if refill is not None:
                     refill(k)
 
-            def overlap_pv(acc, k, half: int, chunks, under=None):
+            def overlap_pv(acc, k, half: int, chunks):
                 """(overlap_dequant) acc + P @ V of step k's V half `half` (async) and, while the wgmma runs,
                 `chunks` of step k + 1 (their buffer's last readers, step k - 1's scores and P @ V, were done
-                before P of step k). under: accumulate's."""
+                before P of step k)."""
                 def issue(acc_ref):
                     pv_wgmma(acc_ref, deq_half(k, half))
                     if chunks:
                         pl.when(k + 1 < end)(lambda: overlap_convert(k + 1, begin, kv_len, chunks))
 
-                return accumulate(acc, issue, under)
+                return accumulate(acc, issue)
 
             def load_vec(row):
                 """Row `row` of x_smem (alpha, the row sums): in the row layout, or transposed_pv's column layout
@@ -1977,13 +1873,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     alpha = jnp.exp2(m_i - m_new)
                     p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [row_ax]))
 
-                    def row_sums(l_i=l_i, alpha=alpha, p=p):
-                        return l_i * alpha + p.sum(axis=key_ax)
-
-                    # (late_row_sums: summed under this warpgroup's P @ V, off the path to P's hand-over)
-                    late = (l_i, row_sums) if late_row_sums else None
-                    if late is None:
-                        l_i = row_sums()
+                    l_i = l_i * alpha + p.sum(axis=key_ax)
 
                     if not p_in_kv and not overlap_dequant:  # (overlap_dequant: awaited after step k - 1)
                         @pl.when(k > begin)
@@ -2011,8 +1901,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         acc = rescale(acc, load_vec(0) if tr and not transposed_pv else alpha)
                         if overlap_dequant:
                             with jax.named_scope("pv"):
-                                out = overlap_pv(acc, k, 0, ov_early, late)
-                                acc, l_i = (out, l_i) if late is None else out
+                                acc = overlap_pv(acc, k, 0, ov_early)
 
                             @pl.when(k + 1 < end)
                             def _second_half():
@@ -2021,8 +1910,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                                 overlap_release(k + 1, ov_late, wait=False)  # (awaited under the P @ V)
                         else:
                             with jax.named_scope("pv"):
-                                out = pv(acc, 0, slot, late)
-                                acc, l_i = (out, l_i) if late is None else out
+                                acc = pv(acc, 0, slot)
                         if fp8:  # the next step, this warpgroup's columns (its P @ V of this one is done;
                             # fused_dequant: converted in the next step's scores, the slot released there;
                             # overlap_dequant: converted above)
@@ -2355,10 +2243,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             """(kv_halves) Warpgroup w's ring slot of step k: w (pv_registers: 2 w + k % 2, two a warpgroup)."""
             return 2 * w + lax.rem(k, jnp.int32(2)) if pv_registers else w
 
-        def issue_half_step(w: int, k, prev_k, last_page, end):
-            """(kv_halves) TMA of KV step k into warpgroup w's ring slot (half_slot; kv_ready's) and (l2_prefetch = d)
-            of the pages of step k + d (if below `end`, this warpgroup's range's) into L2. Its block-table buffer (w) is
-            restaged first when step k's chunk differs from the one there: prev_k's (the step before k in this
+        def issue_half_step(w: int, k, prev_k, last_page):
+            """(kv_halves) TMA of KV step k into warpgroup w's ring slot (half_slot; kv_ready's). Its block-table buffer
+            (w) is restaged first when step k's chunk differs from the one there: prev_k's (the step before k in this
             warpgroup's range; -1: none yet, where warpgroup 0's buffer holds chunk 0, loaded with the info, and 1's
             nothing)."""
             bar = bt_bar if w == 0 else bt_bar_wg1
@@ -2385,8 +2272,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     page = page_at(jnp.minimum(lp0 + j, last_page))
                     plgpu.copy_gmem_to_smem(step_rows(k, page), kv_smem.at[slot, pl.ds(j * page_size, page_size)],
                                             kv_ready.at[slot])
-            if l2_prefetch:
-                prefetch_ahead(k, last_page, chunk, page_at, end)
 
         def compute_wg_halves(w: int):
             """(kv_halves) Warpgroup w: the tile's info (1 loads it, and q), then its half of the split's steps."""
@@ -2398,12 +2283,12 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             def _():
                 if w == 1:
                     load_q(first_tok)
-                # warpgroup 0 the first ceil(n x wg0_share / 100) steps
-                mid = begin + lax.div((end - begin) * wg0_share + 99, jnp.int32(100))
+                # warpgroup 0 the first ceil(n / 2) steps (as ceil(n x 50 / 100): session 26's wg0_share, removed)
+                mid = begin + lax.div((end - begin) * 50 + 99, jnp.int32(100))
                 b, e = (begin, mid) if w == 0 else (mid, end)
-                pl.when(e > b)(lambda: issue_half_step(w, b, jnp.int32(-1), last_page, e))
+                pl.when(e > b)(lambda: issue_half_step(w, b, jnp.int32(-1), last_page))
                 if pv_registers:  # (its second slot)
-                    pl.when(e > b + 1)(lambda: issue_half_step(w, b + 1, b, last_page, e))
+                    pl.when(e > b + 1)(lambda: issue_half_step(w, b + 1, b, last_page))
                 compute_tile_halves(w, first_tok, ntok, first_pos, kv_len, b, e, last_page)
 
         def compute_tile_halves(w, first_tok, ntok, first_pos, kv_len, b, e, last_page):
@@ -2432,9 +2317,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             if q_parts:  # (q's parts are q a: times the request's 1 / a)
                 scale = scale * qs_smem[0][0]
 
-            def step(k, carry, masked: bool, acc_ref=None):
-                """One step; acc_ref (pv_in_flight): O^T's accumulator, its P @ V left running (carry: m, l)."""
-                acc, m_i, l_i = carry if acc_ref is None else (None, *carry)
+            def step(k, carry, masked: bool):
+                acc, m_i, l_i = carry
                 kv_start = k * block_kv
                 slot = half_slot(w, k)
                 with jax.named_scope("kv_wait"):
@@ -2446,7 +2330,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 if q_parts:
                     s = scores_fp8(k, slot, kv_start, masked_keys)
                 elif qk_registers:
-                    s = scores_from_registers(k, slot, kv_start, masked_keys, pv_pending=acc_ref is not None)
+                    s = scores_from_registers(k, slot, kv_start, masked_keys)
                 else:
                     s = scores_from_copy(k, kv_start, masked_keys)
                 if masked:
@@ -2470,11 +2354,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         return
                     pv_from_copy(acc_ref, KV_LORA_RANK // 64)
 
-                if acc_ref is not None:  # (the accumulator's read waits for every wgmma: all are done by now)
-                    acc_ref[...] = acc_ref[...] * lax.broadcast_in_dim(alpha, (KV_LORA_RANK, n), [1])
-                    with jax.named_scope("pv"):
-                        pv(acc_ref)  # not awaited: the next step's conversion waits for each chunk's columns
-                    return m_new, l_i
                 acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [1])
                 with jax.named_scope("pv"):
                     acc = accumulate(acc, pv)
@@ -2522,8 +2401,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
             def pv_from_slot(acc_ref, k, slot, kv_start, masked: bool):
                 """(pv_registers) O^T += V^T P^T, 8 wgmmas of M = 64 (O^T's rows permuted by PV_PERM), each left
-                operand loaded from the fp8 slot (_load_vt_fp8), its keys past kv_len 0 on the masked step (the first
-                pv_copy_chunks from V's f16 copy, rows in order); then the slot, read, is refilled with step k + 2."""
+                operand loaded from the fp8 slot (_load_vt_fp8), its keys past kv_len 0 on the masked step; then the
+                slot, read, is refilled with step k + 2."""
                 keep = (plgpu.broadcasted_iota(jnp.int32, (64, block_kv), 1, layout=wg_layout) < kv_len - kv_start
                         if masked else None)
 
@@ -2536,8 +2415,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                     return load(ref)
 
-                pv_from_copy(acc_ref, pv_copy_chunks)  # (V's f16 copy, stored by the scores' conversion)
-                for c in range(pv_copy_chunks, KV_LORA_RANK // 64):  # (fp8_convert: "bits" all, "mixed" the odd)
+                for c in range(KV_LORA_RANK // 64):  # (fp8_convert: "bits" all, "mixed" the odd)
                     bits = fp8_convert == "bits" or (fp8_convert == "mixed" and c % 2 == 1)
                     vt = load_vt(kv_smem.at[slot, :, pl.ds(c * 64, 64)], bits)
                     if keep is not None:
@@ -2546,7 +2424,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     if pv_wait < KV_LORA_RANK // 64:  # (at most pv_wait chunks' wgmmas left running)
                         plgpu.wgmma_wait(pv_wait)
                 plgpu.commit_smem()  # the slot's reads done before its refill
-                pl.when(k + 2 < e)(lambda: issue_half_step(w, k + 2, k + 1, last_page, e))
+                pl.when(k + 2 < e)(lambda: issue_half_step(w, k + 2, k + 1, last_page))
 
             def rope_rows(slot, kv_start, masked: bool):
                 """The step's rope columns [block_kv, 64] in registers (WGMMA layout), rows past kv_len 0
@@ -2567,31 +2445,23 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 q_rope = q_smem[:, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)].astype(jnp.float32)
                 return s + jnp.dot(rope.astype(jnp.float32), q_rope.T, precision=lax.Precision.HIGHEST)
 
-            def scores_from_registers(k, slot, kv_start, masked: bool, pv_pending: bool = False):
+            def scores_from_registers(k, slot, kv_start, masked: bool):
                 """(qk_registers) S^T = K Q^T with every left operand in registers: each 64-column chunk of V is
                 loaded from the fp8 slot in the WGMMA layout, converted, stored to V's f16 copy (for P @ V; not with
                 pv_registers, whose P @ V loads V^T from the slot) and
                 handed to its scores' wgmma as it is, so the scores never read the copy back from shared memory.
-                Then the slot is refilled. pv_pending (pv_in_flight): the last step's P @ V may still run, 8 commit
-                groups in column order: before chunk c's store to V's copy, at most 8 groups stay in flight (its
-                P @ V's c-th done: after it come its last 7 - c, the rope's and chunks 0..c-1's); from chunk 1's
-                wait(1) on, none of them."""
+                Then the slot is refilled."""
                 keep = rows_below(kv_len - kv_start, ld_layout) if masked else None
 
                 def qk(s_ref):
-                    def chunk(c, before=None, after=1):
+                    def chunk(c):
                         c0 = c * 64 if isinstance(c, int) else pl.multiple_of(c * 64, 64)
                         cols = pl.ds(c0, 64)
                         x = plgpu.load(kv_smem.at[slot, :, cols], layout=ld_layout).astype(dtype)
                         if keep is not None:
                             x = jnp.where(keep, x, jnp.zeros_like(x))
-                        if before is not None:  # (the last step's P @ V of these columns is done)
-                            plgpu.wgmma_wait(before)
                         if not pv_registers:  # (pv_registers: P @ V loads V from the slot)
                             store_tiled(v_w().at[:, cols], x, ld_layout, F16_TILES)
-                        elif pv_copy_chunks:  # (but the first pv_copy_chunks chunks from this copy)
-                            pl.when(c < pv_copy_chunks)(
-                                lambda: store_tiled(v_w().at[:, cols], x, ld_layout, F16_TILES))
                         q_t = q_smem.at[:, cols].transpose((1, 0))
                         if interpret:  # (no left operand in registers: the copy just written, the same values)
                             plgpu.wgmma(s_ref, v_w().at[:, cols], q_t)
@@ -2600,19 +2470,13 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         # A wgmma reads its left operand's registers while it runs, and writing them before it is
                         # done is undefined (PTX ISA, wgmma.mma_async): the chunk before this one (its registers
                         # the next chunk's) is waited for here, this one's wgmma running under the next's load.
-                        if after is not None:
-                            plgpu.wgmma_wait(after)
+                        plgpu.wgmma_wait(1)
 
                     with jax.named_scope("dequant"):
                         rope = rope_rows(slot, kv_start, masked)
                         rope_scores(s_ref, rope)
-                        first = 0
-                        if pv_pending:  # (chunk 0 not waited for: its wait(1) would wait for all of P @ V)
-                            chunk(0, before=KV_LORA_RANK // 64, after=None)
-                            chunk(1, before=KV_LORA_RANK // 64)
-                            first = 1
 
-                        @pl.loop(first, KV_LORA_RANK // 128)  # two chunks an iteration, their registers apart
+                        @pl.loop(0, KV_LORA_RANK // 128)  # two chunks an iteration, their registers apart
                         def _(i):
                             chunk(2 * i)
                             chunk(2 * i + 1)
@@ -2620,7 +2484,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         if not pv_registers:  # (pv_registers: the slot is refilled after P @ V's loads)
                             plgpu.commit_smem()  # V's copy visible to P @ V; the slot's reads done before its refill
                     if not pv_registers:
-                        pl.when(k + 1 < e)(lambda: issue_half_step(w, k + 1, k, last_page, e))
+                        pl.when(k + 1 < e)(lambda: issue_half_step(w, k + 1, k, last_page))
                     with jax.named_scope("qk"):
                         return s_ref[...], rope
 
@@ -2656,7 +2520,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                 s = pl.run_scoped(qk, plgpu.ACC((block_kv, q_parts * n), jnp.float32))
                 if not pv_registers:  # (the wgmma is done: s read; the conversion's reads before the fence above)
-                    pl.when(k + 1 < e)(lambda: issue_half_step(w, k + 1, k, last_page, e))
+                    pl.when(k + 1 < e)(lambda: issue_half_step(w, k + 1, k, last_page))
                 total = s[:, :n]
                 for t in range(1, q_parts):
                     total = total + s[:, t * n:(t + 1) * n] * (Q_FP8_STEP ** -t)
@@ -2671,7 +2535,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     convert_v_copy(w, keep)  # (this warpgroup's P @ V of step k - 1 is done: V's copy is free)
                     rope = rope_rows(w, kv_start, masked)
                     plgpu.commit_smem()  # V's copy visible to the wgmmas; the slot's reads done before its refill
-                pl.when(k + 1 < e)(lambda: issue_half_step(w, k + 1, k, last_page, e))
+                pl.when(k + 1 < e)(lambda: issue_half_step(w, k + 1, k, last_page))
 
                 def qk(s_ref):
                     rope_scores(s_ref, rope)
@@ -2690,16 +2554,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                      plgpu.layout_cast(jnp.full((block_kv, n) if sums_at_end else (n,), 0.0, jnp.float32),
                                        wg_layout if sums_at_end else col_layout))
             mid = jnp.clip(lax.div(first_pos + 1, jnp.int32(block_kv)), b, e)  # steps before it skip the mask
-            if pv_in_flight and not interpret:  # (the interpreter has no rule for storing into an accumulator)
-                def steps(acc_ref):
-                    c = lax.fori_loop(b, mid, functools.partial(step, masked=False, acc_ref=acc_ref), carry[1:])
-                    c = lax.fori_loop(mid, e, functools.partial(step, masked=True, acc_ref=acc_ref), c)
-                    return acc_ref[...], *c  # (waits for the last P @ V)
-
-                acc, m_i, l_i = pl.run_scoped(steps, plgpu.ACC((KV_LORA_RANK, n), jnp.float32))
-            else:
-                carry = lax.fori_loop(b, mid, functools.partial(step, masked=False), carry)
-                acc, m_i, l_i = lax.fori_loop(mid, e, functools.partial(step, masked=True), carry)
+            carry = lax.fori_loop(b, mid, functools.partial(step, masked=False), carry)
+            acc, m_i, l_i = lax.fori_loop(mid, e, functools.partial(step, masked=True), carry)
             if sums_at_end:
                 l_i = col_reduce(l_i, "add", w)
 
@@ -2769,8 +2625,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             (plgpu.SMEM((1, q_parts * q_rows, HEAD_DIM), jnp.float8_e4m3fn, transforms=FP8_RING_TILES) if q_parts else
              plgpu.SMEM((q_rows, HEAD_DIM), dtype, transforms=transforms),
              plgpu.SMEM((half_slots, block_kv, HEAD_DIM), jnp.float8_e4m3fn, transforms=FP8_RING_TILES),
-             *([] if pv_registers and not pv_copy_chunks else  # (pv_copy_chunks: the copies of its chunks only)
-               [plgpu.SMEM((NUM_COMPUTE_WGS, block_kv, 64 * pv_copy_chunks if pv_registers else KV_LORA_RANK),
+             *([] if pv_registers else
+               [plgpu.SMEM((NUM_COMPUTE_WGS, block_kv, KV_LORA_RANK),
                            dtype, transforms=f16_tiles)])),
             (plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), stage_dtype, transforms=stage_transforms),
              plgpu.SMEM((NUM_COMPUTE_WGS, 2, V_HALF, score_rows), jnp.bfloat16, transforms=t_transforms),
@@ -2917,7 +2773,7 @@ def _kv_halves_runs(tuning: MosaicConfig, fp8: bool, num_heads: int, max_query_l
     pv_registers_asked = tuning.pv_registers and (tuning.qk_fp8 or (tuning.qk_registers and tuning.qk_permuted))
     kv_halves = (tuning.kv_halves and fp8 and tuning.transposed_pv and score_rows in TRANSPOSED_PV_ROWS
                  and (score_rows == TRANSPOSED_PV_ROWS[0] or interpret
-                      or (pv_registers_asked and not tuning.pv_copy_chunks)))
+                      or pv_registers_asked))
     return bool(kv_halves), score_rows
 
 
@@ -3013,19 +2869,18 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         overlap_wait=tuning.overlap_wait,
         transposed_pv=tuning.transposed_pv and score_rows in TRANSPOSED_PV_ROWS, heads_fastest=tuning.heads_fastest,
         kv_multicast=tuning.kv_multicast, deferred_pv=tuning.deferred_pv, split_ring=tuning.split_ring,
-        part_wait=tuning.part_wait, l2_prefetch=tuning.l2_prefetch, late_row_sums=tuning.late_row_sums,
+        part_wait=tuning.part_wait,
         kv_halves=kv_halves, qk_registers=kv_halves and tuning.qk_registers,
         sums_at_end=kv_halves and tuning.sums_at_end,
-        pv_in_flight=kv_halves and tuning.qk_registers and tuning.pv_in_flight, qk_permuted=qk_permuted,
-        pv_registers=pv_registers, pv_wait=tuning.pv_wait, wg0_share=tuning.wg0_share,
-        pv_copy_chunks=tuning.pv_copy_chunks if pv_registers else 0, zero_tail=kv_halves and tuning.zero_tail,
+        qk_permuted=qk_permuted, pv_registers=pv_registers, pv_wait=tuning.pv_wait,
+        zero_tail=kv_halves and tuning.zero_tail,
         q_parts=q_parts,
     )
     q_in = (q, q_inv_scale) if q_parts else q
     out, lse = kernel(q_in, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     # (pv_registers) the kernel's output columns permuted by PV_PERM within each 16, past the copy's chunks: put back
     # by the combine's gather with split-KV, else by a gather of their own
-    order = jnp.asarray(pv_output_order(tuning.pv_copy_chunks), jnp.int32) if pv_registers else None
+    order = jnp.asarray(PV_UNPERM, jnp.int32) if pv_registers else None
     if num_splits > 1:
         # split partials per token [S, T, heads, 512] -> out, lse: one Pallas Triton kernel on the GPU
         # (mla_jax.combine); in Mosaic GPU interpret mode its jnp formula

@@ -47,11 +47,9 @@ VARIANTS = {
                               overlap_dequant=(True, False), overlap_wait=(True, False),
                               transposed_pv=(True, False), heads_fastest=(True, False),
                               kv_multicast=(True, False), deferred_pv=(True, False), split_ring=(True, False),
-                              part_wait=(True, False), l2_prefetch=(1, 2, 3), late_row_sums=(True, False),
-                              kv_halves=(True, False), qk_registers=(True, False),
-                              sums_at_end=(True, False), pv_in_flight=(True, False),
-                              qk_permuted=(True, False), pv_registers=(True, False),
-                              pv_wait=(1, 2, 4, 8), wg0_share=(56, 62), pv_copy_chunks=(1, 2, 3), zero_tail=(True,),
+                              part_wait=(True, False), kv_halves=(True, False), qk_registers=(True, False),
+                              sums_at_end=(True, False), qk_permuted=(True, False), pv_registers=(True, False),
+                              pv_wait=(1, 2, 4, 8), zero_tail=(True,),
                               qk_fp8=(True,)),
 }
 

@@ -51,9 +51,10 @@ loads and waits):
   warpgroup 1: the kernel's loads and waits without its block table, masks, prologue and epilogue;
   "_ring_scattered": the steps in a scattered order (step x of the walk is x * SCATTER mod 2^14: as the bench's
   random pages, where _ring walks the buffer in order); "_pf1", "_pf2": with each refill, the step one or two after
-  it prefetched into L2 (`plgpu.async_prefetch` a TMA box at a time, as MosaicConfig.l2_prefetch);
+  it prefetched into L2 (`plgpu.async_prefetch` a TMA box at a time, as MosaicConfig.l2_prefetch did, removed in
+  session 29);
 * "step_flashmla_1p_late", "step_flashmla_1p_ring_late": warpgroup 0 adds up its row sums under its P @ V (as
-  MosaicConfig.late_row_sums) instead of before P's hand-over;
+  MosaicConfig.late_row_sums did, removed in session 29) instead of before P's hand-over;
 * "stream_pairs_x2", "stream_pairs_x3", "stream_hbm_x3", "stream_l2_x3" (STREAMS): loads alone, 64 KiB an
   iteration into two or three slots, from the large buffer in CTA pairs, each CTA its own steps (HBM), or the 10 MiB
   window (L2): the SMs' intake of TMA bytes without compute (`sm_ingress_tb_per_s`);
@@ -93,7 +94,7 @@ RING = "step_flashmla_1p_ring"  # the kernel's two-stage ring: loads into the sl
 RINGS = {RING: (False, 0), "step_flashmla_1p_ring_scattered": (True, 0),
          "step_flashmla_1p_ring_scattered_pf1": (True, 1), "step_flashmla_1p_ring_scattered_pf2": (True, 2),
          "step_flashmla_1p_ring_late": (False, 0)}
-# warpgroup 0's row sums under its P @ V (MosaicConfig.late_row_sums), not before P's hand-over
+# warpgroup 0's row sums under its P @ V (as the removed MosaicConfig.late_row_sums), not before P's hand-over
 LATE = ("step_flashmla_1p_late", "step_flashmla_1p_ring_late")
 SCATTER = 40503  # odd: x -> x * SCATTER mod 2^14 permutes the large buffer's 2^14 steps
 STEPS = {"step_flashmla": 2, "step_flashmla_1p": 2, "step_flashmla_1p_late": 2, **{name: 2 for name in LOADS},
@@ -418,7 +419,7 @@ def build_step(probe: str, iters: int, num_ctas: int, interpret: bool = False):
                             plgpu.barrier_wait(kv_consumed.at[lax.rem(i, 2)])
                             load(i + 2)
 
-                        if prefetch:  # the step `prefetch` after it into L2 (MosaicConfig.l2_prefetch)
+                        if prefetch:  # the step `prefetch` after it into L2 (as l2_prefetch did)
                             pl.when(i + 2 + prefetch < iters)(
                                 lambda: prefetch_to_l2(pair_step(i + 2 + prefetch)))
                     if tma:  # the refill's traffic: a KV step into the spare slot (once load i - depth landed)

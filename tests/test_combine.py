@@ -56,13 +56,13 @@ def test_a_nan_split_gives_nan_in_that_row_only(num_splits):
 @pytest.mark.parametrize("num_splits, num_heads", [(2, 16), (5, 20)])
 def test_col_order_gathers_the_output_columns(num_splits, num_heads):
     """col_order: the kernel reads partial column col_order[j] for output column j, the formula gathers its
-    output: the same as combining and then gathering (pv_registers's PV_UNPERM order, past 0 and 3 f16 chunks, and a
-    permutation across the 64-column blocks)."""
-    from mla_jax.pallas_mosaic_gpu import pv_output_order
+    output: the same as combining and then gathering (pv_registers's PV_UNPERM order, and a permutation across the
+    64-column blocks)."""
+    from mla_jax.pallas_mosaic_gpu import PV_UNPERM
 
     o, lse = _partials(num_splits, 3, num_heads)
     ref_out, ref_lse = combine_ref(o, lse, jnp.float32)
-    orders = [pv_output_order(0), pv_output_order(3), np.random.default_rng(2).permutation(512)]
+    orders = [PV_UNPERM, np.random.default_rng(2).permutation(512)]
     for order in orders:
         for out, lse_out in (combine(o, lse, jnp.float32, interpret=True, col_order=jnp.asarray(order)),
                              combine_ref(o, lse, jnp.float32, col_order=order)):

@@ -307,12 +307,6 @@ MOSAIC_FP8_CASES = [
                                            overlap_dequant=False)),
     # the heuristic's pick at H = 8, q_len 2 (16 rows: both transposed, the overlap with overlap_wait)
     ("heads_8_q2", "bfloat16", None),
-    # warpgroup 0's row sums under its P @ V (late_row_sums): under the overlapped conversion's P @ V (16 rows), and
-    # the fused path's (H = 128)
-    ("page_size_16", "float16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, late_row_sums=True)),
-    ("heads_128", "bfloat16", dict(num_splits=2, late_row_sums=True)),
-    # the fp8 ring's TMAs with L2 prefetches of the steps ahead
-    ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, l2_prefetch=2)),
     # each warpgroup its own half of a split's steps (kv_halves): 16 rows at page 16 with 2 splits, pages of 64
     # (one step a page) with 3 splits (a warpgroup with no step where a split has one), page 8 at H = 8 with q_len 2
     # (16 rows, two tokens: causal masks), one split in fp16, pages of two steps, and each warpgroup's block table
@@ -341,14 +335,6 @@ MOSAIC_FP8_CASES = [
                                      sums_at_end=True)),
     ("page_128", "float16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
                                  sums_at_end=True)),
-    # each warpgroup's L2 prefetch of the step l2_prefetch ahead in its range (pages of 16: 4 a step, 2 splits;
-    # block tables past a chunk, where a step ahead's entries are not staged; pages of two steps)
-    ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
-                                      qk_registers=True, sums_at_end=True, l2_prefetch=2)),
-    ("long_page_8", "bfloat16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
-                                     l2_prefetch=1)),
-    ("page_128", "float16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
-                                 qk_registers=True, l2_prefetch=3)),
     # the scores' left operands loaded 4 values a thread, their columns permuted and q's with them (qk_permuted):
     # 2 splits at page 16 with sums_at_end, H = 8 q_len 2 (masks), block tables past a chunk in fp16
     ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
@@ -357,12 +343,6 @@ MOSAIC_FP8_CASES = [
                                     qk_permuted=True)),
     ("long_page_8", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
                                     sums_at_end=True, qk_permuted=True)),
-    # the steps split unevenly between the warpgroups (wg0_share): 62% to warpgroup 0 with 2 splits at page 16, 20%
-    # with block tables past a chunk at page 8
-    ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
-                                      qk_registers=True, sums_at_end=True, wg0_share=62)),
-    ("long_page_8", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
-                                    sums_at_end=True, qk_permuted=True, wg0_share=20)),
     # P @ V's left operand from the fp8 slot too, two slots a warpgroup (pv_registers; compiled only): 2 splits at
     # page 16, H = 8 q_len 2 (masks), block tables past a chunk, pages of two steps with 2 splits
     ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
@@ -571,9 +551,6 @@ def test_mosaic_gpu_fp8_kv_halves_nan_in_one_head_compiled():
                                                         fp8_convert="mixed")),
                                               (16, dict(num_splits=2, transposed_scores=True, overlap_wait=True)),
                                               (16, dict(num_splits=2, transposed_scores=True, transposed_pv=True)),
-                                              (16, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
-                                                        l2_prefetch=2)),
-                                              (128, dict(num_splits=1, l2_prefetch=1)),
                                               # (kv_halves at H = 8: 16 rows at q_len 2, where it runs)
                                               (8, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
                                                        kv_halves=True)),
@@ -581,19 +558,10 @@ def test_mosaic_gpu_fp8_kv_halves_nan_in_one_head_compiled():
                                                        kv_halves=True, qk_registers=True)),
                                               (8, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
                                                        kv_halves=True, qk_registers=True, sums_at_end=True,
-                                                       l2_prefetch=2)),
-                                              (8, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
-                                                       kv_halves=True, qk_registers=True, sums_at_end=True,
-                                                       pv_in_flight=True)),
-                                              (8, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
-                                                       kv_halves=True, qk_registers=True, sums_at_end=True,
                                                        qk_permuted=True)),
                                               (8, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
                                                        kv_halves=True, qk_registers=True, sums_at_end=True,
                                                        qk_permuted=True, pv_registers=True)),
-                                              (8, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
-                                                       kv_halves=True, qk_registers=True, sums_at_end=True,
-                                                       qk_permuted=True, pv_registers=True, pv_copy_chunks=3)),
                                               # (kv_halves at 32 rows: H = 16 at q_len 2, with pv_registers; one
                                               # split: the bf16 stage)
                                               (16, dict(num_splits=1, transposed_scores=True, transposed_pv=True,
@@ -724,18 +692,11 @@ def test_fp8_convert_config_is_validated():
     (dict(kv_halves=True, schedule="split"), "schedule='split'"),
     (dict(qk_registers=1), "qk_registers=1"),
     (dict(sums_at_end="yes"), "sums_at_end='yes'"),
-    (dict(pv_in_flight=1), "pv_in_flight=1"),
     (dict(qk_permuted="on"), "qk_permuted='on'"),
     (dict(pv_registers=1), "pv_registers=1"),
-    (dict(pv_registers=True, pv_in_flight=True), "pv_in_flight=True"),
-    (dict(pv_registers=True, l2_prefetch=2), "l2_prefetch=2"),
     (dict(pv_wait=0), "pv_wait=0"),
     (dict(pv_wait=9), "pv_wait=9"),
     (dict(pv_wait=True), "pv_wait=True"),
-    (dict(wg0_share=0), "wg0_share=0"),
-    (dict(wg0_share=100), "wg0_share=100"),
-    (dict(pv_copy_chunks=4), "pv_copy_chunks=4"),
-    (dict(pv_copy_chunks=-1), "pv_copy_chunks=-1"),
 ])
 def test_kv_halves_config_is_validated(fields, match):
     from mla_jax.pallas_mosaic_gpu import MosaicConfig
@@ -762,9 +723,6 @@ def test_qk_registers_needs_kv_halves_in_the_kernel_builder():
         with pytest.raises(ValueError, match="kv_halves=False"):
             pallas_mosaic_gpu._build_kernel(**{opt: True}, **kw)
         pallas_mosaic_gpu._build_kernel(**{opt: True}, kv_halves=True, **kw)
-    with pytest.raises(ValueError, match="qk_registers=False"):  # (pv_in_flight waits in qk_registers's conversion)
-        pallas_mosaic_gpu._build_kernel(pv_in_flight=True, kv_halves=True, **kw)
-    pallas_mosaic_gpu._build_kernel(pv_in_flight=True, kv_halves=True, qk_registers=True, **kw)
     with pytest.raises(ValueError, match="qk_registers=False"):  # (qk_permuted loads qk_registers's operands)
         pallas_mosaic_gpu._build_kernel(qk_permuted=True, kv_halves=True, **kw)
     pallas_mosaic_gpu._build_kernel(qk_permuted=True, kv_halves=True, qk_registers=True, **kw)
@@ -775,17 +733,25 @@ def test_qk_registers_needs_kv_halves_in_the_kernel_builder():
     with pytest.raises(ValueError, match="interpret=True"):
         pallas_mosaic_gpu._build_kernel(pv_registers=True, qk_permuted=True, interpret=True, **full)
     pallas_mosaic_gpu._build_kernel(pv_registers=True, qk_permuted=True, **full)
-    with pytest.raises(ValueError, match="pv_registers=False"):  # (pv_copy_chunks splits pv_registers's P @ V)
-        pallas_mosaic_gpu._build_kernel(pv_copy_chunks=2, qk_permuted=True, **full)
-    pallas_mosaic_gpu._build_kernel(pv_copy_chunks=2, pv_registers=True, qk_permuted=True, **full)
-    # at 32 rows V's f16 copies do not fit: compiled, kv_halves needs pv_registers there, without pv_copy_chunks
+    # at 32 rows V's f16 copies do not fit: compiled, kv_halves needs pv_registers there
     full32 = dict(full, score_rows=32)
     with pytest.raises(ValueError, match="kv_halves at 32 rows .* got pv_registers=False"):
         pallas_mosaic_gpu._build_kernel(qk_permuted=True, **full32)
-    with pytest.raises(ValueError, match="pv_copy_chunks=1"):
-        pallas_mosaic_gpu._build_kernel(pv_copy_chunks=1, pv_registers=True, qk_permuted=True, **full32)
     pallas_mosaic_gpu._build_kernel(interpret=True, **full32)  # (interpret mode: with the copies)
     pallas_mosaic_gpu._build_kernel(pv_registers=True, qk_permuted=True, **full32)
+    # q's e4m3 parts (qk_fp8): 2 or 3, in kv_halves's step without qk_permuted, or on the plain scores with the fused
+    # conversion; not on the transposed scores' one-chain path, nor with 4 parts
+    with pytest.raises(ValueError, match="q_parts=2, kv_halves=True, qk_permuted=True"):
+        pallas_mosaic_gpu._build_kernel(q_parts=2, qk_permuted=True, **full)
+    pallas_mosaic_gpu._build_kernel(q_parts=2, pv_registers=True, **full)
+    with pytest.raises(ValueError, match="q_parts=2, kv_halves=False.*score_rows=16"):
+        pallas_mosaic_gpu._build_kernel(q_parts=2, fused_dequant=True, **kw)
+    plain = dict(kw, score_rows=0, transposed_pv=False, fused_dequant=True)
+    pallas_mosaic_gpu._build_kernel(q_parts=2, **plain)
+    with pytest.raises(ValueError, match="q_parts=4"):
+        pallas_mosaic_gpu._build_kernel(q_parts=4, **plain)
+    with pytest.raises(ValueError, match="fused_dequant=False"):
+        pallas_mosaic_gpu._build_kernel(q_parts=2, **dict(plain, fused_dequant=False))
 
 
 def _layout_columns(layout, shape=(64, 64)):
@@ -902,20 +868,6 @@ QK_PERMUTED_TUNING = dict(transposed_scores=True, transposed_pv=True, kv_halves=
 
 
 @pytest.mark.gpu
-def test_mosaic_gpu_fp8_pv_in_flight_is_bitwise_qk_registers():
-    """pv_in_flight leaves a step's P @ V running into the next step, each chunk's conversion waiting for the P @ V
-    of its columns before storing over them: the same wgmmas in the same order, the same out and lse bit for bit
-    compiled (2 splits at page 16; H = 8 at q_len 2, masks; block tables past a chunk at page 8; pages of two steps
-    in fp16), with and without sums_at_end."""
-    _skip_without_hopper()
-    base = dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True)
-    for name, dtype, extra in KV_HALVES_BITWISE_SCENARIOS:
-        for sums in (False, True):
-            t = dict(base, **extra, sums_at_end=sums)
-            _assert_bitwise(name, dtype, [t, dict(t, pv_in_flight=True)])
-
-
-@pytest.mark.gpu
 def test_mosaic_gpu_fp8_pv_registers_is_bitwise_qk_permuted():
     """pv_registers loads P @ V's left operand from the fp8 slot (V^T by ldmatrix.trans, its rows permuted, the
     output's columns put back by the wrapper) where qk_permuted reads V's f16 copy: the same products in the same
@@ -938,18 +890,6 @@ def test_mosaic_gpu_fp8_pv_registers_bits_is_bitwise_cvt():
     for name, dtype, extra in KV_HALVES_BITWISE_SCENARIOS:
         t = dict(base, **extra)
         _assert_bitwise(name, dtype, [t] + [dict(t, fp8_convert=c) for c in ("bits", "mixed")])
-
-
-@pytest.mark.gpu
-def test_mosaic_gpu_fp8_pv_copy_chunks_is_bitwise_qk_permuted():
-    """pv_copy_chunks reads P @ V's first chunks from an f16 copy and the rest from the fp8 slot (the output's first
-    columns then in order, the wrapper un-permuting the rest): the same products in the same order as qk_permuted,
-    the same out and lse bit for bit compiled, on the bitwise test's 4 scenarios."""
-    _skip_without_hopper()
-    base = QK_PERMUTED_TUNING
-    for name, dtype, extra in KV_HALVES_BITWISE_SCENARIOS:
-        t = dict(base, **extra)
-        _assert_bitwise(name, dtype, [t] + [dict(t, pv_registers=True, pv_copy_chunks=n) for n in (1, 3)])
 
 
 @pytest.mark.gpu
@@ -987,9 +927,6 @@ def test_pv_perm_is_ldmatrix_trans_seen_as_wgmma():
     assert sorted(mg.PV_PERM) == list(range(512))
     x = np.arange(512)
     np.testing.assert_array_equal(x[mg.PV_PERM][mg.PV_UNPERM], x)
-    for n in range(mg.MAX_PV_COPY_CHUNKS + 1):  # (pv_copy_chunks: the first 64 n columns from the copy, in order)
-        kernel_cols = np.concatenate([x[:64 * n], x[mg.PV_PERM][64 * n:]])
-        np.testing.assert_array_equal(kernel_cols[mg.pv_output_order(n)], x)
 
 
 def test_mosaic_gpu_overlap_dequant_is_refused_where_it_does_not_fit():
@@ -1257,6 +1194,84 @@ def test_split_q_e4m3_step_1(dtype):
             assert np.any(err[big] > 0)
 
 
+# qk_fp8 with requests of different q scales (each request's q times 1, 2^5, 2^-7, ...: powers of two, exact), so that
+# each tile must read its own request's 1 / a: the plain scores (H = 16 spec decode: query tiles of several tokens,
+# H = 128: a tile a token) and kv_halves with V's copies (interpret mode) or pv_registers (compiled)
+QK_FP8_SCALED_CASES = [
+    ("spec_decode_page_16", "bfloat16", dict(num_splits=2, qk_fp8=True)),
+    ("heads_128", "bfloat16", dict(qk_fp8=True)),
+    ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
+                                      sums_at_end=True, qk_fp8=True)),
+    ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
+                                      sums_at_end=True, pv_registers=True, qk_fp8=True)),
+]
+REQUEST_Q_FACTORS = (1.0, 2.0 ** 5, 2.0 ** -7, 2.0 ** 3)
+
+
+def _qk_fp8_scaled(name, dtype, tuning, interpret):
+    import dataclasses
+
+    from mla_jax import pallas_mosaic_gpu as mg
+
+    batch, k_scale = make_fp8_batch(FP8_SCENARIOS[name], dtype)
+    qsl = np.asarray(batch.metadata.query_start_loc)
+    q = np.array(batch.q)
+    for r in range(len(qsl) - 1):
+        q[qsl[r]:qsl[r + 1]] *= REQUEST_Q_FACTORS[r % len(REQUEST_Q_FACTORS)]
+    batch = dataclasses.replace(batch, q=q)
+    ref_out, ref_lse = reference.mla_decode(batch.q, batch.kv_cache.astype(np.float64) * k_scale, batch.metadata,
+                                            batch.config.replace(kv_cache_dtype="auto"))
+    qj, kv, md = jax_inputs(batch, dtype)
+    _, inv = mg.split_q_e4m3(qj, md.query_start_loc, md.seq_lens.shape[0], 2)
+    assert len(set(np.asarray(inv).tolist())) == len(qsl) - 1  # (every request its own scale)
+    out, lse = mg.mla_decode(qj, None, kv, md, batch.config, tuning=mg.MosaicConfig(**tuning), interpret=interpret,
+                             k_scale=k_scale)
+    assert_close(out.astype(jnp.float32), lse, ref_out, ref_lse, dtype, f"mosaic fp8 {name} {tuning} scaled requests")
+
+
+@pytest.mark.parametrize("name,dtype,tuning", QK_FP8_SCALED_CASES[:3],
+                         ids=[_case_id(c) for c in QK_FP8_SCALED_CASES[:3]])
+def test_mosaic_gpu_qk_fp8_requests_of_different_scales(name, dtype, tuning):
+    pytest.importorskip("absl", reason="Mosaic GPU interpret mode needs absl-py")
+    _qk_fp8_scaled(name, dtype, tuning, interpret=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,dtype,tuning", QK_FP8_SCALED_CASES, ids=[_case_id(c) for c in QK_FP8_SCALED_CASES])
+def test_mosaic_gpu_qk_fp8_requests_of_different_scales_compiled(name, dtype, tuning):
+    _skip_without_hopper()
+    _qk_fp8_scaled(name, dtype, tuning, interpret=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,tuning", [
+    ("heads_128", dict(num_splits=2)),
+    ("spec_decode_page_16", dict(num_splits=2)),
+    ("long_page_8", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, sums_at_end=True,
+                         pv_registers=True, zero_tail=True)),
+    ("decode_q2_page_32", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
+                               sums_at_end=True, pv_registers=True, pv_wait=1, zero_tail=True)),
+])
+def test_mosaic_gpu_qk_fp8_error_is_the_defaults_compiled(name, tuning):
+    """On the H200 the e4m3 tensor cores sum qk_fp8's scores (with a limited accumulator, reportedly ~14 bits): its
+    error against the float64 reference stays within 2x the same tuning's without qk_fp8 (+ 1e-4), out and lse,
+    bf16 q, on the plain scores (one accumulator for both parts) and kv_halves (the parts in separate columns)."""
+    _skip_without_hopper()
+    from mla_jax import pallas_mosaic_gpu as mg
+
+    batch, k_scale, ref_out, ref_lse = fp8_batch_and_reference(name, "bfloat16")
+    q, kv, md = jax_inputs(batch, "bfloat16")
+    errs = []
+    for qk_fp8 in (False, True):
+        out, lse = mg.mla_decode(q, None, kv, md, batch.config, tuning=mg.MosaicConfig(**tuning, qk_fp8=qk_fp8),
+                                 k_scale=k_scale)
+        out = np.asarray(out.astype(jnp.float32), np.float64)
+        errs.append((np.linalg.norm(out - ref_out) / np.linalg.norm(ref_out),
+                     np.abs(np.asarray(lse, np.float64) - ref_lse).max()))
+    (out_d, lse_d), (out_f, lse_f) = errs
+    assert out_f <= 2 * out_d + 1e-4 and lse_f <= 2 * lse_d + 1e-4, errs  # (else: one accumulator a part)
+
+
 def test_mosaic_gpu_qk_fp8_where_it_runs():
     """qk_fp8 runs where kv_halves does (parts 16x apart), and compiled only where q's parts fit: with pv_registers,
     or a bf16 q (2 parts) beside V's f16 copies; the lowered kernel then holds the request's scale buffer (1 KiB more
@@ -1318,7 +1333,8 @@ def test_kernel_hash_sees_the_tuning_and_qk_fp8_issues_e4m3_wgmmas():
     # 64 rows (H = 128): a wgmma a part of q, M = its 64 rows, N = the step's 64 keys
     problem = (128, 64, 4096, 1, True)
     base = mg.heuristic_config(dataclasses.replace(config, num_heads=128), 64, 64, 64, max_query_len=1)
-    heuristic, fp8 = (kernel_hash.module_texts(problem, tuning=t) for t in (base, dataclasses.replace(base, qk_fp8=True)))
+    heuristic, fp8 = (kernel_hash.module_texts(problem, tuning=t)
+                      for t in (base, dataclasses.replace(base, qk_fp8=True)))
     assert not re.search(r"wgmma\.mma_async[.\w]*\.e4m3\.e4m3", heuristic[0])
     assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n64k32\.f32\.e4m3\.e4m3", fp8[0])
 
