@@ -23,7 +23,7 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
   row i of a tile whose first token sits at position `first_pos` sees KV positions
   `p <= first_pos + i // Hp`; steps every row sees entirely skip the mask.
 * Producer. A compute warpgroup also issues the TMAs (warpgroup 0 with the "split" schedule,
-  the last P @ V warpgroup with "flashmla" and "three_wg"): the query tile, and per KV step of
+  warpgroup 1 with "flashmla"): the query tile, and per KV step of
   `block_kv` (64) tokens the pages of that step from `kv_cache.at[page]` (page ids
   read as scalars from a chunk of the block table staged in SMEM) into a
   `max_concurrent_steps`-deep ring of swizzled SMEM stages (`kv_ready[slot]`); at
@@ -48,11 +48,6 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
   and does P @ V for columns [0, 256); warpgroup 1 rescales, does P @ V for [256, 512),
   releases P (`p_free`) and issues the TMAs. One hand-off a step instead of two lock-step
   barriers, and warpgroup 1's P @ V overlaps warpgroup 0's next scores.
-* Three warpgroups (`MosaicConfig(schedule="three_wg")`, opt-in; 1.3x slower than "flashmla"
-  at H128 B64 S16384 on the H200 in session 4, 1.05-1.10x on two H = 128 rows in session 16): warpgroup 0 only computes the scores and the softmax;
-  warpgroups 1 and 2 each do P @ V for one 256-column output half (2 also issues the TMAs),
-  with registers rebalanced (setmaxnreg 152 / 176 / 176), so that the next step's scores
-  overlap both P @ V halves.
 * P in the KV slot (`MosaicConfig(p_in_kv=True)`, opt-in; 0.4-5% slower at H = 128 on the H200, 4-5% on
   three rows in session 16):
   "flashmla" with P of a step stored in its slot's 64 rope columns (free after the step's
@@ -68,10 +63,6 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
   no deferral: the scores of a step wait for part 1 only after part 0's wgmmas are issued.
 * The two-part slot refilled whole (`MosaicConfig(part_wait=True)`, opt-in; neutral to 1.04x slower at H = 128 on
   the H200, session 17): split_ring's parts, both refilled by warpgroup 1 after `kv_consumed` as the default does.
-* Seesaw (`MosaicConfig(schedule="seesaw")`, opt-in; 1.23-1.38x slower than "flashmla" at
-  H = 128 on the H200): FlashMLA's seesaw, steps in pairs, one per ring slot; each warpgroup
-  computes one step's scores and softmax (warpgroup 1 against warpgroup 0's new row max) and
-  P @ V of both steps for its output half, P in the slots' rope columns.
 * Transposed scores (`MosaicConfig(transposed_scores=True)`, the heuristic's pick where a tile uses at most
   16 rows, H = 16 at q_len 1, or 32 with transposed_pv, H = 16 at q_len 2):
   where a tile uses fewer than its 64 rows (H = 16 at q_len 1 uses 16), warpgroup 0 of
@@ -169,7 +160,7 @@ REDUCTION_SCRATCH_BYTES = 1024  # transposed scores: the column max / sum across
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 SUPPORTED_DTYPES = ("bfloat16", "float16")
-SCHEDULES = ("split", "flashmla", "three_wg", "seesaw")
+SCHEDULES = ("split", "flashmla")
 DEQUANT_LAYOUTS = ("wgmma", "wgmma_8bit")
 FUSED_GROUPS = (1, 2, 4)  # MosaicConfig.fused_group: V-half chunks converted between two fences
 FP8_CONVERTS = ("cvt", "bits", "mixed")  # MosaicConfig.fp8_convert: how e4m3 becomes f16 in registers
@@ -265,9 +256,6 @@ def split_q_e4m3(q, query_start_loc, num_reqs: int, num_parts: int, step: float 
 PV_PERM_16 = tuple(2 * (r % 8) + r // 8 for r in range(16))
 PV_PERM = np.array([16 * b + PV_PERM_16[r] for b in range(KV_LORA_RANK // 16) for r in range(16)])
 PV_UNPERM = np.argsort(PV_PERM)  # out[..., PV_UNPERM]: the kernel's output columns back in order
-# three_wg's register split (setmaxnreg; 128 threads each, at most 65536 registers in all): the scores
-# warpgroup holds a 64 x 64 fp32 score tile, each P @ V warpgroup a 64 x 256 fp32 accumulator
-THREE_WG_REGISTERS = (152, 176, 176)
 
 
 def _is_pow2(x: int) -> bool:
@@ -428,19 +416,6 @@ class MosaicConfig:
         warpgroup 0 computes all the scores (N = 64) and the softmax, warpgroup 1 only its P @ V
         half and the TMAs, so its P @ V overlaps warpgroup 0's next scores; 128-byte swizzle. The
         default ("flashmla"): 1.09-1.31x faster than "split" on 4 of 5 H200 shapes (session 3).
-        "three_wg" (opt-in; slower than "flashmla" on the H200: 1.3x in session 4, 1.05-1.10x on two H = 128 rows
-        in session 16, where parity.wgmma_probe's memoryless step_three_wg, 1.86-1.88 us, is no faster than
-        step_flashmla's 1.80-1.86 even without loads): a third warpgroup; warpgroup 0 only computes the
-        scores and the softmax, warpgroups 1 and 2 each do P @ V for one output half (2 the TMAs), so
-        warpgroup 0's next scores overlap both P @ V halves (the H200 profile of "flashmla" showed
-        warpgroup 1 idle half the time while warpgroup 0 ran scores, softmax and its P @ V in series).
-        "seesaw" (opt-in; bf16/fp16 cache, plain scores, 2 stages; 1.23-1.38x slower than "flashmla" on three
-        H = 128 shapes of the H200, session 7): FlashMLA's seesaw. Steps go in
-        pairs, one per ring slot; warpgroup 0 computes the scores and softmax of the first (slot 0),
-        warpgroup 1 those of the second (slot 1) against warpgroup 0's new row max, and each does
-        P @ V of both steps for its 256 output columns (P of a step in its slot's rope columns, as
-        p_in_kv): each warpgroup's softmax runs while the other's wgmmas do, where "flashmla" leaves
-        the tensor cores idle during warpgroup 0's softmax every step.
         memory_warpgroup=True needs schedule="split".
     transposed_scores: warpgroup 0 computes the scores transposed, S^T = K Q^T (wgmma M = the 64 keys
         of a step, N = the rows of the query tile in use: 16 at H = 16 and q_len 1), instead of
@@ -691,6 +666,12 @@ class MosaicConfig:
         its V half of the step (no rope chunk: only the scores read it), and warpgroup 0's scores no longer wait for
         warpgroup 1's half (`deq_ready`); each warpgroup's V half is converted for its P @ V only. Compiled with a bf16
         q only (2 parts: the 16-bit q's 72 KiB; 3 would not fit beside the ring and the copy).
+    qk_fp8_one_acc: (qk_fp8 on the plain scores only; elsewhere no effect) True (the default): q's parts' wgmmas all
+        into one accumulator, the parts unscaled (split_q_e4m3's step 1; no register more than the default's scores);
+        False: an accumulator a part (32 registers a thread more in warpgroup 0), the parts 16x apart as kv_halves's,
+        summed in fp32: each accumulator's chain half as long, for Hopper's e4m3 accumulation (reportedly ~14 bits,
+        truncating: the helper's model of session 29 put the worst score error at 4.4-6.2e-3 of the logits' std with
+        one accumulator, 1.9-2.3e-3 with one a part). Not yet timed or compiled.
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -698,10 +679,11 @@ class MosaicConfig:
         running (with `--xla_gpu_enable_pdl=true`), hiding the launch and the CTAs' set-up. No
         effect on the results; none in interpret mode.
 
-    Removed in session 29, each measured slower than the default on the H200 and never the heuristic's pick (their
-    code, docs and timings: `git show d67a20e:mla_jax/pallas_mosaic_gpu.py`; parity/NOTES_pallas_mosaic_gpu.md):
-    l2_prefetch (1.01-1.10x slower, sessions 18 and 22), late_row_sums (1.01-1.07x, session 19), pv_in_flight (1.22x,
-    session 22), wg0_share (1.04-1.09x, session 26), pv_copy_chunks (1.01-1.06x, session 26).
+    Removed in session 29, each measured slower than the default on the H200 and never the heuristic's pick (their code,
+    docs and timings: `git show d67a20e:mla_jax/pallas_mosaic_gpu.py`; parity/NOTES_pallas_mosaic_gpu.md):
+    schedule="three_wg" (1.05-1.30x slower, sessions 4 and 16), schedule="seesaw" (1.23-1.38x, session 7), l2_prefetch
+    (1.01-1.10x slower, sessions 18 and 22), late_row_sums (1.01-1.07x, session 19), pv_in_flight (1.22x, session 22),
+    wg0_share (1.04-1.09x, session 26), pv_copy_chunks (1.01-1.06x, session 26).
     """
 
     block_kv: int = 64
@@ -733,6 +715,7 @@ class MosaicConfig:
     pv_wait: int = 4
     zero_tail: bool = False
     qk_fp8: bool = False
+    qk_fp8_one_acc: bool = True
     pdl: bool = False
 
     def __post_init__(self):
@@ -743,7 +726,7 @@ class MosaicConfig:
         for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
                      "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast", "deferred_pv", "split_ring",
                      "part_wait", "kv_halves", "qk_registers", "sums_at_end", "qk_permuted", "pv_registers",
-                     "zero_tail", "qk_fp8"):
+                     "zero_tail", "qk_fp8", "qk_fp8_one_acc"):
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
@@ -762,9 +745,6 @@ class MosaicConfig:
                              f"scores and P @ V are transposed), no kv_multicast and 2 stages (a ring slot a "
                              f"warpgroup), got schedule={self.schedule!r}, transposed_pv={self.transposed_pv}, "
                              f"kv_multicast={self.kv_multicast}, {max_concurrent_steps=}")
-        if self.schedule == "seesaw" and (self.transposed_scores or max_concurrent_steps != 2):
-            raise ValueError(f"schedule='seesaw' needs plain scores and 2 stages (one per step of a pair), got "
-                             f"transposed_scores={self.transposed_scores}, {max_concurrent_steps=}")
         if self.dequant_layout not in DEQUANT_LAYOUTS:
             raise ValueError(f"dequant_layout must be one of {DEQUANT_LAYOUTS}, got dequant_layout={self.dequant_layout!r}")
         if isinstance(self.fused_group, bool) or self.fused_group not in FUSED_GROUPS:
@@ -829,9 +809,8 @@ class MosaicConfig:
 
         q = alloc(BLOCK_H * HEAD_DIM * dtype_bytes)
         kv = alloc(self.max_concurrent_steps * self.block_kv * HEAD_DIM * dtype_bytes)
-        p_in_slots = self.p_in_kv or self.schedule == "seesaw"  # P in the KV slots: a placeholder
-        p = alloc(4) if p_in_slots else alloc(BLOCK_H * self.block_kv * dtype_bytes)
-        f32_misc = alloc((4 if p_in_slots else NUM_COMPUTE_WGS) * BLOCK_H * 4)
+        p = alloc(4) if self.p_in_kv else alloc(BLOCK_H * self.block_kv * dtype_bytes)  # (p_in_kv: a placeholder)
+        f32_misc = alloc((4 if self.p_in_kv else NUM_COMPUTE_WGS) * BLOCK_H * 4)
         i32_misc = alloc((INFO_WORDS + self.bt_chunk) * 4)
         # q, info, bt; kv_ready (split_ring, deferred_pv, part_wait: two a slot), kv_consumed (p_in_kv: and
         # p_ready) a slot; sync_a, sync_b; (split_ring, deferred_pv) warpgroup 0's bt and bt_staged; (deferred_pv) qk_done
@@ -1052,7 +1031,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   part_wait: bool = False,
                   kv_halves: bool = False, qk_registers: bool = False, sums_at_end: bool = False,
                   qk_permuted: bool = False, pv_registers: bool = False, pv_wait: int = 4, zero_tail: bool = False,
-                  q_parts: int = 0, out_dtype=None, interpret: bool = False):
+                  q_parts: int = 0, q_one_acc: bool = True, out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile), the last axis the fastest (heads_fastest: reversed, the head
@@ -1073,7 +1052,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     (zero_tail kv_halves only).
     q_parts: (MosaicConfig.qk_fp8: kv_halves, or the plain scores' fused conversion) q's e4m3 parts: the kernel's q
     is then (q [T, q_parts, heads, 576] fp8, inverse scales [R, QS_WORDS] float32, the request's 1 / a in column 0:
-    split_q_e4m3's), the scores on the e4m3 tensor cores; 0: q [T, heads, 576] in `dtype`.
+    split_q_e4m3's), the scores on the e4m3 tensor cores; 0: q [T, heads, 576] in `dtype`. q_one_acc: (the plain
+    scores, q_parts) the parts' wgmmas into one accumulator (split_q_e4m3's step 1), else an accumulator a part.
     p_in_kv, dequant_layout, fused_dequant, fused_group, fp8_convert, overlap_dequant, overlap_wait, transposed_pv:
     MosaicConfig's (all but transposed_pv fp8 only;
     overlap_dequant needs transposed scores of at most OVERLAP_MAX_ROWS rows, and then fused_dequant is ignored;
@@ -1081,8 +1061,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     fp8 ("flashmla" only): the cache is float8_e4m3fn; the TMAs fill a ring of fp8 steps, and each compute
     warpgroup dequantizes its own columns of the next step into one `dtype` buffer after its P @ V of the
     current one (`deq_ready`; q_parts: unused, the scores read the fp8 slot); the per-tensor k_scale (info word 3,
-    float32 bits) scales the scores and the output. `dtype` (q, the wgmma operands) is then float16: e4m3 -> f16 is one exact conversion per two
-    values. out_dtype: the final output's dtype (default `dtype`).
+    float32 bits) scales the scores and the output. `dtype` (q, the wgmma operands) is then float16: e4m3 -> f16 is
+    one exact conversion per two values. out_dtype: the final output's dtype (default `dtype`).
     """
     if fp8 and dtype != jnp.float16:
         raise ValueError(f"an fp8 cache runs the wgmmas in float16, got dtype={jnp.dtype(dtype).name}")
@@ -1097,11 +1077,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         raise ValueError(f"bt_chunk={bt_chunk} must be a multiple of pages_per_step={pages_per_step}")
     split_out = num_splits > 1
     flashmla = schedule == "flashmla"
-    three = schedule == "three_wg"
-    seesaw = schedule == "seesaw"
-    if seesaw and (score_rows or fp8 or stages != 2 or memory_wg):
-        raise ValueError(f"schedule='seesaw' needs plain scores, a 16-bit cache and 2 stages, got {score_rows=}, "
-                         f"{fp8=}, {stages=}, {memory_wg=}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule=}")
     if score_rows and (not flashmla or score_rows % hp or not 0 < score_rows < BLOCK_H):
         raise ValueError(f"score_rows={score_rows} needs schedule='flashmla' and a multiple of {hp=} below {BLOCK_H}")
     if p_in_kv and (not flashmla or score_rows or fp8):
@@ -1145,8 +1122,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         fused_dequant = False  # (the scores of a step wait for its whole f16 copy, converted during the last step)
     q_rows = score_rows or BLOCK_H  # rows of q in SMEM
     q_toks = q_rows // hp  # tokens of q loaded per tile
-    # FlashMLA: warpgroup 1 has the lighter step; three_wg: a P @ V warpgroup
-    producer_wg = 1 if flashmla or seesaw else 2 if three else 0
+    producer_wg = 1 if flashmla else 0  # (FlashMLA: warpgroup 1 has the lighter step)
     if kv_multicast and (fp8 or num_h_tiles % 2 or page_size < 16):
         raise ValueError(f"kv_multicast needs a 16-bit cache, an even number of head tiles and pages of at least 16 "
                          f"rows, got {fp8=}, {num_h_tiles=}, {page_size=}")
@@ -1389,7 +1365,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             return jnp.where(visible, s * scale, MASK_VALUE)
 
         def p_in_slot(slot):
-            """The 64 rope columns of KV slot `slot` (P's tiles and swizzle), where p_in_kv and the seesaw keep
+            """The 64 rope columns of KV slot `slot` (P's tiles and swizzle), where p_in_kv keeps
             P of the slot's step: only the scores read them, and the slot is refilled only after its P @ V."""
             return kv_cols(slot, KV_LORA_RANK, QK_ROPE_HEAD_DIM)
 
@@ -1529,8 +1505,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         def compute_wg(w: int):  # w is static: all SMEM slices below are static
             if memory_wg:
                 plgpu.set_max_registers(232, action="increase")
-            if three:
-                plgpu.set_max_registers(THREE_WG_REGISTERS[w], action="decrease" if w == 0 else "increase")
             if not memory_wg and w == producer_wg:
                 load_info()
             first_tok, ntok, first_pos, kv_len, last_page, begin, end = tile_info()
@@ -1540,8 +1514,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 producer = not memory_wg and w == producer_wg
                 n = end - begin
                 if producer:
-                    # This compute warpgroup is also the producer (0 for "split", 1 for "flashmla",
-                    # 2 for "three_wg"): the query tile and the first `stages` steps now, then step
+                    # This compute warpgroup is also the producer (0 for "split", 1 for "flashmla"): the
+                    # query tile and the first `stages` steps now, then step
                     # k + stages once the P @ V warpgroups released step k's slot (kv_consumed).
                     load_q(first_tok)
 
@@ -1563,8 +1537,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         issue_step(i, begin, last_page, None if part is None else (part,),
                                    bt_bar_wg0 if part == 0 else None)
 
-                tile = (compute_tile_seesaw if seesaw else compute_tile_flashmla if flashmla or three
-                        else compute_tile)
+                tile = compute_tile_flashmla if flashmla else compute_tile
                 # (part_ring: warpgroup 0 refills part 0 of the slots itself)
                 tile(w, first_tok, ntok, first_pos, kv_len, begin, end, refill if producer or part_ring else None)
                 if producer and not part_ring:  # (part_ring: kv_consumed is not used)
@@ -1654,18 +1627,16 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             finish(w, acc, l_tot, lse, first_tok, ntok)
 
         def compute_tile_flashmla(w, first_tok, ntok, first_pos, kv_len, begin, end, refill):
-            """FlashMLA's split of a step ("flashmla") and its three-warpgroup form ("three_wg").
+            """FlashMLA's split of a step ("flashmla").
 
             Warpgroup 0 computes all the scores S = Q K^T of the 64-token step (wgmma N = 64), the online
             softmax and P, and hands P (SMEM) and the rescale factor alpha (x_smem[0]) over (`p_ready`).
-            Each P @ V warpgroup then rescales its accumulator, does P @ V for its 256 output columns
-            with P from SMEM, releases P (`p_free`) and the KV slot; the last one also issues the TMAs.
-            "flashmla": warpgroup 0 does the P @ V of columns [0, 256) itself after the hand-off and
-            warpgroup 1 that of [256, 512), so warpgroup 1's P @ V of step k runs while warpgroup 0
-            computes the scores of step k + 1. "three_wg": warpgroups 1 and 2 do the two halves and
-            warpgroup 0 only the scores and the softmax, so its next scores overlap both halves.
-            Warpgroup 0 keeps the row sums and hands them over after the last step (x_smem[1]), once
-            every P @ V warpgroup released it: from then on no warpgroup reads q or the KV ring."""
+            Each warpgroup then rescales its accumulator and does P @ V for its 256 output columns with P
+            from SMEM: warpgroup 0 columns [0, 256) after the hand-off, warpgroup 1 [256, 512), which then
+            releases P (`p_free`) and the KV slot and issues the TMAs, so its P @ V of step k runs while
+            warpgroup 0 computes the scores of step k + 1. Warpgroup 0 keeps the row sums and hands them
+            over after the last step (x_smem[1]), once warpgroup 1 released it: from then on no warpgroup
+            reads q or the KV ring."""
             row_layout = plgpu.Layout.WGMMA.reduce(1)
 
             # transposed_pv: the accumulator is O^T [256 columns, rows in use], rescaled along its columns
@@ -1829,28 +1800,33 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                     def scores_fp8():
                         """(q_parts) S = Q K^T on the e4m3 tensor cores: a wgmma a part of q (its left operand the
-                        part's 64 rows, K = 576), K straight from the fp8 slot, all into one accumulator (the parts
-                        unscaled here: split_q_e4m3's step 1); under them this warpgroup's V half of the step
+                        part's 64 rows, K = 576), K straight from the fp8 slot, all into one accumulator (q_one_acc:
+                        the parts unscaled, split_q_e4m3's step 1) or each into its own (part t's scores times 16^-t,
+                        summed in fp32); under them this warpgroup's V half of the step
                         converted into the f16 copy (rows past kv_len 0 on the masked step; keys past it make only
                         their own columns of S, which the mask drops), and the slot released once both have read it.
                         Both operands indexed by info word 4 (0), as kv_tile's."""
                         with jax.named_scope("kv_wait"):
                             plgpu.barrier_wait(kv_ready.at[slot])
 
-                        def qk_parts(s_ref):
+                        def qk_parts(*s_refs):
                             zero = info_smem[4]
                             for t in range(q_parts):
-                                plgpu.wgmma(s_ref, q_smem.at[zero, pl.ds(t * BLOCK_H, BLOCK_H)],
+                                plgpu.wgmma(s_refs[0 if q_one_acc else t], q_smem.at[zero, pl.ds(t * BLOCK_H, BLOCK_H)],
                                             kv_smem.at[zero + slot].transpose((1, 0)))
                             with jax.named_scope("dequant"):
                                 convert_columns(0, slot, rows_below(kv_len - kv_start) if masked else None,
                                                 rope=False)
                                 plgpu.commit_smem()  # V's half visible to this warpgroup's P @ V
                             with jax.named_scope("qk"):
-                                return s_ref[...]
+                                return [s_ref[...] for s_ref in s_refs]
 
-                        s = pl.run_scoped(qk_parts, plgpu.ACC((BLOCK_H, block_kv), jnp.float32))
+                        accs = [plgpu.ACC((BLOCK_H, block_kv), jnp.float32)] * (1 if q_one_acc else q_parts)
+                        parts = pl.run_scoped(qk_parts, *accs)
                         plgpu.barrier_arrive(kv_consumed.at[slot])  # (the wgmmas are done: their scores read)
+                        s = parts[0]
+                        for t in range(1, len(parts)):
+                            s = s + parts[t] * (Q_FP8_STEP ** -t)
                         return s
 
                     shape = (block_kv, n) if tr else (BLOCK_H, block_kv)
@@ -1896,31 +1872,30 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                     plgpu.commit_smem()  # (a warpgroup barrier too: alpha may be read back below)
                     plgpu.barrier_arrive(p_ready_slot.at[slot] if p_in_kv else sync_a)  # p_ready
-                    if not three:  # its own P @ V half; P from SMEM here too (the interpreter's
-                        # wgmma takes only SMEM left operands)
-                        acc = rescale(acc, load_vec(0) if tr and not transposed_pv else alpha)
-                        if overlap_dequant:
-                            with jax.named_scope("pv"):
-                                acc = overlap_pv(acc, k, 0, ov_early)
+                    # its own P @ V half; P from SMEM here too (the interpreter's wgmma takes SMEM left operands only)
+                    acc = rescale(acc, load_vec(0) if tr and not transposed_pv else alpha)
+                    if overlap_dequant:
+                        with jax.named_scope("pv"):
+                            acc = overlap_pv(acc, k, 0, ov_early)
 
-                            @pl.when(k + 1 < end)
-                            def _second_half():
-                                with jax.named_scope("p_free_wait"):
-                                    plgpu.barrier_wait(sync_b)  # p_free: warpgroup 1 is done with step k
-                                overlap_release(k + 1, ov_late, wait=False)  # (awaited under the P @ V)
-                        else:
-                            with jax.named_scope("pv"):
-                                acc = pv(acc, 0, slot)
-                        if fp8:  # the next step, this warpgroup's columns (its P @ V of this one is done;
-                            # fused_dequant: converted in the next step's scores, the slot released there;
-                            # overlap_dequant: converted above)
-                            if not (fused_dequant or overlap_dequant):
-                                pl.when(k + 1 < end)(lambda: dequantize(0, k + 1, begin, kv_len))
-                        elif not part_ring:  # (part_ring: no kv_consumed; this warpgroup refills part 0)
-                            plgpu.barrier_arrive(kv_consumed.at[slot])
+                        @pl.when(k + 1 < end)
+                        def _second_half():
+                            with jax.named_scope("p_free_wait"):
+                                plgpu.barrier_wait(sync_b)  # p_free: warpgroup 1 is done with step k
+                            overlap_release(k + 1, ov_late, wait=False)  # (awaited under the P @ V)
+                    else:
+                        with jax.named_scope("pv"):
+                            acc = pv(acc, 0, slot)
+                    if fp8:  # the next step, this warpgroup's columns (its P @ V of this one is done;
+                        # fused_dequant: converted in the next step's scores, the slot released there;
+                        # overlap_dequant: converted above)
+                        if not (fused_dequant or overlap_dequant):
+                            pl.when(k + 1 < end)(lambda: dequantize(0, k + 1, begin, kv_len))
+                    elif not part_ring:  # (part_ring: no kv_consumed; this warpgroup refills part 0)
+                        plgpu.barrier_arrive(kv_consumed.at[slot])
                     return acc, m_new, l_i
 
-                acc = None if three else zeros_acc()
+                acc = zeros_acc()
                 mid = jnp.clip(lax.div(first_pos + 1, jnp.int32(block_kv)), begin, end)
                 carry = lax.fori_loop(begin, mid, functools.partial(step, masked=False), (acc, m_i, l_i))
                 acc, m_i, l_i = lax.fori_loop(mid, end, functools.partial(step, masked=True), carry)
@@ -1939,9 +1914,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 plgpu.barrier_arrive(sync_a)
                 lse = (m_i + jnp.log(l_i) * (1.0 / LN2)) * LN2  # [n]
                 l_rows = load_vec(sums_row) if tr and not transposed_pv else l_i
-                finish(None if three else 0, acc, l_rows, lse, first_tok, ntok)
+                finish(0, acc, l_rows, lse, first_tok, ntok)
             else:
-                half = w - 1 if three else 1
+                half = 1
 
                 def step(k, acc):
                     slot = lax.rem(k - begin, jnp.int32(stages))
@@ -1985,153 +1960,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     pl.when(end > begin)(lambda: plgpu.barrier_arrive(sync_b))
                 plgpu.barrier_wait(sync_a)
                 finish(half, acc, load_vec(sums_row), None, first_tok, ntok)
-
-        def compute_tile_seesaw(w, first_tok, ntok, first_pos, kv_len, begin, end, refill):
-            """FlashMLA's seesaw ("seesaw"): the steps in pairs (a, b) = (begin + 2j, begin + 2j + 1) in ring slots
-            0 and 1. Warpgroup 0 computes S_a = Q K_a^T, the new row max m_a = max(m, rowmax S_a), P_a and hands
-            P_a (slot 0's rope columns) and m_a (x_smem[0]) over (`sync_a`); warpgroup 1 computes S_b, then
-            m_b = max(m_a, rowmax S_b), P_b, and hands them over (slot 1, x_smem[1], `sync_b`). Each does
-            acc = (acc * 2^(m - m_a) + P_a V_a) * 2^(m_a - m_b) + P_b V_b for its 256 output columns and keeps
-            the row sums of its own steps (l0 of the a's, l1 of the b's, both relative to the running max),
-            added at the end. A last unpaired step (odd count) is warpgroup 0's, as in "flashmla". A slot is
-            released after both P @ V of its step, and P of a step is only rewritten after its slot is refilled,
-            so neither hand-off needs a release barrier; each barrier's next arrival waits on the other
-            warpgroup's last one, so neither runs two phases ahead."""
-            row_layout = plgpu.Layout.WGMMA.reduce(1)
-            v_cols = pl.ds(w * V_HALF, V_HALF)
-
-            def pv(acc, slot: int):
-                return accumulate(acc, lambda acc_ref: plgpu.wgmma(acc_ref, p_in_slot(slot), kv_smem.at[slot, :, v_cols]))
-
-            def rescale(acc, f):
-                return acc * lax.broadcast_in_dim(f, acc.shape, [0])
-
-            def scores(k, slot: int, masked: bool):
-                """The scaled, masked scores of step k (in `slot`), [64, 64] fp32."""
-                def qk(s_ref):
-                    plgpu.wgmma(s_ref, q_smem, kv_smem.at[slot].transpose((1, 0)))
-                    return s_ref[...]
-
-                with jax.named_scope("kv_wait"):
-                    plgpu.barrier_wait(kv_ready.at[slot])
-                with jax.named_scope("qk"):
-                    s = pl.run_scoped(qk, plgpu.ACC((BLOCK_H, block_kv), jnp.float32))
-                return mask_scores(s, k * block_kv, first_pos, kv_len, scale_log2) if masked else s * scale_log2
-
-            def hand_over(k, slot: int, p, m_new, bar, masked: bool):
-                """P (slot's rope columns: the step's scores, their only reader, are done) and the row max
-                to the other warpgroup; V rows past kv_len zeroed first (NaN-safe P @ V)."""
-                p_in_slot(slot)[...] = p.astype(dtype)
-                x_smem[slot] = m_new
-                if masked:
-                    zero_v_tail(slot, k * block_kv, kv_len, 0, KV_LORA_RANK)
-                plgpu.commit_smem()
-                plgpu.barrier_arrive(bar)
-
-            def release(k, slot: int):
-                plgpu.barrier_arrive(kv_consumed.at[slot])
-                if refill is not None:
-                    refill(k)
-
-            def pv_release(acc, f, k, slot: int):
-                """acc rescaled by f, plus P @ V of step k (in `slot`) for this warpgroup's columns; then the
-                slot released."""
-                with jax.named_scope("pv"):
-                    acc = pv(rescale(acc, f), slot)
-                release(k, slot)
-                return acc
-
-            def first_step(a, m, l, masked: bool):
-                """Warpgroup 0's part of step a (slot 0): scores, row max m_a, P handed over. -> (m_a, alpha, l)."""
-                s = scores(a, 0, masked)
-                m_a = jnp.maximum(m, s.max(axis=1))
-                p = jnp.exp2(s - lax.broadcast_in_dim(m_a, s.shape, [0]))
-                alpha = jnp.exp2(m - m_a)
-                l = l * alpha + p.sum(axis=1)
-                hand_over(a, 0, p, m_a, sync_a, masked)
-                return m_a, alpha, l
-
-            def received_max(bar, slot: int):
-                """The other warpgroup's row max of the step in `slot`, once it handed that step over."""
-                with jax.named_scope("p_ready_wait"):
-                    plgpu.barrier_wait(bar)
-                return plgpu.load(x_smem.at[slot], layout=row_layout)
-
-            def pair(j, carry, masked: bool):
-                acc, m, l = carry
-                a = begin + 2 * j
-                b = a + 1
-                if w == 0:
-                    m_a, alpha, l = first_step(a, m, l, masked)
-                    acc = pv_release(acc, alpha, a, 0)
-                    m_b = received_max(sync_b, 1)
-                    beta = jnp.exp2(m_a - m_b)
-                    l = l * beta
-                    acc = pv_release(acc, beta, b, 1)
-                else:
-                    s = scores(b, 1, masked)
-                    m_a = received_max(sync_a, 0)
-                    m_b = jnp.maximum(m_a, s.max(axis=1))
-                    p = jnp.exp2(s - lax.broadcast_in_dim(m_b, s.shape, [0]))
-                    l = l * jnp.exp2(m - m_b) + p.sum(axis=1)
-                    hand_over(b, 1, p, m_b, sync_b, masked)
-                    acc = pv_release(acc, jnp.exp2(m - m_a), a, 0)
-                    acc = pv_release(acc, jnp.exp2(m_a - m_b), b, 1)
-                return acc, m_b, l
-
-            def last(carry):
-                """The unpaired last step (slot 0): warpgroup 0's scores and softmax."""
-                acc, m, l = carry
-                a = end - 1
-                if w == 0:
-                    m_a, alpha, l = first_step(a, m, l, True)
-                else:
-                    m_a = received_max(sync_a, 0)
-                    alpha = jnp.exp2(m - m_a)
-                    l = l * alpha
-                return pv_release(acc, alpha, a, 0), m_a, l
-
-            plgpu.barrier_wait(q_bar)
-            carry = (plgpu.layout_cast(jnp.full((BLOCK_H, V_HALF), 0.0, jnp.float32), plgpu.Layout.WGMMA),
-                     plgpu.layout_cast(jnp.full((BLOCK_H,), -jnp.inf, jnp.float32), row_layout),
-                     plgpu.layout_cast(jnp.full((BLOCK_H,), 0.0, jnp.float32), row_layout))
-            n = end - begin
-            num_pairs = lax.div(n, jnp.int32(2))
-            # pairs wholly before the first step that needs the mask skip it
-            mid = jnp.clip(lax.div(first_pos + 1, jnp.int32(block_kv)), begin, end)
-            clean = jnp.minimum(lax.div(mid - begin, jnp.int32(2)), num_pairs)
-            carry = lax.fori_loop(0, clean, functools.partial(pair, masked=False), carry)
-            carry = lax.fori_loop(clean, num_pairs, functools.partial(pair, masked=True), carry)
-            acc, m, l = lax.cond(lax.rem(n, jnp.int32(2)) == 1, last, lambda c: c, carry)
-
-            # The row sums: warpgroup 0's (of the a steps) and 1's (of the b steps), relative to the same max,
-            # exchanged through x_smem[2] and [3]. Who arrives first keeps every barrier from completing a phase
-            # its waiter has not seen: after a pair, warpgroup 1 last waited on sync_a and warpgroup 0 on sync_b,
-            # so warpgroup 0 arrives (sync_a) first; after the unpaired last step warpgroup 0's last arrival on
-            # sync_a has no wait of its own behind it, so warpgroup 1 arrives (sync_b) first. (Arriving on sync_a
-            # twice in a row let the sums' phase complete before warpgroup 1 saw the last step's: the interpreter's
-            # barrier check caught it, session 8; on the GPU a parity wait would then wait for the wrong phase.)
-            odd = lax.rem(n, jnp.int32(2)) == 1
-            bar_mine, bar_other = (sync_a, sync_b) if w == 0 else (sync_b, sync_a)
-            x_smem[2 + w] = l
-            plgpu.commit_smem()
-
-            @pl.when(odd if w == 1 else jnp.logical_not(odd))
-            def _arrive_first():
-                plgpu.barrier_arrive(bar_mine)
-                plgpu.barrier_wait(bar_other)
-
-            @pl.when(jnp.logical_not(odd) if w == 1 else odd)
-            def _wait_first():
-                plgpu.barrier_wait(bar_other)
-                plgpu.barrier_arrive(bar_mine)
-
-            l_tot = l + plgpu.load(x_smem.at[3 - w], layout=row_layout)
-            if w == 0:
-                lse = (m + jnp.log(l_tot) * (1.0 / LN2)) * LN2
-                finish(0, acc, l_tot, lse, first_tok, ntok)
-            else:
-                finish(1, acc, l_tot, None, first_tok, ntok)
 
         def transpose_out(half: int, o_t, l_tot):
             """(transposed_pv) o_t [256, n] fp32 (WGMMA layout) -> its transpose padded to [64, 256] (rows past n 0):
@@ -2585,13 +2413,13 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             lse = (m_tot + jnp.log(l_tot) * (1.0 / LN2)) * LN2 if w == 0 else None
             finish(w, o_t, l_tot, lse, first_tok, ntok)
 
-        for w in range(NUM_COMPUTE_WGS + int(three)):
+        for w in range(NUM_COMPUTE_WGS):
             pl.when(wg == w)(functools.partial(compute_wg_halves if kv_halves else compute_wg, w))
 
     # wgmma needs one swizzle for both operands. Split schedule: a P half is `half` columns
     # wide, so every wgmma operand (Q, the KV ring, P) is tiled (8, half) with a (half * 2)-byte
     # swizzle (64 bytes for block_kv=64). FlashMLA schedule: P is [64, block_kv], 128 bytes.
-    p_cols = block_kv if flashmla or three or seesaw else half
+    p_cols = block_kv if flashmla else half
     transforms = (plgpu.TilingTransform((8, p_cols)), plgpu.SwizzleTransform(p_cols * 2))
     stage_dtype = jnp.float32 if split_out else out_dtype
     stage_cols = 128 // jnp.dtype(stage_dtype).itemsize  # one 128-byte swizzle row
@@ -2676,13 +2504,12 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 if transposed_pv else
                 plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), stage_dtype, transforms=stage_transforms),
             ),
-            # P (split: the two halves; p_in_kv, seesaw: in the KV slots, a 1-element placeholder here)
-            plgpu.SMEM((1,), jnp.float32) if p_in_kv or seesaw else
-            plgpu.SMEM((BLOCK_H, block_kv) if flashmla or three else (NUM_COMPUTE_WGS, BLOCK_H, half), dtype,
+            # P (split: the two halves; p_in_kv: in the KV slots, a 1-element placeholder here)
+            plgpu.SMEM((1,), jnp.float32) if p_in_kv else
+            plgpu.SMEM((BLOCK_H, block_kv) if flashmla else (NUM_COMPUTE_WGS, BLOCK_H, half), dtype,
                        transforms=transforms),
             # row max / row sum exchange, lse (p_in_kv: the rescale factor per slot, then the row sums)
-            # (seesaw: the two steps' row maxima, then the two warpgroups' row sums)
-            plgpu.SMEM((4 if seesaw else stages + 1 if p_in_kv else NUM_COMPUTE_WGS, BLOCK_H), jnp.float32),
+            plgpu.SMEM((stages + 1 if p_in_kv else NUM_COMPUTE_WGS, BLOCK_H), jnp.float32),
             plgpu.SMEM((INFO_WORDS + bt_bufs * bt_chunk,), jnp.int32),  # request info + block-table chunk(s)
             # q_bar: one TMA per token of the tile (one for H >= 64; q_parts: a token and part, and the request's scale)
             plgpu.Barrier(num_arrivals=q_toks * max(1, q_parts) + bool(q_parts)),
@@ -2692,10 +2519,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # kv_consumed (kv_multicast: the slot is free in both CTAs of the pair, whose TMAs write it in both)
             plgpu.ClusterBarrier(collective_axes=("hc",), num_arrivals=NUM_COMPUTE_WGS, num_barriers=stages)
             if kv_multicast else plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS, num_barriers=stages),
-            # sync_a (FlashMLA, three_wg: p_ready; seesaw: the first step's P and row max ready)
-            plgpu.Barrier(num_arrivals=1 if flashmla or three or seesaw else NUM_COMPUTE_WGS),
-            # sync_b (FlashMLA, three_wg: p_free; seesaw: the second step's P and row max ready)
-            plgpu.Barrier(num_arrivals=1 if flashmla or seesaw else NUM_COMPUTE_WGS),
+            plgpu.Barrier(num_arrivals=1 if flashmla else NUM_COMPUTE_WGS),  # sync_a (FlashMLA: p_ready)
+            plgpu.Barrier(num_arrivals=1 if flashmla else NUM_COMPUTE_WGS),  # sync_b (FlashMLA: p_free)
         ]
     if fp8 and not kv_halves:
         scratch.append(plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS))  # deq_ready: both column sets dequantized
@@ -2727,7 +2552,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         grid_names=grid_names,
         cluster=(2,) if kv_multicast else (),
         cluster_names=("hc",) if kv_multicast else (),
-        num_threads=NUM_COMPUTE_WGS + int(memory_wg or three),
+        num_threads=NUM_COMPUTE_WGS + int(memory_wg),
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True,
                                              reduction_scratch_bytes=(REDUCTION_SCRATCH_BYTES
@@ -2790,7 +2615,9 @@ def _qk_fp8_runs(tuning: MosaicConfig, fp8: bool, num_heads: int, max_query_len:
     if kv_halves:
         return Q_FP8_STEP if interpret or tuning.pv_registers or q_fp8_parts(q_dtype) == 2 else None
     plain = score_rows == BLOCK_H and tuning.fused_dequant and (interpret or q_fp8_parts(q_dtype) == 2)
-    return 1.0 if plain else None
+    if not plain:
+        return None
+    return 1.0 if tuning.qk_fp8_one_acc else Q_FP8_STEP
 
 
 def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfig, tuning: MosaicConfig,
@@ -2874,7 +2701,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         sums_at_end=kv_halves and tuning.sums_at_end,
         qk_permuted=qk_permuted, pv_registers=pv_registers, pv_wait=tuning.pv_wait,
         zero_tail=kv_halves and tuning.zero_tail,
-        q_parts=q_parts,
+        q_parts=q_parts, q_one_acc=tuning.qk_fp8_one_acc,
     )
     q_in = (q, q_inv_scale) if q_parts else q
     out, lse = kernel(q_in, kv_cache, _sched(metadata, width, k_scale if fp8 else None))

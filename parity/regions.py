@@ -68,7 +68,7 @@ def summarize(trace: dict, warpgroups: int | None = None) -> dict:
 
 
 def parse_sets(text: str) -> dict:
-    """'p_in_kv=True,num_splits=2,schedule=seesaw' -> {'p_in_kv': True, 'num_splits': 2, 'schedule': 'seesaw'}."""
+    """'p_in_kv=True,num_splits=2,schedule=split' -> {'p_in_kv': True, 'num_splits': 2, 'schedule': 'split'}."""
     out = {}
     for item in filter(None, text.split(",")):
         field, sep, value = item.partition("=")
@@ -113,7 +113,7 @@ def profile(shape, sets: dict, space: int, out_dir: str, fp8: bool = False) -> d
         raise RuntimeError(f"the profiler wrote no trace under {out_dir}")
     with open(files[-1]) as f:
         trace = json.load(f)
-    warpgroups = 2 + int(tuning.memory_warpgroup or tuning.schedule == "three_wg")  # the kernel's per block
+    warpgroups = 2 + int(tuning.memory_warpgroup)  # the kernel's per block
     return {"shape": shape.name, "tuning": dataclasses.asdict(tuning), "fp8": fp8, "profile_space": space,
             "roles": summarize(trace, warpgroups)}
 
@@ -134,7 +134,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m parity.regions", description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", required=True, help="comma-separated shape names such as H128_B32_S4096_q2")
     p.add_argument("--set", dest="sets", type=parse_sets, default={},
-                   help="MosaicConfig fields replaced in the heuristic's pick, e.g. p_in_kv=True,schedule=seesaw")
+                   help="MosaicConfig fields replaced in the heuristic's pick, e.g. p_in_kv=True,num_splits=2")
     p.add_argument("--space", type=int, default=240, help="profile_space: ranges a warpgroup (default 240)")
     p.add_argument("--fp8", action="store_true", help="on an fp8_e4m3 copy of the cache")
     p.add_argument("--json")

@@ -40,7 +40,7 @@ SHAPES = [
 VARIANTS = {
     "pallas_triton": dict(block_kv=(16, 32, 64, 128), num_warps=(4, 8), num_stages=(1, 2, 3, 4), num_splits="x0.5,x2",
                           block_h=(32, 64), block_q=(1, 2)),
-    "pallas_mosaic_gpu": dict(schedule=("flashmla", "split", "three_wg", "seesaw"), memory_warpgroup=(True, False), max_concurrent_steps=(1,),
+    "pallas_mosaic_gpu": dict(schedule=("flashmla", "split"), memory_warpgroup=(True, False), max_concurrent_steps=(1,),
                               num_splits="x0.5,x2,=1", transposed_scores=(True, False), pdl=(True, False),
                               p_in_kv=(True, False), dequant_layout=("wgmma", "wgmma_8bit"),
                               fused_dequant=(True, False), fused_group=(1, 2, 4), fp8_convert=("cvt", "bits", "mixed"),
@@ -50,7 +50,7 @@ VARIANTS = {
                               part_wait=(True, False), kv_halves=(True, False), qk_registers=(True, False),
                               sums_at_end=(True, False), qk_permuted=(True, False), pv_registers=(True, False),
                               pv_wait=(1, 2, 4, 8), zero_tail=(True,),
-                              qk_fp8=(True,)),
+                              qk_fp8=(True,), qk_fp8_one_acc=(False,)),
 }
 
 
@@ -140,7 +140,7 @@ def main(argv=None) -> int:
     p.add_argument("--impl", default="pallas_triton", choices=sorted(VARIANTS))
     p.add_argument("--shapes", help="comma-separated shape names such as H128_B8_S1024_q2 (default: all of SHAPES)")
     p.add_argument("--fields", help="comma-separated tuning fields to vary, each optionally narrowed to one of its "
-                   "values (field=value, e.g. schedule=seesaw) (default: all of the impl's; \"none\": the "
+                   "values (field=value, e.g. schedule=split) (default: all of the impl's; \"none\": the "
                    "heuristic's pick alone, beside FA3)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--rounds", type=int, default=1,

@@ -504,8 +504,8 @@ def test_sweep_times_the_relative_split_counts_beside_other_fields():
     # from the heuristic's pick at H = 16 q_len 1 / 2 (transposed_pv needs transposed scores): the plain path
     both = MosaicConfig(transposed_scores=True, transposed_pv=True)
     assert list(variants(both, {"transposed_scores": (False,)}))[1] == ("transposed_scores=False", MosaicConfig())
-    narrowed = sweep_spec("pallas_mosaic_gpu", ["num_splits", "schedule"], {"schedule": "seesaw"})
-    assert narrowed == {"schedule": ("seesaw",), "num_splits": "x0.5,x2,=1"}
+    narrowed = sweep_spec("pallas_mosaic_gpu", ["num_splits", "schedule"], {"schedule": "split"})
+    assert narrowed == {"schedule": ("split",), "num_splits": "x0.5,x2,=1"}
 
 
 def test_triton_sass_compiles_the_triton_kernel_for_sm90_here(capsys):

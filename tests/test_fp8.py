@@ -405,6 +405,10 @@ MOSAIC_FP8_CASES = [
     ("heads_128_spec", "bfloat16", dict(qk_fp8=True)),
     ("spec_decode_page_16", "bfloat16", dict(num_splits=3, qk_fp8=True)),
     ("long_page_8", "bfloat16", dict(qk_fp8=True, fp8_convert="mixed")),
+    # (an accumulator a part, qk_fp8_one_acc=False: the parts 16x apart, summed in fp32) H = 128 in fp16 with one
+    # stage (3 parts), H = 16 with causal masks and 3 splits
+    ("heads_128", "float16", dict(max_concurrent_steps=1, qk_fp8=True, qk_fp8_one_acc=False)),
+    ("spec_decode_page_16", "bfloat16", dict(num_splits=3, qk_fp8=True, qk_fp8_one_acc=False)),
 ]
 
 
@@ -1246,6 +1250,7 @@ def test_mosaic_gpu_qk_fp8_requests_of_different_scales_compiled(name, dtype, tu
 @pytest.mark.gpu
 @pytest.mark.parametrize("name,tuning", [
     ("heads_128", dict(num_splits=2)),
+    ("heads_128", dict(num_splits=2, qk_fp8_one_acc=False)),
     ("spec_decode_page_16", dict(num_splits=2)),
     ("long_page_8", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, sums_at_end=True,
                          pv_registers=True, zero_tail=True)),
@@ -1255,7 +1260,8 @@ def test_mosaic_gpu_qk_fp8_requests_of_different_scales_compiled(name, dtype, tu
 def test_mosaic_gpu_qk_fp8_error_is_the_defaults_compiled(name, tuning):
     """On the H200 the e4m3 tensor cores sum qk_fp8's scores (with a limited accumulator, reportedly ~14 bits): its
     error against the float64 reference stays within 2x the same tuning's without qk_fp8 (+ 1e-4), out and lse,
-    bf16 q, on the plain scores (one accumulator for both parts) and kv_halves (the parts in separate columns)."""
+    bf16 q, on the plain scores (one accumulator for both parts, or one a part) and kv_halves (the parts in separate
+    columns)."""
     _skip_without_hopper()
     from mla_jax import pallas_mosaic_gpu as mg
 
@@ -1294,6 +1300,9 @@ def test_mosaic_gpu_qk_fp8_where_it_runs():
     assert runs(t, True, 8, 2, False, jnp.bfloat16) == mg.Q_FP8_STEP
     assert runs(t, True, 128, 1, False, jnp.bfloat16) == 1.0 and runs(t, True, 16, 3, False, jnp.bfloat16) is None
     assert runs(mg.MosaicConfig(qk_fp8=True), True, 16, 3, False, jnp.bfloat16) == 1.0  # (48 rows: transposed above)
+    # (an accumulator a part: the parts 16x apart; kv_halves's are, whatever qk_fp8_one_acc)
+    assert runs(mg.MosaicConfig(qk_fp8=True, qk_fp8_one_acc=False), True, 128, 1, False, jnp.bfloat16) == mg.Q_FP8_STEP
+    assert runs(mg.MosaicConfig(**halves, qk_fp8_one_acc=False), True, 8, 2, False, jnp.bfloat16) == mg.Q_FP8_STEP
     assert runs(t, True, 128, 1, False, jnp.float16) is None and runs(t, True, 128, 1, True, jnp.float16) == 1.0
     assert runs(mg.MosaicConfig(qk_fp8=True, fused_dequant=False), True, 128, 1, False, jnp.bfloat16) is None
     # (16 rows without kv_halves: transposed scores with the overlap, no qk_fp8)

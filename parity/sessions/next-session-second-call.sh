@@ -13,7 +13,9 @@
 # at H = 128 1.15-1.3x faster at B64 S16384 (session 24: 736.7 us, 2.88 us a step against bf16's ~2.1: warpgroup 0's
 # conversion of 5 chunks before and between its scores' wgmmas, and its wait for warpgroup 1's half, leave its chain)
 # and 1.1-1.25x at B32 S4096 (113.1 us); at B1 kv_halves + qk_fp8 within 5% of the heuristic (12.5 us in session 27:
-# a step's latency, not its throughput).
+# a step's latency, not its throughput). If the first call's test_mosaic_gpu_qk_fp8_error_is_the_defaults_compiled
+# failed for one accumulator (heads_128 without qk_fp8_one_acc=False), time the H = 128 rows with
+# `--set qk_fp8=True --fields qk_fp8_one_acc=False` as well (an accumulator a part: 32 more registers).
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT/logs"; L="$OUT/logs"
 bash .fa3/unpack.sh /tmp/fa3 >/dev/null && export PYTHONPATH=/tmp/fa3:$PWD
