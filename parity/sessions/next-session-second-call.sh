@@ -1,32 +1,31 @@
 #!/usr/bin/env bash
-# For the next session's second call (nvidia-h200; carry [".fa3"]), written in session 28 (no device), extended in
-# session 29 (no device either): run it only if the first call's qk_fp8 tests passed. Copy to
-# parity/sessions/<date>-s<n>-b.sh, commit, never edit after. ~8 min.
-# 1) parity.sweep --fields qk_fp8=True against the heuristic at the other fp8 rows where kv_halves runs: H16 B32 S16384
-#    (16 rows, 64 steps a split), H16 B8 S4096 (16 rows, 4 steps a split: V's f16 copies, no pv_registers; the slot is
-#    refilled after the scores' wgmma, later than the default), H32 B64 S4095 q1 (32 rows, a masked step); and
-#    (session 29) at the fp8 grid's compute-bound H = 128 rows, where qk_fp8 runs on the plain scores' fused
-#    conversion: a wgmma a part of q into one accumulator, warpgroup 0 converting only its V half under them;
-# 2) H16 B1 S1024 (16 splits of one step; the heuristic's one-chain path) with kv_halves and qk_fp8 forced, against
-#    kv_halves alone (the sweep's base row there; the heuristic took 12.5 us in session 27).
-# Predictions: qk_fp8 1.1-1.3x faster at B32 S16384, 0.95-1.1x at B8 S4096 (the later refill), 1.05-1.2x at H32 B64;
-# at H = 128 1.15-1.3x faster at B64 S16384 (session 24: 736.7 us, 2.88 us a step against bf16's ~2.1: warpgroup 0's
-# conversion of 5 chunks before and between its scores' wgmmas, and its wait for warpgroup 1's half, leave its chain)
-# and 1.1-1.25x at B32 S4096 (113.1 us); at B1 kv_halves + qk_fp8 within 5% of the heuristic (12.5 us in session 27:
-# a step's latency, not its throughput). If the first call's test_mosaic_gpu_qk_fp8_error_is_the_defaults_compiled
-# failed for one accumulator (heads_128 without qk_fp8_one_acc=False), time the H = 128 rows with
-# `--set qk_fp8=True --fields qk_fp8_one_acc=False` as well (an accumulator a part: 32 more registers).
+# For the next session's second call (nvidia-h200; carry [".fa3"]), written in session 29 (no device) from session
+# 28's first call: run it only if the first call's qk_fp8 tests passed. Copy to parity/sessions/<date>-s<n>-b.sh,
+# commit, never edit after. About 8 minutes.
+# 1) every kernel of one call at H16 B64 S4096 q_len 2 (ncu), the heuristic and qk_fp8;
+# 2) parity.sweep --fields qk_fp8=True against the heuristic at the 16-row H16 B128 S16384, the 32-row H16 B64 S4096
+#    q2 (both kv_halves) and the compute-bound H128 B64 S16384 (the plain scores' fused conversion).
+# Predictions: ncu lists four kernels for the heuristic (no wrapped_gather), the qk_fp8 kernel's fusion before it
+# (q's parts) about as long as the f16 conversion's; qk_fp8 1.15-1.35x faster at H16 B128 S16384 (heuristic ~365 us;
+# each step's conversions about halved where the warps' issue binds), 1.05-1.2x at H16 B64 S4096 q2 (~90 us),
+# 1.15-1.3x at H128 B64 S16384 (session 27: 743.5 us, 2.88 us a step against bf16's ~2.2: warpgroup 0's conversion of
+# 5 chunks before and between its scores' wgmmas, and its wait for warpgroup 1's half, leave its chain). If the first
+# call's error check failed for one accumulator only, add a run with
+# `--set qk_fp8=True --fields qk_fp8_one_acc=False --shapes H128_B64_S16384`.
+# Then (the third call) the other rows; and if qk_fp8 wins, the heuristic takes it and
+# `python -m parity bench --grid fp8 --check --reps 3 --no-ceilings --impls torch.fa3,jax.pallas_mosaic_gpu,jax.pallas_mosaic_gpu.fp8`
+# (and --grid fp8_tails, never run).
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT/logs"; L="$OUT/logs"
 bash .fa3/unpack.sh /tmp/fa3 >/dev/null && export PYTHONPATH=/tmp/fa3:$PWD
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+for set in "" "--set qk_fp8=True"; do
+  timeout 60 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum \
+    python3 -m parity.profile --impl jax.pallas_mosaic_gpu.fp8 --shape H16_B64_S4096_q2 $set > "$L/list${set// /_}.txt" 2>&1
+  echo "== ncu ${set:-heuristic}"; grep -E "^\s+\S+ \(|gpu__time_duration" "$L/list${set// /_}.txt" | paste - - | awk '{print substr($1,1,60), $NF}'
+done
 timeout 330 python3 -m parity.sweep --impl pallas_mosaic_gpu --fp8 --fields qk_fp8=True --rounds 3 --reps 3 --cooldown 1 \
-  --shapes H16_B32_S16384,H16_B8_S4096,H32_B64_S4095_q1,H128_B64_S16384,H128_B32_S4096 \
-  --json "$OUT/sweep-fp8-qk_fp8-more.json" > "$L/sweep.log" 2>&1
+  --shapes H16_B128_S16384,H16_B64_S4096_q2,H128_B64_S16384 --json "$OUT/sweep-fp8-qk_fp8.json" > "$L/sweep.log" 2>&1
 echo "rc=$?" >> "$L/sweep.log"; grep -v Warn "$L/sweep.log" | grep -E " us |rc=" | cut -c1-110
-timeout 150 python3 -m parity.sweep --impl pallas_mosaic_gpu --fp8 --set kv_halves=True,qk_registers=True,sums_at_end=True \
-  --fields qk_fp8=True --rounds 3 --reps 3 --cooldown 1 --shapes H16_B1_S1024 \
-  --json "$OUT/sweep-fp8-qk_fp8-b1-halves.json" > "$L/sweep-b1.log" 2>&1
-echo "rc=$?" >> "$L/sweep-b1.log"; grep -v Warn "$L/sweep-b1.log" | grep -E " us |rc=" | cut -c1-110
 tar czf "$OUT/logs.tgz" -C "$OUT" logs
 rm -rf "$L"
