@@ -192,7 +192,8 @@ QK_PERM_64 = QK_PERM[:64]  # a 64-column chunk's
 # the largest |q a| at most E4M3_MAX), the scores' wgmma on the e4m3 tensor cores against all parts at once (its N the
 # parts x the rows in use): 2 parts hold a bf16 q exactly, 3 an f16 one (where |q a| >= 2^-6, split_q_e4m3). On the
 # plain scores (64 rows, a wgmma a part into one accumulator) the parts are unscaled: q a = t_0 + t_1 (+ t_2), step 1
-# (exact for bf16 where |q a| >= 2^-2, f16 where |q a| >= 2: the residuals in e4m3's subnormals)
+# (exact for bf16 where |q a| >= 2^-2, f16 where |q a| >= 2: the residuals in e4m3's subnormals); with
+# MosaicConfig.qk_fp8_one_acc=False an accumulator a part there, the parts 16x apart as above
 QS_WORDS = 32  # (qk_fp8) a request's row of the inverse scales' kernel input: 128 bytes, one TMA
 Q_FP8_STEP = 16.0  # each part the residual of those before it, times this (its magnitude at most the part before's)
 E4M3_MAX = 448.0
@@ -1053,7 +1054,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     q_parts: (MosaicConfig.qk_fp8: kv_halves, or the plain scores' fused conversion) q's e4m3 parts: the kernel's q
     is then (q [T, q_parts, heads, 576] fp8, inverse scales [R, QS_WORDS] float32, the request's 1 / a in column 0:
     split_q_e4m3's), the scores on the e4m3 tensor cores; 0: q [T, heads, 576] in `dtype`. q_one_acc: (the plain
-    scores, q_parts) the parts' wgmmas into one accumulator (split_q_e4m3's step 1), else an accumulator a part.
+    scores, q_parts) the parts' wgmmas into one accumulator (split_q_e4m3's step 1), else an accumulator a part (the
+    parts 16x apart, step Q_FP8_STEP).
     p_in_kv, dequant_layout, fused_dequant, fused_group, fp8_convert, overlap_dequant, overlap_wait, transposed_pv:
     MosaicConfig's (all but transposed_pv fp8 only;
     overlap_dequant needs transposed scores of at most OVERLAP_MAX_ROWS rows, and then fused_dequant is ignored;
@@ -1398,11 +1400,11 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         def first_page(k):
             return lax.div(k, jnp.int32(steps_per_page)) if pages_per_step == 1 else k * pages_per_step
 
-        def step_rows(k, page, ahead: int = 0):
-            """The rows of KV step k + ahead in `page`: the whole page unless a page holds several steps."""
+        def step_rows(k, page):
+            """The rows of KV step k in `page`: the whole page unless a page holds several steps."""
             if steps_per_page == 1:
                 return kv_ref.at[page]
-            off = lax.rem(k + ahead if ahead else k, jnp.int32(steps_per_page)) * block_kv
+            off = lax.rem(k, jnp.int32(steps_per_page)) * block_kv
             return kv_ref.at[page, pl.ds(off, block_kv)]
 
         def kv_ready_at(slot, part: int = 0):
@@ -1469,7 +1471,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         plgpu.copy_gmem_to_smem(cols(step_rows(k, page), part),
                                                 dst(part, pl.ds(j * page_size, page_size)),
                                                 kv_ready_at(slot, part), collective_axes=kv_axes)
-
 
         def drain(n):
             """Observe the last releases of every slot, so that each barrier phase is awaited
@@ -2608,7 +2609,8 @@ def _qk_fp8_runs(tuning: MosaicConfig, fp8: bool, num_heads: int, max_query_len:
     (Q_FP8_STEP: the parts summed in registers), and (compiled) where q's parts fit in shared memory: with pv_registers
     (no f16 copies of V), or a bf16 q (2 parts: at 16 rows the copies, 2 fp8 slots and 3 parts of q take 235 KiB); and
     on the plain scores (64-row tiles) with the fused conversion (fused_dequant; 1: the parts summed in one
-    accumulator), compiled with a bf16 q (its 2 parts take the bytes of the 16-bit q; 3 would not fit)."""
+    accumulator, or Q_FP8_STEP with qk_fp8_one_acc=False: an accumulator a part), compiled with a bf16 q (its 2 parts
+    take the bytes of the 16-bit q; 3 would not fit)."""
     if not (fp8 and tuning.qk_fp8):
         return None
     kv_halves, score_rows = _kv_halves_runs(tuning, fp8, num_heads, max_query_len, interpret)
@@ -2705,8 +2707,8 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     )
     q_in = (q, q_inv_scale) if q_parts else q
     out, lse = kernel(q_in, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
-    # (pv_registers) the kernel's output columns permuted by PV_PERM within each 16, past the copy's chunks: put back
-    # by the combine's gather with split-KV, else by a gather of their own
+    # (pv_registers) the kernel's output columns permuted by PV_PERM within each 16: put back by the combine's gather
+    # with split-KV, else by a gather of their own
     order = jnp.asarray(PV_UNPERM, jnp.int32) if pv_registers else None
     if num_splits > 1:
         # split partials per token [S, T, heads, 512] -> out, lse: one Pallas Triton kernel on the GPU

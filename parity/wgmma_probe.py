@@ -20,7 +20,8 @@ as one operand); P of a slot is its 64 rope columns (as with p_in_kv). Each iter
 Probes (warpgroup 0's work / warpgroup 1's [/ warpgroup 2's]): qk / -, qk_n128 / -, qk_rs / -, - / pv, qk / pv (the
 kernel's overlap: is a P @ V beside the scores free?), qk / qk (two warpgroups' scores at once), pv0 / pv (the two
 P @ V halves at once, as "flashmla" runs them after the softmax), qk / pv / pv0 and qk_rs / pv / pv0 (three
-warpgroups: the scores beside both halves, the step of schedule="three_wg", with Q from shared memory or registers);
+warpgroups: the scores beside both halves, the step of the removed schedule="three_wg", with Q from shared memory or
+registers);
 the 32-key forms of these; the softmax forms (qk_sm alone and beside both P @ V halves). Where one warpgroup's
 iterations are longer than another's, the slope is the longest one's, partly alone.
 
@@ -61,7 +62,7 @@ loads and waits):
 * "step_deferred": step_flashmla with warpgroup 1's P @ V of step i waiting for warpgroup 0's scores of step i + 1
   (`qk_done`: MosaicConfig(deferred_pv=True));
 * "step_three_wg": warpgroup 0 the scores and softmax only, warpgroups 1 and 2 a P @ V half each
-  (schedule="three_wg").
+  (the kernel's schedule="three_wg", removed in session 29).
 
 An iteration's time is the slope of the kernel's time over the iteration count (the launch and set-up cancel).
 Every result is checked against numpy: the row sums of the last scores and of the accumulated P @ V (small integers,

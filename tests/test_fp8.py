@@ -405,6 +405,8 @@ MOSAIC_FP8_CASES = [
     ("heads_128_spec", "bfloat16", dict(qk_fp8=True)),
     ("spec_decode_page_16", "bfloat16", dict(num_splits=3, qk_fp8=True)),
     ("long_page_8", "bfloat16", dict(qk_fp8=True, fp8_convert="mixed")),
+    # (the default fp8 path at H = 128 with a bf16 q, beside the qk_fp8 cases)
+    ("heads_128", "bfloat16", dict(num_splits=2)),
     # (an accumulator a part, qk_fp8_one_acc=False: the parts 16x apart, summed in fp32) H = 128 in fp16 with one
     # stage (3 parts), H = 16 with causal masks and 3 splits
     ("heads_128", "float16", dict(max_concurrent_steps=1, qk_fp8=True, qk_fp8_one_acc=False)),
@@ -591,6 +593,9 @@ def test_mosaic_gpu_fp8_kv_halves_nan_in_one_head_compiled():
                                                         pv_wait=1, zero_tail=True, qk_fp8=True)),
                                               # (qk_fp8 on the plain scores: H = 64, a query tile a token)
                                               (64, dict(num_splits=2, qk_fp8=True)),
+                                              (64, dict(num_splits=2, qk_fp8=True, qk_fp8_one_acc=False)),
+                                              # (H = 128 with one split: the final stage in the output's dtype)
+                                              (128, dict(num_splits=1)),
                                               (8, None), (8, dict(num_splits=2, transposed_scores=True,
                                                                   overlap_wait=True))])
 def test_mosaic_gpu_fp8_lowers_for_cuda(num_heads, tuning):
@@ -719,7 +724,8 @@ FP8_BUILD_KW = dict(dtype=jnp.float16, page_size=64, num_tokens=4, heads=16, hp=
 def test_qk_registers_needs_kv_halves_in_the_kernel_builder():
     """MosaicConfig(qk_registers=True), sums_at_end and zero_tail have no effect where kv_halves does not run (the
     wrapper passes them only with kv_halves); the kernel builder itself refuses each without kv_halves, naming the
-    value."""
+    value; likewise qk_permuted without qk_registers, pv_registers without its loads, kv_halves at 32 rows without
+    pv_registers, and q's e4m3 parts (q_parts) outside kv_halves's step and the plain scores' fused conversion."""
     from mla_jax import pallas_mosaic_gpu
 
     kw = dict(FP8_BUILD_KW, bt_chunk=96, score_rows=16, transposed_pv=True)
@@ -1226,6 +1232,9 @@ def _qk_fp8_scaled(name, dtype, tuning, interpret):
     ref_out, ref_lse = reference.mla_decode(batch.q, batch.kv_cache.astype(np.float64) * k_scale, batch.metadata,
                                             batch.config.replace(kv_cache_dtype="auto"))
     qj, kv, md = jax_inputs(batch, dtype)
+    sc = FP8_SCENARIOS[name]  # (qk_fp8 runs there)
+    assert mg._qk_fp8_runs(mg.MosaicConfig(**tuning), True, sc.num_heads, max(sc.query_lens), bool(interpret),
+                           jnp.bfloat16) is not None
     _, inv = mg.split_q_e4m3(qj, md.query_start_loc, md.seq_lens.shape[0], 2)
     assert len(set(np.asarray(inv).tolist())) == len(qsl) - 1  # (every request its own scale)
     out, lse = mg.mla_decode(qj, None, kv, md, batch.config, tuning=mg.MosaicConfig(**tuning), interpret=interpret,
@@ -1267,6 +1276,9 @@ def test_mosaic_gpu_qk_fp8_error_is_the_defaults_compiled(name, tuning):
 
     batch, k_scale, ref_out, ref_lse = fp8_batch_and_reference(name, "bfloat16")
     q, kv, md = jax_inputs(batch, "bfloat16")
+    sc = FP8_SCENARIOS[name]  # (qk_fp8 runs there, compiled: else the test would compare the default with itself)
+    assert mg._qk_fp8_runs(mg.MosaicConfig(**tuning, qk_fp8=True), True, sc.num_heads, max(sc.query_lens), False,
+                           jnp.bfloat16) is not None
     errs = []
     for qk_fp8 in (False, True):
         out, lse = mg.mla_decode(q, None, kv, md, batch.config, tuning=mg.MosaicConfig(**tuning, qk_fp8=qk_fp8),
