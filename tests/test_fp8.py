@@ -59,11 +59,13 @@ TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 def fp8_batch_and_reference(name: str, dtype: str = "bfloat16", seed: int = 0):
     """(batch, k_scale, ref_out, ref_lse): the float64 reference on the dequantized cache."""
     batch, k_scale = make_fp8_batch(FP8_SCENARIOS[name], dtype, seed=seed)
+    return (batch, k_scale, *fp8_reference(batch, k_scale))
+
+
+def fp8_reference(batch, k_scale):
+    """(ref_out, ref_lse): the float64 reference of `batch` on its dequantized cache."""
     dequantized = batch.kv_cache.astype(np.float64) * k_scale
-    ref_out, ref_lse = reference.mla_decode(
-        batch.q, dequantized, batch.metadata, batch.config.replace(kv_cache_dtype="auto")
-    )
-    return batch, k_scale, ref_out, ref_lse
+    return reference.mla_decode(batch.q, dequantized, batch.metadata, batch.config.replace(kv_cache_dtype="auto"))
 
 
 def assert_close(out, lse, ref_out, ref_lse, dtype: str, what: str):
@@ -1229,8 +1231,7 @@ def _qk_fp8_scaled(name, dtype, tuning, interpret):
     for r in range(len(qsl) - 1):
         q[qsl[r]:qsl[r + 1]] *= REQUEST_Q_FACTORS[r % len(REQUEST_Q_FACTORS)]
     batch = dataclasses.replace(batch, q=q)
-    ref_out, ref_lse = reference.mla_decode(batch.q, batch.kv_cache.astype(np.float64) * k_scale, batch.metadata,
-                                            batch.config.replace(kv_cache_dtype="auto"))
+    ref_out, ref_lse = fp8_reference(batch, k_scale)
     qj, kv, md = jax_inputs(batch, dtype)
     sc = FP8_SCENARIOS[name]  # (qk_fp8 runs there)
     assert mg._qk_fp8_runs(mg.MosaicConfig(**tuning), True, sc.num_heads, max(sc.query_lens), bool(interpret),
