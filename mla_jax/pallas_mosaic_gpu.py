@@ -368,17 +368,11 @@ def pv_int_chunk_set(n: int) -> tuple[int, ...]:
     return tuple(c for c in range(chunks) if (c + 1) * n // chunks > c * n // chunks)
 
 
-def _load_vt_fp8(ref, bits: bool | str = False):
-    """(pv_registers; inside inline Mosaic GPU) ref: a [64 keys, 64 columns] chunk of an fp8 ring slot, the tiled
-    memref [8, 1, 8, 64] (rows of 64 bytes, 64-byte swizzle) -> V^T [64 columns, 64 keys] float16 in the WGMMA
-    layout, P @ V's left operand, its rows permuted by PV_PERM_16 within each 16: per warp (16 columns) two
-    ldmatrix.x4.trans of 16-bit values (32 keys each), then per register a prmt and two cvt.rn.f16x2.e4m3x2.
-    Register [0, j, 0, 0, h, ...] of the WGMMA layout holds row 16 warp + 8 h + g, keys 8 j + 2 t, + 1 (g = lane
-    // 4, t = lane % 4); ldmatrix.trans gives lane (g, t) of matrix m the 16-bit value g (fp8 columns 2 g, 2 g + 1)
-    of its lines (keys) 2 t and 2 t + 1. bits: "int" (pv_int_chunks) Marlin's integer form, values 2^-8 of the
-    cache's and no prmt (_E4M3_PAIRS_T_INT_PTX); True fp8_convert="bits"'s arithmetic instead of the cvts (the integer and
-    FMA pipes; NaN becomes +-480)."""
-    i8, i32, f16 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(32), ir.F16Type.get()
+def _vt_fp8_address(ref):
+    """(pv_registers) a thread's ldmatrix address in a [64 keys, 64 columns] fp8 chunk (the tiled memref [8, 1, 8,
+    64]: rows of 64 bytes, 64-byte swizzle): (the i32 constant maker, the chunk's pointer, the thread's byte offset
+    of key tile 0, the memref's strides)."""
+    i32 = ir.IntegerType.get_signless(32)
     ty = ir.MemRefType(ref.type)
     strides, _ = ty.get_strides_and_offset()
     if list(ty.shape) != [8, 1, 8, 64] or list(strides[2:]) != [64, 1]:
@@ -390,14 +384,68 @@ def _load_vt_fp8(ref, bits: bool | str = False):
     m, rr = arith.divui(lane, c(8)), arith.remui(lane, c(8))  # lane gives matrix m's line rr: key 8 m + rr
     unit = arith.xori(wp, arith.andi(arith.shrui(rr, c(1)), c(3)))  # the 64-byte swizzle: (row // 2) % 4
     base = arith.addi(arith.addi(arith.muli(m, c(strides[0])), arith.muli(rr, c(64))), arith.shli(unit, c(4)))
-    ptr = mgpu.utils.memref_ptr(ref)
+    return c, mgpu.utils.memref_ptr(ref), base, strides
+
+
+def _vt_fp8_ldmatrix(c, ptr, base, strides, half: int):
+    """(pv_registers) the ldmatrix.x4.trans (16-bit values) of keys [32 half, 32 half + 32) of the chunk: a struct
+    of 4 i32 words a thread (matrix mm's word mm)."""
+    p = mgpu.utils.getelementptr(ptr, [arith.addi(base, c(4 * half * strides[0]))], ir.IntegerType.get_signless(8))
+    return nvvm.ldmatrix(p, layout=nvvm.MMALayout.col, num=4,
+                         shape=ir.Attribute.parse("#nvvm.ld_st_matrix_shape<m=8, n=8>"),
+                         elt_type=nvvm.LdStMatrixEltType.B16)
+
+
+def _load_vt_fp8_words(ref):
+    """(load_ahead; inside inline Mosaic GPU) _load_vt_fp8's two ldmatrix.x4.trans alone: the 8 words a thread,
+    unconverted, carried as a [64, 32] float16 WGMMA-layout array (a word a register, in the order (half, matrix);
+    only _convert_vt_fp8 reads them), so that a chunk's loads can be issued a chunk ahead of its conversion."""
+    i32, f16 = ir.IntegerType.get_signless(32), ir.F16Type.get()
+    c, ptr, base, strides = _vt_fp8_address(ref)
+    regs = np.empty(mgpu.WGMMA_LAYOUT.registers_shape((64, 32)), dtype=object)
+    if regs.size != 8:
+        raise NotImplementedError(f"a [64, 32] WGMMA-layout array has {regs.size} registers a thread, not 8")
+    for half in range(2):
+        words = _vt_fp8_ldmatrix(c, ptr, base, strides, half)
+        for mm in range(4):
+            regs.flat[4 * half + mm] = mgpu.utils.bitcast(llvm.extractvalue(i32, words, [mm]),
+                                                          ir.VectorType.get((2,), f16))
+    return mgpu.FragmentedArray(_registers=regs, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
+
+
+def _convert_vt_fp8(words_fa, bits: bool | str = False):
+    """(load_ahead; inside inline Mosaic GPU) _load_vt_fp8_words's words -> V^T [64 columns, 64 keys] float16 in the
+    WGMMA layout, as _load_vt_fp8 converts them (bits: the same choices)."""
+    i32, f16 = ir.IntegerType.get_signless(32), ir.F16Type.get()
+    regs = np.empty(mgpu.WGMMA_LAYOUT.registers_shape((64, 64)), dtype=object)
+    pair_ty = llvm.StructType.get_literal([i32, i32])
+    for i, reg in enumerate(words_fa.registers.flat):
+        half, mm = divmod(i, 4)
+        pair = llvm.inline_asm(pair_ty, [mgpu.utils.bitcast(reg, i32)],
+                               _E4M3_PAIRS_T_INT_PTX if bits == "int" else
+                               _E4M3_PAIRS_T_BITS_PTX if bits else _E4M3_PAIRS_T_PTX, "=r,=r,r")
+        for h in range(2):
+            regs[0, 4 * half + mm, 0, 0, h, 0, 0, 0, 0] = mgpu.utils.bitcast(
+                llvm.extractvalue(i32, pair, [h]), ir.VectorType.get((2,), f16))
+    return mgpu.FragmentedArray(_registers=regs, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
+
+
+def _load_vt_fp8(ref, bits: bool | str = False):
+    """(pv_registers; inside inline Mosaic GPU) ref: a [64 keys, 64 columns] chunk of an fp8 ring slot, the tiled
+    memref [8, 1, 8, 64] (rows of 64 bytes, 64-byte swizzle) -> V^T [64 columns, 64 keys] float16 in the WGMMA
+    layout, P @ V's left operand, its rows permuted by PV_PERM_16 within each 16: per warp (16 columns) two
+    ldmatrix.x4.trans of 16-bit values (32 keys each), then per register a prmt and two cvt.rn.f16x2.e4m3x2.
+    Register [0, j, 0, 0, h, ...] of the WGMMA layout holds row 16 warp + 8 h + g, keys 8 j + 2 t, + 1 (g = lane
+    // 4, t = lane % 4); ldmatrix.trans gives lane (g, t) of matrix m the 16-bit value g (fp8 columns 2 g, 2 g + 1)
+    of its lines (keys) 2 t and 2 t + 1. bits: "int" (pv_int_chunks) Marlin's integer form, values 2^-8 of the
+    cache's and no prmt (_E4M3_PAIRS_T_INT_PTX); True fp8_convert="bits"'s arithmetic instead of the cvts (the integer and
+    FMA pipes; NaN becomes +-480)."""
+    i8, i32, f16 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(32), ir.F16Type.get()
+    c, ptr, base, strides = _vt_fp8_address(ref)
     regs = np.empty(mgpu.WGMMA_LAYOUT.registers_shape((64, 64)), dtype=object)
     pair_ty = llvm.StructType.get_literal([i32, i32])
     for half in range(2):  # keys [32 half, 32 half + 32): 8-row tiles 4 half .. 4 half + 3
-        p = mgpu.utils.getelementptr(ptr, [arith.addi(base, c(4 * half * strides[0]))], i8)
-        words = nvvm.ldmatrix(p, layout=nvvm.MMALayout.col, num=4,
-                              shape=ir.Attribute.parse("#nvvm.ld_st_matrix_shape<m=8, n=8>"),
-                              elt_type=nvvm.LdStMatrixEltType.B16)
+        words = _vt_fp8_ldmatrix(c, ptr, base, strides, half)
         for mm in range(4):
             pair = llvm.inline_asm(pair_ty, [llvm.extractvalue(i32, words, [mm])],
                                    _E4M3_PAIRS_T_INT_PTX if bits == "int" else
@@ -726,6 +774,14 @@ class MosaicConfig:
         multiplied by 2^8 once after the last step. Every product and partial sum of those rows is scaled by a power of
         two: bitwise the default (compiled). For balancing the two pipes where the conversion's pipe binds. Compiled
         only, as pv_registers.
+    load_ahead: (pv_registers with qk_permuted only; elsewhere no effect) each 64-column chunk's shared-memory loads
+        are issued a chunk ahead of its conversion: the scores' K chunks (the rope's and chunk 0's first, then chunk
+        c + 1's before chunk c is converted) and P @ V's V^T words (_load_vt_fp8_words; chunk 0's before the softmax,
+        chunk c + 1's before chunk c's conversion), and P's buffer index is read once a step, not a chunk. Session 30's
+        ncu profile of the 16-row step (H16 B128 S16384, parity/NOTES_pallas_mosaic_gpu.md): issue slots 40% busy, no
+        pipe above 41%, a quarter of the warps' stall samples on the first use of a just-loaded chunk (short
+        scoreboard), with two warps a scheduler to hide it. The same values in the same order (bitwise the default,
+        compiled); ~16 registers more. Compiled only, as pv_registers.
     qk_fp8: (fp8 cache: kv_halves, and the plain scores' fused conversion, below; elsewhere no effect; opt-in: on the
         H200 (session 29) it fails the lse tolerance, 2.6e-3 to 8.5e-3 absolute against 2e-3, ~1e-3 of the scores:
         Hopper's e4m3 accumulation; not timed) the scores on the tensor cores' e4m3 path: S^T = K Q^T with K straight from the fp8 ring slot (the
@@ -795,6 +851,7 @@ class MosaicConfig:
     zero_tail: bool = False
     lazy_rescale: bool = False
     pv_int_chunks: int = 0
+    load_ahead: bool = False
     qk_fp8: bool = False
     qk_fp8_one_acc: bool = True
     pdl: bool = False
@@ -808,7 +865,7 @@ class MosaicConfig:
         for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
                      "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast", "deferred_pv", "split_ring",
                      "part_wait", "kv_halves", "qk_registers", "sums_at_end", "qk_permuted", "pv_registers",
-                     "zero_tail", "lazy_rescale", "qk_fp8", "qk_fp8_one_acc"):
+                     "zero_tail", "lazy_rescale", "load_ahead", "qk_fp8", "qk_fp8_one_acc"):
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
@@ -1116,7 +1173,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   part_wait: bool = False,
                   kv_halves: bool = False, qk_registers: bool = False, sums_at_end: bool = False,
                   qk_permuted: bool = False, pv_registers: bool = False, pv_wait: int = 4, zero_tail: bool = False,
-                  lazy_rescale: bool = False, pv_int_chunks: int = 0, q_parts: int = 0, q_one_acc: bool = True, out_dtype=None, interpret: bool = False):
+                  lazy_rescale: bool = False, pv_int_chunks: int = 0, load_ahead: bool = False, q_parts: int = 0, q_one_acc: bool = True, out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile), the last axis the fastest (heads_fastest: reversed, the head
@@ -1189,6 +1246,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     if lazy_rescale and not kv_halves:
         raise ValueError(f"lazy_rescale skips a kv_halves step's rescale of O^T: it needs kv_halves=True, "
                          f"got {kv_halves=}")
+    if load_ahead and not (pv_registers and qk_permuted):
+        raise ValueError(f"load_ahead loads qk_permuted's and pv_registers's chunks a chunk ahead: it needs "
+                         f"qk_permuted=True and pv_registers=True, got {qk_permuted=}, {pv_registers=}")
     if pv_int_chunks and not (pv_registers and fp8_convert == "cvt"):
         raise ValueError(f"pv_int_chunks converts some of pv_registers's loads by integer arithmetic, the others by "
                          f"cvt: it needs pv_registers=True and fp8_convert='cvt', got {pv_registers=}, "
@@ -2254,6 +2314,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     s = scores_from_registers(k, slot, kv_start, masked_keys)
                 else:
                     s = scores_from_copy(k, kv_start, masked_keys)
+                # (load_ahead: P @ V's first V^T chunk loaded before the softmax, converted after it)
+                words0 = load_vt_words(slot, 0) if load_ahead else None
                 if masked:
                     s = mask_scores(s, kv_start, first_pos, kv_len, scale, row_ax=1, key_ax=0)
                 else:
@@ -2271,7 +2333,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                 def pv(acc_ref):  # 8 wgmmas (commit groups), V's columns [64 c, 64 c + 64) the c-th's
                     if pv_registers:
-                        pv_from_slot(acc_ref, k, slot, kv_start, masked_keys)
+                        pv_from_slot(acc_ref, k, slot, kv_start, masked_keys, words0)
                         return
                     pv_from_copy(acc_ref, KV_LORA_RANK // 64)
 
@@ -2334,10 +2396,31 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     plgpu.wgmma(acc_ref.at[pl.ds(c * 64, 64)], v_w().at[:, pl.ds(c * 64, 64)].transpose((1, 0)),
                                 p_w().transpose((1, 0)))
 
-            def pv_from_slot(acc_ref, k, slot, kv_start, masked: bool):
+            def load_vt_words(slot, c: int):
+                """(load_ahead) chunk c's V^T words (_load_vt_fp8_words), unconverted."""
+                @plgpu.inline_mgpu(arg_types=(plgpu.RefType(FP8_RING_TILES),),
+                                   return_type=plgpu.ShapeDtypeStruct((64, 32), jnp.float16, layout=wg_layout))
+                def load(ctx, r):
+                    del ctx
+                    return _load_vt_fp8_words(r)
+
+                return load(kv_smem.at[slot, :, pl.ds(c * 64, 64)])
+
+            def convert_vt(words, bits):
+                """(load_ahead) V^T [64, block_kv] from load_vt_words's words (_convert_vt_fp8)."""
+                @plgpu.inline_mgpu(arg_types=(wg_layout,),
+                                   return_type=plgpu.ShapeDtypeStruct((64, block_kv), dtype, layout=wg_layout))
+                def convert(ctx, fa):
+                    del ctx
+                    return _convert_vt_fp8(fa, bits)
+
+                return convert(words)
+
+            def pv_from_slot(acc_ref, k, slot, kv_start, masked: bool, words0=None):
                 """(pv_registers) O^T += V^T P^T, 8 wgmmas of M = 64 (O^T's rows permuted by PV_PERM), each left
                 operand loaded from the fp8 slot (_load_vt_fp8), its keys past kv_len 0 on the masked step; then the
-                slot, read, is refilled with step k + 2."""
+                slot, read, is refilled with step k + 2. load_ahead: chunk c + 1's words are loaded before chunk c
+                is converted (chunk 0's, words0, before the softmax), and P's buffer index read once a step."""
                 keep = (plgpu.broadcasted_iota(jnp.int32, (64, block_kv), 1, layout=wg_layout) < kv_len - kv_start
                         if masked else None)
 
@@ -2350,14 +2433,21 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                     return load(ref)
 
+                p_ref = p_w() if load_ahead else None
+                words = words0
                 for c in range(KV_LORA_RANK // 64):  # (fp8_convert: "bits" all, "mixed" the odd)
                     bits = fp8_convert == "bits" or (fp8_convert == "mixed" and c % 2 == 1)
                     if c in int_chunks:  # (pv_int_chunks: 2^-8 of the values; O^T's rows times 2^8 at the end)
                         bits = "int"
-                    vt = load_vt(kv_smem.at[slot, :, pl.ds(c * 64, 64)], bits)
+                    if load_ahead:
+                        nxt = load_vt_words(slot, c + 1) if c + 1 < KV_LORA_RANK // 64 else None
+                        vt = convert_vt(words, bits)
+                        words = nxt
+                    else:
+                        vt = load_vt(kv_smem.at[slot, :, pl.ds(c * 64, 64)], bits)
                     if keep is not None:
                         vt = jnp.where(keep, vt, jnp.zeros_like(vt))
-                    plgpu.wgmma(acc_ref.at[pl.ds(c * 64, 64)], vt, p_w().transpose((1, 0)))
+                    plgpu.wgmma(acc_ref.at[pl.ds(c * 64, 64)], vt, (p_ref if load_ahead else p_w()).transpose((1, 0)))
                     if pv_wait < KV_LORA_RANK // 64:  # (at most pv_wait chunks' wgmmas left running)
                         plgpu.wgmma_wait(pv_wait)
                 plgpu.commit_smem()  # the slot's reads done before its refill
@@ -2409,14 +2499,46 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         # the next chunk's) is waited for here, this one's wgmma running under the next's load.
                         plgpu.wgmma_wait(1)
 
-                    with jax.named_scope("dequant"):
-                        rope = rope_rows(slot, kv_start, masked)
-                        rope_scores(s_ref, rope)
+                    def raw(c):  # (load_ahead) chunk c's fp8 values, unconverted
+                        c0 = c * 64 if isinstance(c, int) else pl.multiple_of(c * 64, 64)
+                        return plgpu.load(kv_smem.at[slot, :, pl.ds(c0, 64)], layout=ld_layout)
 
-                        @pl.loop(0, KV_LORA_RANK // 128)  # two chunks an iteration, their registers apart
-                        def _(i):
-                            chunk(2 * i)
-                            chunk(2 * i + 1)
+                    def chunk_ahead(c, x):
+                        """(load_ahead) chunk's conversion and wgmma from its loaded values x."""
+                        x = x.astype(dtype)
+                        if keep is not None:
+                            x = jnp.where(keep, x, jnp.zeros_like(x))
+                        c0 = c * 64 if isinstance(c, int) else pl.multiple_of(c * 64, 64)
+                        plgpu.wgmma(s_ref, as_operand(x), q_smem.at[:, pl.ds(c0, 64)].transpose((1, 0)))
+                        plgpu.wgmma_wait(1)  # (as chunk's)
+
+                    with jax.named_scope("dequant"):
+                        if load_ahead:  # each chunk's values loaded a chunk ahead of its conversion
+                            rope_raw = raw(KV_LORA_RANK // 64)
+                            first = raw(0)
+                            rope = rope_raw.astype(dtype)
+                            if masked:
+                                rope = jnp.where(rows_below(kv_len - kv_start, ld_layout), rope,
+                                                 jnp.zeros_like(rope))
+                            rope = as_operand(rope)
+                            rope_scores(s_ref, rope)
+
+                            def two_chunks(i, x):  # (two chunks an iteration, their registers apart, as below)
+                                x1 = raw(2 * i + 1)
+                                chunk_ahead(2 * i, x)
+                                x2 = raw(2 * i + 2)  # (i = 3: chunk 8, the rope columns: loaded, unused)
+                                chunk_ahead(2 * i + 1, x1)
+                                return x2
+
+                            lax.fori_loop(0, KV_LORA_RANK // 128, two_chunks, first)
+                        else:
+                            rope = rope_rows(slot, kv_start, masked)
+                            rope_scores(s_ref, rope)
+
+                            @pl.loop(0, KV_LORA_RANK // 128)  # two chunks an iteration, their registers apart
+                            def _(i):
+                                chunk(2 * i)
+                                chunk(2 * i + 1)
 
                         if not pv_registers:  # (pv_registers: the slot is refilled after P @ V's loads)
                             plgpu.commit_smem()  # V's copy visible to P @ V; the slot's reads done before its refill
@@ -2817,6 +2939,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         zero_tail=kv_halves and tuning.zero_tail,
         lazy_rescale=kv_halves and tuning.lazy_rescale,
         pv_int_chunks=tuning.pv_int_chunks if pv_registers else 0,
+        load_ahead=pv_registers and tuning.qk_permuted and tuning.load_ahead,
         q_parts=q_parts, q_one_acc=tuning.qk_fp8_one_acc,
     )
     q_in = (q, q_inv_scale) if q_parts else q

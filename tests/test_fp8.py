@@ -994,6 +994,44 @@ def test_pv_int_chunks_lowers_to_integer_pairs():
 
 
 @pytest.mark.gpu
+def test_mosaic_gpu_fp8_load_ahead_is_bitwise():
+    """load_ahead issues each chunk's shared-memory loads a chunk ahead of its conversion (the scores' K chunks and
+    P @ V's V^T words; the first V^T chunk before the softmax) and reads P's buffer index once a step: the same
+    values converted and multiplied in the same order, the same out and lse bit for bit compiled, on the bitwise
+    test's 4 scenarios (16 rows, with zero_tail) and at 32 rows (H = 16 at q_len 2 with a q_len-1 request, 2 splits;
+    H = 8 at q_len 4)."""
+    _skip_without_hopper()
+    base = dict(QK_PERMUTED_TUNING, pv_registers=True, zero_tail=True)
+    for name, dtype, extra in KV_HALVES_BITWISE_SCENARIOS + (("decode_q2_page_32", "bfloat16", dict(num_splits=2)),
+                                                             ("heads_8_q4", "bfloat16", dict(num_splits=2))):
+        t = dict(base, **extra, pv_wait=1 if name in ("decode_q2_page_32", "heads_8_q4") else 4)
+        _assert_bitwise(name, dtype, [t, dict(t, load_ahead=True)])
+
+
+def test_load_ahead_lowers_and_needs_pv_registers():
+    """load_ahead (an abstract H200, no GPU) changes the heuristic's 16- and 32-row kernels (the loads moved ahead),
+    not their conversions' count; the kernel builder refuses it without pv_registers or qk_permuted."""
+    import dataclasses
+
+    from mla_jax import pallas_mosaic_gpu as mg
+    from parity import kernel_hash
+
+    for heads, q_len in ((16, 1), (16, 2)):
+        problem = (heads, 64, 4096, q_len, True)
+        config = MLAConfig(num_heads=heads, page_size=64, dtype="bfloat16", kv_cache_dtype="fp8_e4m3")
+        base = mg.heuristic_config(config, 64 * q_len, 64, 64, max_query_len=q_len)
+        assert base.pv_registers and not base.load_ahead
+        [plain] = kernel_hash.module_texts(problem, tuning=base)
+        [ahead] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, load_ahead=True))
+        assert ahead != plain
+        assert ahead.count("cvt.rn.f16x2.e4m3x2") == plain.count("cvt.rn.f16x2.e4m3x2")
+    kw = dict(FP8_BUILD_KW, bt_chunk=96, score_rows=16, transposed_pv=True, kv_halves=True, qk_registers=True)
+    with pytest.raises(ValueError, match="load_ahead .* pv_registers=False"):
+        mg._build_kernel(load_ahead=True, qk_permuted=True, **kw)
+    mg._build_kernel(load_ahead=True, qk_permuted=True, pv_registers=True, **kw)
+
+
+@pytest.mark.gpu
 def test_mosaic_gpu_fp8_lazy_rescale_is_bitwise():
     """lazy_rescale skips O^T's rescale where a thread's alpha is 1 (a branch); multiplying by 1 is exact: the same
     out and lse bit for bit compiled, on the bitwise test's 4 scenarios (16 rows, pv_registers with zero_tail, the

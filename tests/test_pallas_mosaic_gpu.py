@@ -433,6 +433,7 @@ class TestConfig:
             (dict(part_wait=True, split_ring=True), "part_wait=True is the two-part slot"),
             (dict(zero_tail=1), "zero_tail=1"),
             (dict(lazy_rescale=1), "lazy_rescale=1"),
+            (dict(load_ahead=1), "load_ahead=1"),
             (dict(pv_int_chunks=9), "pv_int_chunks=9"),
             (dict(pv_int_chunks=-1), "pv_int_chunks=-1"),
             (dict(pv_int_chunks=True), "pv_int_chunks=True"),
