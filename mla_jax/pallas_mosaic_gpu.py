@@ -138,7 +138,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import arith, llvm, nvvm, scf, vector
+from jax._src.lib.mlir.dialects import arith, llvm, nvvm
 
 from mla_jax.combine import combine, combine_ref
 from mla_spec import DecodeMetadata, MLAConfig
@@ -329,44 +329,6 @@ cvt.rn.f16x2.e4m3x2 $1, hi;
 }"""
 # the same by integer arithmetic (fp8_convert="bits", above): bytes (0, 2) and (1, 3), the keys paired
 _E4M3_PAIRS_T_BITS_PTX = _e4m3_bits_ptx(0x2404, 0x3414)
-# (pv_int_chunks) the same pairs by Marlin's integer form without a prmt or the multiplication by 2^8: each pair's
-# bytes are bytes (0, 2) and (1, 3) of the word, already at the bottom (<< 8) or the top (as they are) of each 16-bit
-# half, so a shift moves the 7 bits below the sign down one and masks keep the sign in place: values 2^-8 of the
-# e4m3 values (exact, subnormals included; NaN becomes +-1.875 = 480 / 2^8), two shifts, four masks and two ors
-# (ptxas: lop3) for four values, no conversion pipe. The kernel multiplies the O^T rows of those chunks by 2^8 after
-# its last step.
-_E4M3_PAIRS_T_INT_PTX = """{
-.reg .b32 t, u;
-shl.b32 t, $2, 7;
-and.b32 t, t, 0x3F803F80;
-shl.b32 u, $2, 8;
-and.b32 u, u, 0x80008000;
-or.b32 $0, t, u;
-shr.b32 t, $2, 1;
-and.b32 t, t, 0x3F803F80;
-and.b32 u, $2, 0x80008000;
-or.b32 $1, t, u;
-}"""
-PV_INT_SCALE = 256.0  # (pv_int_chunks) 2^8, f16's exponent bias less e4m3's (15 - 7)
-
-
-def e4m3_int_pairs_to_f16(words: np.ndarray) -> np.ndarray:
-    """_E4M3_PAIRS_T_INT_PTX in numpy, for the tests: uint32 words -> float16 [..., 2 outputs, 2 halves] (output 0 of
-    bytes 0, 2; output 1 of bytes 1, 3; half 0 the low one), values 2^-8 of the bytes' e4m3 values."""
-    w = words.astype(np.uint32)
-    out0 = ((w << 7) & 0x3F803F80) | ((w << 8) & 0x80008000)
-    out1 = ((w >> 1) & 0x3F803F80) | (w & 0x80008000)
-    pairs = np.stack([out0, out1], axis=-1).astype(np.uint32)
-    halves = np.stack([pairs & 0xFFFF, pairs >> 16], axis=-1).astype(np.uint16)
-    return halves.view(np.float16)
-
-
-def pv_int_chunk_set(n: int) -> tuple[int, ...]:
-    """(pv_int_chunks) which n of P @ V's 8 chunks convert by integer arithmetic: spread over the step (c where
-    (c + 1) n // 8 passes a multiple: n = 2 -> 3, 7; 3 -> 2, 5, 7; 4 -> the odd ones; 8 -> all)."""
-    chunks = KV_LORA_RANK // 64
-    return tuple(c for c in range(chunks) if (c + 1) * n // chunks > c * n // chunks)
-
 
 def _vt_fp8_address(ref):
     """(pv_registers) a thread's ldmatrix address in a [64 keys, 64 columns] fp8 chunk (the tiled memref [8, 1, 8,
@@ -413,7 +375,7 @@ def _load_vt_fp8_words(ref):
     return mgpu.FragmentedArray(_registers=regs, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
 
 
-def _convert_vt_fp8(words_fa, bits: bool | str = False):
+def _convert_vt_fp8(words_fa, bits: bool = False):
     """(load_ahead; inside inline Mosaic GPU) _load_vt_fp8_words's words -> V^T [64 columns, 64 keys] float16 in the
     WGMMA layout, as _load_vt_fp8 converts them (bits: the same choices)."""
     i32, f16 = ir.IntegerType.get_signless(32), ir.F16Type.get()
@@ -422,7 +384,6 @@ def _convert_vt_fp8(words_fa, bits: bool | str = False):
     for i, reg in enumerate(words_fa.registers.flat):
         half, mm = divmod(i, 4)
         pair = llvm.inline_asm(pair_ty, [mgpu.utils.bitcast(reg, i32)],
-                               _E4M3_PAIRS_T_INT_PTX if bits == "int" else
                                _E4M3_PAIRS_T_BITS_PTX if bits else _E4M3_PAIRS_T_PTX, "=r,=r,r")
         for h in range(2):
             regs[0, 4 * half + mm, 0, 0, h, 0, 0, 0, 0] = mgpu.utils.bitcast(
@@ -430,17 +391,16 @@ def _convert_vt_fp8(words_fa, bits: bool | str = False):
     return mgpu.FragmentedArray(_registers=regs, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
 
 
-def _load_vt_fp8(ref, bits: bool | str = False):
+def _load_vt_fp8(ref, bits: bool = False):
     """(pv_registers; inside inline Mosaic GPU) ref: a [64 keys, 64 columns] chunk of an fp8 ring slot, the tiled
     memref [8, 1, 8, 64] (rows of 64 bytes, 64-byte swizzle) -> V^T [64 columns, 64 keys] float16 in the WGMMA
     layout, P @ V's left operand, its rows permuted by PV_PERM_16 within each 16: per warp (16 columns) two
     ldmatrix.x4.trans of 16-bit values (32 keys each), then per register a prmt and two cvt.rn.f16x2.e4m3x2.
     Register [0, j, 0, 0, h, ...] of the WGMMA layout holds row 16 warp + 8 h + g, keys 8 j + 2 t, + 1 (g = lane
     // 4, t = lane % 4); ldmatrix.trans gives lane (g, t) of matrix m the 16-bit value g (fp8 columns 2 g, 2 g + 1)
-    of its lines (keys) 2 t and 2 t + 1. bits: "int" (pv_int_chunks) Marlin's integer form, values 2^-8 of the
-    cache's and no prmt (_E4M3_PAIRS_T_INT_PTX); True fp8_convert="bits"'s arithmetic instead of the cvts (the integer and
+    of its lines (keys) 2 t and 2 t + 1. bits: fp8_convert="bits"'s arithmetic instead of the cvts (the integer and
     FMA pipes; NaN becomes +-480)."""
-    i8, i32, f16 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(32), ir.F16Type.get()
+    i32, f16 = ir.IntegerType.get_signless(32), ir.F16Type.get()
     c, ptr, base, strides = _vt_fp8_address(ref)
     regs = np.empty(mgpu.WGMMA_LAYOUT.registers_shape((64, 64)), dtype=object)
     pair_ty = llvm.StructType.get_literal([i32, i32])
@@ -448,7 +408,6 @@ def _load_vt_fp8(ref, bits: bool | str = False):
         words = _vt_fp8_ldmatrix(c, ptr, base, strides, half)
         for mm in range(4):
             pair = llvm.inline_asm(pair_ty, [llvm.extractvalue(i32, words, [mm])],
-                                   _E4M3_PAIRS_T_INT_PTX if bits == "int" else
                                    _E4M3_PAIRS_T_BITS_PTX if bits else _E4M3_PAIRS_T_PTX, "=r,=r,r")
             for h in range(2):
                 regs[0, 4 * half + mm, 0, 0, h, 0, 0, 0, 0] = mgpu.utils.bitcast(
@@ -481,32 +440,6 @@ def _e4m3_to_f16(x, layout):
         return mgpu.FragmentedArray(_registers=regs, _layout=fa.layout, _is_signed=None)
 
     return convert(x)
-
-
-def _scale_columns_if_changed(acc, alpha):
-    """(lazy_rescale; inside inline Mosaic GPU) acc [m, n] fp32 (WGMMA layout) times alpha [n] (its columns'
-    factors, WGMMA.reduce(0)) down its rows, inside a branch that a thread takes only where one of its own alpha
-    registers is not 1 (a thread holds the same columns of alpha and of acc): multiplying by 1 is exact, so the
-    result is bitwise acc * alpha. A warp whose lanes disagree runs the multiplication for those that take it."""
-    f32 = ir.F32Type.get()
-    one = arith.constant(f32, 1.0)
-    changed = None
-    for reg in alpha.registers.flat:
-        for i in range(ir.VectorType(reg.type).shape[0]):
-            x = vector.extract(reg, dynamic_position=[], static_position=[i])
-            ne = arith.cmpf(arith.CmpFPredicate.UNE, x, one)  # (NaN: unordered, so multiplied)
-            changed = ne if changed is None else arith.ori(changed, ne)
-    flat = list(acc.registers.flat)
-    branch = scf.IfOp(changed, [r.type for r in flat], has_else=True)
-    with ir.InsertionPoint(branch.then_block):
-        scaled = acc * alpha.broadcast_in_dim(acc.shape, (1,), acc.layout)
-        scf.yield_(list(scaled.registers.flat))
-    with ir.InsertionPoint(branch.else_block):
-        scf.yield_(flat)
-    regs = np.empty(acc.registers.shape, dtype=object)
-    for i, r in enumerate(branch.results):
-        regs.flat[i] = r
-    return mgpu.FragmentedArray(_registers=regs, _layout=acc.layout, _is_signed=None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -762,18 +695,6 @@ class MosaicConfig:
         idle) 1.11x faster at H32 B64 S4095 q1 (103.3 -> 93.2 us), 1.10x at H16 B64 S4096 q2 (102.0 -> 92.6), 1.03x
         at H32 B64 S4096 q1 (89.9 -> 86.9, no masked step: the kernel's registers), 1.00x at H16 B128 S16383;
         without pv_registers 1.02x slower at H16 B8 S4095 (18.9 -> 19.3).
-    lazy_rescale: (kv_halves only; elsewhere no effect) a step's rescale of O^T by alpha (64 multiplications a thread
-        at 16 rows, 128 at 32) runs in a branch that a thread takes only where the maximum of one of its columns
-        changed (alpha not 1); a warp runs it if any of its lanes does. Multiplying by 1 is exact: the same values
-        (bitwise the default, compiled). Once a split's maxima settle, most steps skip it. Compiled only (interpret
-        mode multiplies).
-    pv_int_chunks: (pv_registers with fp8_convert="cvt" only; elsewhere no effect) n of P @ V's 8 chunks (spread:
-        pv_int_chunk_set) convert their V^T registers by Marlin's integer form without its multiplication
-        (_E4M3_PAIRS_T_INT_PTX: 2 shifts and 2-4 lop3 for 4 values, on the integer pipe, no prmt), where cvt takes a
-        prmt and 2 cvts on the conversion pipe; their values are 2^-8 of the cache's, so those O^T rows are
-        multiplied by 2^8 once after the last step. Every product and partial sum of those rows is scaled by a power of
-        two: bitwise the default (compiled). For balancing the two pipes where the conversion's pipe binds. Compiled
-        only, as pv_registers.
     load_ahead: (pv_registers with qk_permuted only; elsewhere no effect) each 64-column chunk's shared-memory loads
         are issued a chunk ahead of its conversion: the scores' K chunks (the rope's and chunk 0's first, then chunk
         c + 1's before chunk c is converted) and P @ V's V^T words (_load_vt_fp8_words; chunk 0's before the softmax,
@@ -849,23 +770,20 @@ class MosaicConfig:
     pv_registers: bool = False
     pv_wait: int = 4
     zero_tail: bool = False
-    lazy_rescale: bool = False
-    pv_int_chunks: int = 0
     load_ahead: bool = False
     qk_fp8: bool = False
     qk_fp8_one_acc: bool = True
     pdl: bool = False
 
     def __post_init__(self):
-        for name in ("block_kv", "num_splits", "max_concurrent_steps", "block_h", "bt_chunk", "pv_wait",
-                     "pv_int_chunks"):
+        for name in ("block_kv", "num_splits", "max_concurrent_steps", "block_h", "bt_chunk", "pv_wait"):
             x = getattr(self, name)
             if isinstance(x, bool) or not isinstance(x, int):
                 raise ValueError(f"{name} must be an int, got {name}={x!r}")
         for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
                      "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast", "deferred_pv", "split_ring",
                      "part_wait", "kv_halves", "qk_registers", "sums_at_end", "qk_permuted", "pv_registers",
-                     "zero_tail", "lazy_rescale", "load_ahead", "qk_fp8", "qk_fp8_one_acc"):
+                     "zero_tail", "load_ahead", "qk_fp8", "qk_fp8_one_acc"):
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
@@ -928,9 +846,6 @@ class MosaicConfig:
             raise ValueError(f"block_h must be {BLOCK_H} (the wgmma M dimension), got {block_h=}")
         if bt_chunk < 32 or bt_chunk % 32:
             raise ValueError(f"bt_chunk must be a positive multiple of 32, got {bt_chunk=}")
-        if not 0 <= self.pv_int_chunks <= KV_LORA_RANK // 64:
-            raise ValueError(f"pv_int_chunks must be in [0, {KV_LORA_RANK // 64}] (P @ V chunks), got "
-                             f"pv_int_chunks={self.pv_int_chunks}")
         if not 1 <= self.pv_wait <= KV_LORA_RANK // 64:
             raise ValueError(f"pv_wait must be in [1, {KV_LORA_RANK // 64}] (P @ V chunks in flight), got "
                              f"pv_wait={self.pv_wait}")
@@ -1082,12 +997,15 @@ def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_re
     # With pv_registers, the masked step's slot tail zeroed in shared memory (zero_tail): on the H200 (parity.sweep,
     # 3 rounds, 1 s idle, session 27) 1.11x faster at H32 B64 S4095 q1 (103.3 -> 93.2 us), 1.10x at H16 B64 S4096 q2
     # (102.0 -> 92.6), 1.03x at H32 B64 S4096 q1 (89.9 -> 86.9; no masked step), 1.00x at H16 B128 S16383 (366.1 ->
-    # 364.8); without pv_registers 1.02x slower at H16 B8 S4095 (18.9 -> 19.3)
+    # 364.8); without pv_registers 1.02x slower at H16 B8 S4095 (18.9 -> 19.3).
+    # With pv_registers, each chunk's loads a chunk ahead of its conversion (load_ahead): on the H200 (parity.sweep,
+    # 3 rounds, 1 s idle, session 30) 1.13x faster at H16 B128 S16384 (386.0 -> 341.1 us), 1.10x at B32 S16384
+    # (106.2 -> 96.9), 1.10x at H16 B64 S4096 q2 (84.8 -> 76.9; 32 rows)
     return MosaicConfig(block_kv=block_kv, num_splits=num_splits, max_concurrent_steps=2, fused_group=fused_group,
                         transposed_scores=rows <= TRANSPOSED_MAX_ROWS or transposed_pv, transposed_pv=transposed_pv,
                         heads_fastest=heads_fastest, kv_halves=kv_halves, qk_registers=kv_halves,
                         sums_at_end=kv_halves, qk_permuted=kv_halves, pv_registers=pv_registers, pv_wait=pv_wait,
-                        zero_tail=pv_registers)
+                        zero_tail=pv_registers, load_ahead=pv_registers)
 
 
 def tma_windows(shape) -> list[tuple[tuple[int, int], ...]]:
@@ -1173,7 +1091,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   part_wait: bool = False,
                   kv_halves: bool = False, qk_registers: bool = False, sums_at_end: bool = False,
                   qk_permuted: bool = False, pv_registers: bool = False, pv_wait: int = 4, zero_tail: bool = False,
-                  lazy_rescale: bool = False, pv_int_chunks: int = 0, load_ahead: bool = False, q_parts: int = 0, q_one_acc: bool = True, out_dtype=None, interpret: bool = False):
+                  load_ahead: bool = False, q_parts: int = 0, q_one_acc: bool = True, out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile), the last axis the fastest (heads_fastest: reversed, the head
@@ -1243,16 +1161,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                          f"pv_registers=True (or interpret mode), got {pv_registers=}")
     if zero_tail and not kv_halves:
         raise ValueError(f"zero_tail zeroes a kv_halves slot's tail: it needs kv_halves=True, got {kv_halves=}")
-    if lazy_rescale and not kv_halves:
-        raise ValueError(f"lazy_rescale skips a kv_halves step's rescale of O^T: it needs kv_halves=True, "
-                         f"got {kv_halves=}")
     if load_ahead and not (pv_registers and qk_permuted):
         raise ValueError(f"load_ahead loads qk_permuted's and pv_registers's chunks a chunk ahead: it needs "
                          f"qk_permuted=True and pv_registers=True, got {qk_permuted=}, {pv_registers=}")
-    if pv_int_chunks and not (pv_registers and fp8_convert == "cvt"):
-        raise ValueError(f"pv_int_chunks converts some of pv_registers's loads by integer arithmetic, the others by "
-                         f"cvt: it needs pv_registers=True and fp8_convert='cvt', got {pv_registers=}, "
-                         f"{fp8_convert=}")
     if qk_registers and not kv_halves:
         raise ValueError(f"qk_registers runs inside kv_halves's step: it needs kv_halves=True, got {kv_halves=}")
     if sums_at_end and not kv_halves:
@@ -2281,7 +2192,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             writes out, and finishes its own half (`finish`, transposed_pv's)."""
             n = score_rows
             wg_layout = plgpu.Layout.WGMMA
-            int_chunks = pv_int_chunk_set(pv_int_chunks) if pv_int_chunks else ()
 
             def v_w():
                 """This warpgroup's f16 copy of V, [block_kv, 512]; its index read from info word 4 (0) at each use, as
@@ -2337,24 +2247,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         return
                     pv_from_copy(acc_ref, KV_LORA_RANK // 64)
 
-                acc = rescale_acc(acc, alpha)
+                acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [1])
                 with jax.named_scope("pv"):
                     acc = accumulate(acc, pv)
                 return acc, m_new, l_i
-
-            def rescale_acc(acc, alpha):
-                """O^T's columns times alpha (lazy_rescale, compiled: only where a thread's alpha is not 1, a branch;
-                the same values)."""
-                if not lazy_rescale or interpret:
-                    return acc * lax.broadcast_in_dim(alpha, acc.shape, [1])
-
-                @plgpu.inline_mgpu(arg_types=(wg_layout, col_layout),
-                                   return_type=plgpu.ShapeDtypeStruct(acc.shape, jnp.float32, layout=wg_layout))
-                def scale(ctx, acc_fa, alpha_fa):
-                    del ctx
-                    return _scale_columns_if_changed(acc_fa, alpha_fa)
-
-                return scale(acc, alpha)
 
             # (qk_permuted) the fp8 chunks' load layout, 4 values a thread, and the WGMMA-layout view of its registers
             ld_layout = plgpu.Layout.WGMMA_8BIT if qk_permuted else wg_layout
@@ -2437,8 +2333,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 words = words0
                 for c in range(KV_LORA_RANK // 64):  # (fp8_convert: "bits" all, "mixed" the odd)
                     bits = fp8_convert == "bits" or (fp8_convert == "mixed" and c % 2 == 1)
-                    if c in int_chunks:  # (pv_int_chunks: 2^-8 of the values; O^T's rows times 2^8 at the end)
-                        bits = "int"
                     if load_ahead:
                         nxt = load_vt_words(slot, c + 1) if c + 1 < KV_LORA_RANK // 64 else None
                         vt = convert_vt(words, bits)
@@ -2617,10 +2511,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             acc, m_i, l_i = lax.fori_loop(mid, e, functools.partial(step, masked=True), carry)
             if sums_at_end:
                 l_i = col_reduce(l_i, "add", w)
-            if int_chunks:  # (pv_int_chunks: those chunks' O^T rows summed 2^-8 of the values)
-                chunk = lax.div(plgpu.broadcasted_iota(jnp.int32, acc.shape, 0, layout=wg_layout), jnp.int32(64))
-                scaled = functools.reduce(jnp.logical_or, [chunk == c for c in int_chunks])
-                acc = acc * jnp.where(scaled, jnp.float32(PV_INT_SCALE), jnp.float32(1.0))
 
             # The merge. m_smem aliases q, the ring and V's copies (and the stage, written after m_smem's reads):
             # both warpgroups first finish their steps.
@@ -2937,9 +2827,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         sums_at_end=kv_halves and tuning.sums_at_end,
         qk_permuted=qk_permuted, pv_registers=pv_registers, pv_wait=tuning.pv_wait,
         zero_tail=kv_halves and tuning.zero_tail,
-        lazy_rescale=kv_halves and tuning.lazy_rescale,
-        pv_int_chunks=tuning.pv_int_chunks if pv_registers else 0,
-        load_ahead=pv_registers and tuning.qk_permuted and tuning.load_ahead,
+        load_ahead=pv_registers and qk_permuted and tuning.load_ahead,
         q_parts=q_parts, q_one_acc=tuning.qk_fp8_one_acc,
     )
     q_in = (q, q_inv_scale) if q_parts else q

@@ -49,7 +49,7 @@ VARIANTS = {
                               kv_multicast=(True, False), deferred_pv=(True, False), split_ring=(True, False),
                               part_wait=(True, False), kv_halves=(True, False), qk_registers=(True, False),
                               sums_at_end=(True, False), qk_permuted=(True, False), pv_registers=(True, False),
-                              pv_wait=(1, 2, 4, 8), zero_tail=(True,), lazy_rescale=(True,), pv_int_chunks=(2, 3, 4),
+                              pv_wait=(1, 2, 4, 8), zero_tail=(True,),
                               load_ahead=(True,),
                               qk_fp8=(True,), qk_fp8_one_acc=(False,)),  # (qk_fp8_one_acc: with --set qk_fp8=True)
 }

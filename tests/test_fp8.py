@@ -677,38 +677,6 @@ def test_fp8_convert_bits_formula_is_exact():
     np.testing.assert_array_equal(got[~finite], np.array([480, -480], np.float16))
 
 
-def test_pv_int_pairs_formula_is_exact():
-    """pv_int_chunks's integer form (Marlin's, no prmt, no multiplication), in numpy: for words of every byte value
-    in each position, output 0 holds bytes 0 and 2, output 1 bytes 1 and 3 (the keys paired, as the cvt path's prmt
-    0x3120 does), each 2^-8 of the e4m3 value ml_dtypes gives, bit for bit (signed zero and subnormals included: the
-    smallest, 2^-9, becomes f16's 2^-17); NaN becomes +-1.875 (480 / 2^8)."""
-    import ml_dtypes
-
-    from mla_jax.pallas_mosaic_gpu import PV_INT_SCALE, e4m3_int_pairs_to_f16
-
-    assert PV_INT_SCALE == 2.0 ** 8
-    b = np.arange(256, dtype=np.uint32)
-    want = b.astype(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64) / PV_INT_SCALE
-    finite = ~np.isnan(want)
-    rng = np.random.default_rng(0)
-    for pos in range(4):  # byte pos takes every value, the others random
-        other = rng.integers(0, 256, (3, 256), dtype=np.uint32)
-        bytes_ = [other[i - (i > pos)] if i != pos else b for i in range(4)]
-        words = bytes_[0] | (bytes_[1] << 8) | (bytes_[2] << 16) | (bytes_[3] << 24)
-        got = e4m3_int_pairs_to_f16(words)[:, pos % 2, pos // 2]  # (output pos % 2, half pos // 2)
-        np.testing.assert_array_equal(got[finite].astype(np.float64), want[finite])
-        assert (got[finite].view(np.uint16) >> 15 == b[finite] >> 7).all()  # (signed zeros too)
-        np.testing.assert_array_equal(got[~finite], np.array([1.875, -1.875], np.float16))
-
-
-def test_pv_int_chunk_set_spreads_the_chunks():
-    from mla_jax.pallas_mosaic_gpu import pv_int_chunk_set
-
-    assert [pv_int_chunk_set(n) for n in (0, 1, 2, 3, 4, 8)] == [
-        (), (7,), (3, 7), (2, 5, 7), (1, 3, 5, 7), tuple(range(8))]
-    assert all(len(pv_int_chunk_set(n)) == n for n in range(9))
-
-
 def test_fp8_convert_config_is_validated():
     from mla_jax.pallas_mosaic_gpu import MosaicConfig
 
@@ -756,23 +724,17 @@ FP8_BUILD_KW = dict(dtype=jnp.float16, page_size=64, num_tokens=4, heads=16, hp=
 
 
 def test_qk_registers_needs_kv_halves_in_the_kernel_builder():
-    """MosaicConfig(qk_registers=True), sums_at_end, zero_tail and lazy_rescale have no effect where kv_halves does not run (the
+    """MosaicConfig(qk_registers=True), sums_at_end and zero_tail have no effect where kv_halves does not run (the
     wrapper passes them only with kv_halves); the kernel builder itself refuses each without kv_halves, naming the
     value; likewise qk_permuted without qk_registers, pv_registers without its loads, kv_halves at 32 rows without
     pv_registers, and q's e4m3 parts (q_parts) outside kv_halves's step and the plain scores' fused conversion."""
     from mla_jax import pallas_mosaic_gpu
 
     kw = dict(FP8_BUILD_KW, bt_chunk=96, score_rows=16, transposed_pv=True)
-    for opt in ("qk_registers", "sums_at_end", "zero_tail", "lazy_rescale"):
+    for opt in ("qk_registers", "sums_at_end", "zero_tail"):
         with pytest.raises(ValueError, match="kv_halves=False"):
             pallas_mosaic_gpu._build_kernel(**{opt: True}, **kw)
         pallas_mosaic_gpu._build_kernel(**{opt: True}, kv_halves=True, **kw)
-    # pv_int_chunks: some of pv_registers's loads by integer arithmetic, the others by cvt
-    with pytest.raises(ValueError, match="pv_int_chunks .* pv_registers=False"):
-        pallas_mosaic_gpu._build_kernel(pv_int_chunks=2, kv_halves=True, qk_registers=True, qk_permuted=True, **kw)
-    with pytest.raises(ValueError, match="fp8_convert='bits'"):
-        pallas_mosaic_gpu._build_kernel(pv_int_chunks=2, fp8_convert="bits", kv_halves=True, qk_registers=True,
-                                        qk_permuted=True, pv_registers=True, **kw)
     with pytest.raises(ValueError, match="qk_registers=False"):  # (qk_permuted loads qk_registers's operands)
         pallas_mosaic_gpu._build_kernel(qk_permuted=True, kv_halves=True, **kw)
     pallas_mosaic_gpu._build_kernel(qk_permuted=True, kv_halves=True, qk_registers=True, **kw)
@@ -957,43 +919,6 @@ def test_mosaic_gpu_fp8_zero_tail_is_bitwise():
 
 
 @pytest.mark.gpu
-def test_mosaic_gpu_fp8_pv_int_chunks_is_bitwise():
-    """pv_int_chunks converts n of P @ V's chunks to 2^-8 of their values (integer arithmetic) and multiplies those
-    O^T rows by 2^8 after the last step: every product and partial sum scaled by a power of two, the same out and lse
-    bit for bit compiled, n = 2, 3, 8, on the bitwise test's 4 scenarios (16 rows) and at 32 rows (H = 16 at q_len 2
-    with a q_len-1 request, 2 splits; H = 8 at q_len 4)."""
-    _skip_without_hopper()
-    base = dict(QK_PERMUTED_TUNING, pv_registers=True, zero_tail=True)
-    for name, dtype, extra in KV_HALVES_BITWISE_SCENARIOS + (("decode_q2_page_32", "bfloat16", dict(num_splits=2)),
-                                                             ("heads_8_q4", "bfloat16", dict(num_splits=2))):
-        t = dict(base, **extra, pv_wait=1 if name in ("decode_q2_page_32", "heads_8_q4") else 4)
-        _assert_bitwise(name, dtype, [t] + [dict(t, pv_int_chunks=n) for n in (2, 3, 8)])
-
-
-def test_pv_int_chunks_lowers_to_integer_pairs():
-    """pv_int_chunks=n (an abstract H200, no GPU): the kernel's PTX blocks hold Marlin's shifts for n of the 8 chunks
-    and the cvts for the others (a chunk's 8 words a thread, 2 cvts a word; the step's loop twice, 2 warpgroups); 0
-    is the heuristic's kernel."""
-    import dataclasses
-
-    from mla_jax import pallas_mosaic_gpu as mg
-    from parity import kernel_hash
-
-    problem = (16, 64, 4096, 1, True)
-    config = MLAConfig(num_heads=16, page_size=64, dtype="bfloat16", kv_cache_dtype="fp8_e4m3")
-    base = mg.heuristic_config(config, 64, 64, 64, max_query_len=1)
-    assert base.pv_registers and base.pv_int_chunks == 0
-    [plain] = kernel_hash.module_texts(problem, tuning=base)
-    assert kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, pv_int_chunks=0)) == [plain]
-    cvts = plain.count("cvt.rn.f16x2.e4m3x2")
-    for n in (2, 8):
-        [text] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, pv_int_chunks=n))
-        blocks = n * 8 * 2 * 2  # (8 words a chunk, 2 loops, 2 warpgroups)
-        assert text.count("shl.b32 t, $2, 7") == blocks
-        assert plain.count("shl.b32 t, $2, 7") == 0 and text.count("cvt.rn.f16x2.e4m3x2") == cvts - 2 * blocks
-
-
-@pytest.mark.gpu
 def test_mosaic_gpu_fp8_load_ahead_is_bitwise():
     """load_ahead issues each chunk's shared-memory loads a chunk ahead of its conversion (the scores' K chunks and
     P @ V's V^T words; the first V^T chunk before the softmax) and reads P's buffer index once a step: the same
@@ -1009,8 +934,9 @@ def test_mosaic_gpu_fp8_load_ahead_is_bitwise():
 
 
 def test_load_ahead_lowers_and_needs_pv_registers():
-    """load_ahead (an abstract H200, no GPU) changes the heuristic's 16- and 32-row kernels (the loads moved ahead),
-    not their conversions' count; the kernel builder refuses it without pv_registers or qk_permuted."""
+    """load_ahead (an abstract H200, no GPU), the heuristic's pick with pv_registers since session 30, changes the 16-
+    and 32-row kernels (the loads moved ahead), not their conversions' count; the kernel builder refuses it without
+    pv_registers or qk_permuted."""
     import dataclasses
 
     from mla_jax import pallas_mosaic_gpu as mg
@@ -1020,50 +946,15 @@ def test_load_ahead_lowers_and_needs_pv_registers():
         problem = (heads, 64, 4096, q_len, True)
         config = MLAConfig(num_heads=heads, page_size=64, dtype="bfloat16", kv_cache_dtype="fp8_e4m3")
         base = mg.heuristic_config(config, 64 * q_len, 64, 64, max_query_len=q_len)
-        assert base.pv_registers and not base.load_ahead
-        [plain] = kernel_hash.module_texts(problem, tuning=base)
-        [ahead] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, load_ahead=True))
+        assert base.pv_registers and base.load_ahead
+        [plain] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, load_ahead=False))
+        [ahead] = kernel_hash.module_texts(problem, tuning=base)
         assert ahead != plain
         assert ahead.count("cvt.rn.f16x2.e4m3x2") == plain.count("cvt.rn.f16x2.e4m3x2")
     kw = dict(FP8_BUILD_KW, bt_chunk=96, score_rows=16, transposed_pv=True, kv_halves=True, qk_registers=True)
     with pytest.raises(ValueError, match="load_ahead .* pv_registers=False"):
         mg._build_kernel(load_ahead=True, qk_permuted=True, **kw)
     mg._build_kernel(load_ahead=True, qk_permuted=True, pv_registers=True, **kw)
-
-
-@pytest.mark.gpu
-def test_mosaic_gpu_fp8_lazy_rescale_is_bitwise():
-    """lazy_rescale skips O^T's rescale where a thread's alpha is 1 (a branch); multiplying by 1 is exact: the same
-    out and lse bit for bit compiled, on the bitwise test's 4 scenarios (16 rows, pv_registers with zero_tail, the
-    heuristic's path) and at 32 rows (H = 16 at q_len 2 with a q_len-1 request, 2 splits; H = 8 at q_len 4)."""
-    _skip_without_hopper()
-    base = dict(QK_PERMUTED_TUNING, pv_registers=True, zero_tail=True)
-    for name, dtype, extra in KV_HALVES_BITWISE_SCENARIOS + (("decode_q2_page_32", "bfloat16", dict(num_splits=2)),
-                                                             ("heads_8_q4", "bfloat16", dict(num_splits=2))):
-        t = dict(base, **extra, pv_wait=1 if name in ("decode_q2_page_32", "heads_8_q4") else 4)
-        _assert_bitwise(name, dtype, [t, dict(t, lazy_rescale=True)])
-
-
-def test_lazy_rescale_branches_around_the_rescale():
-    """lazy_rescale's lowered kernel (an abstract H200, no GPU) puts each step's rescale of O^T in an scf.if (one a
-    warpgroup's step loop: masked and unmasked, 2 warpgroups), its then-branch the 64 multiplications a thread at 16
-    rows (32 two-value registers, 128 values at 32 rows); the heuristic's kernel has no scf.if."""
-    import dataclasses
-    import re
-
-    from mla_jax import pallas_mosaic_gpu as mg
-    from parity import kernel_hash
-
-    for heads, q_len, values in ((16, 1, 64), (16, 2, 128)):
-        problem = (heads, 64, 4096, q_len, True)
-        config = MLAConfig(num_heads=heads, page_size=64, dtype="bfloat16", kv_cache_dtype="fp8_e4m3")
-        base = mg.heuristic_config(config, 64 * q_len, 64, 64, max_query_len=q_len)
-        assert base.kv_halves and base.pv_registers and not base.lazy_rescale
-        [plain] = kernel_hash.module_texts(problem, tuning=base)
-        [lazy] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, lazy_rescale=True))
-        assert "scf.if" not in plain
-        ifs = re.findall(r"= scf\.if %\w+ -> \(([^)]*)\)", lazy)
-        assert len(ifs) == 4 and all(r.count("vector<2xf32>") == values // 2 for r in ifs), ifs
 
 
 def test_pv_perm_is_ldmatrix_trans_seen_as_wgmma():

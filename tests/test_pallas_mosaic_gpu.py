@@ -432,11 +432,7 @@ class TestConfig:
             (dict(part_wait=True, p_in_kv=True), "part_wait=True needs p_in_kv=False"),
             (dict(part_wait=True, split_ring=True), "part_wait=True is the two-part slot"),
             (dict(zero_tail=1), "zero_tail=1"),
-            (dict(lazy_rescale=1), "lazy_rescale=1"),
             (dict(load_ahead=1), "load_ahead=1"),
-            (dict(pv_int_chunks=9), "pv_int_chunks=9"),
-            (dict(pv_int_chunks=-1), "pv_int_chunks=-1"),
-            (dict(pv_int_chunks=True), "pv_int_chunks=True"),
             (dict(qk_fp8=1), "qk_fp8=1"),
             (dict(qk_fp8_one_acc=0), "qk_fp8_one_acc=0"),
         ],
@@ -523,6 +519,7 @@ class TestConfig:
             assert t.pv_registers is (halves and -(-(s // 64) // t.num_splits) >= 32), (b, s, t)
             assert t.pv_wait == 4
             assert t.zero_tail is t.pv_registers, (b, s, t)  # (the masked step's slot tail zeroed with pv_registers)
+            assert t.load_ahead is t.pv_registers, (b, s, t)  # (and each chunk's loads a chunk ahead)
         b32 = heuristic_config(fp8, num_tokens=32, max_blocks=256, num_reqs=32, max_query_len=1)
         assert b32.kv_halves and b32.pv_registers and -(-256 // b32.num_splits) >= 32, b32
         # kv_halves at 32 rows (H = 16 at q_len 2, H = 32 at q_len 1) where a split has 32 steps or more, always
@@ -536,6 +533,7 @@ class TestConfig:
                 assert t.transposed_scores is t.transposed_pv is t.pv_registers is t.qk_permuted is halves, (b, s, t)
                 assert t.pv_wait == (1 if halves else 4), (b, s, t)
                 assert t.zero_tail is halves, (b, s, t)
+                assert t.load_ahead is halves, (b, s, t)
         fp8_h32 = heuristic_config(MLAConfig(num_heads=32, kv_cache_dtype="fp8_e4m3"), num_tokens=4, max_blocks=4)
         assert not fp8_h32.transposed_scores and not fp8_h32.transposed_pv
         # without max_query_len: one token a request (tokens <= requests) or not
