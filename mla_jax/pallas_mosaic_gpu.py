@@ -695,14 +695,17 @@ class MosaicConfig:
         idle) 1.11x faster at H32 B64 S4095 q1 (103.3 -> 93.2 us), 1.10x at H16 B64 S4096 q2 (102.0 -> 92.6), 1.03x
         at H32 B64 S4096 q1 (89.9 -> 86.9, no masked step: the kernel's registers), 1.00x at H16 B128 S16383;
         without pv_registers 1.02x slower at H16 B8 S4095 (18.9 -> 19.3).
-    load_ahead: (pv_registers with qk_permuted only; elsewhere no effect) each 64-column chunk's shared-memory loads
-        are issued a chunk ahead of its conversion: the scores' K chunks (the rope's and chunk 0's first, then chunk
-        c + 1's before chunk c is converted) and P @ V's V^T words (_load_vt_fp8_words; chunk 0's before the softmax,
-        chunk c + 1's before chunk c's conversion), and P's buffer index is read once a step, not a chunk. Session 30's
+    load_ahead: (qk_permuted only; elsewhere no effect) each 64-column chunk's shared-memory loads are issued a chunk
+        ahead of its conversion: the scores' K chunks (the rope's and chunk 0's first, then chunk c + 1's before chunk
+        c is converted) and, with pv_registers, P @ V's V^T words (_load_vt_fp8_words; chunk 0's before the softmax,
+        chunk c + 1's before chunk c's conversion), P's buffer index then read once a step, not a chunk. The heuristic
+        takes it with pv_registers (below); without (V's f16 copies, splits of fewer than 32 steps) not yet timed. Session 30's
         ncu profile of the 16-row step (H16 B128 S16384, parity/NOTES_pallas_mosaic_gpu.md): issue slots 40% busy, no
         pipe above 41%, a quarter of the warps' stall samples on the first use of a just-loaded chunk (short
         scoreboard), with two warps a scheduler to hide it. The same values in the same order (bitwise the default,
-        compiled); ~16 registers more. Compiled only, as pv_registers.
+        compiled). The heuristic's pick with pv_registers since session 30: on the H200 (parity.sweep, 3 rounds, 1 s
+        idle) 1.13x faster at H16 B128 S16384 (386.0 -> 341.1 us, 3.55 TB/s of fp8 bytes), 1.10x at B32 S16384
+        (106.2 -> 96.9), 1.10x at H16 B64 S4096 q2 (84.8 -> 76.9; 32 rows). Compiled only, as qk_permuted.
     qk_fp8: (fp8 cache: kv_halves, and the plain scores' fused conversion, below; elsewhere no effect; opt-in: on the
         H200 (session 29) it fails the lse tolerance, 2.6e-3 to 8.5e-3 absolute against 2e-3, ~1e-3 of the scores:
         Hopper's e4m3 accumulation; not timed) the scores on the tensor cores' e4m3 path: S^T = K Q^T with K straight from the fp8 ring slot (the
@@ -1161,9 +1164,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                          f"pv_registers=True (or interpret mode), got {pv_registers=}")
     if zero_tail and not kv_halves:
         raise ValueError(f"zero_tail zeroes a kv_halves slot's tail: it needs kv_halves=True, got {kv_halves=}")
-    if load_ahead and not (pv_registers and qk_permuted):
-        raise ValueError(f"load_ahead loads qk_permuted's and pv_registers's chunks a chunk ahead: it needs "
-                         f"qk_permuted=True and pv_registers=True, got {qk_permuted=}, {pv_registers=}")
+    if load_ahead and not qk_permuted:
+        raise ValueError(f"load_ahead loads qk_permuted's chunks (and pv_registers's) a chunk ahead: it needs "
+                         f"qk_permuted=True, got {qk_permuted=}")
     if qk_registers and not kv_halves:
         raise ValueError(f"qk_registers runs inside kv_halves's step: it needs kv_halves=True, got {kv_halves=}")
     if sums_at_end and not kv_halves:
@@ -2398,11 +2401,14 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         return plgpu.load(kv_smem.at[slot, :, pl.ds(c0, 64)], layout=ld_layout)
 
                     def chunk_ahead(c, x):
-                        """(load_ahead) chunk's conversion and wgmma from its loaded values x."""
+                        """(load_ahead) chunk's conversion (and V's copy without pv_registers) and wgmma from its
+                        loaded values x."""
                         x = x.astype(dtype)
                         if keep is not None:
                             x = jnp.where(keep, x, jnp.zeros_like(x))
                         c0 = c * 64 if isinstance(c, int) else pl.multiple_of(c * 64, 64)
+                        if not pv_registers:
+                            store_tiled(v_w().at[:, pl.ds(c0, 64)], x, ld_layout, F16_TILES)
                         plgpu.wgmma(s_ref, as_operand(x), q_smem.at[:, pl.ds(c0, 64)].transpose((1, 0)))
                         plgpu.wgmma_wait(1)  # (as chunk's)
 
@@ -2827,7 +2833,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         sums_at_end=kv_halves and tuning.sums_at_end,
         qk_permuted=qk_permuted, pv_registers=pv_registers, pv_wait=tuning.pv_wait,
         zero_tail=kv_halves and tuning.zero_tail,
-        load_ahead=pv_registers and qk_permuted and tuning.load_ahead,
+        load_ahead=qk_permuted and tuning.load_ahead,
         q_parts=q_parts, q_one_acc=tuning.qk_fp8_one_acc,
     )
     q_in = (q, q_inv_scale) if q_parts else q

@@ -924,19 +924,23 @@ def test_mosaic_gpu_fp8_load_ahead_is_bitwise():
     P @ V's V^T words; the first V^T chunk before the softmax) and reads P's buffer index once a step: the same
     values converted and multiplied in the same order, the same out and lse bit for bit compiled, on the bitwise
     test's 4 scenarios (16 rows, with zero_tail) and at 32 rows (H = 16 at q_len 2 with a q_len-1 request, 2 splits;
-    H = 8 at q_len 4)."""
+    H = 8 at q_len 4); and without pv_registers (the K chunks only, V's f16 copies) on two."""
     _skip_without_hopper()
     base = dict(QK_PERMUTED_TUNING, pv_registers=True, zero_tail=True)
     for name, dtype, extra in KV_HALVES_BITWISE_SCENARIOS + (("decode_q2_page_32", "bfloat16", dict(num_splits=2)),
                                                              ("heads_8_q4", "bfloat16", dict(num_splits=2))):
         t = dict(base, **extra, pv_wait=1 if name in ("decode_q2_page_32", "heads_8_q4") else 4)
         _assert_bitwise(name, dtype, [t, dict(t, load_ahead=True)])
+    # without pv_registers (V's f16 copies: the scores' chunks loaded ahead only), 16 rows
+    for name, dtype, extra in KV_HALVES_BITWISE_SCENARIOS[:2]:
+        t = dict(QK_PERMUTED_TUNING, **extra)
+        _assert_bitwise(name, dtype, [t, dict(t, load_ahead=True)])
 
 
 def test_load_ahead_lowers_and_needs_pv_registers():
     """load_ahead (an abstract H200, no GPU), the heuristic's pick with pv_registers since session 30, changes the 16-
-    and 32-row kernels (the loads moved ahead), not their conversions' count; the kernel builder refuses it without
-    pv_registers or qk_permuted."""
+    and 32-row kernels (the loads moved ahead), not their conversions' count, and the 16-row kernel without
+    pv_registers (the scores' chunks only); the kernel builder refuses it without qk_permuted."""
     import dataclasses
 
     from mla_jax import pallas_mosaic_gpu as mg
@@ -952,9 +956,17 @@ def test_load_ahead_lowers_and_needs_pv_registers():
         assert ahead != plain
         assert ahead.count("cvt.rn.f16x2.e4m3x2") == plain.count("cvt.rn.f16x2.e4m3x2")
     kw = dict(FP8_BUILD_KW, bt_chunk=96, score_rows=16, transposed_pv=True, kv_halves=True, qk_registers=True)
-    with pytest.raises(ValueError, match="load_ahead .* pv_registers=False"):
-        mg._build_kernel(load_ahead=True, qk_permuted=True, **kw)
+    with pytest.raises(ValueError, match="load_ahead .* qk_permuted=False"):
+        mg._build_kernel(load_ahead=True, **kw)
+    mg._build_kernel(load_ahead=True, qk_permuted=True, **kw)  # (without pv_registers: K's chunks only)
     mg._build_kernel(load_ahead=True, qk_permuted=True, pv_registers=True, **kw)
+    # the heuristic's B8 S4096 kernel (4 steps a split: no pv_registers) changes with load_ahead too
+    problem = (16, 8, 4096, 1, True)
+    base = mg.heuristic_config(MLAConfig(num_heads=16, page_size=64, dtype="bfloat16", kv_cache_dtype="fp8_e4m3"),
+                               8, 64, 8, max_query_len=1)
+    assert base.qk_permuted and not base.pv_registers and not base.load_ahead
+    assert (kernel_hash.module_texts(problem, tuning=base)
+            != kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, load_ahead=True)))
 
 
 def test_pv_perm_is_ldmatrix_trans_seen_as_wgmma():
