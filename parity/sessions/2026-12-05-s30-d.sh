@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 30, call D (nvidia-h200; carry [".fa3"]), ~3 minutes, the session's last ~7 minutes of device time. The
+# Session 30, call D (nvidia-h200; carry [".fa3"]), ~4 minutes, the session's last ~7 minutes of device time. The
 # heuristic now takes load_ahead with pv_registers (call C: 1.10-1.13x, bitwise); its lowered kernels are the ones
 # call C compiled and tested (parity.kernel_hash against HEAD's with load_ahead=True: the same modules). The three
 # memory-bound rows of the fp8 grid side by side: FA3 (bf16), bf16 Mosaic, fp8 Mosaic, each checked against FA3.
@@ -13,5 +13,8 @@ timeout 280 python3 -m parity bench --grid fp8 --shapes H16_B128_S16384_q1,H16_B
   --reps 3 --no-ceilings --impls torch.fa3,jax.pallas_mosaic_gpu,jax.pallas_mosaic_gpu.fp8 \
   --json "$OUT/bench-fp8-memory-rows.json" > "$L/bench.log" 2>&1
 echo "bench rc=$?"; grep -v Warn "$L/bench.log" | tail -25 | cut -c1-160
+# then, if time is left: load_ahead without pv_registers (the scores' chunks only, beside V's f16 copies), bitwise
+timeout 80 python3 -m pytest -q -x -m gpu tests/test_fp8.py -k "load_ahead_is_bitwise" > "$L/tests.log" 2>&1
+echo "tests rc=$?"; tail -2 "$L/tests.log"
 tar czf "$OUT/logs.tgz" -C "$OUT" logs
 rm -rf "$L"
