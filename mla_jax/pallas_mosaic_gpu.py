@@ -698,14 +698,14 @@ class MosaicConfig:
     load_ahead: (qk_permuted only; elsewhere no effect) each 64-column chunk's shared-memory loads are issued a chunk
         ahead of its conversion: the scores' K chunks (the rope's and chunk 0's first, then chunk c + 1's before chunk
         c is converted) and, with pv_registers, P @ V's V^T words (_load_vt_fp8_words; chunk 0's before the softmax,
-        chunk c + 1's before chunk c's conversion), P's buffer index then read once a step, not a chunk. The heuristic
-        takes it with pv_registers (below); without (V's f16 copies, splits of fewer than 32 steps) not yet timed. Session 30's
+        chunk c + 1's before chunk c's conversion), P's buffer index then read once a step, not a chunk. Session 30's
         ncu profile of the 16-row step (H16 B128 S16384, parity/NOTES_pallas_mosaic_gpu.md): issue slots 40% busy, no
         pipe above 41%, a quarter of the warps' stall samples on the first use of a just-loaded chunk (short
         scoreboard), with two warps a scheduler to hide it. The same values in the same order (bitwise the default,
         compiled). The heuristic's pick with pv_registers since session 30: on the H200 (parity.sweep, 3 rounds, 1 s
         idle) 1.13x faster at H16 B128 S16384 (386.0 -> 341.1 us, 3.55 TB/s of fp8 bytes), 1.10x at B32 S16384
-        (106.2 -> 96.9), 1.10x at H16 B64 S4096 q2 (84.8 -> 76.9; 32 rows). Compiled only, as qk_permuted.
+        (106.2 -> 96.9), 1.10x at H16 B64 S4096 q2 (84.8 -> 76.9; 32 rows). Without pv_registers (V's f16 copies,
+        splits of fewer than 32 steps) not yet compiled or timed. Compiled only, as qk_permuted.
     qk_fp8: (fp8 cache: kv_halves, and the plain scores' fused conversion, below; elsewhere no effect; opt-in: on the
         H200 (session 29) it fails the lse tolerance, 2.6e-3 to 8.5e-3 absolute against 2e-3, ~1e-3 of the scores:
         Hopper's e4m3 accumulation; not timed) the scores on the tensor cores' e4m3 path: S^T = K Q^T with K straight from the fp8 ring slot (the
@@ -1094,7 +1094,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   part_wait: bool = False,
                   kv_halves: bool = False, qk_registers: bool = False, sums_at_end: bool = False,
                   qk_permuted: bool = False, pv_registers: bool = False, pv_wait: int = 4, zero_tail: bool = False,
-                  load_ahead: bool = False, q_parts: int = 0, q_one_acc: bool = True, out_dtype=None, interpret: bool = False):
+                  load_ahead: bool = False, q_parts: int = 0, q_one_acc: bool = True, out_dtype=None,
+                  interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile), the last axis the fastest (heads_fastest: reversed, the head
@@ -2344,7 +2345,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         vt = load_vt(kv_smem.at[slot, :, pl.ds(c * 64, 64)], bits)
                     if keep is not None:
                         vt = jnp.where(keep, vt, jnp.zeros_like(vt))
-                    plgpu.wgmma(acc_ref.at[pl.ds(c * 64, 64)], vt, (p_ref if load_ahead else p_w()).transpose((1, 0)))
+                    p_t = (p_ref if load_ahead else p_w()).transpose((1, 0))
+                    plgpu.wgmma(acc_ref.at[pl.ds(c * 64, 64)], vt, p_t)
                     if pv_wait < KV_LORA_RANK // 64:  # (at most pv_wait chunks' wgmmas left running)
                         plgpu.wgmma_wait(pv_wait)
                 plgpu.commit_smem()  # the slot's reads done before its refill
