@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Session 30, call D (nvidia-h200; carry [".fa3"]), ~4 minutes, the session's last ~7 minutes of device time. The
-# heuristic now takes load_ahead with pv_registers (call C: 1.10-1.13x, bitwise); its lowered kernels are the ones
+# Session 30, call D (nvidia-h200; carry [".fa3"]), ~4 minutes. NOT RUN: two tries got no machine (~90 s of the device
+# time each, which left too little for a cold start); the next session's first call (next-session-first-call.sh) runs
+# the whole fp8 grid instead. Written as: the heuristic now takes load_ahead with pv_registers (call C: 1.10-1.13x, bitwise); its lowered kernels are the ones
 # call C compiled and tested (parity.kernel_hash against HEAD's with load_ahead=True: the same modules). The two
 # memory-bound 16-row rows of the fp8 grid side by side: FA3 (bf16), bf16 Mosaic, fp8 Mosaic, each checked against FA3.
 # Predictions: fp8 H16 B128 S16384 335-350 us against bf16 ~560 (1.6-1.7x), B32 S16384 95-100 against ~150-155
