@@ -1165,9 +1165,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                          f"pv_registers=True (or interpret mode), got {pv_registers=}")
     if zero_tail and not kv_halves:
         raise ValueError(f"zero_tail zeroes a kv_halves slot's tail: it needs kv_halves=True, got {kv_halves=}")
-    if load_ahead and not qk_permuted:
-        raise ValueError(f"load_ahead loads qk_permuted's chunks (and pv_registers's) a chunk ahead: it needs "
-                         f"qk_permuted=True, got {qk_permuted=}")
+    if load_ahead and not (qk_permuted and not interpret):
+        raise ValueError(f"load_ahead loads qk_permuted's chunks (and pv_registers's) a chunk ahead (compiled): it "
+                         f"needs qk_permuted=True and interpret=False, got {qk_permuted=}, {interpret=}")
     if qk_registers and not kv_halves:
         raise ValueError(f"qk_registers runs inside kv_halves's step: it needs kv_halves=True, got {kv_halves=}")
     if sums_at_end and not kv_halves:
@@ -2229,7 +2229,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 else:
                     s = scores_from_copy(k, kv_start, masked_keys)
                 # (load_ahead: P @ V's first V^T chunk loaded before the softmax, converted after it)
-                words0 = load_vt_words(slot, 0) if load_ahead else None
+                words0 = load_vt_words(slot, 0) if load_ahead and pv_registers else None
                 if masked:
                     s = mask_scores(s, kv_start, first_pos, kv_len, scale, row_ax=1, key_ax=0)
                 else:

@@ -937,7 +937,7 @@ def test_mosaic_gpu_fp8_load_ahead_is_bitwise():
         _assert_bitwise(name, dtype, [t, dict(t, load_ahead=True)])
 
 
-def test_load_ahead_lowers_and_needs_pv_registers():
+def test_load_ahead_lowers_and_needs_qk_permuted():
     """load_ahead (an abstract H200, no GPU), the heuristic's pick with pv_registers since session 30, changes the 16-
     and 32-row kernels (the loads moved ahead), not their conversions' count, and the 16-row kernel without
     pv_registers (the scores' chunks only); the kernel builder refuses it without qk_permuted."""
@@ -958,15 +958,21 @@ def test_load_ahead_lowers_and_needs_pv_registers():
     kw = dict(FP8_BUILD_KW, bt_chunk=96, score_rows=16, transposed_pv=True, kv_halves=True, qk_registers=True)
     with pytest.raises(ValueError, match="load_ahead .* qk_permuted=False"):
         mg._build_kernel(load_ahead=True, **kw)
+    with pytest.raises(ValueError, match="load_ahead .* interpret=True"):
+        mg._build_kernel(load_ahead=True, qk_permuted=True, interpret=True, **kw)
     mg._build_kernel(load_ahead=True, qk_permuted=True, **kw)  # (without pv_registers: K's chunks only)
     mg._build_kernel(load_ahead=True, qk_permuted=True, pv_registers=True, **kw)
-    # the heuristic's B8 S4096 kernel (4 steps a split: no pv_registers) changes with load_ahead too
+    # the heuristic's B8 S4096 kernel (4 steps a split: no pv_registers) changes with load_ahead too (its K loop),
+    # with no V^T words loaded (P @ V reads V's f16 copy there): as many transposed ldmatrix as without
     problem = (16, 8, 4096, 1, True)
     base = mg.heuristic_config(MLAConfig(num_heads=16, page_size=64, dtype="bfloat16", kv_cache_dtype="fp8_e4m3"),
                                8, 64, 8, max_query_len=1)
     assert base.qk_permuted and not base.pv_registers and not base.load_ahead
-    assert (kernel_hash.module_texts(problem, tuning=base)
-            != kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, load_ahead=True)))
+    [plain] = kernel_hash.module_texts(problem, tuning=base)
+    [ahead] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, load_ahead=True))
+    assert ahead != plain
+    trans = lambda text: text.count("layout = <col>, shape = <m = 8, n = 8>")
+    assert trans(ahead) == trans(plain)
 
 
 def test_pv_perm_is_ldmatrix_trans_seen_as_wgmma():
