@@ -743,6 +743,10 @@ class MosaicConfig:
     schedule="three_wg" (1.05-1.30x slower, sessions 4 and 16), schedule="seesaw" (1.23-1.38x, session 7), l2_prefetch
     (1.01-1.10x slower, sessions 18 and 22), late_row_sums (1.01-1.07x, session 19), pv_in_flight (1.22x, session 22),
     wg0_share (1.04-1.09x, session 26), pv_copy_chunks (1.01-1.06x, session 26).
+    Built and removed in session 30 (`git show ef2dcba`), on the H200 at H16 B128 S16384 / B32 S16384 / H16 B64 S4096
+    q2: lazy_rescale (O^T's rescale in a branch taken only where alpha is not 1; 1.007x, 1.00x, 0.98x) and
+    pv_int_chunks=n (n of P @ V's V^T chunks converted by Marlin's integer form, 2^-8 of the values; bitwise; 2 / 3 /
+    4 chunks 1.01-1.07x slower): the 16-row step is latency-bound, not issue-bound (session 30's ncu profile).
     """
 
     block_kv: int = 64
