@@ -441,9 +441,10 @@ class TestConfig:
         with pytest.raises(ValueError, match=needle.replace(".", r"\.")):
             MosaicConfig(**kwargs)
 
-    @pytest.mark.parametrize("field", ["l2_prefetch", "late_row_sums", "pv_in_flight", "wg0_share", "pv_copy_chunks"])
+    @pytest.mark.parametrize("field", ["l2_prefetch", "late_row_sums", "pv_in_flight", "wg0_share", "pv_copy_chunks",
+                                       "lazy_rescale", "pv_int_chunks"])
     def test_removed_options_are_unknown_fields(self, field):
-        """The opt-ins removed in session 29 (measured slower, never the heuristic's) are refused by name."""
+        """The opt-ins removed in sessions 29 and 30 (measured slower, never the heuristic's) are refused by name."""
         with pytest.raises(TypeError, match=f"unexpected keyword argument '{field}'"):
             MosaicConfig(**{field: 1})
 
