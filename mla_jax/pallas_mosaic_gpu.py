@@ -375,19 +375,25 @@ def _load_vt_fp8_words(ref):
     return mgpu.FragmentedArray(_registers=regs, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
 
 
+def _convert_vt_word(regs, half: int, mm: int, word, bits: bool):
+    """(pv_registers) one ldmatrix.trans word (i32; matrix mm of the key half `half`) -> V^T's WGMMA-layout registers
+    [0, 4 half + mm, 0, 0, h, ...] for h = 0, 1 (_load_vt_fp8's layout): a prmt and two cvts (bits: fp8_convert=
+    "bits"'s arithmetic)."""
+    i32, f16 = ir.IntegerType.get_signless(32), ir.F16Type.get()
+    pair = llvm.inline_asm(llvm.StructType.get_literal([i32, i32]), [word],
+                           _E4M3_PAIRS_T_BITS_PTX if bits else _E4M3_PAIRS_T_PTX, "=r,=r,r")
+    for h in range(2):
+        regs[0, 4 * half + mm, 0, 0, h, 0, 0, 0, 0] = mgpu.utils.bitcast(
+            llvm.extractvalue(i32, pair, [h]), ir.VectorType.get((2,), f16))
+
+
 def _convert_vt_fp8(words_fa, bits: bool = False):
     """(load_ahead; inside inline Mosaic GPU) _load_vt_fp8_words's words -> V^T [64 columns, 64 keys] float16 in the
     WGMMA layout, as _load_vt_fp8 converts them (bits: the same choices)."""
-    i32, f16 = ir.IntegerType.get_signless(32), ir.F16Type.get()
     regs = np.empty(mgpu.WGMMA_LAYOUT.registers_shape((64, 64)), dtype=object)
-    pair_ty = llvm.StructType.get_literal([i32, i32])
     for i, reg in enumerate(words_fa.registers.flat):
         half, mm = divmod(i, 4)
-        pair = llvm.inline_asm(pair_ty, [mgpu.utils.bitcast(reg, i32)],
-                               _E4M3_PAIRS_T_BITS_PTX if bits else _E4M3_PAIRS_T_PTX, "=r,=r,r")
-        for h in range(2):
-            regs[0, 4 * half + mm, 0, 0, h, 0, 0, 0, 0] = mgpu.utils.bitcast(
-                llvm.extractvalue(i32, pair, [h]), ir.VectorType.get((2,), f16))
+        _convert_vt_word(regs, half, mm, mgpu.utils.bitcast(reg, ir.IntegerType.get_signless(32)), bits)
     return mgpu.FragmentedArray(_registers=regs, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
 
 
@@ -400,18 +406,13 @@ def _load_vt_fp8(ref, bits: bool = False):
     // 4, t = lane % 4); ldmatrix.trans gives lane (g, t) of matrix m the 16-bit value g (fp8 columns 2 g, 2 g + 1)
     of its lines (keys) 2 t and 2 t + 1. bits: fp8_convert="bits"'s arithmetic instead of the cvts (the integer and
     FMA pipes; NaN becomes +-480)."""
-    i32, f16 = ir.IntegerType.get_signless(32), ir.F16Type.get()
+    i32 = ir.IntegerType.get_signless(32)
     c, ptr, base, strides = _vt_fp8_address(ref)
     regs = np.empty(mgpu.WGMMA_LAYOUT.registers_shape((64, 64)), dtype=object)
-    pair_ty = llvm.StructType.get_literal([i32, i32])
     for half in range(2):  # keys [32 half, 32 half + 32): 8-row tiles 4 half .. 4 half + 3
         words = _vt_fp8_ldmatrix(c, ptr, base, strides, half)
         for mm in range(4):
-            pair = llvm.inline_asm(pair_ty, [llvm.extractvalue(i32, words, [mm])],
-                                   _E4M3_PAIRS_T_BITS_PTX if bits else _E4M3_PAIRS_T_PTX, "=r,=r,r")
-            for h in range(2):
-                regs[0, 4 * half + mm, 0, 0, h, 0, 0, 0, 0] = mgpu.utils.bitcast(
-                    llvm.extractvalue(i32, pair, [h]), ir.VectorType.get((2,), f16))
+            _convert_vt_word(regs, half, mm, llvm.extractvalue(i32, words, [mm]), bits)
     return mgpu.FragmentedArray(_registers=regs, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
 
 
@@ -2360,6 +2361,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 """The step's rope columns [block_kv, 64] in registers (WGMMA layout), rows past kv_len 0
                 (qk_permuted: as_operand's view)."""
                 rope = plgpu.load(kv_smem.at[slot, :, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)], layout=ld_layout)
+                return rope_operand(rope, kv_start, masked)
+
+            def rope_operand(rope, kv_start, masked: bool):
+                """rope_rows's conversion of the loaded rope columns."""
                 rope = rope.astype(dtype)
                 if masked:
                     rope = jnp.where(rows_below(kv_len - kv_start, ld_layout), rope, jnp.zeros_like(rope))
@@ -2384,13 +2389,20 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 keep = rows_below(kv_len - kv_start, ld_layout) if masked else None
 
                 def qk(s_ref):
-                    def chunk(c):
-                        c0 = c * 64 if isinstance(c, int) else pl.multiple_of(c * 64, 64)
-                        cols = pl.ds(c0, 64)
-                        x = plgpu.load(kv_smem.at[slot, :, cols], layout=ld_layout).astype(dtype)
+                    def offset(c):
+                        return c * 64 if isinstance(c, int) else pl.multiple_of(c * 64, 64)
+
+                    def raw(c):  # chunk c's fp8 values, unconverted
+                        return plgpu.load(kv_smem.at[slot, :, pl.ds(offset(c), 64)], layout=ld_layout)
+
+                    def chunk_from(c, x, c0=None):
+                        """Chunk c's conversion from its loaded values x, V's copy (not with pv_registers, whose
+                        P @ V loads V from the slot) and its scores' wgmma (c0: its offset, if already computed)."""
+                        x = x.astype(dtype)
                         if keep is not None:
                             x = jnp.where(keep, x, jnp.zeros_like(x))
-                        if not pv_registers:  # (pv_registers: P @ V loads V from the slot)
+                        cols = pl.ds(offset(c) if c0 is None else c0, 64)
+                        if not pv_registers:
                             store_tiled(v_w().at[:, cols], x, ld_layout, F16_TILES)
                         q_t = q_smem.at[:, cols].transpose((1, 0))
                         if interpret:  # (no left operand in registers: the copy just written, the same values)
@@ -2402,38 +2414,22 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         # the next chunk's) is waited for here, this one's wgmma running under the next's load.
                         plgpu.wgmma_wait(1)
 
-                    def raw(c):  # (load_ahead) chunk c's fp8 values, unconverted
-                        c0 = c * 64 if isinstance(c, int) else pl.multiple_of(c * 64, 64)
-                        return plgpu.load(kv_smem.at[slot, :, pl.ds(c0, 64)], layout=ld_layout)
-
-                    def chunk_ahead(c, x):
-                        """(load_ahead) chunk's conversion (and V's copy without pv_registers) and wgmma from its
-                        loaded values x."""
-                        x = x.astype(dtype)
-                        if keep is not None:
-                            x = jnp.where(keep, x, jnp.zeros_like(x))
-                        c0 = c * 64 if isinstance(c, int) else pl.multiple_of(c * 64, 64)
-                        if not pv_registers:
-                            store_tiled(v_w().at[:, pl.ds(c0, 64)], x, ld_layout, F16_TILES)
-                        plgpu.wgmma(s_ref, as_operand(x), q_smem.at[:, pl.ds(c0, 64)].transpose((1, 0)))
-                        plgpu.wgmma_wait(1)  # (as chunk's)
+                    def chunk(c):
+                        c0 = offset(c)
+                        chunk_from(c, plgpu.load(kv_smem.at[slot, :, pl.ds(c0, 64)], layout=ld_layout), c0)
 
                     with jax.named_scope("dequant"):
                         if load_ahead:  # each chunk's values loaded a chunk ahead of its conversion
                             rope_raw = raw(KV_LORA_RANK // 64)
                             first = raw(0)
-                            rope = rope_raw.astype(dtype)
-                            if masked:
-                                rope = jnp.where(rows_below(kv_len - kv_start, ld_layout), rope,
-                                                 jnp.zeros_like(rope))
-                            rope = as_operand(rope)
+                            rope = rope_operand(rope_raw, kv_start, masked)
                             rope_scores(s_ref, rope)
 
                             def two_chunks(i, x):  # (two chunks an iteration, their registers apart, as below)
                                 x1 = raw(2 * i + 1)
-                                chunk_ahead(2 * i, x)
+                                chunk_from(2 * i, x)
                                 x2 = raw(2 * i + 2)  # (i = 3: chunk 8, the rope columns: loaded, unused)
-                                chunk_ahead(2 * i + 1, x1)
+                                chunk_from(2 * i + 1, x1)
                                 return x2
 
                             lax.fori_loop(0, KV_LORA_RANK // 128, two_chunks, first)
