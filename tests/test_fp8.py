@@ -904,6 +904,15 @@ def test_mosaic_gpu_fp8_pv_registers_bits_is_bitwise_cvt():
         _assert_bitwise(name, dtype, [t] + [dict(t, fp8_convert=c) for c in ("bits", "mixed")])
 
 
+def _assert_option_bitwise_16_and_32_rows(base: dict, option: dict):
+    """base and base | option, bit for bit compiled, on the bitwise test's 4 scenarios (16 rows) and at 32 rows (H =
+    16 at q_len 2 with a q_len-1 request, 2 splits; H = 8 at q_len 4; one P @ V chunk in flight there)."""
+    for name, dtype, extra in KV_HALVES_BITWISE_SCENARIOS + (("decode_q2_page_32", "bfloat16", dict(num_splits=2)),
+                                                             ("heads_8_q4", "bfloat16", dict(num_splits=2))):
+        t = dict(base, **extra, pv_wait=1 if name in ("decode_q2_page_32", "heads_8_q4") else 4)
+        _assert_bitwise(name, dtype, [t, dict(t, **option)])
+
+
 @pytest.mark.gpu
 def test_mosaic_gpu_fp8_zero_tail_is_bitwise():
     """zero_tail zeroes the masked step's slot rows past kv_len in shared memory (fp8 zeros) where the default
@@ -911,11 +920,7 @@ def test_mosaic_gpu_fp8_zero_tail_is_bitwise():
     bit for bit compiled, on the bitwise test's 4 scenarios (16 rows, pv_registers) and at 32 rows (H = 16 at q_len 2
     with a q_len-1 request, 2 splits; H = 8 at q_len 4)."""
     _skip_without_hopper()
-    base = dict(QK_PERMUTED_TUNING, pv_registers=True)
-    for name, dtype, extra in KV_HALVES_BITWISE_SCENARIOS + (("decode_q2_page_32", "bfloat16", dict(num_splits=2)),
-                                                             ("heads_8_q4", "bfloat16", dict(num_splits=2))):
-        t = dict(base, **extra, pv_wait=1 if name in ("decode_q2_page_32", "heads_8_q4") else 4)
-        _assert_bitwise(name, dtype, [t, dict(t, zero_tail=True)])
+    _assert_option_bitwise_16_and_32_rows(dict(QK_PERMUTED_TUNING, pv_registers=True), dict(zero_tail=True))
 
 
 @pytest.mark.gpu
@@ -926,11 +931,8 @@ def test_mosaic_gpu_fp8_load_ahead_is_bitwise():
     test's 4 scenarios (16 rows, with zero_tail) and at 32 rows (H = 16 at q_len 2 with a q_len-1 request, 2 splits;
     H = 8 at q_len 4); and without pv_registers (the K chunks only, V's f16 copies) on two."""
     _skip_without_hopper()
-    base = dict(QK_PERMUTED_TUNING, pv_registers=True, zero_tail=True)
-    for name, dtype, extra in KV_HALVES_BITWISE_SCENARIOS + (("decode_q2_page_32", "bfloat16", dict(num_splits=2)),
-                                                             ("heads_8_q4", "bfloat16", dict(num_splits=2))):
-        t = dict(base, **extra, pv_wait=1 if name in ("decode_q2_page_32", "heads_8_q4") else 4)
-        _assert_bitwise(name, dtype, [t, dict(t, load_ahead=True)])
+    _assert_option_bitwise_16_and_32_rows(dict(QK_PERMUTED_TUNING, pv_registers=True, zero_tail=True),
+                                          dict(load_ahead=True))
     # without pv_registers (V's f16 copies: the scores' chunks loaded ahead only), 16 rows
     for name, dtype, extra in KV_HALVES_BITWISE_SCENARIOS[:2]:
         t = dict(QK_PERMUTED_TUNING, **extra)
