@@ -138,7 +138,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import arith, llvm, nvvm
+from jax._src.lib.mlir.dialects import arith, llvm, nvvm, vector
 
 from mla_jax.combine import combine, combine_ref
 from mla_spec import DecodeMetadata, MLAConfig
@@ -414,6 +414,97 @@ def _load_vt_fp8(ref, bits: bool = False):
         for mm in range(4):
             _convert_vt_word(regs, half, mm, llvm.extractvalue(i32, words, [mm]), bits)
     return mgpu.FragmentedArray(_registers=regs, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
+
+
+# (MosaicConfig.q_in_kernel) a bf16 pair (one 32-bit word) -> the f16 pair: both widened to f32 exactly (a shift, an
+# and), then one cvt.rn.f16x2.f32 (a's value to the upper half, b's to the lower): round to nearest even, as XLA's
+# convert; beyond 65504 inf, as the wrapper's conversion
+_BF16X2_TO_F16X2_PTX = """{
+.reg .b32 lo, hi;
+shl.b32 lo, $1, 16;
+and.b32 hi, $1, 0xFFFF0000;
+cvt.rn.f16x2.f32 $0, hi, lo;
+}"""
+# (q_in_kernel with qk_permuted) the 8 32-bit words (column pairs) of a 16-column group of q in QK_PERM_16's order:
+# word j of the permuted group is word Q_WORD_PERM[j] of q's
+Q_WORD_PERM = tuple(QK_PERM_16[2 * j] // 2 for j in range(8))
+assert all(QK_PERM_16[2 * j + 1] == QK_PERM_16[2 * j] + 1 for j in range(8))  # (pairs stay whole)
+Q_GROUPS = HEAD_DIM // 16  # a row of q: 36 groups of 16 columns (32 bytes, two 16-byte units)
+
+
+class _IntOps:
+    """_q_unit_offsets's arithmetic on Python ints (the tests' model of the kernel's addresses)."""
+    div, rem, add, mul, xor = (lambda a, b: a // b), (lambda a, b: a % b), (lambda a, b: a + b), \
+        (lambda a, b: a * b), (lambda a, b: a ^ b)
+
+
+class _ArithOps:
+    """_q_unit_offsets's arithmetic as i32 arith ops (inside inline Mosaic GPU; Python ints become constants)."""
+
+    @staticmethod
+    def c(v):
+        return arith.constant(ir.IntegerType.get_signless(32), v) if isinstance(v, int) else v
+
+    div = staticmethod(lambda a, b: arith.divui(_ArithOps.c(a), _ArithOps.c(b)))
+    rem = staticmethod(lambda a, b: arith.remui(_ArithOps.c(a), _ArithOps.c(b)))
+    add = staticmethod(lambda a, b: arith.addi(_ArithOps.c(a), _ArithOps.c(b)))
+    mul = staticmethod(lambda a, b: arith.muli(_ArithOps.c(a), _ArithOps.c(b)))
+    xor = staticmethod(lambda a, b: arith.xori(_ArithOps.c(a), _ArithOps.c(b)))
+
+
+def _q_unit_offsets(i, strides, ops=_IntOps):
+    """(q_in_kernel) item i of q's tile [rows, 576] in shared memory (row i // 36, 16-column group i % 36), 16-bit
+    values tiled (8, 64) with a 128-byte swizzle (strides: the tiled memref [rows / 8, 9, 8, 64]'s, in elements) ->
+    the byte offsets of the group's two 16-byte units. The swizzle is Mosaic GPU's (fragmented_array.py's
+    transfer_tiled, as the TMA's): 16-byte unit u of a tile's row rr (128 bytes) sits at unit u ^ rr."""
+    r, g = ops.div(i, Q_GROUPS), ops.rem(i, Q_GROUPS)
+    rr = ops.rem(r, 8)
+    base = ops.add(ops.add(ops.mul(ops.div(r, 8), 2 * strides[0]), ops.mul(ops.div(g, 4), 2 * strides[1])),
+                   ops.mul(rr, 128))
+    u0 = ops.mul(ops.rem(g, 4), 2)
+    return [ops.add(base, ops.mul(ops.xor(ops.add(u0, h), rr), 16)) for h in (0, 1)]
+
+
+def _convert_q_in_place(ref, first: int, count: int, permute: bool):
+    """(q_in_kernel; inside inline Mosaic GPU) ref: q's tile in shared memory, f16 [rows, 576] holding q's bf16 bits as
+    its TMA wrote them (the tiled memref [rows / 8, 9, 8, 64], 128-byte swizzle). The warpgroup's 128 threads convert
+    items [first, first + count) (a row's 16-column group each, _q_unit_offsets) to f16 in place, a thread an item
+    at a time: two 16-byte loads, 8 conversions (_BF16X2_TO_F16X2_PTX), two 16-byte stores at the same addresses
+    (permute: the words in Q_WORD_PERM's order, q[:, QK_PERM]'s). A thread writes only the bytes it read: no thread
+    waits for another's loads."""
+    i32, i8 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(8)
+    ty = ir.MemRefType(ref.type)
+    strides, _ = ty.get_strides_and_offset()
+    if (len(ty.shape) != 4 or list(ty.shape[1:]) != [HEAD_DIM // 64, 8, 64] or list(strides[2:]) != [64, 1]
+            or mgpu.utils.bitwidth(ty.element_type) != 16):
+        raise NotImplementedError(f"_convert_q_in_place needs q's 16-bit tile [rows, {HEAD_DIM}] tiled (8, 64), got {ty}")
+    ops = _ArithOps
+    ptr = mgpu.utils.memref_ptr(ref)
+    threads = mgpu.utils.WARPGROUP_SIZE
+    tid = arith.remui(mgpu.utils.thread_idx(), ops.c(threads))
+    v4 = ir.VectorType.get((4,), i32)
+    order = Q_WORD_PERM if permute else tuple(range(8))
+
+    def item(local):
+        ptrs = [mgpu.utils.getelementptr(ptr, [off], i8)
+                for off in _q_unit_offsets(ops.add(local, first), strides, ops)]
+        words = []
+        for p in ptrs:
+            v = llvm.load(v4, p)
+            words += [vector.extract(v, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([k]))
+                      for k in range(4)]
+        conv = [llvm.inline_asm(i32, [w], _BF16X2_TO_F16X2_PTX, "=r,r") for w in words]
+        new = [mgpu.utils.bitcast(conv[o], ir.VectorType.get((1,), i32)) for o in order]
+        for h, p in enumerate(ptrs):
+            llvm.store(mgpu.utils.vector_concat(new[4 * h:4 * h + 4]), p)
+
+    for j in range(-(-count // threads)):
+        local = arith.addi(tid, ops.c(j * threads))
+        if (j + 1) * threads <= count:
+            item(local)
+        else:
+            with mgpu.utils.when(arith.cmpi(arith.CmpIPredicate.ult, local, ops.c(count))):
+                item(local)
 
 
 def _e4m3_to_f16(x, layout):
@@ -707,6 +798,16 @@ class MosaicConfig:
         idle) 1.13x faster at H16 B128 S16384 (386.0 -> 341.1 us, 3.55 TB/s of fp8 bytes), 1.10x at B32 S16384
         (106.2 -> 96.9), 1.10x at H16 B64 S4096 q2 (84.8 -> 76.9; 32 rows). Without pv_registers (V's f16 copies,
         splits of fewer than 32 steps) not yet compiled or timed. Compiled only, as qk_permuted.
+    q_in_kernel: (an fp8 cache with a bf16 q, compiled; elsewhere no effect: an f16 q needs no conversion, qk_fp8 makes
+        its own parts, interpret mode converts in the wrapper) q's f16 conversion inside the kernel: its TMA writes q's
+        bf16 bits into q's tile (a bfloat16 view of the same bytes), and the warpgroups that read q (both with
+        kv_halves, each half the tile's rows; else warpgroup 0) convert it in place (_convert_q_in_place: per 16
+        columns of a row, two 16-byte loads, 8 cvt.rn.f16x2.f32, two stores; qk_permuted's column order, QK_PERM, in
+        the same stores), then fence and (kv_halves) meet at `sync_a` before their first wgmma. Without it q goes
+        through an XLA fusion before the kernel (the f16 conversion, and qk_permuted's gather): a kernel of its own
+        in every fp8 call, which the bf16 path does not have (session 27's ncu count at H16 B64 S4096 q_len 2: q's
+        conversion and the output's gather ~8 us cold, ~2-4 warm, of ~92). The same conversion (round to nearest
+        even, beyond 65504 inf): bitwise the default for every finite q. Not yet compiled or timed (session 31).
     qk_fp8: (fp8 cache: kv_halves, and the plain scores' fused conversion, below; elsewhere no effect; opt-in: on the
         H200 (session 29) it fails the lse tolerance, 2.6e-3 to 8.5e-3 absolute against 2e-3, ~1e-3 of the scores:
         Hopper's e4m3 accumulation; not timed) the scores on the tensor cores' e4m3 path: S^T = K Q^T with K straight from the fp8 ring slot (the
@@ -779,6 +880,7 @@ class MosaicConfig:
     pv_wait: int = 4
     zero_tail: bool = False
     load_ahead: bool = False
+    q_in_kernel: bool = False
     qk_fp8: bool = False
     qk_fp8_one_acc: bool = True
     pdl: bool = False
@@ -791,7 +893,7 @@ class MosaicConfig:
         for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
                      "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast", "deferred_pv", "split_ring",
                      "part_wait", "kv_halves", "qk_registers", "sums_at_end", "qk_permuted", "pv_registers",
-                     "zero_tail", "load_ahead", "qk_fp8", "qk_fp8_one_acc"):
+                     "zero_tail", "load_ahead", "q_in_kernel", "qk_fp8", "qk_fp8_one_acc"):
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
@@ -1099,8 +1201,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   part_wait: bool = False,
                   kv_halves: bool = False, qk_registers: bool = False, sums_at_end: bool = False,
                   qk_permuted: bool = False, pv_registers: bool = False, pv_wait: int = 4, zero_tail: bool = False,
-                  load_ahead: bool = False, q_parts: int = 0, q_one_acc: bool = True, out_dtype=None,
-                  interpret: bool = False):
+                  load_ahead: bool = False, q_parts: int = 0, q_one_acc: bool = True, q_bits: bool = False,
+                  out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile), the last axis the fastest (heads_fastest: reversed, the head
@@ -1124,6 +1226,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     split_q_e4m3's), the scores on the e4m3 tensor cores; 0: q [T, heads, 576] in `dtype`. q_one_acc: (the plain
     scores, q_parts) the parts' wgmmas into one accumulator (split_q_e4m3's step 1), else an accumulator a part (the
     parts 16x apart, step Q_FP8_STEP).
+    q_bits: (MosaicConfig.q_in_kernel: an fp8 cache, compiled) q [T, heads, 576] is bfloat16, unpermuted: its TMA
+    writes a bfloat16 view of q's tile, which the warpgroups reading q convert to f16 in place (qk_permuted: in
+    QK_PERM's column order) before their first wgmma.
     p_in_kv, dequant_layout, fused_dequant, fused_group, fp8_convert, overlap_dequant, overlap_wait, transposed_pv:
     MosaicConfig's (all but transposed_pv fp8 only;
     overlap_dequant needs transposed scores of at most OVERLAP_MAX_ROWS rows, and then fused_dequant is ignored;
@@ -1189,6 +1294,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         raise ValueError(f"q_parts (qk_fp8) runs with 2 or 3 parts in kv_halves's step (without qk_permuted) or in "
                          f"the plain scores' fused conversion (an fp8 cache, fused_dequant, score_rows=0), got "
                          f"{q_parts=}, {kv_halves=}, {qk_permuted=}, {fp8=}, {fused_dequant=}, {score_rows=}")
+    if q_bits and not (fp8 and flashmla and not q_parts and not memory_wg and not interpret):
+        raise ValueError(f"q_bits (q_in_kernel) converts a bf16 q beside an fp8 cache in the flashmla schedule "
+                         f"(compiled; qk_fp8's parts are e4m3), got {fp8=}, {schedule=}, {q_parts=}, {memory_wg=}, "
+                         f"{interpret=}")
     if kv_halves:
         overlap_dequant = fused_dequant = False  # (each warpgroup converts its own steps: compute_tile_halves)
     if overlap_dequant:
@@ -1225,9 +1334,11 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
              q_kv_or_stage, p_smem, x_smem, i_smem,
              q_bar, info_bar, bt_bar, kv_ready, kv_consumed, sync_a, sync_b, *extra_barriers):
         deq_smem = deq_v = deq_rope = t_smem = e_smem = None
-        qs_ref = None
+        qs_ref = q_bf16 = None
         if q_parts:  # (q's parts and the requests' inverse scales)
             q_ref, qs_ref = q_ref
+        if q_bits:  # (the union's last member: q's tile seen as bfloat16, its TMA's destination)
+            *q_kv_or_stage, (q_bf16,) = q_kv_or_stage
         if transposed_pv and not kv_halves:  # the stage, then O^T's two bf16 parts and the identity that transposes
             # them back
             q_group, (stage, t_smem, e_smem) = q_kv_or_stage
@@ -1453,9 +1564,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             [t q_rows, t q_rows + q_rows))."""
             if q_parts:
                 plgpu.copy_gmem_to_smem(qs_ref.at[req], qs_smem[0], q_bar)
+            q_dst = q_bf16 if q_bits else q_smem  # (q_bits: the bf16 view of the same bytes)
             if tpt == 1:
                 if not q_parts:
-                    plgpu.copy_gmem_to_smem(q_ref.at[first_tok, pl.ds(hb * BLOCK_H, BLOCK_H)], q_smem, q_bar)
+                    plgpu.copy_gmem_to_smem(q_ref.at[first_tok, pl.ds(hb * BLOCK_H, BLOCK_H)], q_dst, q_bar)
                 for t in range(q_parts):
                     plgpu.copy_gmem_to_smem(q_ref.at[first_tok, t, pl.ds(hb * BLOCK_H, BLOCK_H)],
                                             q_smem.at[0, pl.ds(t * BLOCK_H, BLOCK_H)], q_bar)
@@ -1466,7 +1578,18 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     if q_parts:
                         plgpu.copy_gmem_to_smem(q_ref.at[tok, t], q_smem.at[0, pl.ds(t * q_rows + j * hp, hp)], q_bar)
                     else:
-                        plgpu.copy_gmem_to_smem(q_ref.at[tok], q_smem.at[pl.ds(j * hp, hp)], q_bar)
+                        plgpu.copy_gmem_to_smem(q_ref.at[tok], q_dst.at[pl.ds(j * hp, hp)], q_bar)
+
+        def convert_q(first: int, count: int):
+            """(q_bits) Items [first, first + count) of q's tile (a row's 16 columns each) from bf16 to f16 in place by
+            this warpgroup (_convert_q_in_place), then fenced for the wgmmas (commit_smem: and a warpgroup barrier)."""
+            @plgpu.inline_mgpu(arg_types=(plgpu.RefType(transforms),))
+            def conv(ctx, r):
+                del ctx
+                _convert_q_in_place(r, first, count, permute=qk_permuted)
+
+            conv(q_smem)
+            plgpu.commit_smem()
 
         def first_page(k):
             return lax.div(k, jnp.int32(steps_per_page)) if pages_per_step == 1 else k * pages_per_step
@@ -1803,6 +1926,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     p_smem[...] = plgpu.layout_cast(jnp.zeros((BLOCK_H, block_kv), dtype), plgpu.Layout.WGMMA)
                     p_t = p_smem.transpose((1, 0)).at[:, pl.ds(0, n)]  # [keys, n]: P^T's columns in use
                 plgpu.barrier_wait(q_bar)
+                if q_bits:  # (only this warpgroup reads q)
+                    convert_q(0, q_rows * Q_GROUPS)
                 if q_parts:  # (q's parts are q a: times the request's 1 / a)
                     scale = scale * qs_smem[0][0]
                 m_i = plgpu.layout_cast(jnp.full((n,), -jnp.inf, jnp.float32), vec_layout)
@@ -2214,6 +2339,11 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
             scale = scale_log2 * k_scale()
             plgpu.barrier_wait(q_bar)
+            if q_bits:  # each warpgroup half the tile's rows, then both wait for the other's (both read all of q)
+                per_wg = q_rows * Q_GROUPS // NUM_COMPUTE_WGS
+                convert_q(w * per_wg, per_wg)
+                plgpu.barrier_arrive(sync_a)
+                plgpu.barrier_wait(sync_a)
             if q_parts:  # (q's parts are q a: times the request's 1 / a)
                 scale = scale * qs_smem[0][0]
 
@@ -2575,6 +2705,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         kv_bufs = tuple(plgpu.SMEM((stages, block_kv, nc), dtype, transforms=transforms) for _, nc in kv_parts)
     else:
         kv_bufs = (plgpu.SMEM((stages, block_kv, HEAD_DIM), dtype, transforms=transforms),)  # KV ring
+    # (q_bits) q's tile seen as bfloat16, its TMA's destination: a last member of the union (at its offset 0, as q)
+    q_view = ((plgpu.SMEM((q_rows, HEAD_DIM), jnp.bfloat16, transforms=transforms),),) if q_bits else ()
     if kv_halves:
         # q's rows in use, the fp8 ring (a slot a warpgroup), each warpgroup's f16 copy of V; after the steps: the
         # partials' O^T halves; then the stage, O^T's parts and the identity (transposed_pv's)
@@ -2598,6 +2730,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             (plgpu.SMEM((NUM_COMPUTE_WGS, V_HALF, score_rows), jnp.float32,
                         transforms=(plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
                         if score_rows == 32 else ()),),
+            *q_view,
         )
         scratch = [
             union,
@@ -2636,6 +2769,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                  plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, score_rows), jnp.bfloat16, transforms=t_transforms))
                 if transposed_pv else
                 plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), stage_dtype, transforms=stage_transforms),
+                *q_view,
             ),
             # P (split: the two halves; p_in_kv: in the KV slots, a 1-element placeholder here)
             plgpu.SMEM((1,), jnp.float32) if p_in_kv else
@@ -2754,6 +2888,13 @@ def _qk_fp8_runs(tuning: MosaicConfig, fp8: bool, num_heads: int, max_query_len:
     return 1.0 if tuning.qk_fp8_one_acc else Q_FP8_STEP
 
 
+def _q_in_kernel_runs(tuning: MosaicConfig, fp8: bool, q_dtype, interpret: bool) -> bool:
+    """Where MosaicConfig.q_in_kernel runs: an fp8 cache and a bf16 q, compiled, the flashmla schedule (the fp8
+    kernel's; qk_fp8 makes its own parts of q first, and _mla_decode then sees e4m3 parts)."""
+    return bool(fp8 and tuning.q_in_kernel and jnp.dtype(q_dtype) == jnp.bfloat16 and not interpret
+                and tuning.schedule == "flashmla" and not tuning.memory_warpgroup)
+
+
 def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfig, tuning: MosaicConfig,
                 interpret: bool, out_dtype=None, q_inv_scale=None):
     # (qk_fp8: q [T, parts, H, 576] e4m3, split_q_e4m3's, and q_inv_scale [R, QS_WORDS] its requests' 1 / a in column 0:
@@ -2774,6 +2915,11 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         raise NotImplementedError("p_in_kv=True needs a 16-bit cache (fp8: P would share the dequantized step "
                                   "that the next step's dequantization overwrites), got kv_cache_dtype='fp8_e4m3'")
     out_dtype = q.dtype if out_dtype is None else out_dtype  # (fp8: q is f16 here, the output q's dtype)
+    # (q_in_kernel: a bf16 q reaches the fp8 kernel as it is, converted inside)
+    q_bits = fp8 and not q_parts and q.dtype == jnp.bfloat16
+    if q_bits and not _q_in_kernel_runs(tuning, fp8, q.dtype, interpret):
+        raise ValueError(f"an fp8 cache runs the wgmmas in float16: a bf16 q is converted before the kernel unless "
+                         f"q_in_kernel runs (compiled), got q_in_kernel={tuning.q_in_kernel}, {interpret=}")
     page_size = config.page_size
     heads, hp, tpt = _tile_geometry(num_heads)
     if heads != num_heads:
@@ -2816,10 +2962,11 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     # as with a bf16 -> f16 conversion there)
     qk_permuted = kv_halves and tuning.qk_registers and tuning.qk_permuted and not interpret and not q_parts
     pv_registers = (qk_permuted or (kv_halves and q_parts and not interpret)) and tuning.pv_registers
-    if qk_permuted:  # (the scores' wgmmas see K's columns permuted: q's the same way; fused with q's f16 conversion)
+    if qk_permuted and not q_bits:  # (the scores' wgmmas see K's columns permuted: q's the same way; fused with q's
+        # f16 conversion; q_bits: in the kernel's conversion)
         q = q[..., QK_PERM]
     kernel = _build_kernel(
-        dtype=jnp.float16 if q_parts else q.dtype, out_dtype=out_dtype, page_size=page_size, num_tokens=num_tokens,
+        dtype=jnp.float16 if q_parts or q_bits else q.dtype, out_dtype=out_dtype, page_size=page_size, num_tokens=num_tokens,
         heads=heads, hp=hp, num_h_tiles=num_h_tiles, q_tiles=q_tiles, num_reqs=num_reqs, num_splits=num_splits, block_kv=block_kv,
         stages=tuning.max_concurrent_steps, bt_chunk=bt_chunk, scale_log2=config.softmax_scale * LOG2E,
         memory_wg=tuning.memory_warpgroup, schedule=tuning.schedule,
@@ -2836,7 +2983,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         qk_permuted=qk_permuted, pv_registers=pv_registers, pv_wait=tuning.pv_wait,
         zero_tail=kv_halves and tuning.zero_tail,
         load_ahead=qk_permuted and tuning.load_ahead,
-        q_parts=q_parts, q_one_acc=tuning.qk_fp8_one_acc,
+        q_parts=q_parts, q_one_acc=tuning.qk_fp8_one_acc, q_bits=q_bits,
     )
     q_in = (q, q_inv_scale) if q_parts else q
     out, lse = kernel(q_in, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
@@ -2904,7 +3051,10 @@ def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConf
         q_inv_scale = jnp.pad(q_inv_scale[:, None], ((0, 0), (0, QS_WORDS - 1)))
     elif fp8 and q.dtype != jnp.float16:
         # The fp8 path runs its wgmmas in f16 (see _build_kernel): bf16 q converts exactly for |q| in
-        # [2^-14, 65504] (f16 has 3 more mantissa bits); larger values become inf (the output NaN).
-        out_dtype, q = jnp.dtype(q.dtype), q.astype(jnp.float16)
+        # [2^-14, 65504] (f16 has 3 more mantissa bits); larger values become inf (the output NaN). q_in_kernel: the
+        # same conversion inside the kernel.
+        out_dtype = jnp.dtype(q.dtype)
+        if not _q_in_kernel_runs(tuning, fp8, q.dtype, bool(interpret)):
+            q = q.astype(jnp.float16)
     return _mla_decode_jit(q, kv_cache, jnp.asarray(k_scale, jnp.float32), metadata, config, tuning, interpret,
                            out_dtype, q_inv_scale)

@@ -26,7 +26,7 @@ import mla_jax
 import mla_torch
 from mla_jax import pallas_triton
 from mla_jax.pallas_triton import TritonConfig
-from mla_spec import MLAConfig, reference, validate_inputs
+from mla_spec import DecodeMetadata, MLAConfig, reference, validate_inputs
 from mla_spec.config import FP8_KV_CACHE_MSG
 from parity.compare import TOLERANCES, compare
 from parity.h200 import lower_for_h200
@@ -975,6 +975,155 @@ def test_load_ahead_lowers_and_needs_qk_permuted():
     assert ahead != plain
     trans = lambda text: text.count("layout = <col>, shape = <m = 8, n = 8>")
     assert trans(ahead) == trans(plain)
+
+
+@pytest.mark.gpu
+def test_mosaic_gpu_fp8_q_in_kernel_is_bitwise():
+    """q_in_kernel converts a bf16 q to f16 inside the kernel (in place in shared memory after its TMA; with
+    qk_permuted in QK_PERM's column order) where the default converts it in an XLA fusion before the kernel: the same
+    rounding, the same out and lse bit for bit compiled. On the heuristic's kv_halves path (16 rows on the bitwise
+    test's 4 scenarios, 32 rows on two), kv_halves without pv_registers (V's f16 copies) and without qk_permuted (q
+    unpermuted), the one-chain transposed path (warpgroup 0 alone converts) and the plain 64-row scores (H = 128).
+    (An fp16 q, in two of the scenarios, has nothing to convert: the option does not run there.)"""
+    _skip_without_hopper()
+    option = dict(q_in_kernel=True)
+    _assert_option_bitwise_16_and_32_rows(dict(QK_PERMUTED_TUNING, pv_registers=True, zero_tail=True,
+                                               load_ahead=True), option)
+    for name, dtype, t in (("page_size_16", "bfloat16", dict(QK_PERMUTED_TUNING, num_splits=2)),
+                           ("heads_8_q2", "bfloat16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True,
+                                                           qk_registers=True)),
+                           ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True)),
+                           ("decode_q2_page_32", "bfloat16", dict(num_splits=2, transposed_scores=True)),
+                           ("heads_128", "bfloat16", dict(num_splits=2)),
+                           ("heads_128_spec", "bfloat16", dict(num_splits=1))):
+        _assert_bitwise(name, dtype, [t, dict(t, **option)])
+
+
+def _q_tile_image(q_bits: np.ndarray) -> np.ndarray:
+    """q's tile [rows, 576] of 16-bit words (uint16) -> its shared-memory image (uint8), tiled (8, 64) with a
+    128-byte swizzle, by Mosaic GPU's own formula (fragmented_array.py's transfer_tiled, the TMA's layout): a byte at
+    offset o before the swizzle moves to o ^ (((o // 128) % 8) * 16). Written here apart from _q_unit_offsets."""
+    rows = q_bits.shape[0]
+    img = np.zeros(rows * 576 * 2, np.uint8)
+    by = q_bits.view(np.uint8).reshape(rows, 576 * 2)
+    for r in range(rows):
+        for b in range(576 * 2):
+            c = b // 2
+            o = ((r // 8) * 9 + c // 64) * 1024 + (r % 8) * 128 + (c % 64) * 2 + b % 2
+            img[o ^ (((o // 128) % 8) * 16)] = by[r, b]
+    return img
+
+
+def _q_tile_from_image(img: np.ndarray, rows: int) -> np.ndarray:
+    """_q_tile_image's inverse: the image -> [rows, 576] uint16."""
+    by = np.zeros((rows, 576 * 2), np.uint8)
+    for r in range(rows):
+        for b in range(576 * 2):
+            c = b // 2
+            o = ((r // 8) * 9 + c // 64) * 1024 + (r % 8) * 128 + (c % 64) * 2 + b % 2
+            by[r, b] = img[o ^ (((o // 128) % 8) * 16)]
+    return by.view(np.uint16).reshape(rows, 576)
+
+
+def _bf16x2_to_f16x2(words: np.ndarray) -> np.ndarray:
+    """_BF16X2_TO_F16X2_PTX in numpy: each half of a uint32 word (a bf16) widened to float32 exactly and rounded to
+    float16 (nearest even, inf beyond 65504, as cvt.rn.f16x2.f32), the low half's value in the low half."""
+    with np.errstate(over="ignore"):  # (inf beyond 65504, as the hardware)
+        lo = (words << 16).view(np.float32).astype(np.float16).view(np.uint16).astype(np.uint32)
+        hi = (words & 0xFFFF0000).view(np.float32).astype(np.float16).view(np.uint16).astype(np.uint32)
+    return (hi << 16) | lo
+
+
+@pytest.mark.parametrize("rows,wgs", [(16, 2), (32, 2), (16, 1), (64, 1)])
+@pytest.mark.parametrize("permute", [False, True])
+def test_q_in_kernel_addresses_convert_q_in_place(rows, wgs, permute):
+    """The kernel's in-place conversion of q (q_in_kernel), modelled on its own addresses (_q_unit_offsets, the same
+    function the kernel's arith ops run) over a shared-memory image laid out by Mosaic GPU's swizzle formula: the
+    warpgroups' items (kv_halves: each half the rows; else warpgroup 0 all) touch every 16-byte unit of the tile once,
+    and the image then holds q.astype(float16) (the wrapper's conversion, XLA's), in QK_PERM's column order with
+    permute; values past f16's range become inf, f16's subnormals round as XLA rounds them."""
+    from mla_jax import pallas_mosaic_gpu as mg
+
+    rng = np.random.default_rng(rows + wgs)
+    q = rng.standard_normal((rows, 576)).astype(np.float32) * np.exp2(rng.integers(-30, 20, (rows, 576)))
+    q[0, :4] = [1e5, -7e4, 3e-8, -0.0]  # (inf, -inf, a subnormal, -0)
+    q_bf16 = np.asarray(jnp.asarray(q, jnp.bfloat16))
+    img = _q_tile_image(q_bf16.view(np.uint16))
+    strides = (9 * 512, 512, 64, 1)  # the tiled memref [rows / 8, 9, 8, 64]'s, in elements
+    touched = np.zeros(img.size // 16, np.int32)
+    per_wg = rows * mg.Q_GROUPS // wgs
+    for w in range(wgs):  # (a thread's items in any order: each reads and writes only its own two units)
+        for i in range(w * per_wg, (w + 1) * per_wg):
+            offs = mg._q_unit_offsets(i, strides)
+            words = np.concatenate([img[o:o + 16].view(np.uint32) for o in offs])
+            new = _bf16x2_to_f16x2(words)[list(mg.Q_WORD_PERM if permute else range(8))]
+            for h, o in enumerate(offs):
+                assert o % 16 == 0
+                touched[o // 16] += 1
+                img[o:o + 16] = new[4 * h:4 * h + 4].view(np.uint8)
+    np.testing.assert_array_equal(touched, 1)
+    want = np.asarray(jnp.asarray(q_bf16).astype(jnp.float16))
+    assert np.isinf(want[0, :2]).all() and want[0, 2] != 0 and abs(want[0, 2]) < 2.0 ** -14  # (inf; a subnormal)
+    if permute:
+        want = want[:, mg.QK_PERM]
+    np.testing.assert_array_equal(_q_tile_from_image(img, rows), want.view(np.uint16))
+
+
+def test_q_in_kernel_lowers_and_skips_the_wrappers_conversion():
+    """q_in_kernel (an abstract H200, no GPU) lowers on the 6 fp8 problems of parity.kernel_hash, each with 8
+    cvt.rn.f16x2.f32 a thread and item (kv_halves: each warpgroup half the tile's rows; else warpgroup 0 all), and
+    the jitted call then has no f16 conversion of q before the kernel (the default has one); where it does not run
+    (a 16-bit cache, interpret mode) nothing changes; the kernel builder refuses it where it cannot run."""
+    import dataclasses
+    import re
+
+    from mla_jax import pallas_mosaic_gpu as mg
+    from parity import kernel_hash
+
+    for problem in kernel_hash.PROBLEMS:
+        heads, batch, seq_len, q_len, fp8 = problem
+        config = MLAConfig(num_heads=heads, page_size=64, dtype="bfloat16",
+                           kv_cache_dtype="fp8_e4m3" if fp8 else "auto")
+        base = mg.heuristic_config(config, batch * q_len, -(-seq_len // 64), batch, max_query_len=q_len)
+        on = dataclasses.replace(base, q_in_kernel=True)
+        [text] = kernel_hash.module_texts(problem, tuning=on)
+        if not fp8:
+            assert [text] == kernel_hash.module_texts(problem, tuning=base), problem
+            continue
+        _, score_rows = mg._kv_halves_runs(base, True, heads, q_len, False)
+        rows = score_rows if score_rows < 64 else 64
+        wgs = 2 if base.kv_halves else 1
+        items = rows * mg.Q_GROUPS // wgs
+        assert text.count("cvt.rn.f16x2.f32") == 8 * -(-items // 128) * wgs, problem
+
+    heads, batch, q_len = 16, 64, 2
+    config = MLAConfig(num_heads=heads, page_size=64, dtype="bfloat16", kv_cache_dtype="fp8_e4m3")
+    sds = jax.ShapeDtypeStruct
+    q = sds((batch * q_len, heads, 576), jnp.bfloat16)
+    kv = sds((batch * 64 + 1, 64, 576), jnp.float8_e4m3fn)
+    md = DecodeMetadata(query_start_loc=sds((batch + 1,), jnp.int32), seq_lens=sds((batch,), jnp.int32),
+                        block_table=sds((batch, 64), jnp.int32), max_query_len=q_len, max_seq_len=4096,
+                        num_decode_tokens=batch * q_len)
+    base = mg.heuristic_config(config, batch * q_len, 64, batch, max_query_len=q_len)
+
+    def lowered(tuning):
+        fn = lambda q, kv, md, s: mg.mla_decode(q, None, kv, md, config, tuning=tuning, k_scale=s)
+        return lower_for_h200(fn, q, kv, md, sds((), jnp.float32)).as_text()
+
+    q_f16 = re.compile(r"stablehlo\.convert.*-> tensor<128x16x576xf16>")
+    assert q_f16.search(lowered(base))
+    assert not q_f16.search(lowered(dataclasses.replace(base, q_in_kernel=True)))
+    assert mg._q_in_kernel_runs(dataclasses.replace(base, q_in_kernel=True), True, jnp.bfloat16, False)
+    assert not mg._q_in_kernel_runs(dataclasses.replace(base, q_in_kernel=True), True, jnp.float16, False)
+    assert not mg._q_in_kernel_runs(dataclasses.replace(base, q_in_kernel=True), True, jnp.bfloat16, True)
+    assert not mg._q_in_kernel_runs(dataclasses.replace(base, q_in_kernel=True), False, jnp.bfloat16, False)
+    assert not mg._q_in_kernel_runs(base, True, jnp.bfloat16, False)
+    with pytest.raises(ValueError, match="q_bits .* interpret=True"):
+        mg._build_kernel(q_bits=True, interpret=True, **FP8_BUILD_KW)
+    with pytest.raises(ValueError, match="q_bits .* fp8=False"):
+        mg._build_kernel(q_bits=True, **dict(FP8_BUILD_KW, fp8=False))
+    with pytest.raises(ValueError, match="q_in_kernel must be a bool"):
+        mg.MosaicConfig(q_in_kernel=1)
 
 
 def test_pv_perm_is_ldmatrix_trans_seen_as_wgmma():

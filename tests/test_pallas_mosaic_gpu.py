@@ -433,6 +433,7 @@ class TestConfig:
             (dict(part_wait=True, split_ring=True), "part_wait=True is the two-part slot"),
             (dict(zero_tail=1), "zero_tail=1"),
             (dict(load_ahead=1), "load_ahead=1"),
+            (dict(q_in_kernel=1), "q_in_kernel=1"),
             (dict(qk_fp8=1), "qk_fp8=1"),
             (dict(qk_fp8_one_acc=0), "qk_fp8_one_acc=0"),
         ],
