@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# For the next session's first call (nvidia-h200; carry [".fa3"]), written at the end of session 30. Copy to
-# parity/sessions/<date>-s<n>-a.sh and commit before running; never edit it after. About 10 minutes (split it if the device time is short).
+# For the next session's first call (nvidia-h200; carry [".fa3"]), written at the end of session 30 (part 4: session 31). Copy to
+# parity/sessions/<date>-s<n>-a.sh and commit before running; never edit it after. About 13 minutes in all, more than
+# a command's 10: run it as two calls, `bash <script> 034` (~7 min) then `bash <script> 12` (~8 min), or
+# only the first where the budget is short.
 # (Session 28-29's template for qk_fp8 ran as 2026-12-05-s29-a.sh: qk_fp8 fails the lse tolerance; its second and
 # third calls were dropped.)
 # Session 30 made load_ahead the heuristic's with pv_registers (1.10-1.13x at the memory-bound fp8 rows, bitwise).
@@ -14,13 +16,33 @@
 # over the grid 1.00-1.03 (session 27: 0.959). ncu: issue slots 45-50%, the short-scoreboard share of the stall
 # samples below 15% (call A of session 30: 24.6%). load_ahead without pv_registers: bitwise; 1.03-1.08x faster at
 # both rows (the K loop's half of call C's gain, short splits).
+# 4) (session 31, no device: built and checked on the CPU only) MosaicConfig(q_in_kernel=True), q's f16 conversion
+#    inside the kernel instead of an XLA fusion before it: its compiled bitwise test, then a sweep on five rows.
+#    Predictions: bitwise everywhere (if not: the swizzle or the word order of _convert_q_in_place, or the fence);
+#    H16 B1 S1024 12.5 -> 11.0-11.5 us, H128 B1 S1024 14.8 -> 13.5-14.0, H16 B64 S4096 q2 76.9 -> 74-76, H16 B128
+#    S16384 and H128 B32 S4096 within 1% (one kernel less a call; the conversion ~0.3-1 us a CTA, under the first
+#    KV TMA). If the budget is short, run 4) first: it is the only part that decides a default.
+# 0) (session 31) `python -m parity.tma_probe`: the SMs' intake of fp8 KV steps by TMA with the fp8 ring's 64-byte
+#    box rows against 128-byte ones (and bf16's), loads alone: does the L2 (88% busy in session 30's ncu report, its
+#    tag requests 60%) cap the fp8 kernel before HBM? Predictions: bf16_128_x2 4.4-4.5 TB/s (session 17's
+#    stream_hbm_x3: 4.51); if the 64-byte rows cap it, fp8_64 and fp8_64p 3.6-4.0 and fp8_128p 4.3-4.5; if not, all
+#    within 3% of each other (then a wider-box ring is not worth building: the step's latency is what is left).
 set -uo pipefail
+PARTS="${1:-01234}"  # which parts to run (digits)
+run_part() { [[ "$PARTS" == *"$1"* ]]; }
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT/logs"; L="$OUT/logs"
 bash .fa3/unpack.sh /tmp/fa3 >/dev/null && export PYTHONPATH=/tmp/fa3:$PWD
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+if run_part 0; then
+timeout 120 python3 -m parity.tma_probe --json "$OUT/tma-probe.json" > "$L/tma.log" 2>&1
+echo "tma_probe rc=$?"; grep -v Warn "$L/tma.log" | tail -8
+fi
+if run_part 1; then
 timeout 330 python3 -m parity bench --grid fp8 --check --reps 3 --no-ceilings \
   --impls torch.fa3,jax.pallas_mosaic_gpu,jax.pallas_mosaic_gpu.fp8 --json "$OUT/bench-fp8.json" > "$L/bench.log" 2>&1
 echo "bench rc=$?"; grep -v Warn "$L/bench.log" | tail -30 | cut -c1-160
+fi
+if run_part 2; then
 timeout 100 ncu --clock-control none --profile-from-start off --set full --import-source no --kernel-name regex:mosaic \
   -o "$L/full" python3 -m parity.profile --impl jax.pallas_mosaic_gpu.fp8 --shape H16_B128_S16384_q1 > "$L/ncu.log" 2>&1
 echo "ncu rc=$?"
@@ -28,10 +50,21 @@ ncu -i "$L/full.ncu-rep" --page details > "$L/details.txt" 2>&1
 ncu -i "$L/full.ncu-rep" --page source --csv --print-source sass > "$L/sass.csv" 2>&1
 rm -f "$L/full.ncu-rep"; gzip -9 "$L/sass.csv"
 grep -E "Duration|Registers Per|Issue Slots Busy|DRAM Throughput|L2 Cache Throughput" "$L/details.txt" | head -6
+fi
+if run_part 3; then
 timeout 120 python3 -m pytest -q -x -m gpu tests/test_fp8.py -k "load_ahead_is_bitwise" > "$L/tests.log" 2>&1
 echo "tests rc=$?"; tail -2 "$L/tests.log"
 timeout 150 python3 -m parity.sweep --impl pallas_mosaic_gpu --fp8 --fields load_ahead --rounds 3 --reps 3 --cooldown 1 \
   --shapes H16_B8_S4096,H16_B128_S1024 --json "$OUT/sweep-fp8-load-ahead-short.json" > "$L/sweep.log" 2>&1
 echo "sweep rc=$?"; grep -v Warn "$L/sweep.log" | grep -E " us " | cut -c1-110
+fi
+if run_part 4; then
+timeout 150 python3 -m pytest -q -x -m gpu tests/test_fp8.py -k "q_in_kernel_is_bitwise" > "$L/tests-q.log" 2>&1
+echo "tests q_in_kernel rc=$?"; tail -2 "$L/tests-q.log"
+timeout 200 python3 -m parity.sweep --impl pallas_mosaic_gpu --fp8 --fields q_in_kernel --rounds 3 --reps 3 --cooldown 1 \
+  --shapes H16_B1_S1024,H128_B1_S1024,H16_B64_S4096_q2,H16_B128_S16384,H128_B32_S4096 \
+  --json "$OUT/sweep-fp8-q-in-kernel.json" > "$L/sweep-q.log" 2>&1
+echo "sweep q rc=$?"; grep -v Warn "$L/sweep-q.log" | grep -E " us " | cut -c1-110
+fi
 tar czf "$OUT/logs.tgz" -C "$OUT" logs
 rm -rf "$L"

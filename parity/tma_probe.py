@@ -1,0 +1,164 @@
+"""python -m parity.tma_probe: how fast the SMs take in KV steps by TMA, by the width of the boxes' rows (a diagnosis
+of the fp8 kernel's memory side, not a test).
+
+Session 30's ncu report of the 16-row fp8 kernel (H16 B128 S16384) had the L2 at 88% of its peak with DRAM at 73%:
+the fp8 ring (8 x 64 fp8 tiles, a 64-byte swizzle) has the TMA bring each KV step as 9 boxes of 64-byte rows, as
+many L2 requests (18.9M) as the bf16 kernel's 128-byte rows bring twice the bytes in (L2 tag requests 60% of their
+peak, bf16's 44%). Would the L2 cap the fp8 kernel before HBM does? Here each CTA (one per SM) has one warpgroup
+stream 64-row KV steps of a large buffer [HBM_ROWS, 576] (fp8: 604 MB, bf16: 1.2 GB; the H200's L2 is 50 MB), each
+CTA its own steps, into `depth` shared-memory slots (a load awaited `depth` iterations after its issue), and nothing
+else; the SMs' intake is the TB/s reported (the slope over two iteration counts, as parity.wgmma_probe's).
+
+* "fp8_64_xD": the fp8 kernel's ring layout: 9 boxes of [64, 64] fp8 a step (64-byte rows), rows 576 bytes apart
+  as in the cache;
+* "fp8_64p_xD": the same from a buffer whose rows are 640 bytes apart (each row's 576 bytes loaded);
+* "fp8_128p_xD": the step's 512 latent columns in 8 x 128 tiles with a 128-byte swizzle (4 boxes of [64, 128]:
+  128-byte rows) and its 64 rope columns as fp8_64's (1 box), from the 640-byte rows: what a ring of wider boxes
+  would load (Mosaic GPU's TMA wants the buffer's row a multiple of the box's 128 columns: 576 is not; the kernel
+  would need a descriptor of the first 512 columns, mgpu's TileTransform with Rounding.DOWN, which Pallas does not
+  expose);
+* "bf16_128_xD": the bf16 kernel's ring (8 x 64 bf16 tiles, 128-byte swizzle: 9 boxes, 128-byte rows), the bf16
+  reference.
+D is the slots in flight: the 16-row fp8 kernel keeps 4 (two a warpgroup), the bf16 one 2 (the same bytes).
+fp8_64p against fp8_128p is the boxes' width alone; fp8_64 against fp8_64p the rows' pitch.
+After the last load each CTA copies its last slot back out, and the result is checked against the buffer's step
+(every step of the buffer holds the same values).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from parity.convert_probe import add_probe_args, parse_iters, slope_time, write_rows
+
+BLOCK_KV, HEAD_DIM, KV_LORA_RANK = 64, 576, 512
+HBM_ROWS = 1 << 20  # the large buffer's rows
+PADDED = 640  # the padded buffers' row (a multiple of 128 columns)
+# probe -> (dtype name, box row bytes, slots in flight, the buffer's row in elements)
+PROBES = {"fp8_64_x4": ("float8_e4m3fn", 64, 4, HEAD_DIM), "fp8_64p_x4": ("float8_e4m3fn", 64, 4, PADDED),
+          "fp8_128p_x4": ("float8_e4m3fn", 128, 4, PADDED), "fp8_64p_x2": ("float8_e4m3fn", 64, 2, PADDED),
+          "fp8_128p_x2": ("float8_e4m3fn", 128, 2, PADDED), "bf16_128_x2": ("bfloat16", 128, 2, HEAD_DIM)}
+
+
+def step_bytes(probe: str) -> int:
+    """The bytes of one 64-row KV step of the probe's dtype."""
+    return BLOCK_KV * HEAD_DIM * (1 if PROBES[probe][0].startswith("float8") else 2)
+
+
+def build(probe: str, iters: int, num_ctas: int):
+    """The probe's jitted kernel: big [rows, pitch] -> the last step each CTA loaded, [num_ctas, 64, pitch] (its
+    first 576 columns; the rest unwritten)."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    dtype_name, row_bytes, depth, pitch = PROBES[probe]
+    dtype = jnp.dtype(dtype_name)
+    tiles = lambda cols, swizzle: (plgpu.TilingTransform((8, cols)), plgpu.SwizzleTransform(swizzle))
+    # the slots: one [depth, 64, 576] ring, or (fp8_128) the latent columns and the rope columns apart (576 is not a
+    # multiple of 128)
+    if dtype.itemsize == 2:
+        parts = [(0, HEAD_DIM, tiles(64, 128))]
+    elif row_bytes == 64:
+        parts = [(0, HEAD_DIM, tiles(64, 64))]
+    else:
+        parts = [(0, KV_LORA_RANK, tiles(128, 128)), (KV_LORA_RANK, HEAD_DIM - KV_LORA_RANK, tiles(64, 64))]
+
+    def body(big_ref, out_ref, *scratch):
+        *slots, bar = scratch
+        cta = lax.axis_index("cta")
+        blocks = big_ref.shape[0] // BLOCK_KV
+
+        def step(i, carry):
+            pl.when(i >= depth)(lambda: plgpu.barrier_wait(bar.at[lax.rem(i, depth)]))
+            blk = lax.rem(cta + i * num_ctas, blocks)
+            src = big_ref.at[pl.ds(pl.multiple_of(blk * BLOCK_KV, BLOCK_KV), BLOCK_KV)]
+            for (c0, nc, _), slot in zip(parts, slots):
+                plgpu.copy_gmem_to_smem(src.at[:, pl.ds(c0, nc)], slot.at[lax.rem(i, depth)],
+                                        bar.at[lax.rem(i, depth)])
+            return carry
+
+        lax.fori_loop(0, iters, step, 0)
+        for j in range(max(iters - depth, 0), iters):  # (the last loads)
+            plgpu.barrier_wait(bar.at[j % depth])
+        last = (iters - 1) % depth
+        for (c0, nc, _), slot in zip(parts, slots):
+            plgpu.copy_smem_to_gmem(slot.at[last], out_ref.at[cta, :, pl.ds(c0, nc)])
+        plgpu.wait_smem_to_gmem(0)
+
+    scratch = [plgpu.SMEM((depth, BLOCK_KV, nc), dtype, transforms=t) for _, nc, t in parts]
+    scratch.append(plgpu.Barrier(num_arrivals=len(parts), num_barriers=depth))
+    kernel = plgpu.kernel(
+        body,
+        out_type=jax.ShapeDtypeStruct((num_ctas, BLOCK_KV, pitch), dtype),
+        scratch_types=scratch,
+        grid=(num_ctas,),
+        grid_names=("cta",),
+        num_threads=1,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
+    )
+    return jax.jit(kernel)
+
+
+def big_buffer(probe: str, rows: int = HBM_ROWS):
+    """(the large buffer [rows, pitch] as a device array, its step [64, 576] as numpy): rows / 64 copies of one random
+    64-row step (fp8: random finite e4m3 bits; bf16: normal values), padded with zeros to the probe's pitch."""
+    import jax.numpy as jnp
+    import ml_dtypes
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    if PROBES[probe][0].startswith("float8"):
+        bits = rng.integers(0, 256, size=(BLOCK_KV, HEAD_DIM), dtype=np.uint8)
+        bits[(bits & 0x7F) == 0x7F] = 0x3C  # (no NaN: the check compares bits)
+        step = bits.view(ml_dtypes.float8_e4m3fn)
+    else:
+        step = rng.standard_normal((BLOCK_KV, HEAD_DIM)).astype(ml_dtypes.bfloat16)
+    pitch = PROBES[probe][3]
+    padded = jnp.pad(jnp.asarray(step), ((0, 0), (0, pitch - HEAD_DIM)))
+    return jnp.tile(padded, (rows // BLOCK_KV, 1)), step
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m parity.tma_probe", description=__doc__.split("\n\n")[0])
+    p.add_argument("--probes", default=",".join(PROBES))
+    add_probe_args(p)
+    args = p.parse_args(argv)
+    probes = args.probes.split(",")
+    for name in probes:
+        if name not in PROBES:
+            raise ValueError(f"--probes: {name!r} is not one of {tuple(PROBES)}")
+    lo, hi = parse_iters(args.iters)
+
+    import jax
+    import numpy as np
+
+    if jax.default_backend() != "gpu":
+        print(f"tma_probe: needs a GPU (JAX's default backend is {jax.default_backend()!r})", file=sys.stderr)
+        return 2
+    rows = []
+    for name in probes:
+        big, step = big_buffer(name)
+        f_lo, f_hi = build(name, lo, args.ctas), build(name, hi, args.ctas)
+        got = np.ascontiguousarray(np.asarray(f_hi(big))[:, :, :HEAD_DIM])
+        exact = bool((got.view(np.uint8) == np.broadcast_to(step, got.shape).view(np.uint8)).all())
+        us, t_lo, t_hi = slope_time(f_lo, f_hi, (big,), lo, hi, args.reps)
+        tb_s = args.ctas * step_bytes(name) / us * 1e-6
+        rows.append(dict(probe=name, dtype=PROBES[name][0], box_row_bytes=PROBES[name][1], depth=PROBES[name][2],
+                         pitch=PROBES[name][3],
+                         us_per_step=us, sm_ingress_tb_per_s=tb_s, exact=exact, t_lo_ms=t_lo * 1e3,
+                         t_hi_ms=t_hi * 1e3, iters=[lo, hi], ctas=args.ctas))
+        del big
+    print(f"{'probe':<12} {'us/step':>8} {'TB/s':>6} {'exact':>6}  (a 64-row step a CTA an iteration, {args.ctas} CTAs)")
+    for r in rows:
+        print(f"{r['probe']:<12} {r['us_per_step']:8.3f} {r['sm_ingress_tb_per_s']:6.2f} {str(r['exact']):>6}")
+    write_rows(args.json, rows)
+    return 0 if all(r["exact"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
