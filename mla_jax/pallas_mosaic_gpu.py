@@ -452,12 +452,13 @@ class _ArithOps:
     xor = staticmethod(lambda a, b: arith.xori(_ArithOps.c(a), _ArithOps.c(b)))
 
 
-def _q_unit_offsets(i, strides, ops=_IntOps):
-    """(q_in_kernel) item i of q's tile [rows, 576] in shared memory (row i // 36, 16-column group i % 36), 16-bit
-    values tiled (8, 64) with a 128-byte swizzle (strides: the tiled memref [rows / 8, 9, 8, 64]'s, in elements) ->
-    the byte offsets of the group's two 16-byte units. The swizzle is Mosaic GPU's (fragmented_array.py's
+def _q_unit_offsets(i, rows: int, strides, ops=_IntOps):
+    """(q_in_kernel) item i of q's tile [rows, 576] in shared memory (row i % rows, 16-column group i // rows: the
+    rows fastest, so that 8 threads in a row take 8 rows of a tile, whose swizzles put their units on different banks),
+    16-bit values tiled (8, 64) with a 128-byte swizzle (strides: the tiled memref [rows / 8, 9, 8, 64]'s, in
+    elements) -> the byte offsets of the group's two 16-byte units. The swizzle is Mosaic GPU's (fragmented_array.py's
     transfer_tiled, as the TMA's): 16-byte unit u of a tile's row rr (128 bytes) sits at unit u ^ rr."""
-    r, g = ops.div(i, Q_GROUPS), ops.rem(i, Q_GROUPS)
+    r, g = ops.rem(i, rows), ops.div(i, rows)
     rr = ops.rem(r, 8)
     base = ops.add(ops.add(ops.mul(ops.div(r, 8), 2 * strides[0]), ops.mul(ops.div(g, 4), 2 * strides[1])),
                    ops.mul(rr, 128))
@@ -468,7 +469,8 @@ def _q_unit_offsets(i, strides, ops=_IntOps):
 def _convert_q_in_place(ref, first: int, count: int, permute: bool):
     """(q_in_kernel; inside inline Mosaic GPU) ref: q's tile in shared memory, f16 [rows, 576] holding q's bf16 bits as
     its TMA wrote them (the tiled memref [rows / 8, 9, 8, 64], 128-byte swizzle). The warpgroup's 128 threads convert
-    items [first, first + count) (a row's 16-column group each, _q_unit_offsets) to f16 in place, a thread an item
+    items [first, first + count) (a row's 16-column group each, _q_unit_offsets; items [w N / 2, w N / 2 + N / 2) are
+    groups [18 w, 18 w + 18) of every row) to f16 in place, a thread an item
     at a time: two 16-byte loads, 8 conversions (_BF16X2_TO_F16X2_PTX), two 16-byte stores at the same addresses
     (permute: the words in Q_WORD_PERM's order, q[:, QK_PERM]'s). A thread writes only the bytes it read: no thread
     waits for another's loads."""
@@ -477,7 +479,8 @@ def _convert_q_in_place(ref, first: int, count: int, permute: bool):
     strides, _ = ty.get_strides_and_offset()
     if (len(ty.shape) != 4 or list(ty.shape[1:]) != [HEAD_DIM // 64, 8, 64] or list(strides[2:]) != [64, 1]
             or mgpu.utils.bitwidth(ty.element_type) != 16):
-        raise NotImplementedError(f"_convert_q_in_place needs q's 16-bit tile [rows, {HEAD_DIM}] tiled (8, 64), got {ty}")
+        raise NotImplementedError(f"_convert_q_in_place needs q's 16-bit tile [rows, {HEAD_DIM}] tiled (8, 64), "
+                                  f"got {ty}")
     ops = _ArithOps
     ptr = mgpu.utils.memref_ptr(ref)
     threads = mgpu.utils.WARPGROUP_SIZE
@@ -487,7 +490,7 @@ def _convert_q_in_place(ref, first: int, count: int, permute: bool):
 
     def item(local):
         ptrs = [mgpu.utils.getelementptr(ptr, [off], i8)
-                for off in _q_unit_offsets(ops.add(local, first), strides, ops)]
+                for off in _q_unit_offsets(ops.add(local, first), ty.shape[0] * 8, strides, ops)]
         words = []
         for p in ptrs:
             v = llvm.load(v4, p)
@@ -2705,7 +2708,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         kv_bufs = tuple(plgpu.SMEM((stages, block_kv, nc), dtype, transforms=transforms) for _, nc in kv_parts)
     else:
         kv_bufs = (plgpu.SMEM((stages, block_kv, HEAD_DIM), dtype, transforms=transforms),)  # KV ring
-    # (q_bits) q's tile seen as bfloat16, its TMA's destination: a last member of the union (at its offset 0, as q)
+    # (q_bits) q's tile seen as bfloat16, its TMA's destination: a last member of the union (at its offset 0, as q).
+    # RefUnion's docs do not promise its members' placement, nor reading through another member than the one written:
+    # jax 0.11.2 places every member group at the union's byte 0 (flatten_ref_union), which this relies on (checked:
+    # the lowered TMA's destination is q's view; compiled, test_mosaic_gpu_fp8_q_in_kernel_is_bitwise)
     q_view = ((plgpu.SMEM((q_rows, HEAD_DIM), jnp.bfloat16, transforms=transforms),),) if q_bits else ()
     if kv_halves:
         # q's rows in use, the fp8 ring (a slot a warpgroup), each warpgroup's f16 copy of V; after the steps: the
@@ -2749,7 +2755,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             plgpu.Barrier(),  # bt_bar (warpgroup 0's chunks)
             plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=half_slots),  # kv_ready, a slot each
             plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS, num_barriers=stages),  # kv_consumed (unused)
-            plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS),  # sync_a: the merge's three hand-overs
+            # sync_a: (q_bits: q converted, then) the merge's three hand-overs
+            plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS),
             plgpu.Barrier(num_arrivals=1),  # sync_b (unused)
             plgpu.Barrier(),  # bt_bar_wg1 (warpgroup 1's chunks)
             *([plgpu.SMEM((QS_WORDS,), jnp.float32)] if q_parts else []),  # (q_parts) the request's 1 / a (q_bar's)

@@ -1041,7 +1041,8 @@ def test_q_in_kernel_addresses_convert_q_in_place(rows, wgs, permute):
     function the kernel's arith ops run) over a shared-memory image laid out by Mosaic GPU's swizzle formula: the
     warpgroups' items (kv_halves: each half the rows; else warpgroup 0 all) touch every 16-byte unit of the tile once,
     and the image then holds q.astype(float16) (the wrapper's conversion, XLA's), in QK_PERM's column order with
-    permute; values past f16's range become inf, f16's subnormals round as XLA rounds them."""
+    permute; values past f16's range become inf, f16's subnormals round as XLA rounds them. And each 8 consecutive
+    items (a quarter warp's 16-byte accesses) fall on 8 different bank groups (no conflict)."""
     from mla_jax import pallas_mosaic_gpu as mg
 
     rng = np.random.default_rng(rows + wgs)
@@ -1054,7 +1055,7 @@ def test_q_in_kernel_addresses_convert_q_in_place(rows, wgs, permute):
     per_wg = rows * mg.Q_GROUPS // wgs
     for w in range(wgs):  # (a thread's items in any order: each reads and writes only its own two units)
         for i in range(w * per_wg, (w + 1) * per_wg):
-            offs = mg._q_unit_offsets(i, strides)
+            offs = mg._q_unit_offsets(i, rows, strides)
             words = np.concatenate([img[o:o + 16].view(np.uint32) for o in offs])
             new = _bf16x2_to_f16x2(words)[list(mg.Q_WORD_PERM if permute else range(8))]
             for h, o in enumerate(offs):
@@ -1062,6 +1063,9 @@ def test_q_in_kernel_addresses_convert_q_in_place(rows, wgs, permute):
                 touched[o // 16] += 1
                 img[o:o + 16] = new[4 * h:4 * h + 4].view(np.uint8)
     np.testing.assert_array_equal(touched, 1)
+    for i0 in range(0, rows * mg.Q_GROUPS, 8):
+        units = {(o % 128) // 16 for i in range(i0, i0 + 8) for o in mg._q_unit_offsets(i, rows, strides)[:1]}
+        assert len(units) == 8, (i0, units)
     want = np.asarray(jnp.asarray(q_bf16).astype(jnp.float16))
     assert np.isinf(want[0, :2]).all() and want[0, 2] != 0 and abs(want[0, 2]) < 2.0 ** -14  # (inf; a subnormal)
     if permute:

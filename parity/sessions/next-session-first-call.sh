@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # For the next session's first call (nvidia-h200; carry [".fa3"]), written at the end of session 30 (part 4: session 31). Copy to
-# parity/sessions/<date>-s<n>-a.sh and commit before running; never edit it after. About 13 minutes in all, more than
-# a command's 10: run it as two calls, `bash <script> 034` (~7 min) then `bash <script> 12` (~8 min), or
-# only the first where the budget is short.
+# parity/sessions/<date>-s<n>-a.sh and commit before running; never edit it after. About 14 minutes in all, more than
+# a command's 10: run it as three calls, `bash <script> 04` (~6-8 min: the two parts that decide something), then
+# `bash <script> 12` (~8 min) and `bash <script> 3` (~4 min), or only the first where the budget is short.
 # (Session 28-29's template for qk_fp8 ran as 2026-12-05-s29-a.sh: qk_fp8 fails the lse tolerance; its second and
 # third calls were dropped.)
 # Session 30 made load_ahead the heuristic's with pv_registers (1.10-1.13x at the memory-bound fp8 rows, bitwise).
@@ -34,7 +34,7 @@ OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT/logs"; L="$OUT/logs"
 bash .fa3/unpack.sh /tmp/fa3 >/dev/null && export PYTHONPATH=/tmp/fa3:$PWD
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 if run_part 0; then
-timeout 120 python3 -m parity.tma_probe --json "$OUT/tma-probe.json" > "$L/tma.log" 2>&1
+timeout 90 python3 -m parity.tma_probe --json "$OUT/tma-probe.json" > "$L/tma.log" 2>&1
 echo "tma_probe rc=$?"; grep -v Warn "$L/tma.log" | tail -8
 fi
 if run_part 1; then
@@ -59,9 +59,9 @@ timeout 150 python3 -m parity.sweep --impl pallas_mosaic_gpu --fp8 --fields load
 echo "sweep rc=$?"; grep -v Warn "$L/sweep.log" | grep -E " us " | cut -c1-110
 fi
 if run_part 4; then
-timeout 150 python3 -m pytest -q -x -m gpu tests/test_fp8.py -k "q_in_kernel_is_bitwise" > "$L/tests-q.log" 2>&1
+timeout 270 python3 -m pytest -q -x -m gpu tests/test_fp8.py -k "q_in_kernel_is_bitwise" > "$L/tests-q.log" 2>&1
 echo "tests q_in_kernel rc=$?"; tail -2 "$L/tests-q.log"
-timeout 200 python3 -m parity.sweep --impl pallas_mosaic_gpu --fp8 --fields q_in_kernel --rounds 3 --reps 3 --cooldown 1 \
+timeout 240 python3 -m parity.sweep --impl pallas_mosaic_gpu --fp8 --fields q_in_kernel --rounds 3 --reps 3 --cooldown 1 \
   --shapes H16_B1_S1024,H128_B1_S1024,H16_B64_S4096_q2,H16_B128_S16384,H128_B32_S4096 \
   --json "$OUT/sweep-fp8-q-in-kernel.json" > "$L/sweep-q.log" 2>&1
 echo "sweep q rc=$?"; grep -v Warn "$L/sweep-q.log" | grep -E " us " | cut -c1-110
