@@ -17,6 +17,10 @@ else; the SMs' intake is the TB/s reported (the slope over two iteration counts,
   would load (Mosaic GPU's TMA wants the buffer's row a multiple of the box's 128 columns: 576 is not; the kernel
   would need a descriptor of the first 512 columns, mgpu's TileTransform with Rounding.DOWN, which Pallas does not
   expose);
+* "fp8_flat_xD": the cache's own rows (576 bytes apart) seen as a flat array of 128-byte rows (a free reshape of
+  the cache, [rows x 576 / 128, 128]): a 64-row step is 288 such rows, 2 boxes of 128-byte rows ([256, 128] and
+  [32, 128], 128-byte swizzle), the step's bytes in shared memory in their order in the cache (a ring of this layout
+  would address a token's columns at byte 576 t + c, its own ldmatrix addresses);
 * "bf16_128_xD": the bf16 kernel's ring (8 x 64 bf16 tiles, 128-byte swizzle: 9 boxes, 128-byte rows), the bf16
   reference.
 D is the slots in flight: the 16-row fp8 kernel keeps 4 (two a warpgroup), the bf16 one 2 (the same bytes).
@@ -35,10 +39,17 @@ from parity.convert_probe import add_probe_args, parse_iters, slope_time, write_
 BLOCK_KV, HEAD_DIM, KV_LORA_RANK = 64, 576, 512
 HBM_ROWS = 1 << 20  # the large buffer's rows
 PADDED = 640  # the padded buffers' row (a multiple of 128 columns)
-# probe -> (dtype name, box row bytes, slots in flight, the buffer's row in elements)
-PROBES = {"fp8_64_x4": ("float8_e4m3fn", 64, 4, HEAD_DIM), "fp8_64p_x4": ("float8_e4m3fn", 64, 4, PADDED),
-          "fp8_128p_x4": ("float8_e4m3fn", 128, 4, PADDED), "fp8_64p_x2": ("float8_e4m3fn", 64, 2, PADDED),
-          "fp8_128p_x2": ("float8_e4m3fn", 128, 2, PADDED), "bf16_128_x2": ("bfloat16", 128, 2, HEAD_DIM)}
+FLAT = 128  # (fp8_flat) the flat view's row, in fp8 values
+# probe -> (dtype name, box row bytes, slots in flight, the buffer's row in elements, flat: the step loaded as rows
+# of the flat view)
+PROBES = {"fp8_64_x4": ("float8_e4m3fn", 64, 4, HEAD_DIM, False),
+          "fp8_64p_x4": ("float8_e4m3fn", 64, 4, PADDED, False),
+          "fp8_128p_x4": ("float8_e4m3fn", 128, 4, PADDED, False),
+          "fp8_flat_x4": ("float8_e4m3fn", 128, 4, HEAD_DIM, True),
+          "fp8_64p_x2": ("float8_e4m3fn", 64, 2, PADDED, False),
+          "fp8_128p_x2": ("float8_e4m3fn", 128, 2, PADDED, False),
+          "fp8_flat_x2": ("float8_e4m3fn", 128, 2, HEAD_DIM, True),
+          "bf16_128_x2": ("bfloat16", 128, 2, HEAD_DIM, False)}
 
 
 def step_bytes(probe: str) -> int:
@@ -49,13 +60,15 @@ def step_bytes(probe: str) -> int:
 def build(probe: str, iters: int, num_ctas: int):
     """The probe's jitted kernel: big [rows, pitch] -> the last step each CTA loaded, [num_ctas, 64, pitch] (its
     first 576 columns; the rest unwritten)."""
+    if PROBES[probe][4]:
+        return _build_flat(probe, iters, num_ctas)
     import jax
     import jax.numpy as jnp
     from jax import lax
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    dtype_name, row_bytes, depth, pitch = PROBES[probe]
+    dtype_name, row_bytes, depth, pitch, _ = PROBES[probe]
     dtype = jnp.dtype(dtype_name)
     tiles = lambda cols, swizzle: (plgpu.TilingTransform((8, cols)), plgpu.SwizzleTransform(swizzle))
     # the slots: one [depth, 64, 576] ring, or (fp8_128) the latent columns and the rope columns apart (576 is not a
@@ -104,6 +117,60 @@ def build(probe: str, iters: int, num_ctas: int):
     return jax.jit(kernel)
 
 
+def _build_flat(probe: str, iters: int, num_ctas: int):
+    """(fp8_flat) The probe's jitted kernel on the cache-shaped buffer [rows, 576], which it reshapes (free) to the
+    flat view [rows x 4.5, 128]; each step's 288 flat rows in two TMAs ([256, 128] and [32, 128]: a box has at most
+    256 rows); the last step each CTA loaded back out, [num_ctas, 64, 576]."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    dtype_name, _, depth, _, _ = PROBES[probe]
+    dtype = jnp.dtype(dtype_name)
+    step_rows = BLOCK_KV * HEAD_DIM // FLAT  # 288
+    boxes = ((0, 256), (256, step_rows - 256))
+
+    def body(flat_ref, out_ref, slots, bar):
+        cta = lax.axis_index("cta")
+        blocks = flat_ref.shape[0] // step_rows
+
+        def step(i, carry):
+            pl.when(i >= depth)(lambda: plgpu.barrier_wait(bar.at[lax.rem(i, depth)]))
+            blk = lax.rem(cta + i * num_ctas, blocks)
+            first = pl.multiple_of(blk * step_rows, 32)
+            for r0, nr in boxes:
+                plgpu.copy_gmem_to_smem(flat_ref.at[pl.ds(first + r0, nr)],
+                                        slots.at[lax.rem(i, depth), pl.ds(r0, nr)], bar.at[lax.rem(i, depth)])
+            return carry
+
+        lax.fori_loop(0, iters, step, 0)
+        for j in range(max(iters - depth, 0), iters):  # (the last loads)
+            plgpu.barrier_wait(bar.at[j % depth])
+        plgpu.copy_smem_to_gmem(slots.at[(iters - 1) % depth], out_ref.at[cta])
+        plgpu.wait_smem_to_gmem(0)
+
+    kernel = plgpu.kernel(
+        body,
+        out_type=jax.ShapeDtypeStruct((num_ctas, step_rows, FLAT), dtype),
+        scratch_types=[plgpu.SMEM((depth, step_rows, FLAT), dtype,
+                                  transforms=(plgpu.TilingTransform((8, FLAT)), plgpu.SwizzleTransform(128))),
+                       plgpu.Barrier(num_arrivals=len(boxes), num_barriers=depth)],
+        grid=(num_ctas,),
+        grid_names=("cta",),
+        num_threads=1,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
+    )
+
+    def run(big):
+        out = kernel(big.reshape(big.shape[0] * HEAD_DIM // FLAT, FLAT))
+        return out.reshape(num_ctas, BLOCK_KV, HEAD_DIM)
+
+    return jax.jit(run)
+
+
 def big_buffer(probe: str, rows: int = HBM_ROWS):
     """(the large buffer [rows, pitch] as a device array, its step [64, 576] as numpy): rows / 64 copies of one random
     64-row step (fp8: random finite e4m3 bits; bf16: normal values), padded with zeros to the probe's pitch."""
@@ -149,7 +216,7 @@ def main(argv=None) -> int:
         us, t_lo, t_hi = slope_time(f_lo, f_hi, (big,), lo, hi, args.reps)
         tb_s = args.ctas * step_bytes(name) / us * 1e-6
         rows.append(dict(probe=name, dtype=PROBES[name][0], box_row_bytes=PROBES[name][1], depth=PROBES[name][2],
-                         pitch=PROBES[name][3],
+                         pitch=PROBES[name][3], flat=PROBES[name][4],
                          us_per_step=us, sm_ingress_tb_per_s=tb_s, exact=exact, t_lo_ms=t_lo * 1e3,
                          t_hi_ms=t_hi * 1e3, iters=[lo, hi], ctas=args.ctas))
         del big

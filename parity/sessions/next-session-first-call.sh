@@ -25,8 +25,9 @@
 # 0) (session 31) `python -m parity.tma_probe`: the SMs' intake of fp8 KV steps by TMA with the fp8 ring's 64-byte
 #    box rows against 128-byte ones (and bf16's), loads alone: does the L2 (88% busy in session 30's ncu report, its
 #    tag requests 60%) cap the fp8 kernel before HBM? Predictions: bf16_128_x2 4.4-4.5 TB/s (session 17's
-#    stream_hbm_x3: 4.51); if the 64-byte rows cap it, fp8_64 and fp8_64p 3.6-4.0 and fp8_128p 4.3-4.5; if not, all
-#    within 3% of each other (then a wider-box ring is not worth building: the step's latency is what is left).
+#    stream_hbm_x3: 4.51); if the 64-byte rows cap it, fp8_64 and fp8_64p 3.6-4.0 and fp8_128p and fp8_flat (the
+#    cache's rows seen as 128-byte rows: the layout a kernel could load without Mosaic GPU's rounding) 4.3-4.5; if
+#    not, all within 3% of each other (then a wider-box ring is not worth building: the step's latency is left).
 set -uo pipefail
 PARTS="${1:-01234}"  # which parts to run (digits)
 run_part() { [[ "$PARTS" == *"$1"* ]]; }
