@@ -640,8 +640,16 @@ def _skip_without_hopper():
         pytest.skip(reason)
 
 
+# the heuristic's kv_halves path (pv_registers, zero_tail, load_ahead) at splits of one step or none (warpgroup 1 idle:
+# the B = 1 sweep of parity/sessions/next-session-first-call.sh, part 5), without and with q_in_kernel
+KV_HALVES_ONE_STEP = dict(num_splits=16, transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
+                          sums_at_end=True, qk_permuted=True, pv_registers=True, zero_tail=True, load_ahead=True)
 COMPILED_FP8_CASES = (MOSAIC_FP8_CASES + MOSAIC_FP8_BITS_CASES
-                      + [("decode_mixed_lengths", "bfloat16", None), ("heads_128_spec", "bfloat16", None)])
+                      + [("decode_mixed_lengths", "bfloat16", None), ("heads_128_spec", "bfloat16", None),
+                         ("decode_mixed_lengths", "bfloat16", KV_HALVES_ONE_STEP),
+                         ("decode_mixed_lengths", "bfloat16", dict(KV_HALVES_ONE_STEP, q_in_kernel=True)),
+                         ("spec_decode_page_16", "bfloat16", dict(q_in_kernel=True)),
+                         ("heads_128", "bfloat16", dict(num_splits=2, q_in_kernel=True))])
 
 
 @pytest.mark.gpu

@@ -2,7 +2,7 @@
 # For the next session's first call (nvidia-h200; carry [".fa3"]), written at the end of session 30 (part 4: session 31). Copy to
 # parity/sessions/<date>-s<n>-a.sh and commit before running; never edit it after. About 14 minutes in all, more than
 # a command's 10: run it as three calls, `bash <script> 04` (~6-8 min: the two parts that decide something), then
-# `bash <script> 12` (~8 min) and `bash <script> 3` (~4 min), or only the first where the budget is short.
+# `bash <script> 12` (~8 min) and `bash <script> 35` (~6 min), or only the first where the budget is short.
 # (Session 28-29's template for qk_fp8 ran as 2026-12-05-s29-a.sh: qk_fp8 fails the lse tolerance; its second and
 # third calls were dropped.)
 # Session 30 made load_ahead the heuristic's with pv_registers (1.10-1.13x at the memory-bound fp8 rows, bitwise).
@@ -22,6 +22,13 @@
 #    H16 B1 S1024 12.5 -> 11.0-11.5 us, H128 B1 S1024 14.8 -> 13.5-14.0, H16 B64 S4096 q2 76.9 -> 74-76, H16 B128
 #    S16384 and H128 B32 S4096 within 1% (one kernel less a call; the conversion ~0.3-1 us a CTA, under the first
 #    KV TMA). If the budget is short, run 4) first: it is the only part that decides a default.
+# 5) (session 31) B = 1 on today's kv_halves path: fp8 is 0.8x of bf16 at H16 B1 S1024 (16 splits of one step, the
+#    one-chain path: a whole step converted to f16 in shared memory before its scores). kv_halves at one step a split
+#    (warpgroup 1 idle) was 1.03x slower in session 20, before qk_registers, qk_permuted, pv_registers and load_ahead
+#    (the scores' and P @ V's operands from registers, no f16 copy on the step's critical path). Two sweeps on its
+#    path (`--set`), FA3 in each as the common reference, beside the heuristic's q_in_kernel sweep (part 4).
+#    Prediction: the kv_halves path with pv_registers and load_ahead 11.0-12.5 us at B1 (heuristic 12.5), equal or
+#    slower at B4.
 # 0) (session 31) `python -m parity.tma_probe`: the SMs' intake of fp8 KV steps by TMA with the fp8 ring's 64-byte
 #    box rows against 128-byte ones (and bf16's), loads alone: does the L2 (88% busy in session 30's ncu report, its
 #    tag requests 60%) cap the fp8 kernel before HBM? Predictions: bf16_128_x2 4.4-4.5 TB/s (session 17's
@@ -29,7 +36,7 @@
 #    cache's rows seen as 128-byte rows: the layout a kernel could load without Mosaic GPU's rounding) 4.3-4.5; if
 #    not, all within 3% of each other (then a wider-box ring is not worth building: the step's latency is left).
 set -uo pipefail
-PARTS="${1:-01234}"  # which parts to run (digits)
+PARTS="${1:-012345}"  # which parts to run (digits)
 run_part() { [[ "$PARTS" == *"$1"* ]]; }
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT/logs"; L="$OUT/logs"
 bash .fa3/unpack.sh /tmp/fa3 >/dev/null && export PYTHONPATH=/tmp/fa3:$PWD
@@ -66,6 +73,17 @@ timeout 240 python3 -m parity.sweep --impl pallas_mosaic_gpu --fp8 --fields q_in
   --shapes H16_B1_S1024,H128_B1_S1024,H16_B64_S4096_q2,H16_B128_S16384,H128_B32_S4096 \
   --json "$OUT/sweep-fp8-q-in-kernel.json" > "$L/sweep-q.log" 2>&1
 echo "sweep q rc=$?"; grep -v Warn "$L/sweep-q.log" | grep -E " us " | cut -c1-110
+fi
+if run_part 5; then
+K="transposed_scores=True,transposed_pv=True,kv_halves=True,qk_registers=True,sums_at_end=True,qk_permuted=True"
+timeout 150 python3 -m parity.sweep --impl pallas_mosaic_gpu --fp8 --shapes H16_B1_S1024,H16_B4_S1024 --set "$K" \
+  --fields pv_registers,load_ahead --rounds 3 --reps 3 --cooldown 1 --json "$OUT/sweep-fp8-b1-halves.json" \
+  > "$L/sweep-b1.log" 2>&1
+echo "sweep b1 rc=$?"; grep -v Warn "$L/sweep-b1.log" | grep -E " us " | cut -c1-110
+timeout 120 python3 -m parity.sweep --impl pallas_mosaic_gpu --fp8 --shapes H16_B1_S1024,H16_B4_S1024 \
+  --set "$K,pv_registers=True,zero_tail=True" --fields load_ahead --rounds 3 --reps 3 --cooldown 1 \
+  --json "$OUT/sweep-fp8-b1-halves-pv.json" > "$L/sweep-b1-pv.log" 2>&1
+echo "sweep b1 pv rc=$?"; grep -v Warn "$L/sweep-b1-pv.log" | grep -E " us " | cut -c1-110
 fi
 tar czf "$OUT/logs.tgz" -C "$OUT" logs
 rm -rf "$L"
