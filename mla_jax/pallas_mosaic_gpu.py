@@ -801,6 +801,14 @@ class MosaicConfig:
         idle) 1.13x faster at H16 B128 S16384 (386.0 -> 341.1 us, 3.55 TB/s of fp8 bytes), 1.10x at B32 S16384
         (106.2 -> 96.9), 1.10x at H16 B64 S4096 q2 (84.8 -> 76.9; 32 rows). Without pv_registers (V's f16 copies,
         splits of fewer than 32 steps) not yet compiled or timed. Compiled only, as qk_permuted.
+    interleave_steps: (with load_ahead and pv_registers, where they run; elsewhere no effect; opt-in, session 31, not yet
+        compiled or timed) each unmasked step's P @ V runs interleaved with the next step's scores, chunk by chunk:
+        V^T chunk c's conversion and wgmma (step k), then K chunk c's (step k + 1, after its rope chunk), each
+        chunk's loads a chunk ahead, at most one pair of chunks' wgmmas left running; then step k's slot is
+        refilled and step k + 1's softmax runs. Two independent chains in each warp's stream where the default
+        runs one after the other (session 30's ncu profile: the 16-row step latency-bound, two warps a scheduler to
+        hide it). The first unmasked step's scores and the last one's P @ V run alone; masked steps as the
+        default's. The same values in the same order (by design bitwise the default).
     q_in_kernel: (an fp8 cache with a bf16 q, compiled; elsewhere no effect: an f16 q needs no conversion, qk_fp8 makes
         its own parts, interpret mode converts in the wrapper) q's f16 conversion inside the kernel: its TMA writes q's
         bf16 bits into q's tile (a bfloat16 view of the same bytes), and the warpgroups that read q (both with
@@ -883,6 +891,7 @@ class MosaicConfig:
     pv_wait: int = 4
     zero_tail: bool = False
     load_ahead: bool = False
+    interleave_steps: bool = False
     q_in_kernel: bool = False
     qk_fp8: bool = False
     qk_fp8_one_acc: bool = True
@@ -896,7 +905,8 @@ class MosaicConfig:
         for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
                      "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast", "deferred_pv", "split_ring",
                      "part_wait", "kv_halves", "qk_registers", "sums_at_end", "qk_permuted", "pv_registers",
-                     "zero_tail", "load_ahead", "q_in_kernel", "qk_fp8", "qk_fp8_one_acc"):
+                     "zero_tail", "load_ahead", "interleave_steps", "q_in_kernel", "qk_fp8",
+                     "qk_fp8_one_acc"):
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
@@ -1205,7 +1215,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   kv_halves: bool = False, qk_registers: bool = False, sums_at_end: bool = False,
                   qk_permuted: bool = False, pv_registers: bool = False, pv_wait: int = 4, zero_tail: bool = False,
                   load_ahead: bool = False, q_parts: int = 0, q_one_acc: bool = True, q_bits: bool = False,
-                  out_dtype=None, interpret: bool = False):
+                  interleave_steps: bool = False, out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile), the last axis the fastest (heads_fastest: reversed, the head
@@ -1229,6 +1239,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     split_q_e4m3's), the scores on the e4m3 tensor cores; 0: q [T, heads, 576] in `dtype`. q_one_acc: (the plain
     scores, q_parts) the parts' wgmmas into one accumulator (split_q_e4m3's step 1), else an accumulator a part (the
     parts 16x apart, step Q_FP8_STEP).
+    interleave_steps: MosaicConfig's (with load_ahead and pv_registers).
     q_bits: (MosaicConfig.q_in_kernel: an fp8 cache, compiled) q [T, heads, 576] is bfloat16, unpermuted: its TMA
     writes a bfloat16 view of q's tile, which the warpgroups reading q convert to f16 in place (qk_permuted: in
     QK_PERM's column order) before their first wgmma.
@@ -1297,6 +1308,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         raise ValueError(f"q_parts (qk_fp8) runs with 2 or 3 parts in kv_halves's step (without qk_permuted) or in "
                          f"the plain scores' fused conversion (an fp8 cache, fused_dequant, score_rows=0), got "
                          f"{q_parts=}, {kv_halves=}, {qk_permuted=}, {fp8=}, {fused_dequant=}, {score_rows=}")
+    if interleave_steps and not (load_ahead and pv_registers):
+        raise ValueError(f"interleave_steps interleaves pv_registers's P @ V with qk_permuted's next scores, each "
+                         f"chunk loaded ahead: it needs load_ahead=True and pv_registers=True, got {load_ahead=}, "
+                         f"{pv_registers=}")
     if q_bits and not (fp8 and flashmla and not q_parts and not memory_wg and not interpret):
         raise ValueError(f"q_bits (q_in_kernel) converts a bf16 q beside an fp8 cache in the flashmla schedule "
                          f"(compiled; qk_fp8's parts are e4m3), got {fp8=}, {schedule=}, {q_parts=}, {memory_wg=}, "
@@ -2350,6 +2365,21 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             if q_parts:  # (q's parts are q a: times the request's 1 / a)
                 scale = scale * qs_smem[0][0]
 
+            def softmax_store(s, m_i, l_i):
+                """A step's online softmax down the columns of its scaled (and masked) scores s [64, n]: (alpha, the
+                new column max, the sums), P^T stored into this warpgroup's P buffer and fenced for its P @ V."""
+                m_new = jnp.maximum(m_i, col_reduce(s, "max", w))
+                alpha = jnp.exp2(m_i - m_new)
+                p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
+                if sums_at_end:  # (the [64, n] sums, reduced down their columns after the last step)
+                    l_i = l_i * lax.broadcast_in_dim(alpha, p.shape, [1]) + p
+                else:
+                    l_i = l_i * alpha + col_reduce(p, "add", w)
+                # (this warpgroup's P @ V of the step before, P's reader, is done)
+                store_tiled(p_w(), p.astype(dtype), wg_layout, transforms, transpose=True)
+                plgpu.commit_smem()
+                return alpha, m_new, l_i
+
             def step(k, carry, masked: bool):
                 acc, m_i, l_i = carry
                 kv_start = k * block_kv
@@ -2372,16 +2402,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     s = mask_scores(s, kv_start, first_pos, kv_len, scale, row_ax=1, key_ax=0)
                 else:
                     s = s * scale
-                m_new = jnp.maximum(m_i, col_reduce(s, "max", w))
-                alpha = jnp.exp2(m_i - m_new)
-                p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
-                if sums_at_end:  # (the [64, n] sums, reduced down their columns after the last step)
-                    l_i = l_i * lax.broadcast_in_dim(alpha, p.shape, [1]) + p
-                else:
-                    l_i = l_i * alpha + col_reduce(p, "add", w)
-                # (this warpgroup's P @ V of step k - 1, P's reader, is done)
-                store_tiled(p_w(), p.astype(dtype), wg_layout, transforms, transpose=True)
-                plgpu.commit_smem()
+                alpha, m_new, l_i = softmax_store(s, m_i, l_i)
 
                 def pv(acc_ref):  # 8 wgmmas (commit groups), V's columns [64 c, 64 c + 64) the c-th's
                     if pv_registers:
@@ -2642,13 +2663,84 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     s = pl.run_scoped(qk, plgpu.ACC((block_kv, n), jnp.float32))
                 return scores_rope_ref(s, rope) if interpret else s
 
+            def first_scores(k, carry):
+                """(interleave_steps) The first unmasked step's scores and softmax, its P @ V left to the next."""
+                acc, _, m_i, l_i = carry
+                slot = half_slot(w, k)
+                with jax.named_scope("kv_wait"):
+                    plgpu.barrier_wait(kv_ready.at[slot])
+                s = scores_from_registers(k, slot, k * block_kv, False)
+                return (acc, *softmax_store(s * scale, m_i, l_i))
+
+            def pv_then_scores(k, carry):
+                """(interleave_steps) Step k's P @ V (its P^T in the P buffer, alpha its rescale) interleaved with
+                step k + 1's scores (both unmasked): chunk by chunk, V^T chunk c's conversion and wgmma (into O^T's
+                rows [64 c, 64 c + 64)), then K chunk c's of step k + 1 (into its scores, after the rope chunk's),
+                each chunk's loads a chunk ahead (load_ahead's); at most one pair of chunks' wgmmas left running.
+                Then step k's slot is refilled with step k + 2, and step k + 1's softmax stores its P^T."""
+                acc, alpha, m_i, l_i = carry
+                slot, nslot = half_slot(w, k), half_slot(w, k + 1)
+                acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [1])
+                with jax.named_scope("kv_wait"):
+                    plgpu.barrier_wait(kv_ready.at[nslot])
+                zero = info_smem[4]  # (0: the q chunks' columns at run time, as kv_tile's index)
+                p_t = p_w().transpose((1, 0))
+
+                def raw(c: int):
+                    return plgpu.load(kv_smem.at[nslot, :, pl.ds(c * 64, 64)], layout=ld_layout)
+
+                def issue(refs):
+                    acc_ref, s_out = refs
+
+                    def both(s_ref):
+                        words = load_vt_words(slot, 0)
+                        rope = rope_operand(raw(KV_LORA_RANK // 64), (k + 1) * block_kv, False)
+                        x = raw(0)
+                        rope_scores(s_ref, rope)
+                        for c in range(KV_LORA_RANK // 64):
+                            bits = fp8_convert == "bits" or (fp8_convert == "mixed" and c % 2 == 1)
+                            more = c + 1 < KV_LORA_RANK // 64
+                            next_words = load_vt_words(slot, c + 1) if more else None
+                            next_x = raw(c + 1) if more else None
+                            plgpu.wgmma(acc_ref.at[pl.ds(c * 64, 64)], convert_vt(words, bits), p_t)
+                            cols = pl.ds(pl.multiple_of(zero + c * 64, 64), 64)
+                            plgpu.wgmma(s_ref, as_operand(x.astype(dtype)), q_smem.at[:, cols].transpose((1, 0)))
+                            plgpu.wgmma_wait(2)  # (the pair before: its registers the next pair's)
+                            words, x = next_words, next_x
+                        plgpu.commit_smem()  # step k's slot read before its refill
+                        pl.when(k + 2 < e)(lambda: issue_half_step(w, k + 2, k + 1, last_page))
+                        return s_ref[...]
+
+                    s_out[...] = pl.run_scoped(both, plgpu.ACC((block_kv, n), jnp.float32))
+
+                s0 = plgpu.layout_cast(jnp.zeros((block_kv, n), jnp.float32), wg_layout)
+                acc, s = pl.run_state(issue)((plgpu.ACC.init(acc), s0))
+                return (acc, *softmax_store(s * scale, m_i, l_i))
+
+            def last_pv(k, carry):
+                """(interleave_steps) The last unmasked step's P @ V alone (its slot then refilled)."""
+                acc, alpha, m_i, l_i = carry
+                slot = half_slot(w, k)
+                words0 = load_vt_words(slot, 0)
+                acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [1])
+                acc = accumulate(acc, lambda acc_ref: pv_from_slot(acc_ref, k, slot, k * block_kv, False, words0))
+                return acc, alpha, m_i, l_i
+
             col_layout = wg_layout.reduce(0)
             carry = (plgpu.layout_cast(jnp.full((KV_LORA_RANK, n), 0.0, jnp.float32), wg_layout),
                      plgpu.layout_cast(jnp.full((n,), -jnp.inf, jnp.float32), col_layout),
                      plgpu.layout_cast(jnp.full((block_kv, n) if sums_at_end else (n,), 0.0, jnp.float32),
                                        wg_layout if sums_at_end else col_layout))
             mid = jnp.clip(lax.div(first_pos + 1, jnp.int32(block_kv)), b, e)  # steps before it skip the mask
-            carry = lax.fori_loop(b, mid, functools.partial(step, masked=False), carry)
+            if interleave_steps:  # (the unmasked steps [b, mid): each one's P @ V beside the next one's scores)
+                acc, m_i, l_i = carry
+                carry = (acc, plgpu.layout_cast(jnp.full((n,), 1.0, jnp.float32), col_layout), m_i, l_i)
+                carry = lax.fori_loop(b, jnp.minimum(b + 1, mid), first_scores, carry)
+                carry = lax.fori_loop(b, mid - 1, pv_then_scores, carry)
+                acc, _, m_i, l_i = lax.fori_loop(jnp.maximum(mid - 1, b), mid, last_pv, carry)
+                carry = acc, m_i, l_i
+            else:
+                carry = lax.fori_loop(b, mid, functools.partial(step, masked=False), carry)
             acc, m_i, l_i = lax.fori_loop(mid, e, functools.partial(step, masked=True), carry)
             if sums_at_end:
                 l_i = col_reduce(l_i, "add", w)
@@ -2990,6 +3082,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         qk_permuted=qk_permuted, pv_registers=pv_registers, pv_wait=tuning.pv_wait,
         zero_tail=kv_halves and tuning.zero_tail,
         load_ahead=qk_permuted and tuning.load_ahead,
+        interleave_steps=qk_permuted and pv_registers and tuning.load_ahead and tuning.interleave_steps,
         q_parts=q_parts, q_one_acc=tuning.qk_fp8_one_acc, q_bits=q_bits,
     )
     q_in = (q, q_inv_scale) if q_parts else q

@@ -1138,6 +1138,48 @@ def test_q_in_kernel_lowers_and_skips_the_wrappers_conversion():
         mg.MosaicConfig(q_in_kernel=1)
 
 
+@pytest.mark.gpu
+def test_mosaic_gpu_fp8_interleave_steps_is_bitwise():
+    """interleave_steps runs each unmasked step's P @ V interleaved with the next step's scores, chunk by chunk: the
+    same values converted and multiplied into the same accumulators in the same order, so the same out and lse bit
+    for bit compiled, on the bitwise test's 4 scenarios (16 rows, with zero_tail and load_ahead: splits of several
+    unmasked steps, masks in the last) and at 32 rows; and at splits of one step or none (decode_mixed_lengths, 16
+    splits: the first step's scores and the last one's P @ V alone, or no unmasked step)."""
+    _skip_without_hopper()
+    base = dict(QK_PERMUTED_TUNING, pv_registers=True, zero_tail=True, load_ahead=True)
+    _assert_option_bitwise_16_and_32_rows(base, dict(interleave_steps=True))
+    _assert_bitwise("decode_mixed_lengths", "bfloat16", [KV_HALVES_ONE_STEP,
+                                                         dict(KV_HALVES_ONE_STEP, interleave_steps=True)])
+
+
+def test_interleave_steps_lowers_and_needs_load_ahead():
+    """interleave_steps (an abstract H200, no GPU) changes the 16- and 32-row kernels where pv_registers and load_ahead
+    run (more wgmmas in the module: the first step's scores and the last one's P @ V apart), not the B8 S4096 one
+    (no pv_registers); the kernel builder refuses it without load_ahead and pv_registers."""
+    import dataclasses
+
+    from mla_jax import pallas_mosaic_gpu as mg
+    from parity import kernel_hash
+
+    for heads, batch, q_len in ((16, 128, 1), (16, 64, 2), (16, 8, 1)):
+        problem = (heads, batch, 4096, q_len, True)
+        config = MLAConfig(num_heads=heads, page_size=64, dtype="bfloat16", kv_cache_dtype="fp8_e4m3")
+        base = mg.heuristic_config(config, batch * q_len, 64, batch, max_query_len=q_len)
+        [plain] = kernel_hash.module_texts(problem, tuning=base)
+        [inter] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, interleave_steps=True))
+        if base.pv_registers:
+            assert inter != plain and inter.count("wgmma") > plain.count("wgmma"), problem
+        else:
+            assert inter == plain, problem
+    kw = dict(FP8_BUILD_KW, bt_chunk=96, score_rows=16, transposed_pv=True, kv_halves=True, qk_registers=True,
+              qk_permuted=True)
+    with pytest.raises(ValueError, match="interleave_steps .* load_ahead=False"):
+        mg._build_kernel(interleave_steps=True, pv_registers=True, **kw)
+    with pytest.raises(ValueError, match="interleave_steps .* pv_registers=False"):
+        mg._build_kernel(interleave_steps=True, load_ahead=True, **kw)
+    mg._build_kernel(interleave_steps=True, load_ahead=True, pv_registers=True, **kw)
+
+
 def test_pv_perm_is_ldmatrix_trans_seen_as_wgmma():
     """pv_registers's V^T registers: lane (g, t) of an ldmatrix.trans of 16-bit values gets value g of lines 2 t and
     2 t + 1 of each 8 x 8 matrix (PTX ISA, ldmatrix), here fp8 columns 2 g, 2 g + 1 of keys 2 t, 2 t + 1; its prmt

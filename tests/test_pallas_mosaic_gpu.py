@@ -434,6 +434,7 @@ class TestConfig:
             (dict(zero_tail=1), "zero_tail=1"),
             (dict(load_ahead=1), "load_ahead=1"),
             (dict(q_in_kernel=1), "q_in_kernel=1"),
+            (dict(interleave_steps=1), "interleave_steps=1"),
             (dict(qk_fp8=1), "qk_fp8=1"),
             (dict(qk_fp8_one_acc=0), "qk_fp8_one_acc=0"),
         ],

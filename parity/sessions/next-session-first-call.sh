@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # For the next session's first call (nvidia-h200; carry [".fa3"]), written at the end of session 30 (part 4: session 31). Copy to
-# parity/sessions/<date>-s<n>-a.sh and commit before running; never edit it after. About 14 minutes in all, more than
-# a command's 10: run it as three calls, `bash <script> 04` (~6-8 min: the two parts that decide something), then
-# `bash <script> 12` (~8 min) and `bash <script> 35` (~6 min), or only the first where the budget is short.
+# parity/sessions/<date>-s<n>-a.sh and commit before running; never edit it after. About 20 minutes in all, more than
+# a command's 10: run it as four calls, in this order where the budget is short: `bash <script> 04` (~6-8 min), `bash
+# <script> 6` (~6 min), `bash <script> 12` (~8 min), `bash <script> 35` (~6 min).
 # (Session 28-29's template for qk_fp8 ran as 2026-12-05-s29-a.sh: qk_fp8 fails the lse tolerance; its second and
 # third calls were dropped.)
 # Session 30 made load_ahead the heuristic's with pv_registers (1.10-1.13x at the memory-bound fp8 rows, bitwise).
@@ -29,6 +29,12 @@
 #    path (`--set`), FA3 in each as the common reference, beside the heuristic's q_in_kernel sweep (part 4).
 #    Prediction: the kv_halves path with pv_registers and load_ahead 11.0-12.5 us at B1 (heuristic 12.5), equal or
 #    slower at B4.
+# 6) (session 31, no device: built and lowered on the CPU only) MosaicConfig(interleave_steps=True): each unmasked
+#    step's P @ V interleaved chunk by chunk with the next step's scores (two independent chains in each warp where
+#    the default runs one after the other). Its compiled bitwise test, then a sweep on the three memory-bound rows.
+#    Predictions: bitwise; no spills at 16 rows (ptxas's counts printed), some at 32; 1.04-1.12x at H16
+#    B128 S16384 and B32 S16384, 0.95-1.05x at H16 B64 S4096 q_len 2 (32 rows: registers). Faster at 16 rows ->
+#    the heuristic's with pv_registers at 16 rows (then the whole fp8 grid, part 1).
 # 0) (session 31) `python -m parity.tma_probe`: the SMs' intake of fp8 KV steps by TMA with the fp8 ring's 64-byte
 #    box rows against 128-byte ones (and bf16's), loads alone: does the L2 (88% busy in session 30's ncu report, its
 #    tag requests 60%) cap the fp8 kernel before HBM? Predictions: bf16_128_x2 4.4-4.5 TB/s (session 17's
@@ -36,7 +42,7 @@
 #    cache's rows seen as 128-byte rows: the layout a kernel could load without Mosaic GPU's rounding) 4.3-4.5; if
 #    not, all within 3% of each other (then a wider-box ring is not worth building: the step's latency is left).
 set -uo pipefail
-PARTS="${1:-012345}"  # which parts to run (digits)
+PARTS="${1:-0123456}"  # which parts to run (digits)
 run_part() { [[ "$PARTS" == *"$1"* ]]; }
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT/logs"; L="$OUT/logs"
 bash .fa3/unpack.sh /tmp/fa3 >/dev/null && export PYTHONPATH=/tmp/fa3:$PWD
@@ -73,6 +79,21 @@ timeout 240 python3 -m parity.sweep --impl pallas_mosaic_gpu --fp8 --fields q_in
   --shapes H16_B1_S1024,H128_B1_S1024,H16_B64_S4096_q2,H16_B128_S16384,H128_B32_S4096 \
   --json "$OUT/sweep-fp8-q-in-kernel.json" > "$L/sweep-q.log" 2>&1
 echo "sweep q rc=$?"; grep -v Warn "$L/sweep-q.log" | grep -E " us " | cut -c1-110
+fi
+if run_part 6; then
+timeout 300 python3 -m pytest -q -x -m gpu tests/test_fp8.py -k "interleave_steps_is_bitwise" > "$L/tests-il.log" 2>&1
+echo "tests interleave_steps rc=$?"; tail -2 "$L/tests-il.log"
+for s in H16_B128_S16384_q1 H16_B64_S4096_q2; do
+  MOSAIC_GPU_DUMP_PTXAS=1 MOSAIC_GPU_DUMP_TO="$OUT/dump/$s" timeout 40 python3 -m parity.profile \
+    --impl jax.pallas_mosaic_gpu.fp8 --shape $s --set interleave_steps=True > "$L/dump_$s.log" 2>&1
+  echo "$s: $(grep -h -o 'Used [0-9]* registers[^$]*' "$OUT"/dump/$s/*.ptxas | head -1)"
+  grep -h -i "spill" "$OUT"/dump/$s/*.ptxas | head -3
+done
+find "$OUT/dump" -type f ! -name "*.ptxas" -delete
+timeout 240 python3 -m parity.sweep --impl pallas_mosaic_gpu --fp8 --fields interleave_steps --rounds 3 --reps 3 \
+  --cooldown 1 --shapes H16_B128_S16384,H16_B32_S16384,H16_B64_S4096_q2 --json "$OUT/sweep-fp8-interleave.json" \
+  > "$L/sweep-il.log" 2>&1
+echo "sweep interleave rc=$?"; grep -v Warn "$L/sweep-il.log" | grep -E " us " | cut -c1-110
 fi
 if run_part 5; then
 K="transposed_scores=True,transposed_pv=True,kv_halves=True,qk_registers=True,sums_at_end=True,qk_permuted=True"
