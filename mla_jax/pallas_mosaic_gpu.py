@@ -177,6 +177,9 @@ RED_FLOATS_PER_COLUMN = 4 * 32 * 2 // 8
 assert RED_FLOATS_PER_COLUMN * 4 <= 64 * 2  # (in a warpgroup's P's bytes, [n, block_kv = 64] 16-bit: kv_halves)
 # MosaicConfig.kv_halves: each warpgroup's block-table chunk (2 x 96 entries fit the shared memory left)
 KV_HALVES_BT_CHUNK = 96
+# (MosaicConfig.interleave_steps) a kv_halves slot's 64-column chunks, each filled (a TMA a page) and awaited on its own
+# kv_ready, the slot laid out chunk by chunk ([9, 64, 64]: a TMA's shared-memory destination is contiguous)
+HALVES_CHUNKS = HEAD_DIM // 64
 # kv_halves: each warpgroup's f16 copy of V, 8 x 64 tiles with a 128-byte swizzle
 F16_TILES = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 # the fp8 ring's slots: 8 x 64 tiles (a 64-column chunk a row of a tile), 64-byte swizzle
@@ -804,11 +807,15 @@ class MosaicConfig:
     interleave_steps: (with load_ahead and pv_registers, where they run; elsewhere no effect; opt-in, session 31, not yet
         compiled or timed) each unmasked step's P @ V runs interleaved with the next step's scores, chunk by chunk:
         V^T chunk c's conversion and wgmma (step k), then K chunk c's (step k + 1, after its rope chunk), each
-        chunk's loads a chunk ahead, at most one pair of chunks' wgmmas left running; then step k's slot is
-        refilled and step k + 1's softmax runs. Two independent chains in each warp's stream where the default
-        runs one after the other (session 30's ncu profile: the 16-row step latency-bound, two warps a scheduler to
-        hide it). The first unmasked step's scores and the last one's P @ V run alone; masked steps as the
-        default's. The same values in the same order (by design bitwise the default).
+        chunk's loads a chunk ahead, at most one pair of chunks' wgmmas left running; then step k + 1's softmax runs.
+        Two independent chains in each warp's stream where the default runs one after the other (session 30's ncu
+        profile: the 16-row step latency-bound, two warps a scheduler to hide it). Step k's slot is refilled with
+        step k + 2 chunk by chunk as it is read (the rope chunk first, then each pair of V^T chunks once their words
+        are in registers), each 64-column chunk a TMA of its own and a barrier of its own (the slots laid out chunk
+        by chunk), and step k + 1's scores wait for each chunk as they load it: a refill of the whole slot after the
+        P @ V would come one softmax before step k + 2's scores need it, where the default has a whole step between
+        them. The first unmasked step's scores and the last one's P @ V run alone; masked steps as the default's. The
+        same values in the same order (by design bitwise the default).
     q_in_kernel: (an fp8 cache with a bf16 q, compiled; elsewhere no effect: an f16 q needs no conversion, qk_fp8 makes
         its own parts, interpret mode converts in the wrapper) q's f16 conversion inside the kernel: its TMA writes q's
         bf16 bits into q's tile (a bfloat16 view of the same bytes), and the warpgroups that read q (both with
@@ -1371,6 +1378,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             kv_v = kv_v[0] if kv_v else None  # (pv_registers: none)
             p_smem, red_smem = p_smem
             (bt_bar_wg1, *qs_smem) = extra_barriers  # (q_parts: the request's 1 / a, qs_ref's row)
+            if interleave_steps:  # (kv_ready of warpgroup 1's slots; no q_parts with it)
+                kv_ready_wg1, = qs_smem
+                qs_smem = []
         elif fp8 and overlap_dequant:
             # kv_smem: the ring of fp8 steps; deq_v: f16 V halves (0, 1: the first half of even / odd steps, 2: the
             # second half); deq_rope: the rope columns of a step
@@ -2286,11 +2296,62 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             """(kv_halves) Warpgroup w's ring slot of step k: w (pv_registers: 2 w + k % 2, two a warpgroup)."""
             return 2 * w + lax.rem(k, jnp.int32(2)) if pv_registers else w
 
+        def half_ready(w: int, slot, chunk: int = 0):
+            """(kv_halves) The kv_ready barrier of warpgroup w's ring slot `slot` (interleave_steps: of its 64-column
+            chunk `chunk`, each filled and awaited on its own, in warpgroup w's own barrier array: Mosaic GPU takes at
+            most 32 barriers in one)."""
+            if not interleave_steps:
+                return kv_ready.at[slot]
+            return (kv_ready if w == 0 else kv_ready_wg1).at[(slot - 2 * w) * HALVES_CHUNKS + chunk]
+
+        def wait_half(w: int, slot):
+            """(kv_halves) Waits for the whole of warpgroup w's `slot` (interleave_steps: every chunk's barrier)."""
+            for chunk in range(HALVES_CHUNKS if interleave_steps else 1):
+                plgpu.barrier_wait(half_ready(w, slot, chunk))
+
+        def slot_chunk(slot, c, cols):
+            """(kv_halves) Ring slot `slot`'s 64-column chunk c, [block_kv, 64] (cols: its columns, pl.ds(64 c, 64), as
+            the slot [block_kv, 576] takes them; interleave_steps: the chunk-major slot's chunk c)."""
+            return kv_smem.at[slot, c] if interleave_steps else kv_smem.at[slot, :, cols]
+
+        def stage_half_bt(w: int, k, prev_k):
+            """(interleave_steps) Warpgroup w's block-table buffer restaged when step k's chunk differs from the one there:
+            prev_k's (the step before k in this warpgroup's range; -1: none yet, where warpgroup 0's buffer holds chunk
+            0, loaded with the info, and 1's nothing)."""
+            bar = bt_bar if w == 0 else bt_bar_wg1
+            base = INFO_WORDS + w * bt_chunk
+            chunk = lax.div(first_page(k), jnp.int32(bt_chunk))
+            staged = jnp.where(prev_k >= 0, lax.div(first_page(jnp.maximum(prev_k, 0)), jnp.int32(bt_chunk)),
+                               jnp.int32(0 if w == 0 else -1))
+
+            @pl.when(chunk != staged)
+            def _():
+                plgpu.copy_gmem_to_smem(sched_ref.at[req, pl.ds(INFO_WORDS + chunk * bt_chunk, bt_chunk)],
+                                        i_smem.at[pl.ds(base, bt_chunk)], bar)
+                plgpu.barrier_wait(bar)
+
+        def issue_half_parts(w: int, k, last_page, chunks):
+            """(interleave_steps) TMA of the 64-column chunks `chunks` of KV step k into warpgroup w's (chunk-major)
+            ring slot, each on its own barrier, a TMA a page (its block-table chunk already staged: stage_half_bt)."""
+            base = INFO_WORDS + w * bt_chunk
+            lp0 = first_page(k)
+            chunk = lax.div(lp0, jnp.int32(bt_chunk))
+            slot = half_slot(w, k)
+            for c in chunks:
+                for j in range(pages_per_step):  # pages past the request's last: the last stands in (rows past kv_len)
+                    page = i_smem[base + jnp.minimum(lp0 + j, last_page) - chunk * bt_chunk]
+                    rows = pl.ds(j * page_size, page_size) if pages_per_step > 1 else slice(None)
+                    plgpu.copy_gmem_to_smem(step_rows(k, page).at[:, pl.ds(c * 64, 64)], kv_smem.at[slot, c, rows],
+                                            half_ready(w, slot, c))
+
         def issue_half_step(w: int, k, prev_k, last_page):
-            """(kv_halves) TMA of KV step k into warpgroup w's ring slot (half_slot; kv_ready's). Its block-table buffer
-            (w) is restaged first when step k's chunk differs from the one there: prev_k's (the step before k in this
-            warpgroup's range; -1: none yet, where warpgroup 0's buffer holds chunk 0, loaded with the info, and 1's
-            nothing)."""
+            """(kv_halves) TMA of KV step k into warpgroup w's ring slot (half_slot; kv_ready's; interleave_steps: all
+            its column parts). Its block-table buffer (w) is restaged first when step k's chunk differs from the one
+            there (stage_half_bt)."""
+            if interleave_steps:
+                stage_half_bt(w, k, prev_k)
+                issue_half_parts(w, k, last_page, range(HALVES_CHUNKS))
+                return
             bar = bt_bar if w == 0 else bt_bar_wg1
             base = INFO_WORDS + w * bt_chunk
             lp0 = first_page(k)
@@ -2385,7 +2446,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 kv_start = k * block_kv
                 slot = half_slot(w, k)
                 with jax.named_scope("kv_wait"):
-                    plgpu.barrier_wait(kv_ready.at[slot])
+                    wait_half(w, slot)
                 masked_keys = masked  # (zero_tail: the slot's rows past kv_len zeroed here, the keys then unmasked)
                 if masked and zero_tail:
                     zero_rows_past(slot, kv_len - kv_start)
@@ -2443,7 +2504,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                     @pl.loop(0, HEAD_DIM // 64)
                     def _(c):
-                        ref = kv_smem.at[slot, :, pl.ds(pl.multiple_of(c * 64, 64), 64)]
+                        ref = slot_chunk(slot, c, pl.ds(pl.multiple_of(c * 64, 64), 64))
                         x = lax.bitcast_convert_type(plgpu.load(ref, layout=ld_layout), jnp.int8) & ones
                         store_tiled(ref, lax.bitcast_convert_type(x, jnp.float8_e4m3fn), ld_layout, FP8_RING_TILES)
 
@@ -2463,7 +2524,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     del ctx
                     return _load_vt_fp8_words(r)
 
-                return load(kv_smem.at[slot, :, pl.ds(c * 64, 64)])
+                return load(slot_chunk(slot, c, pl.ds(c * 64, 64)))
 
             def convert_vt(words, bits):
                 """(load_ahead) V^T [64, block_kv] from load_vt_words's words (_convert_vt_fp8)."""
@@ -2547,7 +2608,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         return c * 64 if isinstance(c, int) else pl.multiple_of(c * 64, 64)
 
                     def raw(c):  # chunk c's fp8 values, unconverted
-                        return plgpu.load(kv_smem.at[slot, :, pl.ds(offset(c), 64)], layout=ld_layout)
+                        return plgpu.load(slot_chunk(slot, c, pl.ds(offset(c), 64)), layout=ld_layout)
 
                     def chunk_from(c, x, c0=None):
                         """Chunk c's conversion from its loaded values x, V's copy (not with pv_registers, whose
@@ -2668,7 +2729,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 acc, _, m_i, l_i = carry
                 slot = half_slot(w, k)
                 with jax.named_scope("kv_wait"):
-                    plgpu.barrier_wait(kv_ready.at[slot])
+                    wait_half(w, slot)
                 s = scores_from_registers(k, slot, k * block_kv, False)
                 return (acc, *softmax_store(s * scale, m_i, l_i))
 
@@ -2681,13 +2742,21 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 acc, alpha, m_i, l_i = carry
                 slot, nslot = half_slot(w, k), half_slot(w, k + 1)
                 acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [1])
-                with jax.named_scope("kv_wait"):
-                    plgpu.barrier_wait(kv_ready.at[nslot])
+                refill = k + 2 < e  # (step k's slot refilled with step k + 2 chunk by chunk)
+
+                @pl.when(refill)
+                def _():  # (the rope chunk first: only step k's scores, long done, read it)
+                    stage_half_bt(w, k + 2, k + 1)
+                    issue_half_parts(w, k + 2, last_page, [KV_LORA_RANK // 64])
+
+                with jax.named_scope("kv_wait"):  # (step k + 1's rope chunk and chunk 0)
+                    plgpu.barrier_wait(half_ready(w, nslot, KV_LORA_RANK // 64))
+                    plgpu.barrier_wait(half_ready(w, nslot, 0))
                 zero = info_smem[4]  # (0: the q chunks' columns at run time, as kv_tile's index)
                 p_t = p_w().transpose((1, 0))
 
                 def raw(c: int):
-                    return plgpu.load(kv_smem.at[nslot, :, pl.ds(c * 64, 64)], layout=ld_layout)
+                    return plgpu.load(slot_chunk(nslot, c, pl.ds(c * 64, 64)), layout=ld_layout)
 
                 def issue(refs):
                     acc_ref, s_out = refs
@@ -2701,14 +2770,17 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                             bits = fp8_convert == "bits" or (fp8_convert == "mixed" and c % 2 == 1)
                             more = c + 1 < KV_LORA_RANK // 64
                             next_words = load_vt_words(slot, c + 1) if more else None
+                            if more:  # (step k + 1's next chunk)
+                                plgpu.barrier_wait(half_ready(w, nslot, c + 1))
                             next_x = raw(c + 1) if more else None
+                            if c % 2 == 0:  # (step k's chunks c, c + 1 read: their V^T words are in registers)
+                                plgpu.commit_smem()
+                                pl.when(refill)(functools.partial(issue_half_parts, w, k + 2, last_page, [c, c + 1]))
                             plgpu.wgmma(acc_ref.at[pl.ds(c * 64, 64)], convert_vt(words, bits), p_t)
                             cols = pl.ds(pl.multiple_of(zero + c * 64, 64), 64)
                             plgpu.wgmma(s_ref, as_operand(x.astype(dtype)), q_smem.at[:, cols].transpose((1, 0)))
                             plgpu.wgmma_wait(2)  # (the pair before: its registers the next pair's)
                             words, x = next_words, next_x
-                        plgpu.commit_smem()  # step k's slot read before its refill
-                        pl.when(k + 2 < e)(lambda: issue_half_step(w, k + 2, k + 1, last_page))
                         return s_ref[...]
 
                     s_out[...] = pl.run_scoped(both, plgpu.ACC((block_kv, n), jnp.float32))
@@ -2815,7 +2887,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         union = plgpu.RefUnion(
             (plgpu.SMEM((1, q_parts * q_rows, HEAD_DIM), jnp.float8_e4m3fn, transforms=FP8_RING_TILES) if q_parts else
              plgpu.SMEM((q_rows, HEAD_DIM), dtype, transforms=transforms),
-             plgpu.SMEM((half_slots, block_kv, HEAD_DIM), jnp.float8_e4m3fn, transforms=FP8_RING_TILES),
+             # (interleave_steps: chunk by chunk, each chunk a TMA's contiguous destination)
+             plgpu.SMEM((half_slots, HALVES_CHUNKS, block_kv, 64) if interleave_steps
+                        else (half_slots, block_kv, HEAD_DIM), jnp.float8_e4m3fn, transforms=FP8_RING_TILES),
              *([] if pv_registers else
                [plgpu.SMEM((NUM_COMPUTE_WGS, block_kv, KV_LORA_RANK),
                            dtype, transforms=f16_tiles)])),
@@ -2845,13 +2919,18 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # q_parts: and the request's scale)
             plgpu.Barrier(),  # info_bar
             plgpu.Barrier(),  # bt_bar (warpgroup 0's chunks)
-            plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=half_slots),  # kv_ready, a slot each
+            # kv_ready, a slot each (interleave_steps: a 64-column chunk of warpgroup 0's two slots each; warpgroup 1's
+            # in kv_ready_wg1, below)
+            plgpu.Barrier(num_arrivals=pages_per_step,
+                          num_barriers=2 * HALVES_CHUNKS if interleave_steps else half_slots),
             plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS, num_barriers=stages),  # kv_consumed (unused)
             # sync_a: (q_bits: q converted, then) the merge's three hand-overs
             plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS),
             plgpu.Barrier(num_arrivals=1),  # sync_b (unused)
             plgpu.Barrier(),  # bt_bar_wg1 (warpgroup 1's chunks)
             *([plgpu.SMEM((QS_WORDS,), jnp.float32)] if q_parts else []),  # (q_parts) the request's 1 / a (q_bar's)
+            # (interleave_steps) kv_ready of warpgroup 1's two slots, a 64-column chunk each
+            *([plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=2 * HALVES_CHUNKS)] if interleave_steps else []),
         ]
     else:
         scratch = [

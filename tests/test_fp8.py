@@ -1154,8 +1154,9 @@ def test_mosaic_gpu_fp8_interleave_steps_is_bitwise():
 
 def test_interleave_steps_lowers_and_needs_load_ahead():
     """interleave_steps (an abstract H200, no GPU) changes the 16- and 32-row kernels where pv_registers and load_ahead
-    run (more wgmmas in the module: the first step's scores and the last one's P @ V apart), not the B8 S4096 one
-    (no pv_registers); the kernel builder refuses it without load_ahead and pv_registers."""
+    run (more wgmmas in the module: the first step's scores and the last one's P @ V apart; a barrier a 64-column
+    chunk of each ring slot), not the B8 S4096 one (no pv_registers); the kernel builder refuses it without load_ahead
+    and pv_registers."""
     import dataclasses
 
     from mla_jax import pallas_mosaic_gpu as mg
@@ -1167,8 +1168,10 @@ def test_interleave_steps_lowers_and_needs_load_ahead():
         base = mg.heuristic_config(config, batch * q_len, 64, batch, max_query_len=q_len)
         [plain] = kernel_hash.module_texts(problem, tuning=base)
         [inter] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, interleave_steps=True))
-        if base.pv_registers:
+        if base.pv_registers:  # (the ring's 4 slots then filled and awaited by 64-column chunk: 9 barriers a slot)
             assert inter != plain and inter.count("wgmma") > plain.count("wgmma"), problem
+            inits = lambda text: text.count("nvvm.mbarrier.init")
+            assert inits(inter) == inits(plain) - 4 + 4 * mg.HALVES_CHUNKS, problem
         else:
             assert inter == plain, problem
     kw = dict(FP8_BUILD_KW, bt_chunk=96, score_rows=16, transposed_pv=True, kv_halves=True, qk_registers=True,

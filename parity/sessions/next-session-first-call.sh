@@ -87,7 +87,7 @@ for s in H16_B128_S16384_q1 H16_B64_S4096_q2; do
   MOSAIC_GPU_DUMP_PTXAS=1 MOSAIC_GPU_DUMP_TO="$OUT/dump/$s" timeout 40 python3 -m parity.profile \
     --impl jax.pallas_mosaic_gpu.fp8 --shape $s --set interleave_steps=True > "$L/dump_$s.log" 2>&1
   echo "$s: $(grep -h -o 'Used [0-9]* registers[^$]*' "$OUT"/dump/$s/*.ptxas | head -1)"
-  grep -h -i "spill" "$OUT"/dump/$s/*.ptxas | head -3
+  grep -h -i -E "spill|Performance Loss|serializ" "$OUT"/dump/$s/*.ptxas | head -4
 done
 find "$OUT/dump" -type f ! -name "*.ptxas" -delete
 timeout 240 python3 -m parity.sweep --impl pallas_mosaic_gpu --fp8 --fields interleave_steps --rounds 3 --reps 3 \
