@@ -2738,7 +2738,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 step k + 1's scores (both unmasked): chunk by chunk, V^T chunk c's conversion and wgmma (into O^T's
                 rows [64 c, 64 c + 64)), then K chunk c's of step k + 1 (into its scores, after the rope chunk's),
                 each chunk's loads a chunk ahead (load_ahead's); at most one pair of chunks' wgmmas left running.
-                Then step k's slot is refilled with step k + 2, and step k + 1's softmax stores its P^T."""
+                Step k's slot is refilled with step k + 2 chunk by chunk meanwhile (the rope chunk first, then each pair
+                of chunks once their V^T words are in registers), and step k + 1's chunks are awaited one by one; then
+                step k + 1's softmax stores its P^T."""
                 acc, alpha, m_i, l_i = carry
                 slot, nslot = half_slot(w, k), half_slot(w, k + 1)
                 acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [1])

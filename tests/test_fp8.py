@@ -1174,6 +1174,20 @@ def test_interleave_steps_lowers_and_needs_load_ahead():
             assert inits(inter) == inits(plain) - 4 + 4 * mg.HALVES_CHUNKS, problem
         else:
             assert inter == plain, problem
+        if base.pv_registers and q_len == 1:  # (a TMA and a wait a chunk: more of both)
+            for op in ("nvvm.cp.async.bulk.tensor.shared.cluster.global", "nvvm.mbarrier.try_wait.parity"):
+                assert inter.count(op) > plain.count(op), (problem, op)
+    # pages of 8 (8 TMAs a chunk, block tables past a chunk) and of 128 (two steps a page) lower with it
+    for name in ("long_page_8", "page_128"):
+        batch, k_scale = make_fp8_batch(FP8_SCENARIOS[name], "bfloat16")
+        q, kv, md = jax_inputs(batch, "bfloat16")
+        cfg = mg.MosaicConfig(**dict(QK_PERMUTED_TUNING, pv_registers=True, zero_tail=True, load_ahead=True,
+                                     interleave_steps=True))
+
+        def fn(q, kv, md, s):
+            return mg.mla_decode(q, None, kv, md, batch.config, tuning=cfg, k_scale=s)
+
+        assert "mosaic_gpu" in lower_for_h200(fn, q, kv, md, jnp.float32(k_scale)).as_text(), name
     kw = dict(FP8_BUILD_KW, bt_chunk=96, score_rows=16, transposed_pv=True, kv_halves=True, qk_registers=True,
               qk_permuted=True)
     with pytest.raises(ValueError, match="interleave_steps .* load_ahead=False"):

@@ -31,7 +31,9 @@
 #    slower at B4.
 # 6) (session 31, no device: built and lowered on the CPU only) MosaicConfig(interleave_steps=True): each unmasked
 #    step's P @ V interleaved chunk by chunk with the next step's scores (two independent chains in each warp where
-#    the default runs one after the other). Its compiled bitwise test, then a sweep on the three memory-bound rows.
+#    the default runs one after the other; the ring's slots filled and awaited by 64-column chunk, so that the refill
+#    keeps the default's prefetch distance). Its compiled bitwise test, ptxas's counts, then a sweep on the three
+#    memory-bound rows.
 #    Predictions: bitwise; no spills at 16 rows (ptxas's counts printed), some at 32; 1.04-1.12x at H16
 #    B128 S16384 and B32 S16384, 0.95-1.05x at H16 B64 S4096 q_len 2 (32 rows: registers). Faster at 16 rows ->
 #    the heuristic's with pv_registers at 16 rows (then the whole fp8 grid, part 1).
