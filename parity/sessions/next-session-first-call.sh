@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# For the next session's first call (nvidia-h200; carry [".fa3"]), written at the end of session 30 (part 4: session 31). Copy to
+# For the next session's first call (nvidia-h200; carry [".fa3"]), written at the end of session 30 (parts 0, 4-6: session 31). Copy to
 # parity/sessions/<date>-s<n>-a.sh and commit before running; never edit it after. About 20 minutes in all, more than
 # a command's 10: run it as four calls, in this order where the budget is short: `bash <script> 04` (~6-8 min), `bash
 # <script> 6` (~6 min), `bash <script> 12` (~8 min), `bash <script> 35` (~6 min).
@@ -21,7 +21,7 @@
 #    Predictions: bitwise everywhere (if not: the swizzle or the word order of _convert_q_in_place, or the fence);
 #    H16 B1 S1024 12.5 -> 11.0-11.5 us, H128 B1 S1024 14.8 -> 13.5-14.0, H16 B64 S4096 q2 76.9 -> 74-76, H16 B128
 #    S16384 and H128 B32 S4096 within 1% (one kernel less a call; the conversion ~0.3-1 us a CTA, under the first
-#    KV TMA). If the budget is short, run 4) first: it is the only part that decides a default.
+#    KV TMA). Parts 4 and 6 are the ones that may change a default: run them first where the budget is short.
 # 5) (session 31) B = 1 on today's kv_halves path: fp8 is 0.8x of bf16 at H16 B1 S1024 (16 splits of one step, the
 #    one-chain path: a whole step converted to f16 in shared memory before its scores). kv_halves at one step a split
 #    (warpgroup 1 idle) was 1.03x slower in session 20, before qk_registers, qk_permuted, pv_registers and load_ahead
