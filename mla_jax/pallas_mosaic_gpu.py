@@ -807,7 +807,8 @@ class MosaicConfig:
     interleave_steps: (with load_ahead and pv_registers, where they run; elsewhere no effect; opt-in, session 31, not yet
         compiled or timed) each unmasked step's P @ V runs interleaved with the next step's scores, chunk by chunk:
         V^T chunk c's conversion and wgmma (step k), then K chunk c's (step k + 1, after its rope chunk), each
-        chunk's loads a chunk ahead, at most one pair of chunks' wgmmas left running; then step k + 1's softmax runs.
+        chunk's loads a chunk ahead, at most one pair of chunks' wgmmas left running (one wgmma with pv_wait=1, the
+        heuristic's at 32 rows, where the registers are short); then step k + 1's softmax runs.
         Two independent chains in each warp's stream where the default runs one after the other (session 30's ncu
         profile: the 16-row step latency-bound, two warps a scheduler to hide it). Step k's slot is refilled with
         step k + 2 chunk by chunk as it is read (the rope chunk first, then each pair of V^T chunks once their words
@@ -2779,9 +2780,11 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                                 plgpu.commit_smem()
                                 pl.when(refill)(functools.partial(issue_half_parts, w, k + 2, last_page, [c, c + 1]))
                             plgpu.wgmma(acc_ref.at[pl.ds(c * 64, 64)], convert_vt(words, bits), p_t)
+                            if pv_wait == 1:  # (one wgmma in flight: the registers of 32 rows, pv_wait's choice there)
+                                plgpu.wgmma_wait(1)
                             cols = pl.ds(pl.multiple_of(zero + c * 64, 64), 64)
                             plgpu.wgmma(s_ref, as_operand(x.astype(dtype)), q_smem.at[:, cols].transpose((1, 0)))
-                            plgpu.wgmma_wait(2)  # (the pair before: its registers the next pair's)
+                            plgpu.wgmma_wait(1 if pv_wait == 1 else 2)  # (the pair before: its registers the next's)
                             words, x = next_words, next_x
                         return s_ref[...]
 
