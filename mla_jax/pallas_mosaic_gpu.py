@@ -2316,12 +2316,13 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             return kv_smem.at[slot, c] if interleave_steps else kv_smem.at[slot, :, cols]
 
         def stage_half_bt(w: int, k, prev_k):
-            """(interleave_steps) Warpgroup w's block-table buffer restaged when step k's chunk differs from the one there:
+            """(kv_halves) Warpgroup w's block-table buffer restaged when step k's chunk differs from the one there:
             prev_k's (the step before k in this warpgroup's range; -1: none yet, where warpgroup 0's buffer holds chunk
-            0, loaded with the info, and 1's nothing)."""
+            0, loaded with the info, and 1's nothing). Returns (step k's first page's index, its block-table chunk)."""
             bar = bt_bar if w == 0 else bt_bar_wg1
             base = INFO_WORDS + w * bt_chunk
-            chunk = lax.div(first_page(k), jnp.int32(bt_chunk))
+            lp0 = first_page(k)
+            chunk = lax.div(lp0, jnp.int32(bt_chunk))
             staged = jnp.where(prev_k >= 0, lax.div(first_page(jnp.maximum(prev_k, 0)), jnp.int32(bt_chunk)),
                                jnp.int32(0 if w == 0 else -1))
 
@@ -2330,6 +2331,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 plgpu.copy_gmem_to_smem(sched_ref.at[req, pl.ds(INFO_WORDS + chunk * bt_chunk, bt_chunk)],
                                         i_smem.at[pl.ds(base, bt_chunk)], bar)
                 plgpu.barrier_wait(bar)
+
+            return lp0, chunk
 
         def issue_half_parts(w: int, k, last_page, chunks):
             """(interleave_steps) TMA of the 64-column chunks `chunks` of KV step k into warpgroup w's (chunk-major)
@@ -2349,22 +2352,11 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             """(kv_halves) TMA of KV step k into warpgroup w's ring slot (half_slot; kv_ready's; interleave_steps: all
             its column parts). Its block-table buffer (w) is restaged first when step k's chunk differs from the one
             there (stage_half_bt)."""
+            lp0, chunk = stage_half_bt(w, k, prev_k)
             if interleave_steps:
-                stage_half_bt(w, k, prev_k)
                 issue_half_parts(w, k, last_page, range(HALVES_CHUNKS))
                 return
-            bar = bt_bar if w == 0 else bt_bar_wg1
             base = INFO_WORDS + w * bt_chunk
-            lp0 = first_page(k)
-            chunk = lax.div(lp0, jnp.int32(bt_chunk))
-            staged = jnp.where(prev_k >= 0, lax.div(first_page(jnp.maximum(prev_k, 0)), jnp.int32(bt_chunk)),
-                               jnp.int32(0 if w == 0 else -1))
-
-            @pl.when(chunk != staged)
-            def _():
-                plgpu.copy_gmem_to_smem(sched_ref.at[req, pl.ds(INFO_WORDS + chunk * bt_chunk, bt_chunk)],
-                                        i_smem.at[pl.ds(base, bt_chunk)], bar)
-                plgpu.barrier_wait(bar)
 
             def page_at(lp):
                 return i_smem[base + lp - chunk * bt_chunk]
