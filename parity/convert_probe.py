@@ -138,6 +138,25 @@ def write_rows(path: str | None, rows: list):
             json.dump(dict(device=str(jax.devices()[0].device_kind), rows=rows), f, indent=1)
 
 
+def parse_names(text: str, known, flag: str) -> list[str]:
+    """--probes / --methods 'a,b': the names, each one of `known` (else a ValueError naming it)."""
+    names = text.split(",")
+    for name in names:
+        if name not in known:
+            raise ValueError(f"{flag}: {name!r} is not one of {tuple(known)}")
+    return names
+
+
+def gpu_missing(prog: str) -> bool:
+    """True, said on stderr, where JAX has no GPU (a probe's main then returns 2)."""
+    import jax
+
+    if jax.default_backend() == "gpu":
+        return False
+    print(f"{prog}: needs a GPU (JAX's default backend is {jax.default_backend()!r})", file=sys.stderr)
+    return True
+
+
 def parse_iters(text: str) -> tuple[int, int]:
     """--iters 'lo,hi': the two iteration counts whose time difference the probes divide by hi - lo."""
     lo, hi = (int(x) for x in text.split(","))
@@ -151,18 +170,14 @@ def main(argv=None) -> int:
     p.add_argument("--methods", default=",".join(METHODS))
     add_probe_args(p)
     args = p.parse_args(argv)
-    methods = args.methods.split(",")
-    for m in methods:
-        if m not in METHODS:
-            raise ValueError(f"--methods: {m!r} is not one of {METHODS}")
+    methods = parse_names(args.methods, METHODS, "--methods")
     lo, hi = parse_iters(args.iters)
 
     import jax
     import ml_dtypes
     import numpy as np
 
-    if jax.default_backend() != "gpu":
-        print(f"convert_probe: needs a GPU (JAX's default backend is {jax.default_backend()!r})", file=sys.stderr)
+    if gpu_missing("convert_probe"):
         return 2
     from mla_jax.pallas_mosaic_gpu import e4m3_bits_to_f16
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from parity.convert_probe import add_probe_args, parse_iters, slope_time, write_rows
+from parity.convert_probe import add_probe_args, gpu_missing, parse_iters, parse_names, slope_time, write_rows
 
 BLOCK_KV, HEAD_DIM, KV_LORA_RANK = 64, 576, 512
 HBM_ROWS = 1 << 20  # the large buffer's rows
@@ -195,17 +195,12 @@ def main(argv=None) -> int:
     p.add_argument("--probes", default=",".join(PROBES))
     add_probe_args(p)
     args = p.parse_args(argv)
-    probes = args.probes.split(",")
-    for name in probes:
-        if name not in PROBES:
-            raise ValueError(f"--probes: {name!r} is not one of {tuple(PROBES)}")
+    probes = parse_names(args.probes, PROBES, "--probes")
     lo, hi = parse_iters(args.iters)
 
-    import jax
     import numpy as np
 
-    if jax.default_backend() != "gpu":
-        print(f"tma_probe: needs a GPU (JAX's default backend is {jax.default_backend()!r})", file=sys.stderr)
+    if gpu_missing("tma_probe"):
         return 2
     rows = []
     for name in probes:

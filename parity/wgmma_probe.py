@@ -76,7 +76,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from parity.convert_probe import add_probe_args, parse_iters, slope_time, write_rows
+from parity.convert_probe import add_probe_args, gpu_missing, parse_iters, parse_names, slope_time, write_rows
 
 BLOCK_H, BLOCK_KV, HEAD_DIM, V_HALF = 64, 64, 576, 256
 # probe -> (warpgroup 0's work, warpgroup 1's work); None: that warpgroup idles
@@ -587,18 +587,13 @@ def main(argv=None) -> int:
                         "exact one only on integers")
     add_probe_args(p)
     args = p.parse_args(argv)
-    probes = args.probes.split(",")
-    for name in probes:
-        if name not in PROBES:
-            raise ValueError(f"--probes: {name!r} is not one of {tuple(PROBES)}")
+    probes = parse_names(args.probes, PROBES, "--probes")
     lo, hi = parse_iters(args.iters)
 
-    import jax
     import jax.numpy as jnp
     import numpy as np
 
-    if jax.default_backend() != "gpu":
-        print(f"wgmma_probe: needs a GPU (JAX's default backend is {jax.default_backend()!r})", file=sys.stderr)
+    if gpu_missing("wgmma_probe"):
         return 2
     q, k = operands(args.random)
     args_dev = tuple(jnp.asarray(x, jnp.bfloat16) for x in (q, k))

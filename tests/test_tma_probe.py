@@ -39,3 +39,10 @@ def test_the_probes_differ_as_named():
     assert probe.PROBES["fp8_64_x4"][3] == probe.PROBES["fp8_flat_x4"][3] == probe.HEAD_DIM
     assert probe.PROBES["fp8_flat_x4"][4] and not probe.PROBES["fp8_64_x4"][4]
     assert probe.step_bytes("fp8_64_x4") * 2 == probe.step_bytes("bf16_128_x2") == 64 * 576 * 2
+
+
+def test_main_refuses_an_unknown_probe_and_bad_iterations():
+    with pytest.raises(ValueError, match="--probes: 'nope' is not one of"):
+        probe.main(["--probes", "nope"])
+    with pytest.raises(ValueError, match="--iters"):
+        probe.main(["--iters", "5,2"])
