@@ -1007,30 +1007,27 @@ def test_mosaic_gpu_fp8_q_in_kernel_is_bitwise():
         _assert_bitwise(name, dtype, [t, dict(t, **option)])
 
 
+def _q_tile_offsets(rows: int) -> np.ndarray:
+    """[rows, 1152]: where each byte of q's tile [rows, 576] (16-bit values) sits in its shared-memory image, tiled
+    (8, 64) with a 128-byte swizzle, by Mosaic GPU's own formula (fragmented_array.py's transfer_tiled, the TMA's
+    layout): a byte at offset o before the swizzle moves to o ^ (((o // 128) % 8) * 16). Written here apart from
+    _q_unit_offsets."""
+    r, b = np.meshgrid(np.arange(rows), np.arange(576 * 2), indexing="ij")
+    c = b // 2
+    o = ((r // 8) * 9 + c // 64) * 1024 + (r % 8) * 128 + (c % 64) * 2 + b % 2
+    return o ^ (((o // 128) % 8) * 16)
+
+
 def _q_tile_image(q_bits: np.ndarray) -> np.ndarray:
-    """q's tile [rows, 576] of 16-bit words (uint16) -> its shared-memory image (uint8), tiled (8, 64) with a
-    128-byte swizzle, by Mosaic GPU's own formula (fragmented_array.py's transfer_tiled, the TMA's layout): a byte at
-    offset o before the swizzle moves to o ^ (((o // 128) % 8) * 16). Written here apart from _q_unit_offsets."""
-    rows = q_bits.shape[0]
-    img = np.zeros(rows * 576 * 2, np.uint8)
-    by = q_bits.view(np.uint8).reshape(rows, 576 * 2)
-    for r in range(rows):
-        for b in range(576 * 2):
-            c = b // 2
-            o = ((r // 8) * 9 + c // 64) * 1024 + (r % 8) * 128 + (c % 64) * 2 + b % 2
-            img[o ^ (((o // 128) % 8) * 16)] = by[r, b]
+    """q's tile [rows, 576] of 16-bit words (uint16) -> its shared-memory image (uint8)."""
+    img = np.zeros(q_bits.size * 2, np.uint8)
+    img[_q_tile_offsets(q_bits.shape[0])] = q_bits.view(np.uint8).reshape(q_bits.shape[0], -1)
     return img
 
 
 def _q_tile_from_image(img: np.ndarray, rows: int) -> np.ndarray:
     """_q_tile_image's inverse: the image -> [rows, 576] uint16."""
-    by = np.zeros((rows, 576 * 2), np.uint8)
-    for r in range(rows):
-        for b in range(576 * 2):
-            c = b // 2
-            o = ((r // 8) * 9 + c // 64) * 1024 + (r % 8) * 128 + (c % 64) * 2 + b % 2
-            by[r, b] = img[o ^ (((o // 128) % 8) * 16)]
-    return by.view(np.uint16).reshape(rows, 576)
+    return np.ascontiguousarray(img[_q_tile_offsets(rows)]).view(np.uint16).reshape(rows, 576)
 
 
 def _bf16x2_to_f16x2(words: np.ndarray) -> np.ndarray:
