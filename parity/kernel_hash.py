@@ -44,6 +44,16 @@ def module_texts(problem, module=None, tuning=None) -> list[str]:
     """The Mosaic GPU modules (without debug locations) of one call on `problem` ((heads, batch, seq_len, q_len,
     fp8)), lowered for an abstract H200 on abstract inputs with `tuning` (None: the heuristic's). module: the
     mla_jax.pallas_mosaic_gpu module to use (default: the package's)."""
+    return [text for text, _ in lowered_modules(problem, module, tuning)]
+
+
+def lowered_modules(problem, module=None, tuning=None, page: int = 64) -> list[tuple[str, bytes]]:
+    """(text without debug locations, bytecode handed to XLA) of each Mosaic GPU module of one call on `problem`
+    ((heads, batch, seq_len, q_len, fp8)) with pages of `page`, lowered for an abstract H200 on abstract inputs with
+    `tuning` (None: the heuristic's; a dict: the heuristic's with those fields replaced, as parity.sweep's --set).
+    The bytecode is what Mosaic GPU's compiler reads (`parity.mosaic_ptx`)."""
+    import io
+
     import jax
     import jax.numpy as jnp
     from jax.experimental.mosaic.gpu import core as mgpu_core
@@ -54,10 +64,15 @@ def module_texts(problem, module=None, tuning=None) -> list[str]:
     if module is None:
         from mla_jax import pallas_mosaic_gpu as module
     heads, batch, seq_len, q_len, fp8 = problem
-    page, tokens = 64, batch * q_len
+    tokens = batch * q_len
     blocks = -(-seq_len // page)
     config = MLAConfig(num_heads=heads, page_size=page, dtype="bfloat16",
                        kv_cache_dtype="fp8_e4m3" if fp8 else "auto")
+    if isinstance(tuning, dict):
+        from parity.sweep import with_overrides
+
+        base = module.heuristic_config(config, tokens, blocks, num_reqs=batch, max_query_len=q_len)
+        tuning = with_overrides(base, tuning)
     sds = jax.ShapeDtypeStruct
     q = sds((tokens, heads, 576), jnp.bfloat16)
     kv = sds((batch * blocks + 1, page, 576), jnp.float8_e4m3fn if fp8 else jnp.bfloat16)
@@ -70,21 +85,25 @@ def module_texts(problem, module=None, tuning=None) -> list[str]:
             return module.mla_decode(q, None, kv, md, config, tuning=tuning, k_scale=s)
         return module.mla_decode(q, None, kv, md, config, tuning=tuning)
 
-    texts = []
+    out = []
     serde = mgpu_core._run_serde_pass  # (each Mosaic GPU module passes here just before it is serialized)
 
     def capture(mod, **kw):
         # (the dump name's counter grows with each kernel lowered in the process)
-        texts.append(re.sub(r'dump_basename = "(\w+?)_\d+"', r'dump_basename = "\1"',
-                            mod.operation.get_asm(enable_debug_info=False)))
-        return serde(mod, **kw)
+        text = re.sub(r'dump_basename = "(\w+?)_\d+"', r'dump_basename = "\1"',
+                      mod.operation.get_asm(enable_debug_info=False))
+        serialized = serde(mod, **kw)
+        buf = io.BytesIO()  # (as Mosaic GPU's lowering rule writes it)
+        serialized.operation.write_bytecode(buf, desired_version=0)
+        out.append((text, buf.getvalue()))
+        return serialized
 
     mgpu_core._run_serde_pass = capture
     try:
         lower_for_h200(fn, q, kv, md, sds((), jnp.float32))
     finally:
         mgpu_core._run_serde_pass = serde
-    return texts
+    return out
 
 
 def hashes(module=None) -> dict[str, str]:
