@@ -2529,11 +2529,12 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                 return convert(words)
 
-            def pv_from_slot(acc_ref, k, slot, kv_start, masked: bool, words0=None):
+            def pv_from_slot(acc_ref, k, slot, kv_start, masked: bool, words0=None, in_flight: int = pv_wait):
                 """(pv_registers) O^T += V^T P^T, 8 wgmmas of M = 64 (O^T's rows permuted by PV_PERM), each left
-                operand loaded from the fp8 slot (_load_vt_fp8), its keys past kv_len 0 on the masked step; then the
-                slot, read, is refilled with step k + 2. load_ahead: chunk c + 1's words are loaded before chunk c
-                is converted (chunk 0's, words0, before the softmax), and P's buffer index read once a step."""
+                operand loaded from the fp8 slot (_load_vt_fp8), its keys past kv_len 0 on the masked step, at most
+                `in_flight` of them left running as the next is issued (8: all, one wait after); then the slot,
+                read, is refilled with step k + 2. load_ahead: chunk c + 1's words are loaded before chunk c is
+                converted (chunk 0's, words0, before the softmax), and P's buffer index read once a step."""
                 keep = (plgpu.broadcasted_iota(jnp.int32, (64, block_kv), 1, layout=wg_layout) < kv_len - kv_start
                         if masked else None)
 
@@ -2560,8 +2561,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         vt = jnp.where(keep, vt, jnp.zeros_like(vt))
                     p_t = (p_ref if load_ahead else p_w()).transpose((1, 0))
                     plgpu.wgmma(acc_ref.at[pl.ds(c * 64, 64)], vt, p_t)
-                    if pv_wait < KV_LORA_RANK // 64:  # (at most pv_wait chunks' wgmmas left running)
-                        plgpu.wgmma_wait(pv_wait)
+                    if in_flight < KV_LORA_RANK // 64:  # (at most in_flight chunks' wgmmas left running)
+                        plgpu.wgmma_wait(in_flight)
                 plgpu.commit_smem()  # the slot's reads done before its refill
                 pl.when(k + 2 < e)(lambda: issue_half_step(w, k + 2, k + 1, last_page))
 
@@ -2787,12 +2788,16 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 return (acc, *softmax_store(s * scale, m_i, l_i))
 
             def last_pv(k, carry):
-                """(interleave_steps) The last unmasked step's P @ V alone (its slot then refilled)."""
+                """(interleave_steps) The last unmasked step's P @ V alone (its slot then refilled), its 8 wgmmas all
+                in flight before one wait: with pv_wait's waits between them here ptxas serializes every wgmma of
+                the kernel (C7515, "non wgmma instructions defining accumulator registers"; parity.mosaic_ptx at
+                H16 B128 S16384: 165 registers and C7515 with them, 242 and no warning without)."""
                 acc, alpha, m_i, l_i = carry
                 slot = half_slot(w, k)
                 words0 = load_vt_words(slot, 0)
                 acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [1])
-                acc = accumulate(acc, lambda acc_ref: pv_from_slot(acc_ref, k, slot, k * block_kv, False, words0))
+                acc = accumulate(acc, lambda acc_ref: pv_from_slot(acc_ref, k, slot, k * block_kv, False, words0,
+                                                                   KV_LORA_RANK // 64))
                 return acc, alpha, m_i, l_i
 
             col_layout = wg_layout.reduce(0)
