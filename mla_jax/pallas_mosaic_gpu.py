@@ -815,8 +815,10 @@ class MosaicConfig:
         are in registers), each 64-column chunk a TMA of its own and a barrier of its own (the slots laid out chunk
         by chunk), and step k + 1's scores wait for each chunk as they load it: a refill of the whole slot after the
         P @ V would come one softmax before step k + 2's scores need it, where the default has a whole step between
-        them. The first unmasked step's scores and the last one's P @ V run alone; masked steps as the default's. The
-        same values in the same order (by design bitwise the default).
+        them. The first unmasked step's scores and the last one's P @ V run alone (its 8 wgmmas in flight before one
+        wait); masked steps as the default's. The same values in the same order (by design bitwise the default).
+        ptxas (parity.mosaic_ptx, session 32): 242 registers, no spills at 16 rows; 255, spills and its wgmmas
+        serialized for registers (C7511) at 32 rows.
     q_in_kernel: (an fp8 cache with a bf16 q, compiled; elsewhere no effect: an f16 q needs no conversion, qk_fp8 makes
         its own parts, interpret mode converts in the wrapper) q's f16 conversion inside the kernel: its TMA writes q's
         bf16 bits into q's tile (a bfloat16 view of the same bytes), and the warpgroups that read q (both with

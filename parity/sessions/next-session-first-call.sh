@@ -37,6 +37,13 @@
 #    Predictions: bitwise; no spills at 16 rows (ptxas's counts printed), some at 32; 1.04-1.12x at H16
 #    B128 S16384 and B32 S16384, 0.95-1.05x at H16 B64 S4096 q_len 2 (32 rows: registers). Faster at 16 rows ->
 #    the heuristic's with pv_registers at 16 rows (then the whole fp8 grid, part 1).
+#    Session 32 (no device; `python -m parity.mosaic_ptx`, Mosaic GPU's own compiler on the CPU): as session 31 left
+#    it, ptxas serialized every wgmma of the kernel (C7515: last_pv's waits between its wgmmas; 165 registers);
+#    fixed (last_pv's 8 wgmmas in flight, one wait): 242 registers, no spills, no warning at 16 rows; at 32 rows 255
+#    registers, 484 bytes spilled and C7511 (serialized: too few registers), so slower there (0.85-0.95x). Its SASS
+#    step: 1,200 instructions a warp against the default's ~870, 4 more MEMBAR.ALL.CTA and 12 more warpgroup
+#    barriers (the chunk-wise refills), the P @ V and scores HGMMA groups alternating under DEPBAR.LE 2 as designed.
+#    Revised prediction at 16 rows: 0.97-1.08x (the extra barriers against the second chain).
 # 0) (session 31) `python -m parity.tma_probe`: the SMs' intake of fp8 KV steps by TMA with the fp8 ring's 64-byte
 #    box rows against 128-byte ones (and bf16's), loads alone: does the L2 (88% busy in session 30's ncu report, its
 #    tag requests 60%) cap the fp8 kernel before HBM? Predictions: bf16_128_x2 4.4-4.5 TB/s (session 17's
