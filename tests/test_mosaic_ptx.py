@@ -110,3 +110,33 @@ def test_refuses_without_the_plugin(monkeypatch):
     monkeypatch.setattr(mosaic_ptx.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(RuntimeError, match="pip install jax-cuda13-plugin"):
         mosaic_ptx.plugin_library()
+
+
+SERIALIZED_WGMMA = "are serialized"
+
+
+@pytest.mark.skipif(_plugin() is None or shutil.which("gcc") is None, reason="JAX's CUDA plugin or gcc missing")
+def test_no_kernel_has_its_wgmmas_serialized(tmp_path):
+    """ptxas serializes no wgmma of the heuristic's kernels (parity.kernel_hash's 8 problems) nor of interleave_steps
+    at 16 rows (session 31's build did: C7515, from last_pv's waits; session 32's fix), and keeps interleave_steps at
+    16 rows free of spills. A subprocess (the stand-in driver stays out of this one)."""
+    code = """if True:
+        import json, sys
+        from parity import kernel_hash, mosaic_ptx
+        out = {kernel_hash.problem_name(p): mosaic_ptx.ptx_for(p)[0] for p in kernel_hash.PROBLEMS}
+        out["interleave"] = mosaic_ptx.ptx_for((16, 128, 16384, 1, True), {"interleave_steps": True})[0]
+        json.dump({k: {f: v[f] for f in ("registers", "spill_stores", "warnings")} for k, v in out.items()},
+                  open(sys.argv[1], "w"))
+    """
+    path = tmp_path / "reports.json"
+    run = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    import json
+
+    reports = json.loads(path.read_text())
+    assert len(reports) == 9
+    for name, r in reports.items():
+        assert 0 < r["registers"] <= 255, name
+        assert not any(SERIALIZED_WGMMA in w for w in r["warnings"]), (name, r["warnings"])
+    assert reports["interleave"]["spill_stores"] == 0
