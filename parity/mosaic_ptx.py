@@ -83,9 +83,14 @@ def ptxas_dir() -> str:
     raise RuntimeError("no ptxas: put CUDA's bin on PATH or install triton")
 
 
+_DRIVER_LOADED = []  # (the stand-in's path, once loaded in this process)
+
+
 def load_stand_in_driver(workdir: str) -> None:
     """Builds SHIM_C as libcuda.so.1 (its soname) and loads it globally: the plugin's dlopen of libcuda.so.1 then
-    finds it already loaded."""
+    finds it already loaded. Once a process (it stays loaded: run this in a process of its own)."""
+    if _DRIVER_LOADED:
+        return
     if shutil.which("gcc") is None:
         raise RuntimeError("gcc is needed to build the stand-in libcuda.so.1")
     src, lib = os.path.join(workdir, "shim.c"), os.path.join(workdir, "libcuda.so.1")
@@ -93,6 +98,7 @@ def load_stand_in_driver(workdir: str) -> None:
         f.write(SHIM_C)
     subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", lib, src], check=True)
     ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+    _DRIVER_LOADED.append(lib)
 
 
 def compile_module(compile_fn, module: bytes, workdir: str) -> tuple[str, str]:
