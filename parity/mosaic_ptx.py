@@ -8,8 +8,9 @@ asks the CUDA driver only for the device's compute capability before it writes t
 kernel is never loaded. Needs, beside the project: the plugin (`pip install jax-cuda13-plugin==0.11.2`, which brings
 jax-cuda13-pjrt, about 140 MB, no NVIDIA libraries; in a venv of its own, so that the tests' JAX sees no CUDA
 plugin), gcc, and a ptxas (CUDA 13's on PATH or under /usr/local/cuda*, else Triton's). Checked against the GPU
-machine: session 30's PTX of the heuristic kernel at H16 B128 S16384 fp8 gives the same ptxas report here (240
-registers, no spills) as it gave there.
+machine: for the kernel source of session 30's first call (the heuristic at H16 B128 S16384 fp8) this gives the PTX
+that call dumped there, line for line but the debug locations, and CUDA 13.0's ptxas here the same report (240
+registers, no spills).
 
     python -m parity.mosaic_ptx --shape H16_B128_S16384_q1 --fp8 --set interleave_steps=True --out /tmp/ptx
     python -m parity.mosaic_ptx --grid fp8 --fp8
