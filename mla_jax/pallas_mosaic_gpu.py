@@ -2773,7 +2773,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                             next_x = raw(c + 1) if more else None
                             if c % 2 == 0:  # (step k's chunks c, c + 1 read: their V^T words loaded; each
                                 # TMA's own warpgroup barrier orders the reads before it, as in Pallas's pipelines:
-                                # no commit_smem, whose fence.proxy.async would drain the loads just issued)
+                                # no commit_smem, whose fence.proxy.async would drain the loads just issued. That
+                                # barrier is Pallas's auto barrier, on unless CompilerParams(unsafe_no_auto_barriers))
                                 pl.when(refill)(functools.partial(issue_half_parts, w, k + 2, last_page, [c, c + 1]))
                             plgpu.wgmma(acc_ref.at[pl.ds(c * 64, 64)], convert_vt(words, bits), p_t)
                             if pv_wait == 1:  # (one wgmma in flight: the registers of 32 rows, pv_wait's choice there)

@@ -7,7 +7,8 @@ asks the CUDA driver only for the device's compute capability before it writes t
 `libcuda.so.1` (built here with gcc, loaded before the plugin) answers 9.0 and fails everything after, so the
 kernel is never loaded. Needs, beside the project: the plugin (`pip install jax-cuda13-plugin==0.11.2`, which brings
 jax-cuda13-pjrt, about 140 MB, no NVIDIA libraries; in a venv of its own, so that the tests' JAX sees no CUDA
-plugin), gcc, and a ptxas (CUDA 13's on PATH or under /usr/local/cuda*, else Triton's). Checked against the GPU
+plugin), gcc, and a ptxas (the first on PATH, else under /usr/local/cuda*, else Triton's; the
+plugin picks the PTX ISA version that ptxas reads: CUDA 13's gives the GPU machine's PTX). Checked against the GPU
 machine: for the kernel source of session 30's first call (the heuristic at H16 B128 S16384 fp8) this gives the PTX
 that call dumped there, line for line but the debug locations, and CUDA 13.0's ptxas here the same report (240
 registers, no spills).
@@ -51,6 +52,8 @@ CUresult cuGetErrorString(CUresult e, const char **s) { *s = message; return 0; 
 CUresult cuGetErrorName(CUresult e, const char **s) { *s = message; return 0; }
 """
 
+_OTHER_DUMPS = ("MOSAIC_GPU_DUMP_TO", "MOSAIC_GPU_DUMP_SASS", "MOSAIC_GPU_DUMP_SASS_CTRL", "MOSAIC_GPU_DUMP_LLVM",
+                "MOSAIC_GPU_DUMP_HOST_LLVM", "MOSAIC_GPU_DUMP_MLIR_PASSES", "MOSAIC_GPU_DUMP_RESOURCES")
 _WARNING = re.compile(r"ptxas.*(warning|Performance|serializ|C75\d\d)", re.I)
 
 
@@ -106,9 +109,10 @@ def compile_module(compile_fn, module: bytes, workdir: str) -> tuple[str, str]:
     """(PTX, ptxas's report) of one Mosaic GPU module, read from what the compiler writes to stdout with
     MOSAIC_GPU_DUMP_PTX / _PTXAS set (its loading the kernel then fails, as it must without a GPU)."""
     env = {"MOSAIC_GPU_DUMP_PTX": "1", "MOSAIC_GPU_DUMP_PTXAS": "1"}
-    saved = {k: os.environ.get(k) for k in (*env, "MOSAIC_GPU_DUMP_TO")}
+    saved = {k: os.environ.get(k) for k in (*env, *_OTHER_DUMPS)}
     os.environ.update(env)
-    os.environ.pop("MOSAIC_GPU_DUMP_TO", None)  # (it would dump every pass's IR too)
+    for k in _OTHER_DUMPS:  # (DUMP_TO would dump every pass's IR too; the others would mix into the stdout read)
+        os.environ.pop(k, None)
     out_path, err_path = os.path.join(workdir, "stdout.txt"), os.path.join(workdir, "stderr.txt")
     sys.stdout.flush()
     sys.stderr.flush()
@@ -159,7 +163,9 @@ def ptx_for(problem, overrides: dict | None = None, page: int = 64, module=None)
     library = plugin_library()
     with tempfile.TemporaryDirectory() as workdir:
         load_stand_in_driver(workdir)
-        os.environ["PATH"] = ptxas_dir() + os.pathsep + os.environ.get("PATH", "")
+        tool_dir = ptxas_dir()
+        if not os.environ.get("PATH", "").startswith(tool_dir + os.pathsep):  # (once a process)
+            os.environ["PATH"] = tool_dir + os.pathsep + os.environ.get("PATH", "")
         compile_fn = ctypes.CDLL(library).MosaicGpuCompile
         compile_fn.argtypes = [ctypes.c_char_p, ctypes.c_int]
         compile_fn.restype = ctypes.c_void_p
@@ -187,16 +193,19 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="write each kernel's PTX (.ptx.gz) and ptxas report (.ptxas) here")
     args = p.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    try:
+        plugin_library()
+        ptxas_dir()
+    except RuntimeError as e:
+        print(e, file=sys.stderr)
+        return 2
     failed = 0
     for s in args.shape or bench.GRIDS[args.grid]:
         problem = (s.num_heads, s.batch, s.seq_len, s.q_len, args.fp8)
         try:
             kernels = ptx_for(problem, args.overrides, page=s.page_size)
-        except RuntimeError as e:
-            print(e, file=sys.stderr)
-            return 2
-        except ValueError as e:  # (a tuning the shape refuses)
-            print(f"{s.name}: {e}")
+        except (ValueError, NotImplementedError, RuntimeError) as e:  # (a tuning the shape refuses; no PTX)
+            print(f"{s.name}: {type(e).__name__}: {e}")
             failed += 1
             continue
         name = s.name + ("-fp8" if args.fp8 else "") + "".join(f"-{k}={v}" for k, v in args.overrides.items())

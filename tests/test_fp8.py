@@ -1174,6 +1174,13 @@ def test_interleave_steps_lowers_and_needs_load_ahead():
         if base.pv_registers and q_len == 1:  # (a TMA and a wait a chunk: more of both)
             for op in ("nvvm.cp.async.bulk.tensor.shared.cluster.global", "nvvm.mbarrier.try_wait.parity"):
                 assert inter.count(op) > plain.count(op), (problem, op)
+        if base.pv_registers:  # (the chunk-pair refills drop commit_smem: each TMA's own warpgroup barrier, Pallas's
+            # auto barrier, orders the slot's reads before it; no TMA without a bar.sync since the TMA before it)
+            lines = inter.splitlines()
+            for i, line in enumerate(lines):
+                if "nvvm.cp.async.bulk.tensor.shared.cluster.global" in line:
+                    before = next((x for x in reversed(lines[:i]) if "bar.sync" in x or "cp.async.bulk.tensor" in x), "")
+                    assert "bar.sync" in before, (problem, i)
     # pages of 8 (8 TMAs a chunk, block tables past a chunk) and of 128 (two steps a page) lower with it
     for name in ("long_page_8", "page_128"):
         batch, k_scale = make_fp8_batch(FP8_SCENARIOS[name], "bfloat16")
