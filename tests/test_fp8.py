@@ -1179,7 +1179,8 @@ def test_interleave_steps_lowers_and_needs_load_ahead():
             lines = inter.splitlines()
             for i, line in enumerate(lines):
                 if "nvvm.cp.async.bulk.tensor.shared.cluster.global" in line:
-                    before = next((x for x in reversed(lines[:i]) if "bar.sync" in x or "cp.async.bulk.tensor" in x), "")
+                    before = next((x for x in reversed(lines[:i]) if "bar.sync" in x or "cp.async.bulk.tensor" in x),
+                                  "")
                     assert "bar.sync" in before, (problem, i)
     # pages of 8 (8 TMAs a chunk, block tables past a chunk) and of 128 (two steps a page) lower with it
     for name in ("long_page_8", "page_128"):
