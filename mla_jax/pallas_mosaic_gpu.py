@@ -138,7 +138,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import arith, llvm, nvvm, vector
+from jax._src.lib.mlir.dialects import arith, llvm, nvvm, scf, vector
 
 from mla_jax.combine import combine, combine_ref
 from mla_spec import DecodeMetadata, MLAConfig
@@ -388,6 +388,41 @@ def _convert_vt_word(regs, half: int, mm: int, word, bits: bool):
     for h in range(2):
         regs[0, 4 * half + mm, 0, 0, h, 0, 0, 0, 0] = mgpu.utils.bitcast(
             llvm.extractvalue(i32, pair, [h]), ir.VectorType.get((2,), f16))
+
+
+# (MosaicConfig.lazy_max) log2 units: a step keeps the running column max while none of its scores passes it by more
+# (P up to 2^8, in f16's range: FA4's conditional rescaling)
+LAZY_MAX_SLACK = 8.0
+# (lazy_max) the warpgroup's OR of a flag a thread, on the warpgroup's own named barrier ($2) of 128 threads
+_BAR_RED_OR_PTX = "{ .reg .pred p, q; setp.ne.b32 p, $1, 0; bar.red.or.pred q, $2, 128, p; selp.b32 $0, 1, 0, q; }"
+
+
+def _lazy_col_max(s, m, over, scratch):
+    """(lazy_max; inside inline Mosaic GPU) the running column max after a step: m [n] (the column layout) as it
+    was, unless a score of the step's s [64, n] (WGMMA layout) passes it by more than LAZY_MAX_SLACK (over: those
+    flags, int32, the same layout), which one bar.red.or asks of the whole warpgroup; then max(m, s's column max)
+    through `scratch`, as the exact softmax takes it (col_reduce's reduction)."""
+    i32 = ir.IntegerType.get_signless(32)
+    flag = None
+    for reg in over.registers.flat:
+        x = vector.reduction(i32, vector.CombiningKind.OR, reg) if isinstance(reg.type, ir.VectorType) else reg
+        flag = x if flag is None else arith.ori(flag, x)
+    any_over = llvm.inline_asm(i32, [flag, mgpu.utils.warpgroup_barrier_idx(sync=False)], _BAR_RED_OR_PTX, "=r,r,r",
+                               has_side_effects=True)
+    regs = list(m.registers.flat)
+    branch = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ne, any_over, arith.constant(i32, 0)), [r.type for r in regs],
+                      has_else=True)
+    with ir.InsertionPoint(branch.then_block):
+        exact = m.max(s.reduce("max", 0, scratch=scratch))
+        if exact.layout != m.layout:
+            raise NotImplementedError(f"the column max's layout {exact.layout} is not the running max's {m.layout}")
+        scf.yield_(list(exact.registers.flat))
+    with ir.InsertionPoint(branch.else_block):
+        scf.yield_(regs)
+    out = np.empty(m.registers.shape, dtype=object)
+    for i, r in enumerate(branch.results):
+        out.flat[i] = r
+    return mgpu.FragmentedArray(_registers=out, _layout=m.layout, _is_signed=m.is_signed)
 
 
 def _convert_vt_fp8(words_fa, bits: bool = False):
@@ -819,6 +854,14 @@ class MosaicConfig:
         wait); masked steps as the default's. The same values in the same order (by design bitwise the default).
         ptxas (parity.mosaic_ptx, session 32): 242 registers, no spills at 16 rows; 255, spills and its wgmmas
         serialized for registers (C7511) at 32 rows.
+    lazy_max: (kv_halves only, elsewhere no effect; opt-in, session 32, not yet compiled or timed) FA4's conditional
+        rescaling in each step's softmax: the running column max is kept while no score of the step passes it by
+        more than LAZY_MAX_SLACK (8 in log2 units: P <= 2^8, in f16's range), the question asked of the whole
+        warpgroup by one `bar.red.or` (_lazy_col_max); only then the exact column max (the warps' exchange through
+        shared memory: 3 shuffle rounds, a store, a load, two warpgroup barriers) and alpha's rescale. The first
+        step always takes it (the max is -inf). The same sums at other scales: not bitwise the default, within its
+        tolerances (the reference's checks). For the latency-bound 16-row step (session 30's ncu), where the
+        exchange sits between the scores and P @ V on each warpgroup's chain.
     q_in_kernel: (an fp8 cache with a bf16 q, compiled; elsewhere no effect: an f16 q needs no conversion, qk_fp8 makes
         its own parts, interpret mode converts in the wrapper) q's f16 conversion inside the kernel: its TMA writes q's
         bf16 bits into q's tile (a bfloat16 view of the same bytes), and the warpgroups that read q (both with
@@ -902,6 +945,7 @@ class MosaicConfig:
     zero_tail: bool = False
     load_ahead: bool = False
     interleave_steps: bool = False
+    lazy_max: bool = False
     q_in_kernel: bool = False
     qk_fp8: bool = False
     qk_fp8_one_acc: bool = True
@@ -915,7 +959,7 @@ class MosaicConfig:
         for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
                      "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast", "deferred_pv", "split_ring",
                      "part_wait", "kv_halves", "qk_registers", "sums_at_end", "qk_permuted", "pv_registers",
-                     "zero_tail", "load_ahead", "interleave_steps", "q_in_kernel", "qk_fp8",
+                     "zero_tail", "load_ahead", "interleave_steps", "lazy_max", "q_in_kernel", "qk_fp8",
                      "qk_fp8_one_acc"):
             x = getattr(self, name)
             if not isinstance(x, bool):
@@ -1225,7 +1269,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   kv_halves: bool = False, qk_registers: bool = False, sums_at_end: bool = False,
                   qk_permuted: bool = False, pv_registers: bool = False, pv_wait: int = 4, zero_tail: bool = False,
                   load_ahead: bool = False, q_parts: int = 0, q_one_acc: bool = True, q_bits: bool = False,
-                  interleave_steps: bool = False, out_dtype=None, interpret: bool = False):
+                  interleave_steps: bool = False, lazy_max: bool = False, out_dtype=None,
+                  interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile), the last axis the fastest (heads_fastest: reversed, the head
@@ -1250,6 +1295,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     scores, q_parts) the parts' wgmmas into one accumulator (split_q_e4m3's step 1), else an accumulator a part (the
     parts 16x apart, step Q_FP8_STEP).
     interleave_steps: MosaicConfig's (with load_ahead and pv_registers).
+    lazy_max: MosaicConfig's (kv_halves only).
     q_bits: (MosaicConfig.q_in_kernel: an fp8 cache, compiled) q [T, heads, 576] is bfloat16, unpermuted: its TMA
     writes a bfloat16 view of q's tile, which the warpgroups reading q convert to f16 in place (qk_permuted: in
     QK_PERM's column order) before their first wgmma.
@@ -2295,6 +2341,23 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
             return reduce(x, red_smem.at[w])
 
+        def lazy_col_max(s, m_i, w: int):
+            """(lazy_max) The running column max m_i [n] after a step's scores s [64, n]: m_i itself unless a score
+            passes it by more than LAZY_MAX_SLACK (one bar.red.or on warpgroup w's barrier), else the exact max (as
+            col_reduce's), so exp2(s - max) stays <= 2^8 and the common step skips the warps' exchange."""
+            over = s > lax.broadcast_in_dim(m_i + LAZY_MAX_SLACK, s.shape, [1])
+            if interpret:  # (the interpreter has no rule for inline Mosaic GPU)
+                return lax.cond(jnp.any(over), lambda: jnp.maximum(m_i, s.max(axis=0)), lambda: m_i)
+            wg = plgpu.Layout.WGMMA
+
+            @plgpu.inline_mgpu(arg_types=(wg, wg.reduce(0), wg, plgpu.RefType()),
+                               return_type=plgpu.ShapeDtypeStruct(m_i.shape, jnp.float32, layout=wg.reduce(0)))
+            def lazy(ctx, fa, m, flags, scratch):
+                del ctx
+                return _lazy_col_max(fa, m, flags, scratch)
+
+            return lazy(s, m_i, over.astype(jnp.int32), red_smem.at[w])
+
         def half_slot(w: int, k):
             """(kv_halves) Warpgroup w's ring slot of step k: w (pv_registers: 2 w + k % 2, two a warpgroup)."""
             return 2 * w + lax.rem(k, jnp.int32(2)) if pv_registers else w
@@ -2423,8 +2486,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
             def softmax_store(s, m_i, l_i):
                 """A step's online softmax down the columns of its scaled (and masked) scores s [64, n]: (alpha, the
-                new column max, the sums), P^T stored into this warpgroup's P buffer and fenced for its P @ V."""
-                m_new = jnp.maximum(m_i, col_reduce(s, "max", w))
+                new column max, the sums), P^T stored into this warpgroup's P buffer and fenced for its P @ V
+                (lazy_max: the column max kept while no score passes it by more than LAZY_MAX_SLACK; alpha then 1)."""
+                m_new = lazy_col_max(s, m_i, w) if lazy_max else jnp.maximum(m_i, col_reduce(s, "max", w))
                 alpha = jnp.exp2(m_i - m_new)
                 p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
                 if sums_at_end:  # (the [64, n] sums, reduced down their columns after the last step)
@@ -3168,6 +3232,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         zero_tail=kv_halves and tuning.zero_tail,
         load_ahead=qk_permuted and tuning.load_ahead,
         interleave_steps=qk_permuted and pv_registers and tuning.load_ahead and tuning.interleave_steps,
+        lazy_max=kv_halves and tuning.lazy_max,
         q_parts=q_parts, q_one_acc=tuning.qk_fp8_one_acc, q_bits=q_bits,
     )
     q_in = (q, q_inv_scale) if q_parts else q

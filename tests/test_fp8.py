@@ -379,6 +379,16 @@ MOSAIC_FP8_CASES = [
     ("decode_q2_page_32", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
                                            qk_registers=True, sums_at_end=True, qk_permuted=True, pv_registers=True,
                                            pv_wait=1, zero_tail=True)),
+    # lazy_max: the column max kept while no score passes it by 2^8 (one bar.red.or a step): 16 rows with causal
+    # masks and zero_tail, block tables past a chunk at page 8 in fp16, 32 rows beside a q_len-1 request (2 splits)
+    ("heads_8_q2", "bfloat16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
+                                    sums_at_end=True, qk_permuted=True, pv_registers=True, zero_tail=True,
+                                    lazy_max=True)),
+    ("long_page_8", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
+                                    sums_at_end=True, qk_permuted=True, pv_registers=True, lazy_max=True)),
+    ("decode_q2_page_32", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
+                                           qk_registers=True, sums_at_end=True, qk_permuted=True, pv_registers=True,
+                                           pv_wait=1, zero_tail=True, lazy_max=True)),
     # qk_fp8: the scores on the e4m3 tensor cores, K from the slot, q in e4m3 parts (bf16 2, f16 3): 2 splits at page
     # 16 (V's f16 copies), H = 8 q_len 2 in fp16 (masks; compiled: no pv_registers, 3 parts do not fit, so not run),
     # block tables past a chunk with pv_registers and zero_tail, 32 rows (interpret: V's copies) at page 32 beside a
@@ -1658,3 +1668,63 @@ def test_kernel_hash_cli(tmp_path, monkeypatch, capsys):
     assert "H16_B2_S300_q1_fp8" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         kernel_hash.main(["--against", "no-such-revision-xyz"])
+
+
+def _lazy_max_jump(interpret: bool):
+    """lazy_max keeps each column's max while no score passes it by more than LAZY_MAX_SLACK: two keys of request 0
+    whose scores jump past it (at positions 200 and 900 of 1030: after the first step of each warpgroup's half of
+    the steps) make those steps take the exact max; the rest keep it. Against the reference on the same cache."""
+    import dataclasses
+
+    from mla_jax import pallas_mosaic_gpu as mg
+
+    batch, k_scale = make_fp8_batch(FP8_SCENARIOS["long_page_8"], "bfloat16")
+    kv, P, q0 = batch.kv_cache.copy(), batch.config.page_size, batch.q[0, 0]
+    for pos in (200, 900):  # (112 is an e4m3 value: the key aligned with token 0's head 0)
+        kv[batch.metadata.block_table[0][pos // P], pos % P] = np.sign(q0).astype(np.float32) * 112.0
+    batch = dataclasses.replace(batch, kv_cache=kv)
+    # (the premise: each jump passes by more than the slack, in log2 units, the running max of its warpgroup's steps
+    # before it: warpgroup 1's from step ceil(17 / 2) = 9, key 576, on)
+    rows = np.stack([kv[batch.metadata.block_table[0][t // P], t % P] for t in range(1030)]).astype(np.float64)
+    s = rows @ q0.astype(np.float64) * k_scale * batch.config.softmax_scale / math.log(2)
+    for pos, start in ((200, 0), (900, 576)):
+        assert s[pos] > s[start:pos].max() + mg.LAZY_MAX_SLACK, pos
+    ref_out, ref_lse = fp8_reference(batch, k_scale)
+    q, kv_j, md = jax_inputs(batch, "bfloat16")
+    tuning = dict(QK_PERMUTED_TUNING, lazy_max=True)
+    if not interpret:
+        tuning.update(pv_registers=True, zero_tail=True, load_ahead=True)
+    out, lse = mg.mla_decode(q, None, kv_j, md, batch.config, tuning=mg.MosaicConfig(**tuning), interpret=interpret,
+                             k_scale=k_scale)
+    assert_close(out.astype(jnp.float32), lse, ref_out, ref_lse, "bfloat16", "lazy_max with jumps")
+
+
+def test_mosaic_gpu_fp8_lazy_max_jump():
+    pytest.importorskip("absl", reason="Mosaic GPU interpret mode needs absl-py")
+    _lazy_max_jump(interpret=True)
+
+
+@pytest.mark.gpu
+def test_mosaic_gpu_fp8_lazy_max_jump_compiled():
+    _lazy_max_jump(interpret=False)
+
+
+def test_lazy_max_lowers_where_kv_halves_runs():
+    """lazy_max (an abstract H200, no GPU) puts one bar.red.or a step into the kv_halves kernels (16 and 32 rows, with
+    and without pv_registers) and leaves the others (H = 128: the plain scores; a bf16 cache) as they are."""
+    import dataclasses
+
+    from mla_jax import pallas_mosaic_gpu as mg
+    from parity import kernel_hash
+
+    for problem in kernel_hash.PROBLEMS:
+        heads, batch, seq_len, q_len, fp8 = problem
+        config = MLAConfig(num_heads=heads, page_size=64, dtype="bfloat16",
+                           kv_cache_dtype="fp8_e4m3" if fp8 else "auto")
+        base = mg.heuristic_config(config, batch * q_len, -(-seq_len // 64), batch, max_query_len=q_len)
+        [plain] = kernel_hash.module_texts(problem, tuning=base)
+        [lazy] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, lazy_max=True))
+        if base.kv_halves:
+            assert "bar.red.or.pred" in lazy and "bar.red.or.pred" not in plain, problem
+        else:
+            assert lazy == plain, problem
