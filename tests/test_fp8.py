@@ -522,15 +522,17 @@ def test_mosaic_gpu_fp8_q_beyond_f16_is_not_silently_clamped():
     np.testing.assert_allclose(out[:, 1:], np.asarray(ref_out)[:, 1:], rtol=2e-2, atol=2e-2)
 
 
-def _check_fp8_nan_in_one_head(interpret):
+def _check_fp8_nan_in_one_head(interpret, **extra):
     """kv_halves merges its two warpgroups' partials column by column: a NaN in token 0's head 3 of q makes that
-    head's output and lse NaN and leaves every other head and token right (within the fp8 tolerances)."""
+    head's output and lse NaN and leaves every other head and token right (within the fp8 tolerances). extra:
+    more MosaicConfig fields (lazy_max: the NaN column never passes its max, the others do)."""
     from mla_jax import pallas_mosaic_gpu
 
     batch, k_scale, ref_out, ref_lse = fp8_batch_and_reference("page_size_16", "bfloat16")
     q, kv, md = jax_inputs(batch, "bfloat16")
     q = q.at[0, 3, 0].set(jnp.nan)
-    tuning = pallas_mosaic_gpu.MosaicConfig(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True)
+    tuning = pallas_mosaic_gpu.MosaicConfig(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
+                                            **extra)
     out, lse = pallas_mosaic_gpu.mla_decode(q, None, kv, md, batch.config, tuning=tuning, interpret=interpret,
                                             k_scale=k_scale)
     out, lse = np.asarray(out.astype(jnp.float32)), np.asarray(lse)
@@ -547,10 +549,22 @@ def test_mosaic_gpu_fp8_kv_halves_nan_in_one_head_stays_in_that_head():
     _check_fp8_nan_in_one_head(interpret=True)
 
 
+def test_mosaic_gpu_fp8_lazy_max_nan_in_one_head_stays_in_that_head():
+    pytest.importorskip("absl", reason="Mosaic GPU interpret mode needs absl-py")
+    _check_fp8_nan_in_one_head(interpret=True, qk_registers=True, sums_at_end=True, lazy_max=True)
+
+
 @pytest.mark.gpu
 def test_mosaic_gpu_fp8_kv_halves_nan_in_one_head_compiled():
     _skip_without_hopper()
     _check_fp8_nan_in_one_head(interpret=False)
+
+
+@pytest.mark.gpu
+def test_mosaic_gpu_fp8_lazy_max_nan_in_one_head_compiled():
+    _skip_without_hopper()
+    _check_fp8_nan_in_one_head(interpret=False, qk_registers=True, sums_at_end=True, qk_permuted=True,
+                               pv_registers=True, zero_tail=True, load_ahead=True, lazy_max=True)
 
 
 @pytest.mark.parametrize("num_heads,tuning", [(16, None), (128, dict(num_splits=2, pdl=True)),
@@ -1706,6 +1720,7 @@ def test_mosaic_gpu_fp8_lazy_max_jump():
 
 @pytest.mark.gpu
 def test_mosaic_gpu_fp8_lazy_max_jump_compiled():
+    _skip_without_hopper()
     _lazy_max_jump(interpret=False)
 
 
