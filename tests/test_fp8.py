@@ -389,6 +389,9 @@ MOSAIC_FP8_CASES = [
     ("decode_q2_page_32", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
                                            qk_registers=True, sums_at_end=True, qk_permuted=True, pv_registers=True,
                                            pv_wait=1, zero_tail=True, lazy_max=True)),
+    # (and the sums reduced a step, without sums_at_end: l rescaled by alpha, 1 on a kept step)
+    ("heads_8_q2", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
+                                   qk_permuted=True, lazy_max=True)),
     # qk_fp8: the scores on the e4m3 tensor cores, K from the slot, q in e4m3 parts (bf16 2, f16 3): 2 splits at page
     # 16 (V's f16 copies), H = 8 q_len 2 in fp16 (masks; compiled: no pv_registers, 3 parts do not fit, so not run),
     # block tables past a chunk with pv_registers and zero_tail, 32 rows (interpret: V's copies) at page 32 beside a
@@ -1684,10 +1687,11 @@ def test_kernel_hash_cli(tmp_path, monkeypatch, capsys):
         kernel_hash.main(["--against", "no-such-revision-xyz"])
 
 
-def _lazy_max_jump(interpret: bool):
+def _lazy_max_jump(interpret: bool, **extra):
     """lazy_max keeps each column's max while no score passes it by more than LAZY_MAX_SLACK: two keys of request 0
     whose scores jump past it (at positions 200 and 900 of 1030: after the first step of each warpgroup's half of
-    the steps) make those steps take the exact max; the rest keep it. Against the reference on the same cache."""
+    the steps) make those steps take the exact max; the rest keep it. Against the reference on the same cache, and
+    not bitwise the default's output (which it would be if every step took the exact max). extra: more fields."""
     import dataclasses
 
     from mla_jax import pallas_mosaic_gpu as mg
@@ -1705,12 +1709,16 @@ def _lazy_max_jump(interpret: bool):
         assert s[pos] > s[start:pos].max() + mg.LAZY_MAX_SLACK, pos
     ref_out, ref_lse = fp8_reference(batch, k_scale)
     q, kv_j, md = jax_inputs(batch, "bfloat16")
-    tuning = dict(QK_PERMUTED_TUNING, lazy_max=True)
+    tuning = dict(QK_PERMUTED_TUNING, **extra)
     if not interpret:
         tuning.update(pv_registers=True, zero_tail=True, load_ahead=True)
-    out, lse = mg.mla_decode(q, None, kv_j, md, batch.config, tuning=mg.MosaicConfig(**tuning), interpret=interpret,
-                             k_scale=k_scale)
-    assert_close(out.astype(jnp.float32), lse, ref_out, ref_lse, "bfloat16", "lazy_max with jumps")
+    outs = {}
+    for lazy in (True, False):
+        outs[lazy] = mg.mla_decode(q, None, kv_j, md, batch.config, tuning=mg.MosaicConfig(**tuning, lazy_max=lazy),
+                                   interpret=interpret, k_scale=k_scale)
+        assert_close(outs[lazy][0].astype(jnp.float32), outs[lazy][1], ref_out, ref_lse, "bfloat16",
+                     f"lazy_max={lazy} with jumps")
+    assert not np.array_equal(np.asarray(outs[True][0]), np.asarray(outs[False][0]))  # (the kept steps ran)
 
 
 def test_mosaic_gpu_fp8_lazy_max_jump():
@@ -1719,9 +1727,10 @@ def test_mosaic_gpu_fp8_lazy_max_jump():
 
 
 @pytest.mark.gpu
-def test_mosaic_gpu_fp8_lazy_max_jump_compiled():
+@pytest.mark.parametrize("interleave", [False, True], ids=["steps", "interleave_steps"])
+def test_mosaic_gpu_fp8_lazy_max_jump_compiled(interleave):
     _skip_without_hopper()
-    _lazy_max_jump(interpret=False)
+    _lazy_max_jump(interpret=False, interleave_steps=interleave)
 
 
 def test_lazy_max_lowers_where_kv_halves_runs():
