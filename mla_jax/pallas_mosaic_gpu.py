@@ -871,7 +871,8 @@ class MosaicConfig:
         through an XLA fusion before the kernel (the f16 conversion, and qk_permuted's gather): a kernel of its own
         in every fp8 call, which the bf16 path does not have (session 27's ncu count at H16 B64 S4096 q_len 2: q's
         conversion and the output's gather ~8 us cold, ~2-4 warm, of ~92). The same conversion (round to nearest
-        even, beyond 65504 inf): bitwise the default for every finite q. Not yet compiled or timed (session 31).
+        even, beyond 65504 inf): bitwise the default for every finite q. Not yet run on a GPU or timed (session 31;
+        ptxas on the CPU, parity.mosaic_ptx: 241 registers at H16 B128 S16384 against 239, 185 at B1, no spills).
     qk_fp8: (fp8 cache: kv_halves, and the plain scores' fused conversion, below; elsewhere no effect; opt-in: on the
         H200 (session 29) it fails the lse tolerance, 2.6e-3 to 8.5e-3 absolute against 2e-3, ~1e-3 of the scores:
         Hopper's e4m3 accumulation; not timed) the scores on the tensor cores' e4m3 path: S^T = K Q^T with K straight from the fp8 ring slot (the
