@@ -55,7 +55,7 @@
 #    ptxas (CPU): 250 registers at 16 rows (heuristic 239), no spills, no serialization; the common step's SASS
 #    skips 56 instructions (12 SHFL, the STS / LDS, a barrier) for FSETPs and one BAR.RED.OR.
 #    Predictions: the tests pass; 1.02-1.06x at H16 B128 S16384 and B32 S16384, 0.98-1.03x at the 32-row q2 row
-#    (spilling either way). Not bitwise: the sweep's checks are against the reference.
+#    (spilling either way). Not bitwise: its compiled tests check it against the reference (the sweep only times).
 # 0) (session 31) `python -m parity.tma_probe`: the SMs' intake of fp8 KV steps by TMA with the fp8 ring's 64-byte
 #    box rows against 128-byte ones (and bf16's), loads alone: does the L2 (88% busy in session 30's ncu report, its
 #    tag requests 60%) cap the fp8 kernel before HBM? Predictions: bf16_128_x2 4.4-4.5 TB/s (session 17's
