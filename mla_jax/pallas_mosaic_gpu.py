@@ -2400,16 +2400,27 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
             return lp0, chunk
 
+        def half_pages(w: int, lp0, chunk, last_page):
+            """(kv_halves) The cache pages of the step whose first page is lp0 (in block-table chunk `chunk`, staged in
+            warpgroup w's buffer: stage_half_bt), pages_per_step of them: pages past the request's last, the last
+            (its rows past kv_len)."""
+            base = INFO_WORDS + w * bt_chunk
+
+            def page_at(lp):
+                return i_smem[base + lp - chunk * bt_chunk]
+
+            if pages_per_step == 1:
+                return [page_at(lp0)]
+            return [page_at(jnp.minimum(lp0 + j, last_page)) for j in range(pages_per_step)]
+
         def issue_half_parts(w: int, k, last_page, chunks):
             """(interleave_steps) TMA of the 64-column chunks `chunks` of KV step k into warpgroup w's (chunk-major)
             ring slot, each on its own barrier, a TMA a page (its block-table chunk already staged: stage_half_bt)."""
-            base = INFO_WORDS + w * bt_chunk
             lp0 = first_page(k)
-            chunk = lax.div(lp0, jnp.int32(bt_chunk))
+            pages = half_pages(w, lp0, lax.div(lp0, jnp.int32(bt_chunk)), last_page)  # (read once for all chunks)
             slot = half_slot(w, k)
             for c in chunks:
-                for j in range(pages_per_step):  # pages past the request's last: the last stands in (rows past kv_len)
-                    page = i_smem[base + jnp.minimum(lp0 + j, last_page) - chunk * bt_chunk]
+                for j, page in enumerate(pages):
                     rows = pl.ds(j * page_size, page_size) if pages_per_step > 1 else slice(None)
                     plgpu.copy_gmem_to_smem(step_rows(k, page).at[:, pl.ds(c * 64, 64)], kv_smem.at[slot, c, rows],
                                             half_ready(w, slot, c))
@@ -2422,17 +2433,12 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             if interleave_steps:
                 issue_half_parts(w, k, last_page, range(HALVES_CHUNKS))
                 return
-            base = INFO_WORDS + w * bt_chunk
-
-            def page_at(lp):
-                return i_smem[base + lp - chunk * bt_chunk]
-
             slot = half_slot(w, k)
             if pages_per_step == 1:
-                plgpu.copy_gmem_to_smem(step_rows(k, page_at(lp0)), kv_smem.at[slot], kv_ready.at[slot])
+                [page] = half_pages(w, lp0, chunk, last_page)
+                plgpu.copy_gmem_to_smem(step_rows(k, page), kv_smem.at[slot], kv_ready.at[slot])
             else:
-                for j in range(pages_per_step):  # pages past the request's last: the last stands in (rows past kv_len)
-                    page = page_at(jnp.minimum(lp0 + j, last_page))
+                for j, page in enumerate(half_pages(w, lp0, chunk, last_page)):
                     plgpu.copy_gmem_to_smem(step_rows(k, page), kv_smem.at[slot, pl.ds(j * page_size, page_size)],
                                             kv_ready.at[slot])
 
