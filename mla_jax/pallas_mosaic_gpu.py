@@ -852,7 +852,7 @@ class MosaicConfig:
         P @ V would come one softmax before step k + 2's scores need it, where the default has a whole step between
         them. The first unmasked step's scores and the last one's P @ V run alone (its 8 wgmmas in flight before one
         wait); masked steps as the default's. The same values in the same order (by design bitwise the default).
-        ptxas (parity.mosaic_ptx, session 32): 242 registers, no spills at 16 rows; 255, spills and its wgmmas
+        ptxas (parity.mosaic_ptx, session 32): 244 registers, no spills at 16 rows; 255, spills and its wgmmas
         serialized for registers (C7511) at 32 rows.
     lazy_max: (kv_halves only, elsewhere no effect; opt-in, session 32, not yet compiled or timed) FA4's conditional
         rescaling in each step's softmax: the running column max is kept while no score of the step passes it by
@@ -2866,7 +2866,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 """(interleave_steps) The last unmasked step's P @ V alone (its slot then refilled), its 8 wgmmas all
                 in flight before one wait: with pv_wait's waits between them here ptxas serializes every wgmma of
                 the kernel (C7515, "non wgmma instructions defining accumulator registers"; parity.mosaic_ptx at
-                H16 B128 S16384: 165 registers and C7515 with them, 242 and no warning without)."""
+                H16 B128 S16384: 165 registers and C7515 with them, no warning without)."""
                 acc, alpha, m_i, l_i = carry
                 slot = half_slot(w, k)
                 words0 = load_vt_words(slot, 0)

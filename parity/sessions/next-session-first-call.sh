@@ -42,7 +42,8 @@
 #    it, ptxas serialized every wgmma of the kernel (C7515: last_pv's waits between its wgmmas; 165 registers);
 #    fixed (last_pv's 8 wgmmas in flight, one wait): 242 registers, no spills, no warning at 16 rows; at 32 rows 255
 #    registers, 484 bytes spilled and C7511 (serialized: too few registers), so slower there (0.85-0.95x). Its SASS
-#    step: 1,188 instructions a warp against the default's ~870 (the 9 chunk TMAs' uniform address arithmetic), 13
+#    step: 1,188 instructions a warp against the default's ~870 (the 9 chunk TMAs' uniform address arithmetic; 1,173
+#    and 244 registers once its pages are read once a refill, 61167c6), 13
 #    warpgroup barriers against 6 (a chunk-pair refill's commit_smem dropped: 1 MEMBAR.ALL.CTA a step against 5),
 #    20 mbarrier waits against 4, the P @ V and scores HGMMA groups alternating under DEPBAR.LE 2 as designed.
 #    Revised prediction at 16 rows: 0.97-1.08x (the extra barriers against the second chain). Every kernel this
