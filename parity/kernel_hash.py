@@ -68,17 +68,16 @@ def lowered_modules(problem, module=None, tuning=None, page: int = 64) -> list[t
     blocks = -(-seq_len // page)
     config = MLAConfig(num_heads=heads, page_size=page, dtype="bfloat16",
                        kv_cache_dtype="fp8_e4m3" if fp8 else "auto")
-    if isinstance(tuning, dict):
-        from parity.sweep import with_overrides
-
-        base = module.heuristic_config(config, tokens, blocks, num_reqs=batch, max_query_len=q_len)
-        tuning = with_overrides(base, tuning)
     sds = jax.ShapeDtypeStruct
     q = sds((tokens, heads, 576), jnp.bfloat16)
     kv = sds((batch * blocks + 1, page, 576), jnp.float8_e4m3fn if fp8 else jnp.bfloat16)
     md = DecodeMetadata(query_start_loc=sds((batch + 1,), jnp.int32), seq_lens=sds((batch,), jnp.int32),
                         block_table=sds((batch, blocks), jnp.int32), max_query_len=q_len, max_seq_len=seq_len,
                         num_decode_tokens=tokens)
+    if isinstance(tuning, dict):
+        from parity.sweep import heuristic_tuning
+
+        tuning = heuristic_tuning(module, config, md, tuning)
 
     def fn(q, kv, md, s):
         if fp8:
