@@ -138,6 +138,16 @@ def write_rows(path: str | None, rows: list):
             json.dump(dict(device=str(jax.devices()[0].device_kind), rows=rows), f, indent=1)
 
 
+def random_e4m3_bits(shape):
+    """Random e4m3 bit patterns (uint8) of `shape`, seeded (0), with no NaN (0x7F / 0xFF become 0x3C, 1.5): the
+    probes check their results bit for bit, where NaN differs by design."""
+    import numpy as np
+
+    bits = np.random.default_rng(0).integers(0, 256, size=shape, dtype=np.uint8)
+    bits[(bits & 0x7F) == 0x7F] = 0x3C
+    return bits
+
+
 def parse_names(text: str, known, flag: str) -> list[str]:
     """--probes / --methods 'a,b': the names, each one of `known` (else a ValueError naming it)."""
     names = text.split(",")
@@ -181,9 +191,7 @@ def main(argv=None) -> int:
         return 2
     from mla_jax.pallas_mosaic_gpu import e4m3_bits_to_f16
 
-    rng = np.random.default_rng(0)
-    bits = rng.integers(0, 256, size=(2, BLOCK_KV, HEAD_DIM), dtype=np.uint8)
-    bits[(bits & 0x7F) == 0x7F] = 0x3C  # no NaN: the methods differ there by design
+    bits = random_e4m3_bits((2, BLOCK_KV, HEAD_DIM))
     x = jax.numpy.asarray(bits.view(ml_dtypes.float8_e4m3fn))
     want = {"cvt": bits.view(ml_dtypes.float8_e4m3fn).astype(np.float16), "bits": e4m3_bits_to_f16(bits),
             "copy": bits.view(ml_dtypes.float8_e4m3fn)}

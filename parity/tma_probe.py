@@ -34,7 +34,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from parity.convert_probe import add_probe_args, gpu_missing, parse_iters, parse_names, slope_time, write_rows
+from parity.convert_probe import (add_probe_args, gpu_missing, parse_iters, parse_names, random_e4m3_bits, slope_time,
+                                  write_rows)
 
 BLOCK_KV, HEAD_DIM, KV_LORA_RANK = 64, 576, 512
 HBM_ROWS = 1 << 20  # the large buffer's rows
@@ -178,13 +179,10 @@ def big_buffer(probe: str, rows: int = HBM_ROWS):
     import ml_dtypes
     import numpy as np
 
-    rng = np.random.default_rng(0)
     if PROBES[probe][0].startswith("float8"):
-        bits = rng.integers(0, 256, size=(BLOCK_KV, HEAD_DIM), dtype=np.uint8)
-        bits[(bits & 0x7F) == 0x7F] = 0x3C  # (no NaN: the check compares bits)
-        step = bits.view(ml_dtypes.float8_e4m3fn)
+        step = random_e4m3_bits((BLOCK_KV, HEAD_DIM)).view(ml_dtypes.float8_e4m3fn)
     else:
-        step = rng.standard_normal((BLOCK_KV, HEAD_DIM)).astype(ml_dtypes.bfloat16)
+        step = np.random.default_rng(0).standard_normal((BLOCK_KV, HEAD_DIM)).astype(ml_dtypes.bfloat16)
     pitch = PROBES[probe][3]
     padded = jnp.pad(jnp.asarray(step), ((0, 0), (0, pitch - HEAD_DIM)))
     return jnp.tile(padded, (rows // BLOCK_KV, 1)), step
