@@ -47,19 +47,14 @@ def module_texts(problem, module=None, tuning=None) -> list[str]:
     return [text for text, _ in lowered_modules(problem, module, tuning)]
 
 
-def lowered_modules(problem, module=None, tuning=None, page: int = 64) -> list[tuple[str, bytes]]:
-    """(text without debug locations, bytecode handed to XLA) of each Mosaic GPU module of one call on `problem`
-    ((heads, batch, seq_len, q_len, fp8)) with pages of `page`, lowered for an abstract H200 on abstract inputs with
-    `tuning` (None: the heuristic's; a dict: the heuristic's with those fields replaced, as parity.sweep's --set).
-    The bytecode is what Mosaic GPU's compiler reads (`parity.mosaic_ptx`)."""
-    import io
-
+def abstract_call(problem, module=None, tuning=None, page: int = 64):
+    """(fn, args): one call of mla_decode on `problem` ((heads, batch, seq_len, q_len, fp8)) with pages of `page`, on
+    abstract inputs (q bf16, the cache, metadata and k_scale as ShapeDtypeStructs), for `lower_for_h200(fn, *args)`;
+    `tuning` None: the heuristic's; a dict: the heuristic's with those fields replaced (as parity.sweep's --set)."""
     import jax
     import jax.numpy as jnp
-    from jax.experimental.mosaic.gpu import core as mgpu_core
 
     from mla_spec import DecodeMetadata, MLAConfig
-    from parity.h200 import lower_for_h200
 
     if module is None:
         from mla_jax import pallas_mosaic_gpu as module
@@ -84,6 +79,20 @@ def lowered_modules(problem, module=None, tuning=None, page: int = 64) -> list[t
             return module.mla_decode(q, None, kv, md, config, tuning=tuning, k_scale=s)
         return module.mla_decode(q, None, kv, md, config, tuning=tuning)
 
+    return fn, (q, kv, md, sds((), jnp.float32))
+
+
+def lowered_modules(problem, module=None, tuning=None, page: int = 64) -> list[tuple[str, bytes]]:
+    """(text without debug locations, bytecode handed to XLA) of each Mosaic GPU module of one call on `problem`
+    (abstract_call's), lowered for an abstract H200. The bytecode is what Mosaic GPU's compiler reads
+    (`parity.mosaic_ptx`)."""
+    import io
+
+    from jax.experimental.mosaic.gpu import core as mgpu_core
+
+    from parity.h200 import lower_for_h200
+
+    fn, args = abstract_call(problem, module, tuning, page)
     out = []
     serde = mgpu_core._run_serde_pass  # (each Mosaic GPU module passes here just before it is serialized)
 
@@ -99,7 +108,7 @@ def lowered_modules(problem, module=None, tuning=None, page: int = 64) -> list[t
 
     mgpu_core._run_serde_pass = capture
     try:
-        lower_for_h200(fn, q, kv, md, sds((), jnp.float32))
+        lower_for_h200(fn, *args)
     finally:
         mgpu_core._run_serde_pass = serde
     return out

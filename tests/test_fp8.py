@@ -26,7 +26,7 @@ import mla_jax
 import mla_torch
 from mla_jax import pallas_triton
 from mla_jax.pallas_triton import TritonConfig
-from mla_spec import DecodeMetadata, MLAConfig, reference, validate_inputs
+from mla_spec import MLAConfig, reference, validate_inputs
 from mla_spec.config import FP8_KV_CACHE_MSG
 from parity.compare import TOLERANCES, compare
 from parity.h200 import lower_for_h200
@@ -1132,19 +1132,13 @@ def test_q_in_kernel_lowers_and_skips_the_wrappers_conversion():
         items = rows * mg.Q_GROUPS // wgs
         assert text.count("cvt.rn.f16x2.f32") == 8 * -(-items // 128) * wgs, problem
 
-    heads, batch, q_len = 16, 64, 2
-    config = MLAConfig(num_heads=heads, page_size=64, dtype="bfloat16", kv_cache_dtype="fp8_e4m3")
-    sds = jax.ShapeDtypeStruct
-    q = sds((batch * q_len, heads, 576), jnp.bfloat16)
-    kv = sds((batch * 64 + 1, 64, 576), jnp.float8_e4m3fn)
-    md = DecodeMetadata(query_start_loc=sds((batch + 1,), jnp.int32), seq_lens=sds((batch,), jnp.int32),
-                        block_table=sds((batch, 64), jnp.int32), max_query_len=q_len, max_seq_len=4096,
-                        num_decode_tokens=batch * q_len)
-    base = mg.heuristic_config(config, batch * q_len, 64, batch, max_query_len=q_len)
+    problem = (16, 64, 4096, 2, True)  # (the whole jitted call: q's conversion is an XLA op before the kernel)
+    config = MLAConfig(num_heads=16, page_size=64, dtype="bfloat16", kv_cache_dtype="fp8_e4m3")
+    base = mg.heuristic_config(config, 128, 64, 64, max_query_len=2)
 
     def lowered(tuning):
-        fn = lambda q, kv, md, s: mg.mla_decode(q, None, kv, md, config, tuning=tuning, k_scale=s)
-        return lower_for_h200(fn, q, kv, md, sds((), jnp.float32)).as_text()
+        fn, args = kernel_hash.abstract_call(problem, tuning=tuning)
+        return lower_for_h200(fn, *args).as_text()
 
     q_f16 = re.compile(r"stablehlo\.convert.*-> tensor<128x16x576xf16>")
     assert q_f16.search(lowered(base))
