@@ -47,17 +47,14 @@ def module_texts(problem, module=None, tuning=None) -> list[str]:
     return [text for text, _ in lowered_modules(problem, module, tuning)]
 
 
-def abstract_call(problem, module=None, tuning=None, page: int = 64):
-    """(fn, args): one call of mla_decode on `problem` ((heads, batch, seq_len, q_len, fp8)) with pages of `page`, on
-    abstract inputs (q bf16, the cache, metadata and k_scale as ShapeDtypeStructs), for `lower_for_h200(fn, *args)`;
-    `tuning` None: the heuristic's; a dict: the heuristic's with those fields replaced (as parity.sweep's --set)."""
+def _abstract_problem(problem, page: int = 64):
+    """(config, q, kv, metadata): `problem` ((heads, batch, seq_len, q_len, fp8)) with pages of `page` as a config and
+    abstract inputs (ShapeDtypeStructs: q bf16, the cache, the metadata's arrays)."""
     import jax
     import jax.numpy as jnp
 
     from mla_spec import DecodeMetadata, MLAConfig
 
-    if module is None:
-        from mla_jax import pallas_mosaic_gpu as module
     heads, batch, seq_len, q_len, fp8 = problem
     tokens = batch * q_len
     blocks = -(-seq_len // page)
@@ -69,17 +66,39 @@ def abstract_call(problem, module=None, tuning=None, page: int = 64):
     md = DecodeMetadata(query_start_loc=sds((batch + 1,), jnp.int32), seq_lens=sds((batch,), jnp.int32),
                         block_table=sds((batch, blocks), jnp.int32), max_query_len=q_len, max_seq_len=seq_len,
                         num_decode_tokens=tokens)
-    if isinstance(tuning, dict):
-        from parity.sweep import heuristic_tuning
+    return config, q, kv, md
 
-        tuning = heuristic_tuning(module, config, md, tuning)
+
+def problem_tuning(problem, overrides=None, module=None, page: int = 64):
+    """The heuristic's MosaicConfig for `problem` (pages of `page`), with `overrides` ({field: value}) replaced."""
+    from parity.sweep import heuristic_tuning
+
+    if module is None:
+        from mla_jax import pallas_mosaic_gpu as module
+    config, _, _, md = _abstract_problem(problem, page)
+    return heuristic_tuning(module, config, md, overrides)
+
+
+def abstract_call(problem, module=None, tuning=None, page: int = 64):
+    """(fn, args): one call of mla_decode on `problem` ((heads, batch, seq_len, q_len, fp8)) with pages of `page`, on
+    abstract inputs (_abstract_problem's and k_scale), for `lower_for_h200(fn, *args)`; `tuning` None: the
+    heuristic's; a dict: the heuristic's with those fields replaced (problem_tuning, as parity.sweep's --set)."""
+    import jax
+    import jax.numpy as jnp
+
+    if module is None:
+        from mla_jax import pallas_mosaic_gpu as module
+    config, q, kv, md = _abstract_problem(problem, page)
+    if isinstance(tuning, dict):
+        tuning = problem_tuning(problem, tuning, module, page)
+    fp8 = problem[4]
 
     def fn(q, kv, md, s):
         if fp8:
             return module.mla_decode(q, None, kv, md, config, tuning=tuning, k_scale=s)
         return module.mla_decode(q, None, kv, md, config, tuning=tuning)
 
-    return fn, (q, kv, md, sds((), jnp.float32))
+    return fn, (q, kv, md, jax.ShapeDtypeStruct((), jnp.float32))
 
 
 def lowered_modules(problem, module=None, tuning=None, page: int = 64) -> list[tuple[str, bytes]]:

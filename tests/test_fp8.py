@@ -985,8 +985,7 @@ def test_load_ahead_lowers_and_needs_qk_permuted():
 
     for heads, q_len in ((16, 1), (16, 2)):
         problem = (heads, 64, 4096, q_len, True)
-        config = MLAConfig(num_heads=heads, page_size=64, dtype="bfloat16", kv_cache_dtype="fp8_e4m3")
-        base = mg.heuristic_config(config, 64 * q_len, 64, 64, max_query_len=q_len)
+        base = kernel_hash.problem_tuning(problem)
         assert base.pv_registers and base.load_ahead
         [plain] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, load_ahead=False))
         [ahead] = kernel_hash.module_texts(problem, tuning=base)
@@ -1118,9 +1117,7 @@ def test_q_in_kernel_lowers_and_skips_the_wrappers_conversion():
 
     for problem in kernel_hash.PROBLEMS:
         heads, batch, seq_len, q_len, fp8 = problem
-        config = MLAConfig(num_heads=heads, page_size=64, dtype="bfloat16",
-                           kv_cache_dtype="fp8_e4m3" if fp8 else "auto")
-        base = mg.heuristic_config(config, batch * q_len, -(-seq_len // 64), batch, max_query_len=q_len)
+        base = kernel_hash.problem_tuning(problem)
         on = dataclasses.replace(base, q_in_kernel=True)
         [text] = kernel_hash.module_texts(problem, tuning=on)
         if not fp8:
@@ -1133,8 +1130,7 @@ def test_q_in_kernel_lowers_and_skips_the_wrappers_conversion():
         assert text.count("cvt.rn.f16x2.f32") == 8 * -(-items // 128) * wgs, problem
 
     problem = (16, 64, 4096, 2, True)  # (the whole jitted call: q's conversion is an XLA op before the kernel)
-    config = MLAConfig(num_heads=16, page_size=64, dtype="bfloat16", kv_cache_dtype="fp8_e4m3")
-    base = mg.heuristic_config(config, 128, 64, 64, max_query_len=2)
+    base = kernel_hash.problem_tuning(problem)
 
     def lowered(tuning):
         fn, args = kernel_hash.abstract_call(problem, tuning=tuning)
@@ -1182,8 +1178,7 @@ def test_interleave_steps_lowers_and_needs_load_ahead():
 
     for heads, batch, q_len in ((16, 128, 1), (16, 64, 2), (16, 8, 1)):
         problem = (heads, batch, 4096, q_len, True)
-        config = MLAConfig(num_heads=heads, page_size=64, dtype="bfloat16", kv_cache_dtype="fp8_e4m3")
-        base = mg.heuristic_config(config, batch * q_len, 64, batch, max_query_len=q_len)
+        base = kernel_hash.problem_tuning(problem)
         [plain] = kernel_hash.module_texts(problem, tuning=base)
         [inter] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, interleave_steps=True))
         if base.pv_registers:  # (the ring's 4 slots then filled and awaited by 64-column chunk: 9 barriers a slot)
@@ -1643,14 +1638,12 @@ def test_kernel_hash_sees_the_tuning_and_qk_fp8_issues_e4m3_wgmmas():
     import dataclasses
     import re
 
-    from mla_jax import pallas_mosaic_gpu as mg
     from parity import kernel_hash
 
     problem = (16, 128, 16384, 1, True)
     heuristic = kernel_hash.module_texts(problem)
     assert len(heuristic) == 1 and heuristic == kernel_hash.module_texts(problem)
-    config = MLAConfig(num_heads=16, page_size=64, dtype="bfloat16", kv_cache_dtype="fp8_e4m3")
-    base = mg.heuristic_config(config, 128, 256, 128, max_query_len=1)
+    base = kernel_hash.problem_tuning(problem)
     assert base.pv_registers and not base.qk_fp8
     assert kernel_hash.module_texts(problem, tuning=base) == heuristic
     fp8 = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, qk_fp8=True))
@@ -1659,7 +1652,7 @@ def test_kernel_hash_sees_the_tuning_and_qk_fp8_issues_e4m3_wgmmas():
     assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n32k32\.f32\.e4m3\.e4m3", fp8[0])
     # 64 rows (H = 128): a wgmma a part of q, M = its 64 rows, N = the step's 64 keys
     problem = (128, 64, 4096, 1, True)
-    base = mg.heuristic_config(dataclasses.replace(config, num_heads=128), 64, 64, 64, max_query_len=1)
+    base = kernel_hash.problem_tuning(problem)
     heuristic, fp8 = (kernel_hash.module_texts(problem, tuning=t)
                       for t in (base, dataclasses.replace(base, qk_fp8=True)))
     assert not re.search(r"wgmma\.mma_async[.\w]*\.e4m3\.e4m3", heuristic[0])
@@ -1732,14 +1725,10 @@ def test_lazy_max_lowers_where_kv_halves_runs():
     and without pv_registers) and leaves the others (H = 128: the plain scores; a bf16 cache) as they are."""
     import dataclasses
 
-    from mla_jax import pallas_mosaic_gpu as mg
     from parity import kernel_hash
 
     for problem in kernel_hash.PROBLEMS:
-        heads, batch, seq_len, q_len, fp8 = problem
-        config = MLAConfig(num_heads=heads, page_size=64, dtype="bfloat16",
-                           kv_cache_dtype="fp8_e4m3" if fp8 else "auto")
-        base = mg.heuristic_config(config, batch * q_len, -(-seq_len // 64), batch, max_query_len=q_len)
+        base = kernel_hash.problem_tuning(problem)
         [plain] = kernel_hash.module_texts(problem, tuning=base)
         [lazy] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, lazy_max=True))
         if base.kv_halves:
