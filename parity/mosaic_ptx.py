@@ -73,7 +73,8 @@ def plugin_library() -> str:
 
 
 def ptxas_dir() -> str:
-    """A folder holding a ptxas: CUDA 13's on PATH or under /usr/local/cuda*, else the installed Triton's."""
+    """A folder holding a ptxas: the first on PATH, else under /usr/local/cuda* (the newest name first), else the
+    installed Triton's."""
     found = [shutil.which("ptxas")] + sorted(glob.glob("/usr/local/cuda*/bin/ptxas"), reverse=True)
     try:
         import triton
@@ -170,8 +171,8 @@ def ptx_for(problem, overrides: dict | None = None, page: int = 64, module=None)
         compile_fn.argtypes = [ctypes.c_char_p, ctypes.c_int]
         compile_fn.restype = ctypes.c_void_p
         out = []
-        for _, module in lowered_modules(problem, module, dict(overrides or {}), page):
-            ptx, ptxas = compile_module(compile_fn, module, workdir)
+        for _, bytecode in lowered_modules(problem, module, dict(overrides or {}), page):
+            ptx, ptxas = compile_module(compile_fn, bytecode, workdir)
             out.append({"ptx": ptx, "ptxas": ptxas, **report(ptxas)})
     return out
 
