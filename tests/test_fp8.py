@@ -1722,7 +1722,8 @@ def test_mosaic_gpu_fp8_lazy_max_jump_compiled(interleave):
 
 def test_lazy_max_lowers_where_kv_halves_runs():
     """lazy_max (an abstract H200, no GPU) puts one bar.red.or a step into the kv_halves kernels (16 and 32 rows, with
-    and without pv_registers) and leaves the others (H = 128: the plain scores; a bf16 cache) as they are."""
+    and without pv_registers) and leaves the others (H = 128: the plain scores; a bf16 cache) as they are; a value
+    that is not a bool is refused."""
     import dataclasses
 
     from parity import kernel_hash
@@ -1735,3 +1736,7 @@ def test_lazy_max_lowers_where_kv_halves_runs():
             assert "bar.red.or.pred" in lazy and "bar.red.or.pred" not in plain, problem
         else:
             assert lazy == plain, problem
+    from mla_jax.pallas_mosaic_gpu import MosaicConfig
+
+    with pytest.raises(ValueError, match="lazy_max must be a bool"):
+        MosaicConfig(lazy_max=1)
