@@ -177,9 +177,6 @@ RED_FLOATS_PER_COLUMN = 4 * 32 * 2 // 8
 assert RED_FLOATS_PER_COLUMN * 4 <= 64 * 2  # (in a warpgroup's P's bytes, [n, block_kv = 64] 16-bit: kv_halves)
 # MosaicConfig.kv_halves: each warpgroup's block-table chunk (2 x 96 entries fit the shared memory left)
 KV_HALVES_BT_CHUNK = 96
-# (MosaicConfig.interleave_steps) a kv_halves slot's 64-column chunks, each filled (a TMA a page) and awaited on its own
-# kv_ready, the slot laid out chunk by chunk ([9, 64, 64]: a TMA's shared-memory destination is contiguous)
-HALVES_CHUNKS = HEAD_DIM // 64
 # kv_halves: each warpgroup's f16 copy of V, 8 x 64 tiles with a 128-byte swizzle
 F16_TILES = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 # the fp8 ring's slots: 8 x 64 tiles (a 64-column chunk a row of a tile), 64-byte swizzle
@@ -839,21 +836,6 @@ class MosaicConfig:
         idle) 1.13x faster at H16 B128 S16384 (386.0 -> 341.1 us, 3.55 TB/s of fp8 bytes), 1.10x at B32 S16384
         (106.2 -> 96.9), 1.10x at H16 B64 S4096 q2 (84.8 -> 76.9; 32 rows). Without pv_registers (V's f16 copies,
         splits of fewer than 32 steps) not yet compiled or timed. Compiled only, as qk_permuted.
-    interleave_steps: (with load_ahead and pv_registers, where they run; elsewhere no effect; opt-in, session 31, not yet
-        compiled or timed) each unmasked step's P @ V runs interleaved with the next step's scores, chunk by chunk:
-        V^T chunk c's conversion and wgmma (step k), then K chunk c's (step k + 1, after its rope chunk), each
-        chunk's loads a chunk ahead, at most one pair of chunks' wgmmas left running (one wgmma with pv_wait=1, the
-        heuristic's at 32 rows, where the registers are short); then step k + 1's softmax runs.
-        Two independent chains in each warp's stream where the default runs one after the other (session 30's ncu
-        profile: the 16-row step latency-bound, two warps a scheduler to hide it). Step k's slot is refilled with
-        step k + 2 chunk by chunk as it is read (the rope chunk first, then each pair of V^T chunks once their words
-        are in registers), each 64-column chunk a TMA of its own and a barrier of its own (the slots laid out chunk
-        by chunk), and step k + 1's scores wait for each chunk as they load it: a refill of the whole slot after the
-        P @ V would come one softmax before step k + 2's scores need it, where the default has a whole step between
-        them. The first unmasked step's scores and the last one's P @ V run alone (its 8 wgmmas in flight before one
-        wait); masked steps as the default's. The same values in the same order (by design bitwise the default).
-        ptxas (parity.mosaic_ptx, session 32): 244 registers, no spills at 16 rows; 255, spills and its wgmmas
-        serialized for registers (C7511) at 32 rows.
     lazy_max: (kv_halves only, elsewhere no effect; opt-in, session 32, not yet compiled or timed) FA4's conditional
         rescaling in each step's softmax: the running column max is kept while no score of the step passes it by
         more than LAZY_MAX_SLACK (8 in log2 units: P <= 2^8, in f16's range), the question asked of the whole
@@ -914,6 +896,10 @@ class MosaicConfig:
     q2: lazy_rescale (O^T's rescale in a branch taken only where alpha is not 1; 1.007x, 1.00x, 0.98x) and
     pv_int_chunks=n (n of P @ V's V^T chunks converted by Marlin's integer form, 2^-8 of the values; bitwise; 2 / 3 /
     4 chunks 1.01-1.07x slower): the 16-row step is latency-bound, not issue-bound (session 30's ncu profile).
+    Built in session 31 and removed after session 33's timing (`git show ee67c96:mla_jax/pallas_mosaic_gpu.py`):
+    interleave_steps (each unmasked step's P @ V interleaved chunk by chunk with the next step's scores, the ring's
+    slots refilled and awaited chunk by chunk; bitwise the default): on the H200 (parity.sweep, 3 rounds) at H16 B128
+    S16384 / B32 S16384 / H16 B64 S4096 q2 0.87x, 0.82x, 0.63x the heuristic's speed.
     """
 
     block_kv: int = 64
@@ -945,7 +931,6 @@ class MosaicConfig:
     pv_wait: int = 4
     zero_tail: bool = False
     load_ahead: bool = False
-    interleave_steps: bool = False
     lazy_max: bool = False
     q_in_kernel: bool = False
     qk_fp8: bool = False
@@ -960,8 +945,7 @@ class MosaicConfig:
         for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
                      "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast", "deferred_pv", "split_ring",
                      "part_wait", "kv_halves", "qk_registers", "sums_at_end", "qk_permuted", "pv_registers",
-                     "zero_tail", "load_ahead", "interleave_steps", "lazy_max", "q_in_kernel", "qk_fp8",
-                     "qk_fp8_one_acc"):
+                     "zero_tail", "load_ahead", "lazy_max", "q_in_kernel", "qk_fp8", "qk_fp8_one_acc"):
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
@@ -1270,8 +1254,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   kv_halves: bool = False, qk_registers: bool = False, sums_at_end: bool = False,
                   qk_permuted: bool = False, pv_registers: bool = False, pv_wait: int = 4, zero_tail: bool = False,
                   load_ahead: bool = False, q_parts: int = 0, q_one_acc: bool = True, q_bits: bool = False,
-                  interleave_steps: bool = False, lazy_max: bool = False, out_dtype=None,
-                  interpret: bool = False):
+                  lazy_max: bool = False, out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile), the last axis the fastest (heads_fastest: reversed, the head
@@ -1295,7 +1278,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     split_q_e4m3's), the scores on the e4m3 tensor cores; 0: q [T, heads, 576] in `dtype`. q_one_acc: (the plain
     scores, q_parts) the parts' wgmmas into one accumulator (split_q_e4m3's step 1), else an accumulator a part (the
     parts 16x apart, step Q_FP8_STEP).
-    interleave_steps: MosaicConfig's (with load_ahead and pv_registers).
     lazy_max: MosaicConfig's (kv_halves only).
     q_bits: (MosaicConfig.q_in_kernel: an fp8 cache, compiled) q [T, heads, 576] is bfloat16, unpermuted: its TMA
     writes a bfloat16 view of q's tile, which the warpgroups reading q convert to f16 in place (qk_permuted: in
@@ -1365,10 +1347,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         raise ValueError(f"q_parts (qk_fp8) runs with 2 or 3 parts in kv_halves's step (without qk_permuted) or in "
                          f"the plain scores' fused conversion (an fp8 cache, fused_dequant, score_rows=0), got "
                          f"{q_parts=}, {kv_halves=}, {qk_permuted=}, {fp8=}, {fused_dequant=}, {score_rows=}")
-    if interleave_steps and not (load_ahead and pv_registers):
-        raise ValueError(f"interleave_steps interleaves pv_registers's P @ V with qk_permuted's next scores, each "
-                         f"chunk loaded ahead: it needs load_ahead=True and pv_registers=True, got {load_ahead=}, "
-                         f"{pv_registers=}")
     if q_bits and not (fp8 and flashmla and not q_parts and not memory_wg and not interpret):
         raise ValueError(f"q_bits (q_in_kernel) converts a bf16 q beside an fp8 cache in the flashmla schedule "
                          f"(compiled; qk_fp8's parts are e4m3), got {fp8=}, {schedule=}, {q_parts=}, {memory_wg=}, "
@@ -1428,9 +1406,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             kv_v = kv_v[0] if kv_v else None  # (pv_registers: none)
             p_smem, red_smem = p_smem
             (bt_bar_wg1, *qs_smem) = extra_barriers  # (q_parts: the request's 1 / a, qs_ref's row)
-            if interleave_steps:  # (kv_ready of warpgroup 1's slots; no q_parts with it)
-                kv_ready_wg1, = qs_smem
-                qs_smem = []
         elif fp8 and overlap_dequant:
             # kv_smem: the ring of fp8 steps; deq_v: f16 V halves (0, 1: the first half of even / odd steps, 2: the
             # second half); deq_rope: the rope columns of a step
@@ -2363,24 +2338,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             """(kv_halves) Warpgroup w's ring slot of step k: w (pv_registers: 2 w + k % 2, two a warpgroup)."""
             return 2 * w + lax.rem(k, jnp.int32(2)) if pv_registers else w
 
-        def half_ready(w: int, slot, chunk: int = 0):
-            """(kv_halves) The kv_ready barrier of warpgroup w's ring slot `slot` (interleave_steps: of its 64-column
-            chunk `chunk`, each filled and awaited on its own, in warpgroup w's own barrier array: Mosaic GPU takes at
-            most 32 barriers in one)."""
-            if not interleave_steps:
-                return kv_ready.at[slot]
-            return (kv_ready if w == 0 else kv_ready_wg1).at[(slot - 2 * w) * HALVES_CHUNKS + chunk]
-
-        def wait_half(w: int, slot):
-            """(kv_halves) Waits for the whole of warpgroup w's `slot` (interleave_steps: every chunk's barrier)."""
-            for chunk in range(HALVES_CHUNKS if interleave_steps else 1):
-                plgpu.barrier_wait(half_ready(w, slot, chunk))
-
-        def slot_chunk(slot, c, cols):
-            """(kv_halves) Ring slot `slot`'s 64-column chunk c, [block_kv, 64] (cols: its columns, pl.ds(64 c, 64), as
-            the slot [block_kv, 576] takes them; interleave_steps: the chunk-major slot's chunk c)."""
-            return kv_smem.at[slot, c] if interleave_steps else kv_smem.at[slot, :, cols]
-
         def stage_half_bt(w: int, k, prev_k):
             """(kv_halves) Warpgroup w's block-table buffer restaged when step k's chunk differs from the one there:
             prev_k's (the step before k in this warpgroup's range; -1: none yet, where warpgroup 0's buffer holds chunk
@@ -2413,26 +2370,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 return [page_at(lp0)]
             return [page_at(jnp.minimum(lp0 + j, last_page)) for j in range(pages_per_step)]
 
-        def issue_half_parts(w: int, k, last_page, chunks):
-            """(interleave_steps) TMA of the 64-column chunks `chunks` of KV step k into warpgroup w's (chunk-major)
-            ring slot, each on its own barrier, a TMA a page (its block-table chunk already staged: stage_half_bt)."""
-            lp0 = first_page(k)
-            pages = half_pages(w, lp0, lax.div(lp0, jnp.int32(bt_chunk)), last_page)  # (read once for all chunks)
-            slot = half_slot(w, k)
-            for c in chunks:
-                for j, page in enumerate(pages):
-                    rows = pl.ds(j * page_size, page_size) if pages_per_step > 1 else slice(None)
-                    plgpu.copy_gmem_to_smem(step_rows(k, page).at[:, pl.ds(c * 64, 64)], kv_smem.at[slot, c, rows],
-                                            half_ready(w, slot, c))
-
         def issue_half_step(w: int, k, prev_k, last_page):
-            """(kv_halves) TMA of KV step k into warpgroup w's ring slot (half_slot; kv_ready's; interleave_steps: all
-            its column parts). Its block-table buffer (w) is restaged first when step k's chunk differs from the one
-            there (stage_half_bt)."""
+            """(kv_halves) TMA of KV step k into warpgroup w's ring slot (half_slot; kv_ready's). Its block-table
+            buffer (w) is restaged first when step k's chunk differs from the one there (stage_half_bt)."""
             lp0, chunk = stage_half_bt(w, k, prev_k)
-            if interleave_steps:
-                issue_half_parts(w, k, last_page, range(HALVES_CHUNKS))
-                return
             slot = half_slot(w, k)
             if pages_per_step == 1:
                 [page] = half_pages(w, lp0, chunk, last_page)
@@ -2512,7 +2453,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 kv_start = k * block_kv
                 slot = half_slot(w, k)
                 with jax.named_scope("kv_wait"):
-                    wait_half(w, slot)
+                    plgpu.barrier_wait(kv_ready.at[slot])
                 masked_keys = masked  # (zero_tail: the slot's rows past kv_len zeroed here, the keys then unmasked)
                 if masked and zero_tail:
                     zero_rows_past(slot, kv_len - kv_start)
@@ -2570,7 +2511,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                     @pl.loop(0, HEAD_DIM // 64)
                     def _(c):
-                        ref = slot_chunk(slot, c, pl.ds(pl.multiple_of(c * 64, 64), 64))
+                        ref = kv_smem.at[slot, :, pl.ds(pl.multiple_of(c * 64, 64), 64)]
                         x = lax.bitcast_convert_type(plgpu.load(ref, layout=ld_layout), jnp.int8) & ones
                         store_tiled(ref, lax.bitcast_convert_type(x, jnp.float8_e4m3fn), ld_layout, FP8_RING_TILES)
 
@@ -2590,7 +2531,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     del ctx
                     return _load_vt_fp8_words(r)
 
-                return load(slot_chunk(slot, c, pl.ds(c * 64, 64)))
+                return load(kv_smem.at[slot, :, pl.ds(c * 64, 64)])
 
             def convert_vt(words, bits):
                 """(load_ahead) V^T [64, block_kv] from load_vt_words's words (_convert_vt_fp8)."""
@@ -2602,12 +2543,12 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                 return convert(words)
 
-            def pv_from_slot(acc_ref, k, slot, kv_start, masked: bool, words0=None, in_flight: int = pv_wait):
+            def pv_from_slot(acc_ref, k, slot, kv_start, masked: bool, words0=None):
                 """(pv_registers) O^T += V^T P^T, 8 wgmmas of M = 64 (O^T's rows permuted by PV_PERM), each left
                 operand loaded from the fp8 slot (_load_vt_fp8), its keys past kv_len 0 on the masked step, at most
-                `in_flight` of them left running as the next is issued (8: all, one wait after); then the slot,
-                read, is refilled with step k + 2. load_ahead: chunk c + 1's words are loaded before chunk c is
-                converted (chunk 0's, words0, before the softmax), and P's buffer index read once a step."""
+                pv_wait of them left running as the next is issued (8: all, one wait after); then the slot, read,
+                is refilled with step k + 2. load_ahead: chunk c + 1's words are loaded before chunk c is converted
+                (chunk 0's, words0, before the softmax), and P's buffer index read once a step."""
                 keep = (plgpu.broadcasted_iota(jnp.int32, (64, block_kv), 1, layout=wg_layout) < kv_len - kv_start
                         if masked else None)
 
@@ -2634,8 +2575,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         vt = jnp.where(keep, vt, jnp.zeros_like(vt))
                     p_t = (p_ref if load_ahead else p_w()).transpose((1, 0))
                     plgpu.wgmma(acc_ref.at[pl.ds(c * 64, 64)], vt, p_t)
-                    if in_flight < KV_LORA_RANK // 64:  # (at most in_flight chunks' wgmmas left running)
-                        plgpu.wgmma_wait(in_flight)
+                    if pv_wait < KV_LORA_RANK // 64:  # (at most pv_wait chunks' wgmmas left running)
+                        plgpu.wgmma_wait(pv_wait)
                 plgpu.commit_smem()  # the slot's reads done before its refill
                 pl.when(k + 2 < e)(lambda: issue_half_step(w, k + 2, k + 1, last_page))
 
@@ -2675,7 +2616,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         return c * 64 if isinstance(c, int) else pl.multiple_of(c * 64, 64)
 
                     def raw(c):  # chunk c's fp8 values, unconverted
-                        return plgpu.load(slot_chunk(slot, c, pl.ds(offset(c), 64)), layout=ld_layout)
+                        return plgpu.load(kv_smem.at[slot, :, pl.ds(offset(c), 64)], layout=ld_layout)
 
                     def chunk_from(c, x, c0=None):
                         """Chunk c's conversion from its loaded values x, V's copy (not with pv_registers, whose
@@ -2791,105 +2732,13 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     s = pl.run_scoped(qk, plgpu.ACC((block_kv, n), jnp.float32))
                 return scores_rope_ref(s, rope) if interpret else s
 
-            def first_scores(k, carry):
-                """(interleave_steps) The first unmasked step's scores and softmax, its P @ V left to the next."""
-                acc, _, m_i, l_i = carry
-                slot = half_slot(w, k)
-                with jax.named_scope("kv_wait"):
-                    wait_half(w, slot)
-                s = scores_from_registers(k, slot, k * block_kv, False)
-                return (acc, *softmax_store(s * scale, m_i, l_i))
-
-            def pv_then_scores(k, carry):
-                """(interleave_steps) Step k's P @ V (its P^T in the P buffer, alpha its rescale) interleaved with
-                step k + 1's scores (both unmasked): chunk by chunk, V^T chunk c's conversion and wgmma (into O^T's
-                rows [64 c, 64 c + 64)), then K chunk c's of step k + 1 (into its scores, after the rope chunk's),
-                each chunk's loads a chunk ahead (load_ahead's); at most one pair of chunks' wgmmas left running.
-                Step k's slot is refilled with step k + 2 chunk by chunk meanwhile (the rope chunk first, then each pair
-                of chunks once their V^T words are in registers), and step k + 1's chunks are awaited one by one; then
-                step k + 1's softmax stores its P^T."""
-                acc, alpha, m_i, l_i = carry
-                slot, nslot = half_slot(w, k), half_slot(w, k + 1)
-                acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [1])
-                refill = k + 2 < e  # (step k's slot refilled with step k + 2 chunk by chunk)
-
-                @pl.when(refill)
-                def _():  # (the rope chunk first: only step k's scores, long done, read it)
-                    stage_half_bt(w, k + 2, k + 1)
-                    issue_half_parts(w, k + 2, last_page, [KV_LORA_RANK // 64])
-
-                with jax.named_scope("kv_wait"):  # (step k + 1's rope chunk and chunk 0)
-                    plgpu.barrier_wait(half_ready(w, nslot, KV_LORA_RANK // 64))
-                    plgpu.barrier_wait(half_ready(w, nslot, 0))
-                zero = info_smem[4]  # (0: the q chunks' columns at run time, as kv_tile's index)
-                p_t = p_w().transpose((1, 0))
-
-                def raw(c: int):
-                    return plgpu.load(slot_chunk(nslot, c, pl.ds(c * 64, 64)), layout=ld_layout)
-
-                def issue(refs):
-                    acc_ref, s_out = refs
-
-                    def both(s_ref):
-                        words = load_vt_words(slot, 0)
-                        rope = rope_operand(raw(KV_LORA_RANK // 64), (k + 1) * block_kv, False)
-                        x = raw(0)
-                        rope_scores(s_ref, rope)
-                        for c in range(KV_LORA_RANK // 64):
-                            bits = fp8_convert == "bits" or (fp8_convert == "mixed" and c % 2 == 1)
-                            more = c + 1 < KV_LORA_RANK // 64
-                            next_words = load_vt_words(slot, c + 1) if more else None
-                            if more:  # (step k + 1's next chunk)
-                                plgpu.barrier_wait(half_ready(w, nslot, c + 1))
-                            next_x = raw(c + 1) if more else None
-                            if c % 2 == 0:  # (step k's chunks c, c + 1 read: their V^T words loaded; each
-                                # TMA's own warpgroup barrier orders the reads before it, as in Pallas's pipelines:
-                                # no commit_smem, whose fence.proxy.async would drain the loads just issued. That
-                                # barrier is Pallas's auto barrier, on unless CompilerParams(unsafe_no_auto_barriers))
-                                pl.when(refill)(functools.partial(issue_half_parts, w, k + 2, last_page, [c, c + 1]))
-                            plgpu.wgmma(acc_ref.at[pl.ds(c * 64, 64)], convert_vt(words, bits), p_t)
-                            if pv_wait == 1:  # (one wgmma in flight: the registers of 32 rows, pv_wait's choice there)
-                                plgpu.wgmma_wait(1)
-                            cols = pl.ds(pl.multiple_of(zero + c * 64, 64), 64)
-                            plgpu.wgmma(s_ref, as_operand(x.astype(dtype)), q_smem.at[:, cols].transpose((1, 0)))
-                            plgpu.wgmma_wait(1 if pv_wait == 1 else 2)  # (the pair before: its registers the next's)
-                            words, x = next_words, next_x
-                        return s_ref[...]
-
-                    s_out[...] = pl.run_scoped(both, plgpu.ACC((block_kv, n), jnp.float32))
-
-                s0 = plgpu.layout_cast(jnp.zeros((block_kv, n), jnp.float32), wg_layout)
-                acc, s = pl.run_state(issue)((plgpu.ACC.init(acc), s0))
-                return (acc, *softmax_store(s * scale, m_i, l_i))
-
-            def last_pv(k, carry):
-                """(interleave_steps) The last unmasked step's P @ V alone (its slot then refilled), its 8 wgmmas all
-                in flight before one wait: with pv_wait's waits between them here ptxas serializes every wgmma of
-                the kernel (C7515, "non wgmma instructions defining accumulator registers"; parity.mosaic_ptx at
-                H16 B128 S16384: 165 registers and C7515 with them, no warning without)."""
-                acc, alpha, m_i, l_i = carry
-                slot = half_slot(w, k)
-                words0 = load_vt_words(slot, 0)
-                acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [1])
-                acc = accumulate(acc, lambda acc_ref: pv_from_slot(acc_ref, k, slot, k * block_kv, False, words0,
-                                                                   KV_LORA_RANK // 64))
-                return acc, alpha, m_i, l_i
-
             col_layout = wg_layout.reduce(0)
             carry = (plgpu.layout_cast(jnp.full((KV_LORA_RANK, n), 0.0, jnp.float32), wg_layout),
                      plgpu.layout_cast(jnp.full((n,), -jnp.inf, jnp.float32), col_layout),
                      plgpu.layout_cast(jnp.full((block_kv, n) if sums_at_end else (n,), 0.0, jnp.float32),
                                        wg_layout if sums_at_end else col_layout))
             mid = jnp.clip(lax.div(first_pos + 1, jnp.int32(block_kv)), b, e)  # steps before it skip the mask
-            if interleave_steps:  # (the unmasked steps [b, mid): each one's P @ V beside the next one's scores)
-                acc, m_i, l_i = carry
-                carry = (acc, plgpu.layout_cast(jnp.full((n,), 1.0, jnp.float32), col_layout), m_i, l_i)
-                carry = lax.fori_loop(b, jnp.minimum(b + 1, mid), first_scores, carry)
-                carry = lax.fori_loop(b, mid - 1, pv_then_scores, carry)
-                acc, _, m_i, l_i = lax.fori_loop(jnp.maximum(mid - 1, b), mid, last_pv, carry)
-                carry = acc, m_i, l_i
-            else:
-                carry = lax.fori_loop(b, mid, functools.partial(step, masked=False), carry)
+            carry = lax.fori_loop(b, mid, functools.partial(step, masked=False), carry)
             acc, m_i, l_i = lax.fori_loop(mid, e, functools.partial(step, masked=True), carry)
             if sums_at_end:
                 l_i = col_reduce(l_i, "add", w)
@@ -2964,9 +2813,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         union = plgpu.RefUnion(
             (plgpu.SMEM((1, q_parts * q_rows, HEAD_DIM), jnp.float8_e4m3fn, transforms=FP8_RING_TILES) if q_parts else
              plgpu.SMEM((q_rows, HEAD_DIM), dtype, transforms=transforms),
-             # (interleave_steps: chunk by chunk, each chunk a TMA's contiguous destination)
-             plgpu.SMEM((half_slots, HALVES_CHUNKS, block_kv, 64) if interleave_steps
-                        else (half_slots, block_kv, HEAD_DIM), jnp.float8_e4m3fn, transforms=FP8_RING_TILES),
+             plgpu.SMEM((half_slots, block_kv, HEAD_DIM), jnp.float8_e4m3fn, transforms=FP8_RING_TILES),
              *([] if pv_registers else
                [plgpu.SMEM((NUM_COMPUTE_WGS, block_kv, KV_LORA_RANK),
                            dtype, transforms=f16_tiles)])),
@@ -2996,18 +2843,13 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # q_parts: and the request's scale)
             plgpu.Barrier(),  # info_bar
             plgpu.Barrier(),  # bt_bar (warpgroup 0's chunks)
-            # kv_ready, a slot each (interleave_steps: a 64-column chunk of warpgroup 0's two slots each; warpgroup 1's
-            # in kv_ready_wg1, below)
-            plgpu.Barrier(num_arrivals=pages_per_step,
-                          num_barriers=2 * HALVES_CHUNKS if interleave_steps else half_slots),
+            plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=half_slots),  # kv_ready, a slot each
             plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS, num_barriers=stages),  # kv_consumed (unused)
             # sync_a: (q_bits: q converted, then) the merge's three hand-overs
             plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS),
             plgpu.Barrier(num_arrivals=1),  # sync_b (unused)
             plgpu.Barrier(),  # bt_bar_wg1 (warpgroup 1's chunks)
             *([plgpu.SMEM((QS_WORDS,), jnp.float32)] if q_parts else []),  # (q_parts) the request's 1 / a (q_bar's)
-            # (interleave_steps) kv_ready of warpgroup 1's two slots, a 64-column chunk each
-            *([plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=2 * HALVES_CHUNKS)] if interleave_steps else []),
         ]
     else:
         scratch = [
@@ -3238,7 +3080,6 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         qk_permuted=qk_permuted, pv_registers=pv_registers, pv_wait=tuning.pv_wait,
         zero_tail=kv_halves and tuning.zero_tail,
         load_ahead=qk_permuted and tuning.load_ahead,
-        interleave_steps=qk_permuted and pv_registers and tuning.load_ahead and tuning.interleave_steps,
         lazy_max=kv_halves and tuning.lazy_max,
         q_parts=q_parts, q_one_acc=tuning.qk_fp8_one_acc, q_bits=q_bits,
     )

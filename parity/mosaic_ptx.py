@@ -13,7 +13,7 @@ machine: for the kernel source of session 30's first call (the heuristic at H16 
 that call dumped there, line for line but the debug locations, and CUDA 13.0's ptxas here the same report (240
 registers, no spills).
 
-    python -m parity.mosaic_ptx --shape H16_B128_S16384_q1 --fp8 --set interleave_steps=True --out /tmp/ptx
+    python -m parity.mosaic_ptx --shape H16_B128_S16384_q1 --fp8 --set lazy_max=True --out /tmp/ptx
     python -m parity.mosaic_ptx --grid fp8 --fp8
 
 writes <out>/<shape>[-fp8][-<set>].ptx.gz and .ptxas per kernel and prints ptxas's registers, spills and its

@@ -1152,72 +1152,6 @@ def test_q_in_kernel_lowers_and_skips_the_wrappers_conversion():
         mg.MosaicConfig(q_in_kernel=1)
 
 
-@pytest.mark.gpu
-def test_mosaic_gpu_fp8_interleave_steps_is_bitwise():
-    """interleave_steps runs each unmasked step's P @ V interleaved with the next step's scores, chunk by chunk: the
-    same values converted and multiplied into the same accumulators in the same order, so the same out and lse bit
-    for bit compiled, on the bitwise test's 4 scenarios (16 rows, with zero_tail and load_ahead: splits of several
-    unmasked steps, masks in the last) and at 32 rows; and at splits of one step or none (decode_mixed_lengths, 16
-    splits: the first step's scores and the last one's P @ V alone, or no unmasked step)."""
-    _skip_without_hopper()
-    base = dict(QK_PERMUTED_TUNING, pv_registers=True, zero_tail=True, load_ahead=True)
-    _assert_option_bitwise_16_and_32_rows(base, dict(interleave_steps=True))
-    _assert_bitwise("decode_mixed_lengths", "bfloat16", [KV_HALVES_ONE_STEP,
-                                                         dict(KV_HALVES_ONE_STEP, interleave_steps=True)])
-
-
-def test_interleave_steps_lowers_and_needs_load_ahead():
-    """interleave_steps (an abstract H200, no GPU) changes the 16- and 32-row kernels where pv_registers and load_ahead
-    run (more wgmmas in the module: the first step's scores and the last one's P @ V apart; a barrier a 64-column
-    chunk of each ring slot), not the B8 S4096 one (no pv_registers); the kernel builder refuses it without load_ahead
-    and pv_registers."""
-    import dataclasses
-
-    from mla_jax import pallas_mosaic_gpu as mg
-    from parity import kernel_hash
-
-    for heads, batch, q_len in ((16, 128, 1), (16, 64, 2), (16, 8, 1)):
-        problem = (heads, batch, 4096, q_len, True)
-        base = kernel_hash.problem_tuning(problem)
-        [plain] = kernel_hash.module_texts(problem, tuning=base)
-        [inter] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, interleave_steps=True))
-        if base.pv_registers:  # (the ring's 4 slots then filled and awaited by 64-column chunk: 9 barriers a slot)
-            assert inter != plain and inter.count("wgmma") > plain.count("wgmma"), problem
-            inits = lambda text: text.count("nvvm.mbarrier.init")
-            assert inits(inter) == inits(plain) - 4 + 4 * mg.HALVES_CHUNKS, problem
-        else:
-            assert inter == plain, problem
-        if base.pv_registers and q_len == 1:  # (a TMA and a wait a chunk: more of both)
-            for op in ("nvvm.cp.async.bulk.tensor.shared.cluster.global", "nvvm.mbarrier.try_wait.parity"):
-                assert inter.count(op) > plain.count(op), (problem, op)
-        if base.pv_registers:  # (the chunk-pair refills drop commit_smem: each TMA's own warpgroup barrier, Pallas's
-            # auto barrier, orders the slot's reads before it; no TMA without a bar.sync since the TMA before it)
-            lines = inter.splitlines()
-            for i, line in enumerate(lines):
-                if "nvvm.cp.async.bulk.tensor.shared.cluster.global" in line:
-                    before = next((x for x in reversed(lines[:i]) if "bar.sync" in x or "cp.async.bulk.tensor" in x),
-                                  "")
-                    assert "bar.sync" in before, (problem, i)
-    # pages of 8 (8 TMAs a chunk, block tables past a chunk) and of 128 (two steps a page) lower with it
-    for name in ("long_page_8", "page_128"):
-        batch, k_scale = make_fp8_batch(FP8_SCENARIOS[name], "bfloat16")
-        q, kv, md = jax_inputs(batch, "bfloat16")
-        cfg = mg.MosaicConfig(**dict(QK_PERMUTED_TUNING, pv_registers=True, zero_tail=True, load_ahead=True,
-                                     interleave_steps=True))
-
-        def fn(q, kv, md, s):
-            return mg.mla_decode(q, None, kv, md, batch.config, tuning=cfg, k_scale=s)
-
-        assert "mosaic_gpu" in lower_for_h200(fn, q, kv, md, jnp.float32(k_scale)).as_text(), name
-    kw = dict(FP8_BUILD_KW, bt_chunk=96, score_rows=16, transposed_pv=True, kv_halves=True, qk_registers=True,
-              qk_permuted=True)
-    with pytest.raises(ValueError, match="interleave_steps .* load_ahead=False"):
-        mg._build_kernel(interleave_steps=True, pv_registers=True, **kw)
-    with pytest.raises(ValueError, match="interleave_steps .* pv_registers=False"):
-        mg._build_kernel(interleave_steps=True, load_ahead=True, **kw)
-    mg._build_kernel(interleave_steps=True, load_ahead=True, pv_registers=True, **kw)
-
-
 def test_pv_perm_is_ldmatrix_trans_seen_as_wgmma():
     """pv_registers's V^T registers: lane (g, t) of an ldmatrix.trans of 16-bit values gets value g of lines 2 t and
     2 t + 1 of each 8 x 8 matrix (PTX ISA, ldmatrix), here fp8 columns 2 g, 2 g + 1 of keys 2 t, 2 t + 1; its prmt
@@ -1674,11 +1608,11 @@ def test_kernel_hash_cli(tmp_path, monkeypatch, capsys):
         kernel_hash.main(["--against", "no-such-revision-xyz"])
 
 
-def _lazy_max_jump(interpret: bool, **extra):
+def _lazy_max_jump(interpret: bool):
     """lazy_max keeps each column's max while no score passes it by more than LAZY_MAX_SLACK: two keys of request 0
     whose scores jump past it (at positions 200 and 900 of 1030: after the first step of each warpgroup's half of
     the steps) make those steps take the exact max; the rest keep it. Against the reference on the same cache, and
-    not bitwise the default's output (which it would be if every step took the exact max). extra: more fields."""
+    not bitwise the default's output (which it would be if every step took the exact max)."""
     import dataclasses
 
     from mla_jax import pallas_mosaic_gpu as mg
@@ -1696,7 +1630,7 @@ def _lazy_max_jump(interpret: bool, **extra):
         assert s[pos] > s[start:pos].max() + mg.LAZY_MAX_SLACK, pos
     ref_out, ref_lse = fp8_reference(batch, k_scale)
     q, kv_j, md = jax_inputs(batch, "bfloat16")
-    tuning = dict(QK_PERMUTED_TUNING, **extra)
+    tuning = dict(QK_PERMUTED_TUNING)
     if not interpret:
         tuning.update(pv_registers=True, zero_tail=True, load_ahead=True)
     outs = {}
@@ -1714,10 +1648,9 @@ def test_mosaic_gpu_fp8_lazy_max_jump():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("interleave", [False, True], ids=["steps", "interleave_steps"])
-def test_mosaic_gpu_fp8_lazy_max_jump_compiled(interleave):
+def test_mosaic_gpu_fp8_lazy_max_jump_compiled():
     _skip_without_hopper()
-    _lazy_max_jump(interpret=False, interleave_steps=interleave)
+    _lazy_max_jump(interpret=False)
 
 
 def test_lazy_max_lowers_where_kv_halves_runs():
