@@ -17,7 +17,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mla_spec import DecodeMetadata, MLAConfig, dtype_name, validate_inputs, validate_k_scale
+from mla_spec import (
+    DecodeMetadata,
+    MLAConfig,
+    check_config_and_metadata,
+    dtype_name,
+    validate_inputs,
+    validate_k_scale,
+)
 
 jax.tree_util.register_dataclass(
     DecodeMetadata,
@@ -121,11 +128,12 @@ def mla_decode(
 
     q: `[T, H, L+R]` or `(q_nope [T,H,L], q_pe [T,H,R])`; kv_cache: `[num_blocks, P, L+R]`
     (float8_e4m3fn with kv_cache_dtype="fp8_e4m3"). k_scale: the fp8 cache's per-tensor scale
-    (real value = fp8 value * k_scale): a float or a 0-d float array, finite and > 0; it is a
+    (real value = fp8 value * k_scale): a float or a 0-d float array, a normal float32 > 0; it is a
     traced value under jax.jit (a new scale does not recompile); 1.0 for other caches.
     Validates shapes and dtypes always, metadata and k_scale values when they are concrete (not
     traced), so bad input raises ValueError/NotImplementedError before any kernel runs.
     """
+    check_config_and_metadata(config, metadata)
     parts = q if isinstance(q, tuple) else (q,)
     for x in parts + (kv_cache,):
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):

@@ -34,9 +34,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from mla_jax import api as _api  # registers DecodeMetadata as a pytree
 from mla_jax.combine import combine_ref
-from mla_spec import DecodeMetadata, MLAConfig, dtype_name, validate_inputs
+from mla_spec import DecodeMetadata, MLAConfig, check_config_and_metadata, dtype_name, validate_inputs
 from mla_spec.dcp import (
     DCPShards,
+    check_partials,
     check_world_size,
     local_config,
     local_len,
@@ -67,10 +68,16 @@ def merge_partials(outs, lses, out_dtype=None):
     outs `[W, T, H, L]` (each normalized over its shard), lses `[W, T, H]` float32 (-inf for
     an empty shard) -> `(out [T, H, L] in out_dtype (default outs' dtype), lse [T, H] float32)`:
     lse = logsumexp over shards, out = sum_s exp(lse_s - lse) * out_s, computed in float32.
-    A row with every shard empty gives out 0, lse -inf (no NaN)."""
+    A row with every shard empty gives out 0, lse -inf (no NaN). Shapes and dtypes are checked
+    (ValueError naming them; they are static, so also under jax.jit)."""
+    outs, lses = jnp.asarray(outs), jnp.asarray(lses)
+    check_partials(outs, lses, "merge_partials", dtype_name=dtype_name,
+                   is_float=lambda d: jnp.issubdtype(d, jnp.floating))
     out_dtype = outs.dtype if out_dtype is None else out_dtype
+    if not jnp.issubdtype(out_dtype, jnp.floating):
+        raise ValueError(f"merge_partials takes a float out_dtype, got out_dtype={dtype_name(out_dtype)}")
     # the split-KV combine's formula (mla_jax.combine): shards merge as splits do
-    return combine_ref(jnp.asarray(outs).astype(jnp.float32), jnp.asarray(lses, jnp.float32), out_dtype)
+    return combine_ref(outs.astype(jnp.float32), lses.astype(jnp.float32), out_dtype)
 
 
 def _local_partial(q_nope, q_pe, kv_cache, md: DecodeMetadata, config: MLAConfig, impl: str, interpret: bool,
@@ -157,6 +164,7 @@ def dcp_mla_decode(
     same data). Per-shard values (block ids in range, one token per request) are checked when
     the metadata is concrete; under an outer `jax.jit` only shapes and dtypes are.
     """
+    check_config_and_metadata(config, metadata_shards, metadata_name="metadata_shards")
     if impl not in DCP_IMPLS:
         raise ValueError(f"unknown DCP impl={impl!r}; expected one of {DCP_IMPLS}")
     if not isinstance(mesh, Mesh):

@@ -7,7 +7,13 @@ checks `validate_inputs` (and `validate_k_scale` for an fp8 cache), and `referen
 
 from mla_spec import reference
 from mla_spec.config import MLAConfig
-from mla_spec.inputs import dtype_name, expected_kv_cache_dtype, validate_inputs, validate_k_scale
+from mla_spec.inputs import (
+    check_config_and_metadata,
+    dtype_name,
+    expected_kv_cache_dtype,
+    validate_inputs,
+    validate_k_scale,
+)
 from mla_spec.metadata import BatchSplit, DecodeMetadata, build_decode_metadata, split_decodes_and_prefills
 
 __all__ = [
@@ -15,6 +21,7 @@ __all__ = [
     "DecodeMetadata",
     "MLAConfig",
     "build_decode_metadata",
+    "check_config_and_metadata",
     "dtype_name",
     "expected_kv_cache_dtype",
     "reference",

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
+
 SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
 """Activation dtypes. Fast paths take bfloat16/float16; float32 is for references."""
 
@@ -35,6 +37,33 @@ NON_DECODER_MSG = (
     "are not implemented for FlashAttnMLAImpl"
 )
 FP8_KV_CACHE_MSG = "FlashAttnMLA V1 with FP8 KV cache not yet supported"
+
+
+FLOAT32_NORMAL_RANGE = (float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max))
+"""Scales (softmax_scale, k_scale) are range-checked here in float64 but used in float32 by every
+kernel: a value outside this range would overflow to inf (NaN out) or flush to 0 / lose precision."""
+
+
+def as_real_float(value):
+    """`value` as a Python float when it is a real number (int, float, or a NumPy integer/floating
+    scalar, not a bool), else None."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return None
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond float64 (10**400)
+        return math.inf if value > 0 else -math.inf
+
+
+def check_float32_scale(name: str, value: float, shown=None) -> None:
+    """Raises ValueError naming `name` and the value (`shown`, default `value`) unless `value` is
+    finite, > 0 and a normal float32."""
+    lo, hi = FLOAT32_NORMAL_RANGE
+    if not (math.isfinite(value) and lo <= value <= hi):
+        shown = value if shown is None else shown
+        raise ValueError(
+            f"{name} must be finite, > 0 and a normal float32 ({lo:.6g} <= {name} <= {hi:.6g}), got {name}={shown!r}"
+        )
 
 
 def _check_positive_int(name: str, value) -> None:
@@ -97,10 +126,11 @@ class MLAConfig:
             )
         if self.softmax_scale is None:
             object.__setattr__(self, "softmax_scale", (self.qk_nope_head_dim + self.qk_rope_head_dim) ** -0.5)
-        scale = self.softmax_scale
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
-            raise ValueError(f"softmax_scale must be a finite float > 0, got softmax_scale={scale!r}")
-        object.__setattr__(self, "softmax_scale", float(scale))
+        scale = as_real_float(self.softmax_scale)
+        if scale is None:
+            raise ValueError(f"softmax_scale must be a finite float > 0, got softmax_scale={self.softmax_scale!r}")
+        check_float32_scale("softmax_scale", scale, shown=self.softmax_scale)
+        object.__setattr__(self, "softmax_scale", scale)
         if self.reorder_batch_threshold is None:
             # The seed: decodes with q_len <= 512 go through the decode kernel;
             # with DCP only q_len == 1 (no DCP custom masking yet).
@@ -112,7 +142,15 @@ class MLAConfig:
                 f"reorder_batch_threshold={self.reorder_batch_threshold}, dcp_world_size={self.dcp_world_size}"
             )
         if self.alibi_slopes is not None:
-            object.__setattr__(self, "alibi_slopes", tuple(float(x) for x in self.alibi_slopes))
+            slopes = None
+            if not isinstance(self.alibi_slopes, (str, bytes)):
+                try:
+                    slopes = [as_real_float(x) for x in self.alibi_slopes]
+                except TypeError:  # not iterable
+                    pass
+            if slopes is None or any(x is None for x in slopes):
+                raise ValueError(f"alibi_slopes must be a sequence of floats, got alibi_slopes={self.alibi_slopes!r}")
+            object.__setattr__(self, "alibi_slopes", tuple(slopes))
         if self.alibi_slopes or self.sliding_window or self.logits_soft_cap:
             raise NotImplementedError(UNSUPPORTED_FEATURES_MSG)
         if self.attn_type != ATTN_TYPE_DECODER:

@@ -35,6 +35,7 @@ import dataclasses
 import numpy as np
 
 from mla_spec.config import MLAConfig
+from mla_spec.inputs import check_config_and_metadata
 from mla_spec.metadata import DecodeMetadata
 
 
@@ -118,7 +119,9 @@ def validate_shards(
 ) -> None:
     """Checks the stacked metadata: leading axes of size world_size, one token per request, and
     every shard's kernel metadata (empty shards at their dummy length 1) valid for a cache of
-    `num_blocks_local` blocks. Raises ValueError naming what broke."""
+    `num_blocks_local` blocks, and the local lengths those of the interleaved layout (shard s of a
+    request of S tokens in all holds `local_len(S, s)`). Raises ValueError naming what broke."""
+    check_config_and_metadata(config, metadata_shards, metadata_name="metadata_shards")
     check_world_size(config, world_size)
     for name in ("query_start_loc", "seq_lens", "block_table"):
         arr = getattr(metadata_shards, name)
@@ -141,12 +144,27 @@ def validate_shards(
     if not (qsl == qsl[:1]).all():
         raise ValueError("metadata_shards.query_start_loc must be the same on every shard")
     seq_lens = np.asarray(metadata_shards.seq_lens)
+    if not np.issubdtype(seq_lens.dtype, np.integer):
+        raise ValueError(f"seq_lens must have an integer dtype, got metadata_shards.seq_lens.dtype={seq_lens.dtype}")
     if (seq_lens < 0).any():
         s, r = (int(i) for i in np.argwhere(seq_lens < 0)[0])
         raise ValueError(f"local seq_lens must be >= 0, got metadata_shards.seq_lens[{s}, {r}]={int(seq_lens[s, r])}")
     if (seq_lens.sum(axis=0) < 1).any():
         r = int(np.flatnonzero(seq_lens.sum(axis=0) < 1)[0])
         raise ValueError(f"request {r} has no KV on any shard: metadata_shards.seq_lens[:, {r}] are all 0")
+    # The interleaved layout fixes each shard's share of a request's tokens: a shard cut short
+    # drops tokens (a finite, wrong answer), a shard too long reads slots that hold no token.
+    totals = seq_lens.astype(np.int64).sum(axis=0)  # [R]
+    expected = local_seq_lens(totals, world_size)  # [W, R]
+    if (seq_lens != expected).any():
+        s, r = (int(i) for i in np.argwhere(seq_lens != expected)[0])
+        raise ValueError(
+            f"local seq_lens do not fit the interleaved layout (KV position p on shard p % {world_size}): request {r} "
+            f"has {int(totals[r])} tokens over the shards, which puts {expected[:, r].tolist()} on shards "
+            f"0..{world_size - 1}; got metadata_shards.seq_lens[:, {r}]={seq_lens[:, r].tolist()} (first difference: "
+            f"shard {s} of request {r}, expected {int(expected[s, r])}, got metadata_shards.seq_lens[{s}, {r}]="
+            f"{int(seq_lens[s, r])})"
+        )
     lc = local_config(config)
     for s in range(world_size):
         shard_metadata(metadata_shards, s, for_kernel=True).validate(lc, num_blocks=num_blocks_local)
@@ -212,14 +230,32 @@ def shard_batch(
     return DCPShards(kv_cache=caches, metadata=md, world_size=world_size)
 
 
+def check_partials(outs, lses, fn: str, *, dtype_name, is_float=None) -> None:
+    """Raises ValueError unless outs is `[W, T, H, L]` and lses `[W, T, H]` with W >= 1, both of a
+    float dtype (shapes only: fine on traced arrays)."""
+    shapes = f"outs.shape={tuple(outs.shape)}, lses.shape={tuple(lses.shape)}"
+    if len(outs.shape) != 4 or len(lses.shape) != 3 or tuple(outs.shape[:3]) != tuple(lses.shape):
+        raise ValueError(f"{fn} takes outs [W, T, H, L] and lses [W, T, H], got {shapes}")
+    if outs.shape[0] < 1:
+        raise ValueError(f"{fn} needs at least one shard (W >= 1), got {shapes}")
+    # NumPy's own floats, or ml_dtypes' (bfloat16, float8_*: kind "V" to NumPy)
+    is_float = is_float or (lambda d: np.dtype(d).kind == "f" or np.dtype(d).name.startswith(("bfloat", "float")))
+    for name, x in (("outs", outs), ("lses", lses)):
+        if not is_float(x.dtype):
+            raise ValueError(f"{fn} takes float {name}, got {name}.dtype={dtype_name(x.dtype)}")
+
+
 def merge_partials(outs, lses):
     """The exact LSE merge, float64 NumPy (the definition the backends follow):
     outs `[W, T, H, L]` (each normalized over its shard), lses `[W, T, H]` (-inf for an empty
     shard) -> `(out [T, H, L], lse [T, H])`; lse = logsumexp over shards,
     out = sum_s exp(lse_s - lse) * out_s. A row with every shard empty gives out 0, lse -inf; a NaN lse (a
     non-finite q entry of that head) gives its row out NaN, lse NaN, never a plausible-looking 0."""
-    outs = np.asarray(outs, np.float64)
-    lses = np.asarray(lses, np.float64)
+    outs = np.asarray(outs)
+    lses = np.asarray(lses)
+    check_partials(outs, lses, "merge_partials", dtype_name=lambda d: np.dtype(d).name)
+    outs = outs.astype(np.float64)
+    lses = lses.astype(np.float64)
     m = lses.max(axis=0)
     m_safe = np.where(np.isfinite(m), m, 0.0)
     w = np.exp(lses - m_safe)

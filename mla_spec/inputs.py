@@ -6,11 +6,9 @@ function says the same thing on both stacks.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from mla_spec.config import FP8_KV_CACHE_ARRAY_DTYPES, MLAConfig
+from mla_spec.config import FP8_KV_CACHE_ARRAY_DTYPES, MLAConfig, as_real_float, check_float32_scale
 from mla_spec.metadata import DecodeMetadata
 
 FP8_DTYPE_NAMES = tuple(FP8_KV_CACHE_ARRAY_DTYPES.values())
@@ -35,18 +33,30 @@ def expected_kv_cache_dtype(config: MLAConfig) -> str:
     return config.dtype
 
 
+def check_config_and_metadata(config, metadata, *, metadata_name: str = "metadata") -> None:
+    """Raises ValueError (the package's convention for a wrong argument, as for a list q) unless
+    `config` is an `MLAConfig` and `metadata` a `DecodeMetadata`."""
+    if not isinstance(config, MLAConfig):
+        raise ValueError(f"config must be an mla_spec.MLAConfig, got config={type(config).__name__}")
+    if not isinstance(metadata, DecodeMetadata):
+        raise ValueError(
+            f"{metadata_name} must be an mla_spec.DecodeMetadata, got {metadata_name}={type(metadata).__name__}"
+        )
+
+
 def validate_k_scale(k_scale, config: MLAConfig, *, concrete: bool = True) -> float | None:
     """Checks the fp8 cache scale (vLLM's `k_scale`: real value = fp8 value * k_scale) and returns
     it as a float, or None when it is a traced value (`concrete=False`: under `jax.jit` only its
     shape and dtype can be checked).
 
-    k_scale: a Python float (or int), or a 0-d float array (NumPy, torch, JAX); finite and > 0.
+    k_scale: a Python float (or int), or a 0-d float array (NumPy, torch, JAX); finite, > 0 and a normal float32
+    (1.18e-38 <= k_scale <= 3.4e38: every impl applies it in float32).
     With kv_cache_dtype="auto" there is nothing to scale and k_scale must be 1.0 (a traced value
     is refused there, since it cannot be checked)."""
     if isinstance(k_scale, bool):
         raise ValueError(f"k_scale must be a float or a 0-d float array, got k_scale={k_scale!r}")
     if isinstance(k_scale, (int, float)):
-        value = float(k_scale)
+        value = as_real_float(k_scale)
     elif hasattr(k_scale, "shape") and hasattr(k_scale, "dtype"):
         if tuple(k_scale.shape) != ():
             raise ValueError(f"k_scale must be a scalar (0-d), got k_scale.shape={tuple(k_scale.shape)}")
@@ -55,8 +65,9 @@ def validate_k_scale(k_scale, config: MLAConfig, *, concrete: bool = True) -> fl
         value = float(k_scale) if concrete else None
     else:
         raise ValueError(f"k_scale must be a float or a 0-d float array, got k_scale={k_scale!r}")
-    if value is not None and not (math.isfinite(value) and value > 0):
-        raise ValueError(f"k_scale must be finite and > 0, got k_scale={value!r}")
+    if value is not None:
+        # Used in float32 by every impl: 1e39 would be inf there (NaN out), 1e-60 would be 0.
+        check_float32_scale("k_scale", value, shown=k_scale if isinstance(k_scale, int) else None)
     if not config.is_fp8_kv_cache and value != 1.0:
         shown = "a traced value" if value is None else repr(value)
         raise ValueError(
@@ -78,6 +89,7 @@ def validate_inputs(
 ) -> None:
     """Validates a call. `q_shapes`/`q_dtypes` hold one entry for the packed
     `q [T, H, L+R]`, or two for the `(q_nope [T,H,L], q_pe [T,H,R])` tuple."""
+    check_config_and_metadata(config, metadata)
     L, R, H = config.kv_lora_rank, config.qk_rope_head_dim, config.num_heads
     if len(q_shapes) == 1:
         (shape,) = q_shapes

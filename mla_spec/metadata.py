@@ -121,9 +121,15 @@ def validate_metadata(
 
 
 def _validate_values(md: DecodeMetadata, config: MLAConfig, num_blocks: int | None) -> None:
-    qsl = np.asarray(md.query_start_loc).astype(np.int64)
-    seq_lens = np.asarray(md.seq_lens).astype(np.int64)
-    bt = np.asarray(md.block_table).astype(np.int64)
+    arrays = {name: np.asarray(getattr(md, name)) for name in ("query_start_loc", "seq_lens", "block_table")}
+    # The backends run int32 metadata: a wider value must not wrap into a plausible one on the cast.
+    for name, arr in arrays.items():
+        i = _first_outside_int32(arr)
+        if i is not None:
+            raise ValueError(f"{name} values must fit in int32, got {name}[{', '.join(map(str, i))}]={int(arr[i])}")
+    qsl = arrays["query_start_loc"].astype(np.int64)
+    seq_lens = arrays["seq_lens"].astype(np.int64)
+    bt = arrays["block_table"].astype(np.int64)
     if qsl[0] != 0:
         raise ValueError(f"query_start_loc must start at 0, got query_start_loc[0]={qsl[0]}")
     query_lens = np.diff(qsl)
@@ -182,11 +188,37 @@ def _validate_values(md: DecodeMetadata, config: MLAConfig, num_blocks: int | No
             )
 
 
+_INT32 = np.iinfo(np.int32)
+
+
+def _exact_ints(arr: np.ndarray) -> np.ndarray:
+    """`arr` unchanged when it has an integer dtype; an object array of Python ints (NumPy's
+    dtype for ints beyond int64/uint64, e.g. [2**64]) as that object array; else None."""
+    if np.issubdtype(arr.dtype, np.integer):
+        return arr
+    if arr.dtype == object and all(
+        isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)) for x in arr.flat
+    ):
+        return arr
+    return None
+
+
+def _first_outside_int32(arr: np.ndarray):
+    """The index of the first entry of an integer (or object-of-int) array outside int32, or None.
+    Compares the values as they are (no cast that could wrap them first)."""
+    if arr.size == 0 or (arr.dtype != object and np.can_cast(arr.dtype, np.int32)):
+        return None
+    bad = np.array([not (_INT32.min <= int(x) <= _INT32.max) for x in arr.flat]).reshape(arr.shape) \
+        if arr.dtype == object else (arr < _INT32.min) | (arr > _INT32.max)
+    hits = np.argwhere(bad)
+    return tuple(int(i) for i in hits[0]) if hits.size else None
+
+
 def _as_int_vector(name: str, values) -> np.ndarray:
     arr = np.asarray(values)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got {name}.shape={arr.shape}")
-    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+    if arr.size and _exact_ints(arr) is None:
         raise ValueError(f"{name} must hold integers, got {name}.dtype={arr.dtype}")
     if arr.size and (arr < 0).any():
         i = int(np.argmin(arr))
@@ -201,7 +233,7 @@ def _as_block_table(block_table, num_reqs: int) -> np.ndarray:
     if isinstance(block_table, np.ndarray):
         if block_table.ndim != 2:
             raise ValueError(f"block_table must be 2-D, got block_table.shape={block_table.shape}")
-        if not np.issubdtype(block_table.dtype, np.integer):
+        if _exact_ints(block_table) is None:
             raise ValueError(f"block_table must hold integers, got block_table.dtype={block_table.dtype}")
         rows = list(block_table)
     else:
@@ -209,8 +241,13 @@ def _as_block_table(block_table, num_reqs: int) -> np.ndarray:
         for r, row in enumerate(rows):
             if row.ndim != 1:
                 raise ValueError(f"block_table[{r}] must be a 1-D list of block ids, got shape {row.shape}")
-            if row.size and not np.issubdtype(row.dtype, np.integer):
+            if row.size and _exact_ints(row) is None:
                 raise ValueError(f"block_table[{r}] must hold integers, got dtype {row.dtype}")
+    # Range before the int32 cast below, which would wrap 2**32 + 3 to 3 (a valid-looking id).
+    for r, row in enumerate(rows):
+        c = _first_outside_int32(row)
+        if c is not None:
+            raise ValueError(f"block ids must fit in int32, got block_table[{r}, {c[0]}]={int(row[c])}")
     if len(rows) != num_reqs:
         raise ValueError(f"block_table must have one row per request, got {len(rows)} rows for {num_reqs} requests")
     width = max(1, max((len(row) for row in rows), default=1))

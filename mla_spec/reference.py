@@ -17,14 +17,15 @@ from __future__ import annotations
 import numpy as np
 
 from mla_spec.config import MLAConfig
-from mla_spec.inputs import expected_kv_cache_dtype, validate_inputs, validate_k_scale
+from mla_spec.inputs import check_config_and_metadata, expected_kv_cache_dtype, validate_inputs, validate_k_scale
 from mla_spec.metadata import DecodeMetadata
 
 
 def mla_decode(q, kv_cache: np.ndarray, metadata: DecodeMetadata, config: MLAConfig, *, k_scale=1.0):
     """Returns `(out [T, H, L] float64, lse [T, H] float64)`.
 
-    k_scale: the fp8 cache's scale (finite, > 0); must be 1.0 with kv_cache_dtype="auto"."""
+    k_scale: the fp8 cache's scale (finite, > 0, a normal float32); must be 1.0 with kv_cache_dtype="auto"."""
+    check_config_and_metadata(config, metadata)
     if isinstance(q, tuple):
         q_nope, q_pe = (np.asarray(x) for x in q)
         shapes = (q_nope.shape, q_pe.shape)

@@ -1,15 +1,22 @@
 """Every entry point rejects bad input with a ValueError/NotImplementedError that
 names the value, before any kernel runs."""
 
+import re
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 
 import mla_jax
+import mla_spec
 import mla_torch
+from mla_jax import dcp as jdcp
 from mla_spec import MLAConfig, reference
-from parity.scenarios import SCENARIOS, make_batch
+from mla_spec import dcp as sdcp
+from mla_torch import dcp as tdcp
+from parity.scenarios import SCENARIOS, Scenario, make_batch, make_fp8_batch
 
 BATCH = make_batch(SCENARIOS["spec_decode_page_16"], "float32")  # seq (8, 64, 200), q (8, 5, 2), P=16
 NUM_BLOCKS = BATCH.kv_cache.shape[0]
@@ -157,3 +164,244 @@ def test_non_array_inputs_are_rejected():
 def test_bad_configs_never_reach_an_entry_point(kwargs, exc):
     with pytest.raises(exc):
         MLAConfig(**kwargs)
+
+
+# ----------------------------------------------------------------------------------------
+# Holes found by the bad-input audit: values that used to wrap, overflow, broadcast or crash.
+# ----------------------------------------------------------------------------------------
+
+C16 = MLAConfig(num_heads=16, page_size=16, dtype="float32")
+
+
+@pytest.mark.parametrize(
+    "block_table, num_blocks, match",
+    [
+        ([[2**32 + 3]], 8, r"block_table\[0, 0\]=4294967299"),  # used to become block 3
+        (np.array([[2**32 + 3]], np.int64), 8, r"block_table\[0, 0\]=4294967299"),
+        ([[2**31]], None, r"block_table\[0, 0\]=2147483648"),  # used to name -2147483648
+        (np.array([[2**63]], np.uint64), 8, r"block_table\[0, 0\]=9223372036854775808"),  # used to become 0
+        ([[2**64]], 8, r"block_table\[0, 0\]=18446744073709551616"),  # NumPy's object dtype
+        ([[1], [5, -2**31 - 1]], None, r"block_table\[1, 1\]=-2147483649"),  # in a padding column too
+    ],
+)
+def test_builder_block_ids_outside_int32_are_named_not_wrapped(block_table, num_blocks, match):
+    seq_lens = [4] * len(block_table)
+    with pytest.raises(ValueError, match="block ids must fit in int32, got " + match):
+        mla_spec.build_decode_metadata(seq_lens=seq_lens, query_lens=[1] * len(seq_lens), block_table=block_table,
+                                       config=C16, num_blocks=num_blocks)
+
+
+@pytest.mark.parametrize("block_table", [[[1.0]], [[3.7]], np.array([[2.0]])])
+def test_builder_float_block_ids_are_rejected(block_table):
+    with pytest.raises(ValueError, match="block_table.* must hold integers"):
+        mla_spec.build_decode_metadata(seq_lens=[4], query_lens=[1], block_table=block_table, config=C16, num_blocks=8)
+
+
+def test_builder_int32_edge_block_ids_still_build():
+    md = mla_spec.build_decode_metadata(seq_lens=[4, 4], query_lens=[1, 1], config=C16,
+                                        block_table=np.array([[2**31 - 1], [3]], np.uint64))
+    assert md.block_table.dtype == np.int32 and md.block_table[:, 0].tolist() == [2**31 - 1, 3]
+
+
+@pytest.mark.parametrize("entry", list(ENTRIES))
+def test_wide_metadata_values_are_named_before_the_int32_cast(entry):
+    """int64 metadata straight into an entry point: 2**32 + id must not run as block `id`."""
+    bt64 = BATCH.metadata.block_table.astype(np.int64)
+    bt64[0, 0] += 2**32
+    q, kv, md, cfg = _case(md=dict(block_table=bt64))
+    with pytest.raises(ValueError, match=rf"block_table values must fit in int32, got block_table\[0, 0\]={bt64[0, 0]}"):
+        ENTRIES[entry](q, kv, md, cfg)
+
+
+# --- merge_partials (mla_jax.dcp, and the float64 definition in mla_spec.dcp) ---
+
+W, T, H, L = 2, 5, 4, 8
+MERGE_BAD = {
+    "lses [W,T,1]": ((W, T, H, L), (W, T, 1), "float32", r"lses.shape=\(2, 5, 1\)"),
+    "lses [T,H]": ((W, T, H, L), (T, H), "float32", r"lses.shape=\(5, 4\)"),
+    "outs 3-D": ((T, H, L), (T, H), "float32", r"outs.shape=\(5, 4, 8\)"),
+    "outs T mismatch": ((W, T + 1, H, L), (W, T, H), "float32", r"outs.shape=\(2, 6, 4, 8\)"),
+    "W = 0": ((0, T, H, L), (0, T, H), "float32", r"at least one shard.*outs.shape=\(0, 5, 4, 8\)"),
+    "int outs": ((W, T, H, L), (W, T, H), "int32", "outs.dtype=int32"),
+}
+
+
+@pytest.mark.parametrize("merge", ["jax", "numpy"])
+@pytest.mark.parametrize("case", list(MERGE_BAD))
+def test_merge_partials_checks_shapes_and_dtypes(merge, case):
+    out_shape, lse_shape, dtype, match = MERGE_BAD[case]
+    outs, lses = np.zeros(out_shape, dtype), np.zeros(lse_shape, np.float32)
+    if merge == "jax":
+        outs, lses, fn = jnp.asarray(outs), jnp.asarray(lses), jdcp.merge_partials
+    else:
+        fn = sdcp.merge_partials
+    with pytest.raises(ValueError, match=match):
+        fn(outs, lses)
+
+
+def test_merge_partials_still_merges_under_jit():
+    rng = np.random.default_rng(0)
+    outs = rng.standard_normal((W, T, H, L)).astype(np.float32)
+    lses = rng.standard_normal((W, T, H)).astype(np.float32)
+    lses[1, 0] = -np.inf  # an empty shard
+    ref_out, ref_lse = sdcp.merge_partials(outs, lses)
+    out, lse = jax.jit(jdcp.merge_partials)(jnp.asarray(outs), jnp.asarray(lses))
+    np.testing.assert_allclose(np.asarray(out), ref_out, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(lse), ref_lse, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"lses.shape=\(2, 5, 1\)"):
+        jax.jit(jdcp.merge_partials)(jnp.asarray(outs), jnp.asarray(lses[..., :1]))
+
+
+# --- DCP: per-shard lengths must be those of the interleaved layout ---
+
+def _dcp_case(world_size, seq_lens=(1, 2, 3, 5, 40)):
+    sc = Scenario("dcp", seq_lens=seq_lens, query_lens=(1,) * len(seq_lens), num_heads=4, page_size=16)
+    batch = make_batch(sc, "float32", dcp_world_size=world_size)
+    return batch, sdcp.shard_batch(batch.kv_cache, batch.metadata, batch.config, permute_blocks=True)
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_validate_shards_takes_every_interleaved_sharding(world_size):
+    batch, shards = _dcp_case(world_size)  # shard_batch validates its output
+    sdcp.validate_shards(batch.config, shards.metadata, world_size=world_size,
+                         num_blocks_local=shards.kv_cache.shape[1])
+    assert (np.asarray(shards.metadata.seq_lens).sum(axis=0) == batch.metadata.seq_lens).all()
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("delta", [-2, -1, +1, +2])
+def test_validate_shards_rejects_lengths_off_the_interleaved_layout(world_size, delta):
+    """A shard cut short used to give a finite wrong answer; a shard too long read unfilled slots.
+    The stacked metadata does not carry the global length, so lengths that are the interleaved
+    layout of another length (e.g. the last shard one shorter: a request one token shorter) are
+    valid; every other change is named."""
+    batch, shards = _dcp_case(world_size)
+    lens = np.asarray(shards.metadata.seq_lens)
+    for s in range(world_size):
+        bad = lens.copy()
+        bad[s, 4] += delta  # request 4: 40 tokens
+        md = shards.metadata.replace(seq_lens=bad)
+        col = bad[:, 4]
+        # interleaved <=> non-increasing over the shards, first and last within one token
+        if (np.diff(col) <= 0).all() and col[0] - col[-1] <= 1:
+            sdcp.validate_shards(batch.config, md, world_size=world_size, num_blocks_local=shards.kv_cache.shape[1])
+            continue
+        with pytest.raises(ValueError, match=rf"request 4 .*got metadata_shards.seq_lens\[:, 4\]="
+                                             rf"{re.escape(str(col.tolist()))}.*expected"):
+            sdcp.validate_shards(batch.config, md, world_size=world_size, num_blocks_local=shards.kv_cache.shape[1])
+
+
+def test_dcp_entry_points_reject_the_audit_repro_and_run_the_valid_sharding():
+    batch, shards = _dcp_case(2, seq_lens=(8, 64, 200, 930))
+    lens = np.asarray(shards.metadata.seq_lens)  # [[4, 32, 100, 465], [4, 32, 100, 465]]
+    shrunk, longer = lens.copy(), lens.copy()
+    shrunk[1, 3] -= 100
+    longer[1, 3] = lens[0, 3] + 1
+    q, kv = torch.from_numpy(batch.q), torch.from_numpy(shards.kv_cache)
+    for bad, shown in ((shrunk, "[465, 365]"), (longer, "[465, 466]")):
+        md = shards.metadata.replace(seq_lens=bad)
+        with pytest.raises(ValueError, match=re.escape(f"metadata_shards.seq_lens[:, 3]={shown}")):
+            tdcp.dcp_mla_decode_local(q, kv, md, batch.config)
+        # (mla_jax.dcp_mla_decode runs the same validate_shards; a 2-device mesh needs the XLA flag that
+        # tests/test_dcp.py's subprocess sets, so it is not called here)
+    out, lse = tdcp.dcp_mla_decode_local(q, kv, shards.metadata, batch.config)
+    ref_out, ref_lse = reference.mla_decode(batch.q, batch.kv_cache, batch.metadata, batch.config)
+    np.testing.assert_allclose(out.double().numpy(), ref_out, atol=1e-4)
+    np.testing.assert_allclose(lse.double().numpy(), ref_lse, atol=1e-4)
+
+
+# --- scales used in float32: finite, > 0 and a normal float32 ---
+
+FP8_BATCH, FP8_K_SCALE = make_fp8_batch(SCENARIOS["single_token"], "bfloat16")
+
+
+def _fp8_entry(entry, k_scale):
+    b = FP8_BATCH
+    if entry == "numpy":
+        return reference.mla_decode(b.q, b.kv_cache, b.metadata, b.config, k_scale=k_scale)
+    if entry == "torch":
+        return mla_torch.mla_decode(torch.from_numpy(b.q).bfloat16(), torch.from_numpy(b.kv_cache).to(torch.float8_e4m3fn),
+                                    b.metadata, b.config, k_scale=k_scale)
+    return mla_jax.mla_decode(jnp.asarray(b.q, jnp.bfloat16), jnp.asarray(b.kv_cache, jnp.float8_e4m3fn), b.metadata,
+                              b.config, k_scale=k_scale, impl=entry.removeprefix("jax_"))
+
+
+@pytest.mark.parametrize("entry", ["numpy", "torch", "jax_xla", "jax_pallas_triton"])
+@pytest.mark.parametrize(
+    "k_scale, shown",
+    [(1e39, "1e+39"), (1e300, "1e+300"), (1e-60, "1e-60"), (np.float32(1e-40), "9.99994610111476e-41"),
+     (np.array(1e39), "1e+39"), (10**400, "1" + "0" * 400)],
+    ids=["1e39", "1e300", "1e-60", "subnormal-f32", "0d-f64-1e39", "int-10**400"],
+)
+def test_k_scale_outside_float32_normal_range_is_named(entry, k_scale, shown):
+    """1e39 gave NaN out/lse in every impl, 1e-60 silently became 0."""
+    with pytest.raises(ValueError, match=rf"k_scale must be finite, > 0 and a normal float32 .*got k_scale={re.escape(shown)}$"):
+        _fp8_entry(entry, k_scale)
+
+
+def test_k_scale_at_the_float32_edges_is_taken():
+    lo, hi = np.finfo(np.float32).tiny, np.finfo(np.float32).max
+    for v in (float(lo), float(hi), np.float32(lo), FP8_K_SCALE):
+        assert mla_spec.validate_k_scale(v, FP8_BATCH.config) == float(v)
+
+
+@pytest.mark.parametrize("scale, shown", [(1e300, "1e+300"), (1e39, "1e+39"), (1e-300, "1e-300"), (1e-39, "1e-39")])
+def test_softmax_scale_outside_float32_normal_range_is_named(scale, shown):
+    with pytest.raises(ValueError, match=rf"softmax_scale must be finite, > 0 and a normal float32 .*got "
+                                         rf"softmax_scale={re.escape(shown)}$"):
+        MLAConfig(num_heads=16, softmax_scale=scale)
+
+
+@pytest.mark.parametrize("scale", [np.float32(0.1), np.float64(0.25), np.float16(0.5), 2, np.int64(3)])
+def test_numpy_scalar_softmax_scale_is_taken_as_a_python_float(scale):
+    cfg = MLAConfig(num_heads=16, softmax_scale=scale)
+    assert type(cfg.softmax_scale) is float and cfg.softmax_scale == float(scale)
+    assert cfg == MLAConfig(num_heads=16, softmax_scale=float(scale))  # one config, one jit cache entry
+
+
+@pytest.mark.parametrize("scale", ["0.1", True, object(), [0.1]])
+def test_non_number_softmax_scale_is_named(scale):
+    with pytest.raises(ValueError, match="softmax_scale must be a finite float > 0, got softmax_scale="):
+        MLAConfig(num_heads=16, softmax_scale=scale)
+
+
+@pytest.mark.parametrize("slopes", ["ab", 1.0, [0.5, "x"], [None]])
+def test_non_float_alibi_slopes_are_named(slopes):
+    with pytest.raises(ValueError, match=rf"alibi_slopes must be a sequence of floats, got alibi_slopes={re.escape(repr(slopes))}"):
+        MLAConfig(num_heads=16, alibi_slopes=slopes)
+
+
+@pytest.mark.parametrize("slopes", [(0.5,), [np.float32(0.5)], np.array([0.25, 0.5])])
+def test_float_alibi_slopes_still_get_the_seeds_error(slopes):
+    with pytest.raises(NotImplementedError, match="alibi_slopes, sliding_window, logits_soft_cap"):
+        MLAConfig(num_heads=16, alibi_slopes=slopes)
+
+
+# --- metadata / config of the wrong type: a ValueError naming the argument, not an AttributeError ---
+
+JAX_Q, JAX_KV = jnp.asarray(BATCH.q), jnp.asarray(BATCH.kv_cache)
+WRONG_TYPES = [
+    (None, BATCH.config, "metadata=NoneType"),
+    ({"seq_lens": [8]}, BATCH.config, "metadata=dict"),
+    (BATCH.metadata, None, "config=NoneType"),
+    (BATCH.metadata, {"num_heads": 16}, "config=dict"),
+]
+
+
+@pytest.mark.parametrize("metadata, config, match", WRONG_TYPES)
+def test_jax_and_numpy_entries_name_a_wrong_metadata_or_config_type(metadata, config, match):
+    with pytest.raises(ValueError, match=match):
+        mla_jax.mla_decode(JAX_Q, JAX_KV, metadata, config)
+    with pytest.raises(ValueError, match=match):
+        mla_jax.mla_decode(JAX_Q, JAX_KV, metadata, config, impl="pallas_triton")
+    with pytest.raises(ValueError, match=match):
+        reference.mla_decode(BATCH.q, BATCH.kv_cache, metadata, config)
+
+
+@pytest.mark.parametrize("metadata, config, match", WRONG_TYPES)
+def test_dcp_entries_name_a_wrong_metadata_or_config_type(metadata, config, match):
+    match = match.replace("metadata=", "metadata_shards=")
+    with pytest.raises(ValueError, match=match):
+        jdcp.dcp_mla_decode(JAX_Q, JAX_KV[None], metadata, config, mesh=jdcp.make_dcp_mesh(1))
+    with pytest.raises(ValueError, match=match):
+        sdcp.validate_shards(config, metadata, world_size=1, num_blocks_local=NUM_BLOCKS)
