@@ -39,12 +39,25 @@ def split_q(q, config: MLAConfig):
     return torch.split(q, [config.kv_lora_rank, config.qk_rope_head_dim], dim=-1)
 
 
-def check_call(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig) -> None:
+def check_types(metadata, config) -> None:
+    """The entry's argument types, before anything reads them."""
+    if not isinstance(config, MLAConfig):
+        raise ValueError(f"config must be an mla_spec.MLAConfig, got config={type(config).__name__}")
+    if not isinstance(metadata, DecodeMetadata):
+        raise ValueError(f"metadata must be an mla_spec.DecodeMetadata, got metadata={type(metadata).__name__}")
+
+
+def check_call(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig, *, check_values: bool = True) -> None:
     """The shared input checks (mla_spec.validate_inputs) on torch tensors."""
+    check_types(metadata, config)
     parts = q if isinstance(q, tuple) else (q,)
     for x in parts + (kv_cache,):
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"q and kv_cache must be torch tensors, got {type(x).__name__}")
+        if x.is_meta:
+            raise ValueError(
+                f"q and kv_cache must hold data (a CPU or GPU tensor), got a tensor on device={str(x.device)!r}"
+            )
     validate_inputs(
         config,
         metadata,
@@ -52,6 +65,7 @@ def check_call(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig) -> None
         q_dtypes=tuple(dtype_name(x.dtype) for x in parts),
         kv_cache_shape=tuple(kv_cache.shape),
         kv_cache_dtype=dtype_name(kv_cache.dtype),
+        check_values=check_values,
     )
     devices = {x.device for x in parts + (kv_cache,)}
     if len(devices) != 1:
@@ -93,6 +107,7 @@ def mla_decode(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig, *, impl
     """
     if impl not in IMPLS + ("auto",):
         raise ValueError(f"unknown impl={impl!r}; expected one of {IMPLS + ('auto',)}")
+    check_types(metadata, config)
     host_md = metadata.replace(
         query_start_loc=_host(metadata.query_start_loc).numpy(),
         seq_lens=_host(metadata.seq_lens).numpy(),

@@ -21,7 +21,7 @@ import contextlib
 import numpy as np
 import torch
 
-from mla_spec import DecodeMetadata, MLAConfig
+from mla_spec import DecodeMetadata, MLAConfig, dtype_name, validate_inputs, validate_k_scale
 from mla_spec.dcp import check_world_size, local_config, shard_batch, shard_metadata, validate_shards
 
 __all__ = ["dcp_mla_decode_local", "merge_attn_states", "shard_batch"]
@@ -79,10 +79,11 @@ def dcp_mla_decode_local(
     Returns `(out [T, H, L] in q's dtype, lse [T, H] float32)`, and with
     `return_partials=True` also the stacked partials `(outs [W,T,H,L] float32, lses [W,T,H])`.
     """
-    from mla_torch.api import mla_decode  # the package's entry point, with its checks
+    from mla_torch.api import check_types, mla_decode  # the package's entry point, with its checks
 
     if impl not in IMPLS:
         raise ValueError(f"unknown DCP impl={impl!r}; expected one of {IMPLS}")
+    check_types(metadata_shards, config)
     world_size = len(kv_cache_shards)
     check_world_size(config, world_size)
 
@@ -104,12 +105,34 @@ def dcp_mla_decode_local(
             )
     validate_shards(config, host_md, world_size=world_size, num_blocks_local=num_blocks_local)
     lc = local_config(config)
-    extra = dict(k_scale=k_scale) if config.is_fp8_kv_cache else {}
-    if not extra and not (isinstance(k_scale, (int, float)) and k_scale == 1.0):
+    # The shared ints of the stacked metadata (max_seq_len >= 1, ...), and shapes and dtypes, as
+    # mla_jax.dcp_mla_decode checks them: each shard's call below recomputes max_seq_len from its
+    # local lengths, so without this a bad value would pass unseen.
+    md0 = host_md.replace(
+        query_start_loc=host_md.query_start_loc[0], seq_lens=host_md.seq_lens[0], block_table=host_md.block_table[0]
+    )
+    parts = q if isinstance(q, tuple) else (q,)
+    for x in parts + (kv_cache_shards[0],):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"q and kv_cache_shards must be torch tensors, got {type(x).__name__}")
+    validate_inputs(
+        lc,
+        md0,
+        q_shapes=tuple(tuple(x.shape) for x in parts),
+        q_dtypes=tuple(dtype_name(x.dtype) for x in parts),
+        kv_cache_shape=tuple(kv_cache_shards[0].shape),
+        kv_cache_dtype=dtype_name(kv_cache_shards[0].dtype),
+        check_values=False,
+    )
+    longest = int(host_md.seq_lens.max())
+    if host_md.max_seq_len < longest:
         raise ValueError(
-            f"k_scale applies to an fp8 KV cache only; with kv_cache_dtype={config.kv_cache_dtype!r} it must be "
-            f"1.0, got k_scale={k_scale!r}"
+            f"metadata_shards.max_seq_len is below the longest local sequence, got "
+            f"metadata_shards.max_seq_len={host_md.max_seq_len} < {longest}"
         )
+    # The same k_scale check as mla_torch.mla_decode (NumPy / 0-d tensor scalars compare as floats).
+    validate_k_scale(k_scale, config)
+    extra = dict(k_scale=k_scale) if config.is_fp8_kv_cache else {}
     q_device = (q[0] if isinstance(q, tuple) else q).device
     outs, lses = [], []
     for s in range(world_size):

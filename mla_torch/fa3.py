@@ -14,7 +14,9 @@ comes back `[H, T]` and is transposed to `[T, H]`.
 
 What is replaced: vLLM's `VllmConfig` / `AttentionSpec` / layer plumbing by
 `mla_spec.MLAConfig`, the common-attention metadata by `mla_spec.DecodeMetadata`,
-bare `assert`s by `ValueError`s, and the import-time `from vllm.vllm_flash_attn import
+bare `assert`s by `ValueError`s (plus cheap checks of its own: the Impl's arguments, the
+shapes/dtypes/page size of each forward call from tensor metadata only, the builder's int32
+conversion, the full-CUDA-graph split bound), and the import-time `from vllm.vllm_flash_attn import
 ...` by a lazy provider lookup (`find_fa3`), so that this module imports, and its
 host-side logic runs, on a machine without CUDA.
 
@@ -44,6 +46,7 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import math
 import sys
 from typing import Any, Callable, ClassVar
 
@@ -111,6 +114,13 @@ def _torch_dtype(name: str) -> torch.dtype:
         return _TORCH_DTYPES[name]
     except KeyError:
         raise ValueError(f"unsupported dtype={name!r}; expected one of {tuple(_TORCH_DTYPES)}") from None
+
+
+# vLLM's `CacheDType` names (config/cache.py) that this port knows: the backend's
+# `supported_kv_cache_dtypes` and the fp8 ones, which the Impl refuses with the seed's
+# NotImplementedError. Any other string is a ValueError (vLLM's config refuses it upstream).
+FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
+KNOWN_KV_CACHE_DTYPES = ("auto", "float16", "bfloat16") + FP8_KV_CACHE_DTYPES
 
 
 def is_quantized_kv_cache(kv_cache_dtype: str) -> bool:
@@ -370,6 +380,9 @@ class FlashAttnMLADecodeMetadata:
     max_seq_len: int
     scheduler_metadata: torch.Tensor | None = None
     max_num_splits: int = 0
+    # Not in the seed: the page size the builder scheduled FA3 with (its config's block size),
+    # so that the Impl can refuse a cache paged otherwise. None: not checked.
+    page_size: int | None = None
 
 
 @dataclasses.dataclass
@@ -383,12 +396,37 @@ class FlashAttnMLAMetadata:
     decode: FlashAttnMLADecodeMetadata | None = None
 
 
+_INT32_MIN, _INT32_MAX = int(np.iinfo(np.int32).min), int(np.iinfo(np.int32).max)
+_TORCH_INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                     torch.uint16, torch.uint32, torch.uint64)
+
+
 def _cpu_int32(name: str, x) -> torch.Tensor:
+    """`x` (NumPy array, sequence or torch tensor) as a host int32 tensor, for the builder.
+
+    Non-integer dtypes and values outside int32 are refused before converting (a plain cast
+    would truncate 8.9 to 8 and wrap 2**32 + 5 to 5), naming `name` and the value. A device
+    tensor is copied to the host first, as the builder always did; only the host copy is
+    read, so the checks add no device sync."""
     if isinstance(x, torch.Tensor):
-        return x.detach().to(device="cpu", dtype=torch.int32)
-    arr = np.asarray(x)
-    if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"{name} must hold integers, got {name}.dtype={arr.dtype}")
+        if x.dtype not in _TORCH_INT_DTYPES:
+            raise ValueError(f"{name} must hold integers, got {name}.dtype={x.dtype}")
+        host = x.detach().to(device="cpu")
+        if host.dtype == torch.int32:
+            return host
+        arr = host.numpy()
+    else:
+        arr = np.asarray(x)
+        if arr.size and (arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer)):
+            raise ValueError(f"{name} must hold integers, got {name}.dtype={arr.dtype}")
+    if arr.size and arr.dtype != np.int32:
+        bad = (arr < _INT32_MIN) | (arr > _INT32_MAX)
+        if bad.any():
+            idx = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(
+                f"{name} must fit in int32 [{_INT32_MIN}, {_INT32_MAX}], got {name}[{', '.join(map(str, idx))}]="
+                f"{int(arr[idx])}"
+            )
     return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.int32))
 
 
@@ -487,7 +525,8 @@ class FlashAttnMLAMetadataBuilder:
         """The seed's `_build_decode`. Two keyword overrides, not in the seed:
         `max_query_len` (a pinned value for graph replays; default: computed from
         `query_start_loc_cpu` as the seed does) and `max_num_splits` (a requested split
-        count; default: the seed's rule). With `config.batch_invariant` the split count is 1,
+        count; default: the seed's rule; in full-cuda-graph mode at most
+        `max_num_splits_for_cuda_graph`, else ValueError). With `config.batch_invariant` the split count is 1,
         whatever was requested, as the newer seed does under VLLM_BATCH_INVARIANT."""
         if max_query_len is None:
             query_lens_cpu = query_start_loc_cpu[1:] - query_start_loc_cpu[:-1]
@@ -500,6 +539,13 @@ class FlashAttnMLAMetadataBuilder:
             # The newer seed: `if vllm_is_batch_invariant(): max_num_splits = 1`. One split whatever
             # the batch, so that a request's result does not depend on the others.
             max_num_splits = 1
+        if self.use_full_cuda_graph and max_num_splits > self.max_num_splits:
+            # Only a requested count (this port's addition) can get here: the seed never asks
+            # for more than its bound in full-cuda-graph mode, which sizes the split buffers.
+            raise ValueError(
+                f"max_num_splits={max_num_splits} exceeds max_num_splits_for_cuda_graph={self.max_num_splits}: "
+                "in full-cuda-graph mode FA3's intermediate split buffers are sized for that bound"
+            )
 
         scheduler_metadata = self._schedule_decode(
             num_reqs=seq_lens_device.shape[0],
@@ -536,6 +582,7 @@ class FlashAttnMLAMetadataBuilder:
             max_seq_len=max_seq_len,
             scheduler_metadata=scheduler_metadata,
             max_num_splits=max_num_splits,
+            page_size=self.page_size,
         )
 
     def build(self, metadata: DecodeMetadata, num_blocks: int | None = None) -> FlashAttnMLAMetadata:
@@ -545,7 +592,8 @@ class FlashAttnMLAMetadataBuilder:
 
         `metadata.max_seq_len` is used as given (an upper bound is fine); `max_query_len`
         is recomputed from `query_start_loc` as the seed does; `metadata.max_num_splits > 0`
-        requests that split count, 0 keeps the seed's rule. `metadata.scheduler_metadata`
+        requests that split count (in full-cuda-graph mode at most the config's
+        `max_num_splits_for_cuda_graph`, else ValueError), 0 keeps the seed's rule. `metadata.scheduler_metadata`
         is ignored: the schedule is always recomputed."""
         if not isinstance(metadata, DecodeMetadata):
             raise ValueError(f"metadata must be an mla_spec.DecodeMetadata, got {type(metadata).__name__}")
@@ -616,10 +664,26 @@ class FlashAttnMLAImpl:
         unknown = sorted(set(mla_args) - set(_REQUIRED_MLA_ARGS) - set(_OPTIONAL_MLA_ARGS))
         if unknown:
             raise ValueError(f"unknown MLA arguments {unknown}; accepted: {_REQUIRED_MLA_ARGS + _OPTIONAL_MLA_ARGS}")
+        # Not in the seed (vLLM validates these upstream, in its configs): refuse them here by name.
+        if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer)) or num_heads < 1:
+            raise ValueError(f"num_heads must be an int >= 1, got num_heads={num_heads!r}")
+        if isinstance(scale, (bool, str, bytes)):
+            raise ValueError(f"scale (the softmax scale) must be a finite float > 0, got scale={scale!r}")
+        try:
+            scale_value = float(scale)
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(f"scale (the softmax scale) must be a finite float > 0, got scale={scale!r}") from None
+        if not (math.isfinite(scale_value) and scale_value > 0):
+            raise ValueError(f"scale (the softmax scale) must be a finite float > 0, got scale={scale!r}")
+        if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in KNOWN_KV_CACHE_DTYPES:
+            raise ValueError(
+                f"unknown kv_cache_dtype={kv_cache_dtype!r}; expected one of vLLM's {KNOWN_KV_CACHE_DTYPES} "
+                f"(this backend runs {tuple(FlashAttnMLABackend.supported_kv_cache_dtypes)})"
+            )
         # MLACommonImpl's state.
-        self.num_heads = num_heads
+        self.num_heads = int(num_heads)
         self.head_size = head_size
-        self.scale = float(scale)
+        self.scale = scale_value
         self.num_kv_heads = num_kv_heads
         self.kv_cache_dtype = kv_cache_dtype
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
@@ -686,11 +750,15 @@ class FlashAttnMLAImpl:
         `[num_blocks, P, L+R]`. Returns `(out [T, H, L], lse [T, H] float32)` (a
         transposed view of FA3's `[H, T]`), or `(out, None)` when
         `need_to_return_lse_for_decode` is False."""
+        if not isinstance(kv_c_and_k_pe_cache, torch.Tensor):
+            name = type(kv_c_and_k_pe_cache).__name__
+            raise ValueError(f"kv_c_and_k_pe_cache must be a torch.Tensor, got kv_c_and_k_pe_cache={name}")
         if kv_c_and_k_pe_cache.numel() == 0:
             shape = tuple(kv_c_and_k_pe_cache.shape)
             raise ValueError(f"kv_c_and_k_pe_cache is empty: kv_c_and_k_pe_cache.shape={shape}")
         if attn_metadata.decode is None:
             raise ValueError("attn_metadata.decode is None: FlashAttnMLA runs decodes only")
+        self._check_inputs(q, kv_c_and_k_pe_cache, attn_metadata)
 
         if type(q) is tuple:
             q_nope, q_pe = q
@@ -735,6 +803,74 @@ class FlashAttnMLAImpl:
             return o, None
 
     forward_mqa = _forward_decode  # the newer seed's name
+
+    def _check_inputs(self, q, kv_c_and_k_pe_cache, attn_metadata: FlashAttnMLAMetadata) -> None:
+        """Not in the seed: shapes, dtypes and devices of the call, from tensor metadata only
+        (no values read, so nothing syncs and CUDA-graph capture is unaffected). FA3 itself
+        would read a wrong page size or head count as valid memory."""
+        L, R = self.kv_lora_rank, self.qk_rope_head_dim
+        # Under DCP vLLM all-gathers q's heads before this call (the builder schedules them too).
+        H = self.num_heads * self.dcp_world_size
+        if type(q) is tuple:
+            if len(q) != 2:
+                raise ValueError(f"q must be a tensor or a (q_nope, q_pe) pair, got a tuple of {len(q)}")
+            parts = (("q_nope", q[0], L), ("q_pe", q[1], R))
+        else:
+            parts = (("q", q, L + R),)
+        cache = kv_c_and_k_pe_cache
+        for name, x, _ in parts + (("kv_c_and_k_pe_cache", cache, None),):
+            if not isinstance(x, torch.Tensor):
+                raise ValueError(f"{name} must be a torch.Tensor, got {name}={type(x).__name__}")
+        for name, x, width in parts:
+            if x.dim() != 3 or x.shape[1] != H or x.shape[2] != width:
+                raise ValueError(
+                    f"{name} must be [num_tokens, num_heads={H}, {width}], got {name}.shape={tuple(x.shape)}"
+                )
+        q0 = parts[0][1]
+        if len(parts) == 2 and (q[0].shape[0] != q[1].shape[0] or q[0].dtype != q[1].dtype):
+            raise ValueError(
+                f"q_nope and q_pe must agree on tokens and dtype, got q_nope.shape={tuple(q[0].shape)} "
+                f"{q[0].dtype}, q_pe.shape={tuple(q[1].shape)} {q[1].dtype}"
+            )
+        num_tokens = attn_metadata.num_decode_tokens
+        if q0.shape[0] < num_tokens:
+            raise ValueError(
+                f"q has fewer tokens than attn_metadata.num_decode_tokens={num_tokens}: "
+                f"{parts[0][0]}.shape={tuple(q0.shape)}"
+            )
+        if q0.dtype not in FlashAttnMLABackend.supported_dtypes:
+            raise ValueError(
+                f"q dtype must be one of {FlashAttnMLABackend.supported_dtypes} (the seed's supported_dtypes), "
+                f"got {parts[0][0]}.dtype={q0.dtype}"
+            )
+        if cache.dim() != 3 or cache.shape[2] != L + R:
+            raise ValueError(
+                f"kv_c_and_k_pe_cache must be [num_blocks, page_size, {L + R}], "
+                f"got kv_c_and_k_pe_cache.shape={tuple(cache.shape)}"
+            )
+        page_size = attn_metadata.decode.page_size
+        if page_size is not None and cache.shape[1] != page_size:
+            raise ValueError(
+                f"kv_c_and_k_pe_cache page size must be the block size FA3 was scheduled with, page_size={page_size}, "
+                f"got kv_c_and_k_pe_cache.shape={tuple(cache.shape)}"
+            )
+        want = q0.dtype if self.kv_cache_dtype == "auto" else _TORCH_DTYPES[self.kv_cache_dtype]
+        if cache.dtype != want:
+            raise ValueError(
+                f"kv_c_and_k_pe_cache dtype must be {want} with kv_cache_dtype={self.kv_cache_dtype!r}"
+                + (f" and q.dtype={q0.dtype}" if self.kv_cache_dtype == "auto" else "")
+                + f", got kv_c_and_k_pe_cache.dtype={cache.dtype}"
+            )
+        if q0.dtype != cache.dtype:  # FA3 takes one dtype for q and the cache (no fp8 here)
+            raise ValueError(
+                f"q and kv_c_and_k_pe_cache must share a dtype, got {parts[0][0]}.dtype={q0.dtype}, "
+                f"kv_c_and_k_pe_cache.dtype={cache.dtype}"
+            )
+        devices = {x.device for _, x, _ in parts} | {cache.device}
+        if len(devices) != 1:
+            raise ValueError(
+                f"q and kv_c_and_k_pe_cache must be on one device, got devices={sorted(map(str, devices))}"
+            )
 
 
 # ----------------------------------------------------------------------------------------
@@ -782,6 +918,12 @@ def mla_decode(q, kv_cache: torch.Tensor, metadata: DecodeMetadata, config: MLAC
 
     Raises NotImplementedError for a config FA3 does not take, FA3UnavailableError (a
     RuntimeError) where FA3 cannot run, saying why."""
+    if not isinstance(config, MLAConfig):
+        raise ValueError(f"config must be an mla_spec.MLAConfig, got config={type(config).__name__}")
+    if not isinstance(metadata, DecodeMetadata):
+        raise ValueError(f"metadata must be an mla_spec.DecodeMetadata, got metadata={type(metadata).__name__}")
+    if not isinstance(kv_cache, torch.Tensor):
+        raise ValueError(f"kv_cache must be a torch.Tensor, got kv_cache={type(kv_cache).__name__}")
     reason = _config_reason(config)
     if reason is not None:
         raise NotImplementedError(f"FlashAttnMLA (FA3) does not run this config: {reason}")
