@@ -286,14 +286,17 @@ def _mla_decode_kernel(
 
     q_start = qsl_ref[r]
     q_len = qsl_ref[r + 1] - q_start
-    seq_len = seq_lens_ref[r]
+    # Metadata traced under jit is not validated (its values are not known there): bad values give a wrong answer,
+    # never an out-of-bounds access. seq_len is clamped to what the block table can hold (so the table's entries
+    # read stay in this request's row), page ids to the cache (below), and rows whose token is outside q are masked.
+    seq_len = jnp.clip(seq_lens_ref[r], 0, min(max_blocks * page_size, 2**31 - 1))
 
     # Row m of the program: query token i = m // block_h of the tile, head j = m % block_h.
     m_idx = lax.broadcasted_iota(jnp.int32, (M,), 0)
     qi = q_tile * block_q + lax.div(m_idx, block_h)  # query index within the request
     head = head_block * block_h + lax.rem(m_idx, block_h)
-    row_ok = (qi < q_len) & (head < num_heads)
     tok = q_start + qi
+    row_ok = (qi < q_len) & (head < num_heads) & (tok >= 0) & (tok < q_nope_ref.shape[0])
     # Position of each row's token; -1 for padding rows (they attend nothing).
     row_pos = jnp.where(row_ok, seq_len - q_len + qi, -1)
 
@@ -325,6 +328,7 @@ def _mla_decode_kernel(
     last_page = lax.div(jnp.maximum(seq_len - 1, 0), P)
     bt_row = r * max_blocks
     kv_iota = lax.broadcasted_iota(jnp.int32, (block_kv,), 0)
+    num_blocks = kv_cache_ref.shape[0]
     # The value of masked-out cache rows: the Triton lowering casts an int `other` to the
     # cache dtype, and has no int -> float8 cast; a float 0 goes through fp_to_fp.
     kv_zero = 0.0 if fp8 else 0
@@ -336,6 +340,7 @@ def _mla_decode_kernel(
         # Page of each KV row; clamped so padding entries of the block table are never read.
         page_col = jnp.minimum(lax.div(kv_pos, P), last_page)
         page = plgpu_triton.load(block_table_ref.at[bt_row + page_col], mask=kv_ok, other=0)
+        page = jnp.clip(page, 0, num_blocks - 1)  # a bad id (traced metadata) reads a valid page, not out of bounds
         slot = lax.rem(kv_pos, P)
         # Rows outside the KV range are not loaded: they read as 0, so NaN in unused
         # slots cannot leak through p @ kv_c (0 * NaN = NaN).

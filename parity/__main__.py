@@ -25,10 +25,6 @@ import sys
 import time
 
 
-def _csv(s: str) -> list[str]:
-    return [x for x in s.split(",") if x]
-
-
 def _check(args) -> int:
     from parity import runner
     from parity.scenarios import SCENARIOS
@@ -129,15 +125,17 @@ def _list(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from parity.bench import csv_names, nonnegative_int
+
     p = argparse.ArgumentParser(prog="python -m parity", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command")
 
     def check_args(q):
-        q.add_argument("--scenarios", type=_csv, help="comma-separated scenario names (default: all)")
-        q.add_argument("--impls", type=_csv, help="comma-separated implementations (default: all that can run)")
-        q.add_argument("--dtypes", type=_csv, help="comma-separated dtypes (default: bfloat16,float16)")
-        q.add_argument("--seed", type=int, default=0)
+        q.add_argument("--scenarios", type=csv_names, help="comma-separated scenario names (default: all)")
+        q.add_argument("--impls", type=csv_names, help="comma-separated implementations (default: all that can run)")
+        q.add_argument("--dtypes", type=csv_names, help="comma-separated dtypes (default: bfloat16,float16)")
+        q.add_argument("--seed", type=nonnegative_int, default=0, help="the inputs' seed, an integer >= 0")
         q.add_argument("--json", help="write the report here")
         q.add_argument("--png", help="draw the error distributions here (needs matplotlib)")
         q.add_argument("--quiet", action="store_true", help="no progress bar or lines")
@@ -159,8 +157,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+OUTPUT_OPTIONS = ("json", "png")
+"""The options of every subcommand that name a file to write."""
+
+
+def check_output_paths(parser: argparse.ArgumentParser, args) -> None:
+    """Refuse (parser.error, exit 2) an output path whose directory is missing or not writable before anything
+    runs, rather than failing to write it after the run."""
+    from parity.bench import check_output_path
+
+    for opt in OUTPUT_OPTIONS:
+        path = getattr(args, opt, None)
+        if path is None:
+            continue
+        why = check_output_path(path)
+        if why is not None:
+            parser.error(f"argument --{opt}: cannot write {path!r}: {why}")
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_output_paths(parser, args)
     if args.command == "bench":
         return _bench(args)
     if args.command == "merge":

@@ -53,6 +53,7 @@ matmul_TFLOPps; the roofline (`--png`, parity/plots.py) is drawn under them.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import json
@@ -128,19 +129,80 @@ FP8_IMPLS = {"jax.pallas_triton.fp8", "jax.pallas_mosaic_gpu.fp8"}
 FP8_E4M3_MAX = 448.0  # the largest finite float8_e4m3fn value
 
 
+def arg_type(parse):
+    """An argparse `type=` from a parser that raises ValueError: its message becomes an ArgumentTypeError, which
+    argparse prints after the option's name ("argument --cooldown: cooldown must be ..."), where a plain
+    ValueError would print only "invalid parse_cooldown value"."""
+
+    @functools.wraps(parse)
+    def typed(text):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return typed
+
+
+def csv_names(text: str) -> list[str]:
+    """A comma-separated list of names (empty items dropped); no name at all (``,`` or ``""``) is refused, not
+    read as "the default"."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of names, got {text!r}")
+    return names
+
+
+def _int(text: str, least: int, what: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if n < least:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return n
+
+
+def positive_int(text: str) -> int:
+    """A count such as --reps: an integer >= 1."""
+    return _int(text, 1, "an integer >= 1")
+
+
+def nonnegative_int(text: str) -> int:
+    """A seed: an integer >= 0 (NumPy's generators refuse negative seeds)."""
+    return _int(text, 0, "an integer >= 0")
+
+
+def check_output_path(path: str) -> str | None:
+    """Why `path` cannot be written (its folder missing or not writable, or it is a folder), or None: checked
+    before a run, so that a typo fails at once rather than after the run, with its results lost."""
+    if not path:
+        return "an empty path"
+    if os.path.isdir(path):
+        return "it is a directory"
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        return f"its directory {parent!r} does not exist"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"its directory {parent!r} is not writable"
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        return "it is not writable"
+    return None
+
+
 def add_arguments(p):
     p.add_argument("--grid", default="headline", choices=sorted(GRIDS), help="named grid (default: headline)")
-    p.add_argument("--impls", type=lambda s: [x for x in s.split(",") if x], default=None,
+    p.add_argument("--impls", type=csv_names, default=None,
                    help=f"comma-separated (default: {','.join(DEFAULT_IMPLS)}); those that cannot run here are "
                         "left out, saying why; the first that runs is the ratio's baseline")
-    p.add_argument("--reps", type=int, default=7, help="timed launches per shape (median taken)")
+    p.add_argument("--reps", type=positive_int, default=7, help="timed launches per shape (median taken; >= 1)")
     p.add_argument("--check", action="store_true", help="also compare each impl's out/lse with the first impl")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--png", help="draw the roofline here (needs matplotlib)")
-    p.add_argument("--shard", type=parse_shard, default=None, metavar="I/N",
+    p.add_argument("--shard", type=arg_type(parse_shard), default=None, metavar="I/N",
                    help="time only shapes I, I+N, I+2N, ... of the grid (0 <= I < N), e.g. one half per GPU; "
                         "`python -m parity merge` joins the shards' JSONs")
-    p.add_argument("--shapes", type=lambda s: [x for x in s.split(",") if x], default=None,
+    p.add_argument("--shapes", type=csv_names, default=None,
                    help="time only these shapes of the grid, comma-separated names such as H16_B64_S1024_q2 "
                         "(each must be in the grid; with --shard, those of the shard)")
     p.add_argument("--trace", action="store_true",
@@ -149,10 +211,10 @@ def add_arguments(p):
                         "geomean of the span ratios")
     p.add_argument("--slope", action="store_true",
                    help="also time launches of 2N calls: seconds_slope = (t(2N) - t(N)) / N per row (a diagnostic)")
-    p.add_argument("--launch-ms", type=parse_launch_ms, default=LAUNCH_SECONDS * 1e3,
+    p.add_argument("--launch-ms", type=arg_type(parse_launch_ms), default=LAUNCH_SECONDS * 1e3,
                    help=f"what one timed launch of N calls lasts, N chosen per shape (default {LAUNCH_SECONDS * 1e3:g}; "
                         "sessions 1-6 used 3)")
-    p.add_argument("--cooldown", type=parse_cooldown, default=0.0, metavar="S",
+    p.add_argument("--cooldown", type=arg_type(parse_cooldown), default=0.0, metavar="S",
                    help="idle S seconds before each row's timed launches, so that no impl is timed right after "
                         "another one's (default 0: timed back to back, as sessions 1-13 did)")
     p.add_argument("--no-ceilings", action="store_true",
@@ -543,6 +605,8 @@ RUNNERS = {
 
 
 def _median_seconds(run, reps: int) -> float:
+    if not (isinstance(reps, int) and reps >= 1):  # statistics.median([]) would fail after the warm-up run
+        raise ValueError(f"reps must be an integer >= 1, got reps={reps!r}")
     run()  # compile / warm
     times = []
     for _ in range(reps):

@@ -646,3 +646,36 @@ def test_graph_timer_keeps_what_the_graph_reads_alive(monkeypatch):
     del run
     gc.collect()
     assert alive() is None
+
+
+@pytest.mark.parametrize(
+    "argv, names",
+    [
+        (["--reps", "0"], ["argument --reps", "'0'"]),
+        (["--reps", "-3"], ["argument --reps", "'-3'"]),
+        (["--reps", "many"], ["argument --reps", "'many'"]),
+        (["--impls", ","], ["argument --impls", "','"]),
+        (["--shapes", ","], ["argument --shapes", "','"]),
+        (["--launch-ms", "0"], ["argument --launch-ms", "launch_ms='0'"]),
+        (["--cooldown", "-1"], ["argument --cooldown", "cooldown='-1'"]),
+        (["--shard", "2/2"], ["argument --shard", "shard='2/2'"]),
+    ],
+)
+def test_bench_bad_arguments_fail_at_parse_time_naming_the_option(argv, names, capsys):
+    """`bench --reps 0` had reached statistics.median([]) after the warm-up; `--impls ,` had timed the defaults;
+    the parse_* errors had printed as "invalid parse_cooldown value". Each now exits 2 at parse time naming the
+    option and the value."""
+    from parity.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--grid", "smoke", *argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert all(n in err for n in names), err
+
+
+def test_median_seconds_refuses_no_reps():
+    calls = []
+    with pytest.raises(ValueError, match="reps=0"):
+        bench._median_seconds(lambda: calls.append(1), 0)
+    assert not calls  # refused before the warm-up run

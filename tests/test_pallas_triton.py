@@ -20,7 +20,7 @@ import pytest
 import mla_jax
 from mla_jax import pallas_triton
 from mla_jax.pallas_triton import TritonConfig, heuristic_config, unsupported_reason
-from mla_spec import MLAConfig, build_decode_metadata
+from mla_spec import MLAConfig, build_decode_metadata, reference
 from parity.h200 import lower_for_h200
 from parity.scenarios import SCENARIOS, Scenario, make_batch, random_scenario
 from kernel_checks import assert_matches, batch_and_reference, device_inputs
@@ -130,6 +130,33 @@ class _KernelCases:
         out2, _ = fn(q * 2, kv_cache, md)
         assert not np.array_equal(np.asarray(out2, np.float32), np.asarray(out, np.float32))
         assert fn._cache_size() == 1
+
+    def test_jit_with_bad_traced_metadata_reads_in_bounds(self):
+        """Under jax.jit the metadata is traced, so mla_jax cannot validate its values: a block id out of
+        [0, num_blocks) (here 10**6 and -7) or a seq_len past the block table must give a wrong answer, never a
+        fault. The kernel clamps page ids to the cache and seq_len to the table: on a GPU this guards against an
+        out-of-bounds global read (an illegal memory access that kills the process's CUDA context); in interpret
+        mode the result is checked to be that of the clamped metadata (finite, no exception)."""
+        batch, _, _ = batch_and_reference(SCENARIOS["decode_mixed_lengths"], "bfloat16")
+        cfg = batch.config
+        kv_np = np.nan_to_num(batch.kv_cache)  # no poison: a clamped page's unused slots are read here
+        q = jnp.asarray(batch.q, jnp.bfloat16)
+        kv_cache = jnp.asarray(kv_np, jnp.bfloat16)
+        num_blocks = kv_np.shape[0]
+        fn = jax.jit(functools.partial(mla_jax.mla_decode, config=cfg, impl="pallas_triton", interpret=self.interpret))
+        bt = np.asarray(batch.metadata.block_table).copy()
+        bt[0, 0], bt[-1, 0] = 10**6, -7
+        md = batch.metadata.replace(block_table=bt)
+        out, lse = fn(q, kv_cache, mla_jax.to_jax_metadata(md))
+        assert np.isfinite(np.asarray(out, np.float32)).all() and np.isfinite(np.asarray(lse)).all()
+        ref_out, ref_lse = reference.mla_decode(batch.q, kv_np, md.replace(block_table=np.clip(bt, 0, num_blocks - 1)),
+                                                cfg)
+        assert_matches(out, lse, ref_out, ref_lse, "bfloat16", "out-of-range block ids, clamped")
+        # seq_len past what the block table holds: read as the table's length
+        seq = np.asarray(md.seq_lens).copy()
+        seq[-1] = 10**6
+        out, lse = fn(q, kv_cache, mla_jax.to_jax_metadata(batch.metadata.replace(seq_lens=seq)))
+        assert np.isfinite(np.asarray(out, np.float32)).all() and np.isfinite(np.asarray(lse)).all()
 
     def test_packed_q_is_the_pair_bitwise(self):
         """q [T, H, 576] read in place (q_pe=None) gives the same bits as the (q_nope, q_pe) pair."""

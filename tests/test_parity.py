@@ -352,3 +352,57 @@ def test_bench_arguments():
     args = build_parser().parse_args(["bench", "--grid", "smoke", "--png", "r.png", "--no-ceilings"])
     assert (args.grid, args.png, args.no_ceilings) == ("smoke", "r.png", True)
     assert build_parser().parse_args(["bench"]).no_ceilings is False
+
+
+# ----------------------------------------------------------------------------- CLI: bad arguments
+
+
+@pytest.mark.parametrize(
+    "argv, names",
+    [
+        (["--seed", "-1"], ["argument --seed", "'-1'"]),
+        (["check", "--seed", "x"], ["argument --seed", "'x'"]),
+        (["--impls", ","], ["argument --impls", "','"]),
+        (["--scenarios", ","], ["argument --scenarios", "','"]),
+        (["check", "--dtypes", ""], ["argument --dtypes", "''"]),
+    ],
+)
+def test_cli_bad_values_name_their_option(argv, names, capsys):
+    """A bad value fails at parse time (exit 2) with a message naming the option and the value (a negative seed
+    had failed in NumPy as "error: expected non-negative integer"; `--impls ,` had run the defaults)."""
+    with pytest.raises(SystemExit) as e:
+        main(argv + ["--quiet"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert all(n in err for n in names), err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--json", "{missing}/report.json"],
+        ["check", "--png", "{missing}/errors.png"],
+        ["--json", "{tmp}"],  # a directory
+        ["bench", "--json", "{missing}/bench.json"],
+        ["bench", "--png", "{missing}/roofline.png"],
+        ["plot", "{bench}", "--png", "{missing}/roofline.png"],
+        ["merge", "{bench}", "--json", "{missing}/merged.json"],
+        ["merge", "{bench}", "--json", "{tmp}/merged.json", "--png", "{missing}/roofline.png"],
+    ],
+)
+def test_cli_refuses_an_unwritable_output_path_before_running(argv, tmp_path, capsys, monkeypatch):
+    """Every output path (--json, --png of check, bench, plot, merge) is checked before anything runs: a missing
+    directory exits 2 naming the option and the path, rather than a FileNotFoundError after the whole run."""
+    from parity import runner
+
+    monkeypatch.setattr(runner, "run_parity", lambda *a, **k: pytest.fail("ran before checking the output path"))
+    missing = tmp_path / "no_such_dir"
+    argv = [a.format(missing=missing, tmp=tmp_path, bench=BENCH_JSON) for a in argv]
+    with pytest.raises(SystemExit) as e:
+        main(argv + (["--quiet"] if argv[0] in ("--json", "check") else []))
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    bad = next(a for a in argv if a.startswith(str(missing)) or a == str(tmp_path))
+    opt = argv[argv.index(bad) - 1]
+    assert f"argument {opt}" in err and repr(bad) in err, err
+    assert not (tmp_path / "merged.json").exists()
