@@ -165,6 +165,13 @@ def validate_shards(
             f"shard {s} of request {r}, expected {int(expected[s, r])}, got metadata_shards.seq_lens[{s}, {r}]="
             f"{int(seq_lens[s, r])})"
         )
+    longest, msl = int(seq_lens.max()), metadata_shards.max_seq_len
+    # (an upper bound, as DecodeMetadata's; a non-int or one below 1 is named by the shapes' check)
+    if isinstance(msl, (int, np.integer)) and not isinstance(msl, bool) and 1 <= msl < longest:
+        raise ValueError(
+            f"metadata_shards.max_seq_len is below the longest local sequence, got "
+            f"metadata_shards.max_seq_len={metadata_shards.max_seq_len} < {longest}"
+        )
     lc = local_config(config)
     for s in range(world_size):
         shard_metadata(metadata_shards, s, for_kernel=True).validate(lc, num_blocks=num_blocks_local)

@@ -124,12 +124,6 @@ def dcp_mla_decode_local(
         kv_cache_dtype=dtype_name(kv_cache_shards[0].dtype),
         check_values=False,
     )
-    longest = int(host_md.seq_lens.max())
-    if host_md.max_seq_len < longest:
-        raise ValueError(
-            f"metadata_shards.max_seq_len is below the longest local sequence, got "
-            f"metadata_shards.max_seq_len={host_md.max_seq_len} < {longest}"
-        )
     # The same k_scale check as mla_torch.mla_decode (NumPy / 0-d tensor scalars compare as floats).
     validate_k_scale(k_scale, config)
     extra = dict(k_scale=k_scale) if config.is_fp8_kv_cache else {}

@@ -280,7 +280,8 @@ def test_validate_shards_rejects_lengths_off_the_interleaved_layout(world_size, 
     for s in range(world_size):
         bad = lens.copy()
         bad[s, 4] += delta  # request 4: 40 tokens
-        md = shards.metadata.replace(seq_lens=bad)
+        # (max_seq_len kept an upper bound: test_validate_shards_refuses_max_seq_len_below_the_longest_shard)
+        md = shards.metadata.replace(seq_lens=bad, max_seq_len=max(int(shards.metadata.max_seq_len), int(bad.max())))
         col = bad[:, 4]
         # interleaved <=> non-increasing over the shards, first and last within one token
         if (np.diff(col) <= 0).all() and col[0] - col[-1] <= 1:
@@ -405,3 +406,18 @@ def test_dcp_entries_name_a_wrong_metadata_or_config_type(metadata, config, matc
         jdcp.dcp_mla_decode(JAX_Q, JAX_KV[None], metadata, config, mesh=jdcp.make_dcp_mesh(1))
     with pytest.raises(ValueError, match=match):
         sdcp.validate_shards(config, metadata, world_size=1, num_blocks_local=NUM_BLOCKS)
+
+
+def test_validate_shards_refuses_max_seq_len_below_the_longest_shard():
+    """The stacked max_seq_len is an upper bound of every shard's length, on both stacks (validate_shards)."""
+    config = mla_spec.MLAConfig(num_heads=16, page_size=16, dtype="float32", dcp_world_size=2)
+    kv = np.zeros((8, 16, config.head_dim), np.float32)
+    md = mla_spec.build_decode_metadata(seq_lens=[30, 7], query_lens=[1, 1], block_table=[[0, 1], [2]],
+                                        config=config.replace(dcp_world_size=1), num_blocks=8)
+    shards = mla_spec.dcp.shard_batch(kv, md, config)
+    longest = int(np.asarray(shards.metadata.seq_lens).max())
+    assert longest == 15
+    mla_spec.dcp.validate_shards(config, shards.metadata, world_size=2, num_blocks_local=shards.kv_cache.shape[1])
+    with pytest.raises(ValueError, match=re.escape(f"metadata_shards.max_seq_len=14 < {longest}")):
+        mla_spec.dcp.validate_shards(config, shards.metadata.replace(max_seq_len=14), world_size=2,
+                                     num_blocks_local=shards.kv_cache.shape[1])
