@@ -114,6 +114,9 @@ class MLAConfig:
             "v_head_dim", "page_size", "max_num_seqs", "max_capture_size",
             "max_num_splits_for_cuda_graph", "dcp_world_size",
         ):
+            value = getattr(self, name)
+            if isinstance(value, np.integer):  # (a NumPy int, e.g. read from an array: stored as a Python int)
+                object.__setattr__(self, name, int(value))
             _check_positive_int(name, getattr(self, name))
         if not isinstance(self.batch_invariant, bool):
             raise ValueError(f"batch_invariant must be a bool, got batch_invariant={self.batch_invariant!r}")
@@ -135,6 +138,8 @@ class MLAConfig:
             # The seed: decodes with q_len <= 512 go through the decode kernel;
             # with DCP only q_len == 1 (no DCP custom masking yet).
             object.__setattr__(self, "reorder_batch_threshold", 1 if self.dcp_world_size > 1 else 512)
+        if isinstance(self.reorder_batch_threshold, np.integer):
+            object.__setattr__(self, "reorder_batch_threshold", int(self.reorder_batch_threshold))
         _check_positive_int("reorder_batch_threshold", self.reorder_batch_threshold)
         if self.dcp_world_size > 1 and self.reorder_batch_threshold != 1:
             raise ValueError(

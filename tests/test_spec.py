@@ -291,3 +291,14 @@ def test_replace_derives_defaults_again():
     custom = MLAConfig(num_heads=16, softmax_scale=0.1, reorder_batch_threshold=8)
     assert custom.replace(qk_nope_head_dim=64).softmax_scale == 0.1
     assert custom.replace(num_heads=8).reorder_batch_threshold == 8
+
+
+def test_config_takes_numpy_ints_as_python_ints():
+    """A NumPy int (read from an array, say) is stored as a Python int: equal configs hash alike."""
+    c = MLAConfig(num_heads=np.int64(16), page_size=np.int32(64), reorder_batch_threshold=np.int64(4))
+    assert c == MLAConfig(num_heads=16, page_size=64, reorder_batch_threshold=4)
+    assert type(c.num_heads) is int and type(c.page_size) is int and type(c.reorder_batch_threshold) is int
+    with pytest.raises(ValueError, match=r"num_heads must be >= 1, got num_heads=0"):
+        MLAConfig(num_heads=np.int64(0))
+    with pytest.raises(ValueError, match=r"num_heads must be an int, got num_heads=16.0"):
+        MLAConfig(num_heads=16.0)
