@@ -124,7 +124,7 @@ def _validate_values(md: DecodeMetadata, config: MLAConfig, num_blocks: int | No
     arrays = {name: np.asarray(getattr(md, name)) for name in ("query_start_loc", "seq_lens", "block_table")}
     # The backends run int32 metadata: a wider value must not wrap into a plausible one on the cast.
     for name, arr in arrays.items():
-        i = _first_outside_int32(arr)
+        i = first_outside_int32(arr)
         if i is not None:
             raise ValueError(f"{name} values must fit in int32, got {name}[{', '.join(map(str, i))}]={int(arr[i])}")
     qsl = arrays["query_start_loc"].astype(np.int64)
@@ -203,7 +203,7 @@ def _exact_ints(arr: np.ndarray) -> np.ndarray:
     return None
 
 
-def _first_outside_int32(arr: np.ndarray):
+def first_outside_int32(arr: np.ndarray):
     """The index of the first entry of an integer (or object-of-int) array outside int32, or None.
     Compares the values as they are (no cast that could wrap them first)."""
     if arr.size == 0 or (arr.dtype != object and np.can_cast(arr.dtype, np.int32)):
@@ -245,7 +245,7 @@ def _as_block_table(block_table, num_reqs: int) -> np.ndarray:
                 raise ValueError(f"block_table[{r}] must hold integers, got dtype {row.dtype}")
     # Range before the int32 cast below, which would wrap 2**32 + 3 to 3 (a valid-looking id).
     for r, row in enumerate(rows):
-        c = _first_outside_int32(row)
+        c = first_outside_int32(row)
         if c is not None:
             raise ValueError(f"block ids must fit in int32, got block_table[{r}, {c[0]}]={int(row[c])}")
     if len(rows) != num_reqs:

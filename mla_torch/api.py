@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from mla_spec import DecodeMetadata, MLAConfig, dtype_name, validate_inputs, validate_k_scale
+from mla_spec import DecodeMetadata, MLAConfig, check_config_and_metadata, dtype_name, validate_inputs, validate_k_scale
 from mla_torch import reference
 
 IMPLS = ("reference", "fa3")
@@ -39,17 +39,8 @@ def split_q(q, config: MLAConfig):
     return torch.split(q, [config.kv_lora_rank, config.qk_rope_head_dim], dim=-1)
 
 
-def check_types(metadata, config) -> None:
-    """The entry's argument types, before anything reads them."""
-    if not isinstance(config, MLAConfig):
-        raise ValueError(f"config must be an mla_spec.MLAConfig, got config={type(config).__name__}")
-    if not isinstance(metadata, DecodeMetadata):
-        raise ValueError(f"metadata must be an mla_spec.DecodeMetadata, got metadata={type(metadata).__name__}")
-
-
-def check_call(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig, *, check_values: bool = True) -> None:
+def check_call(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig) -> None:
     """The shared input checks (mla_spec.validate_inputs) on torch tensors."""
-    check_types(metadata, config)
     parts = q if isinstance(q, tuple) else (q,)
     for x in parts + (kv_cache,):
         if not isinstance(x, torch.Tensor):
@@ -65,7 +56,6 @@ def check_call(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig, *, chec
         q_dtypes=tuple(dtype_name(x.dtype) for x in parts),
         kv_cache_shape=tuple(kv_cache.shape),
         kv_cache_dtype=dtype_name(kv_cache.dtype),
-        check_values=check_values,
     )
     devices = {x.device for x in parts + (kv_cache,)}
     if len(devices) != 1:
@@ -107,7 +97,7 @@ def mla_decode(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig, *, impl
     """
     if impl not in IMPLS + ("auto",):
         raise ValueError(f"unknown impl={impl!r}; expected one of {IMPLS + ('auto',)}")
-    check_types(metadata, config)
+    check_config_and_metadata(config, metadata)  # (before anything reads them)
     host_md = metadata.replace(
         query_start_loc=_host(metadata.query_start_loc).numpy(),
         seq_lens=_host(metadata.seq_lens).numpy(),

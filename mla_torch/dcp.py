@@ -21,7 +21,7 @@ import contextlib
 import numpy as np
 import torch
 
-from mla_spec import DecodeMetadata, MLAConfig, dtype_name, validate_inputs, validate_k_scale
+from mla_spec import DecodeMetadata, MLAConfig, check_config_and_metadata, dtype_name, validate_inputs, validate_k_scale
 from mla_spec.dcp import check_world_size, local_config, shard_batch, shard_metadata, validate_shards
 
 __all__ = ["dcp_mla_decode_local", "merge_attn_states", "shard_batch"]
@@ -79,11 +79,11 @@ def dcp_mla_decode_local(
     Returns `(out [T, H, L] in q's dtype, lse [T, H] float32)`, and with
     `return_partials=True` also the stacked partials `(outs [W,T,H,L] float32, lses [W,T,H])`.
     """
-    from mla_torch.api import check_types, mla_decode  # the package's entry point, with its checks
+    from mla_torch.api import mla_decode  # the package's entry point, with its checks
 
     if impl not in IMPLS:
         raise ValueError(f"unknown DCP impl={impl!r}; expected one of {IMPLS}")
-    check_types(metadata_shards, config)
+    check_config_and_metadata(config, metadata_shards)
     world_size = len(kv_cache_shards)
     check_world_size(config, world_size)
 

@@ -53,8 +53,9 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 import torch
 
-from mla_spec import DecodeMetadata, MLAConfig
+from mla_spec import DecodeMetadata, MLAConfig, check_config_and_metadata
 from mla_spec.config import ATTN_TYPE_DECODER, FP8_KV_CACHE_MSG, NON_DECODER_MSG, UNSUPPORTED_FEATURES_MSG
+from mla_spec.metadata import first_outside_int32
 
 __all__ = [
     "CAPTURE_SIZE_MSG",
@@ -419,14 +420,12 @@ def _cpu_int32(name: str, x) -> torch.Tensor:
         arr = np.asarray(x)
         if arr.size and (arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer)):
             raise ValueError(f"{name} must hold integers, got {name}.dtype={arr.dtype}")
-    if arr.size and arr.dtype != np.int32:
-        bad = (arr < _INT32_MIN) | (arr > _INT32_MAX)
-        if bad.any():
-            idx = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise ValueError(
-                f"{name} must fit in int32 [{_INT32_MIN}, {_INT32_MAX}], got {name}[{', '.join(map(str, idx))}]="
-                f"{int(arr[idx])}"
-            )
+    idx = first_outside_int32(arr)
+    if idx is not None:
+        raise ValueError(
+            f"{name} must fit in int32 [{_INT32_MIN}, {_INT32_MAX}], got {name}[{', '.join(map(str, idx))}]="
+            f"{int(arr[idx])}"
+        )
     return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.int32))
 
 
@@ -918,10 +917,7 @@ def mla_decode(q, kv_cache: torch.Tensor, metadata: DecodeMetadata, config: MLAC
 
     Raises NotImplementedError for a config FA3 does not take, FA3UnavailableError (a
     RuntimeError) where FA3 cannot run, saying why."""
-    if not isinstance(config, MLAConfig):
-        raise ValueError(f"config must be an mla_spec.MLAConfig, got config={type(config).__name__}")
-    if not isinstance(metadata, DecodeMetadata):
-        raise ValueError(f"metadata must be an mla_spec.DecodeMetadata, got metadata={type(metadata).__name__}")
+    check_config_and_metadata(config, metadata)
     if not isinstance(kv_cache, torch.Tensor):
         raise ValueError(f"kv_cache must be a torch.Tensor, got kv_cache={type(kv_cache).__name__}")
     reason = _config_reason(config)

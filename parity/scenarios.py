@@ -153,7 +153,13 @@ def make_fp8_batch(
     readable = np.concatenate(
         [kv[bt[r, np.arange(s) // P], np.arange(s) % P] for r, s in enumerate(scenario.seq_lens)]
     )
-    k_scale = float(np.float32(np.abs(readable).max() / FP8_E4M3_MAX))
-    scaled = np.clip(kv / np.float32(k_scale), -FP8_E4M3_MAX, FP8_E4M3_MAX)  # NaN stays NaN
-    fp8 = scaled.astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    fp8, k_scale = quantize_e4m3(kv, np.abs(readable).max())
     return dataclasses.replace(batch, kv_cache=fp8), k_scale
+
+
+def quantize_e4m3(kv: np.ndarray, amax) -> tuple[np.ndarray, float]:
+    """(fp8, k_scale): `kv` quantized with one per-tensor scale k_scale = amax / 448 (a float32 value; amax: that of
+    the readable slots), the float8_e4m3fn values returned as float32 (exact), NaN where `kv` has NaN."""
+    k_scale = float(np.float32(amax / FP8_E4M3_MAX))
+    scaled = np.clip(kv / np.float32(k_scale), -FP8_E4M3_MAX, FP8_E4M3_MAX)  # NaN stays NaN
+    return scaled.astype(ml_dtypes.float8_e4m3fn).astype(np.float32), k_scale

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import torch
 from hypothesis import given, settings
@@ -24,8 +23,9 @@ from hypothesis import strategies as st
 import mla_jax
 import mla_torch
 from mla_spec import MLAConfig, build_decode_metadata, reference
-from parity.compare import TOLERANCES, compare, compare_out_lse
-from parity.scenarios import FP8_E4M3_MAX, round_to
+from parity.compare import compare_out_lse
+from parity.scenarios import quantize_e4m3, round_to
+from test_fp8 import assert_close
 
 JNP_DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16, "float32": jnp.float32}
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -98,9 +98,7 @@ def build(d: Desc, dtype: str, *, fp8: bool = False, batch_invariant: bool = Fal
         kv[row[pos // P], pos % P] = rng.standard_normal((s, D), dtype=np.float32)
     q = round_to(rng.standard_normal((sum(d.query_lens), d.num_heads, D), dtype=np.float32), dtype)
     if fp8:  # make_fp8_batch's quantization: one per-tensor scale, amax of the readable slots -> 448
-        k_scale = float(np.float32(np.nanmax(np.abs(kv)) / FP8_E4M3_MAX))
-        kv = np.clip(kv / np.float32(k_scale), -FP8_E4M3_MAX, FP8_E4M3_MAX)
-        kv = kv.astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+        kv, k_scale = quantize_e4m3(kv, np.nanmax(np.abs(kv)))
         ref_out, ref_lse = reference.mla_decode(q, kv.astype(np.float64) * k_scale, md,
                                                 config.replace(kv_cache_dtype="auto"))
     else:
@@ -130,11 +128,9 @@ def check(out, lse, b: Batch, what: str):
     assert np.isfinite(out).all(), f"{what}: non-finite out at {np.argwhere(~np.isfinite(out))[:4].tolist()}"
     assert np.isfinite(lse).all(), f"{what}: non-finite lse at {np.argwhere(~np.isfinite(lse))[:4].tolist()}"
     if b.config.is_fp8_kv_cache:
-        tol = TOLERANCES[dtype]
-        c_out = compare(out, b.ref_out, name="out", rel_tol=2 * tol["out_rel"], cos_tol=1 - 2 * (1 - tol["out_cos"]))
-        c_lse = compare(lse, b.ref_lse, name="lse", abs_tol=2 * tol["lse_abs"])
-    else:
-        c_out, c_lse = compare_out_lse(out, lse, b.ref_out, b.ref_lse, dtype)
+        assert_close(out, lse, b.ref_out, b.ref_lse, dtype, what)  # (twice the tolerances)
+        return
+    c_out, c_lse = compare_out_lse(out, lse, b.ref_out, b.ref_lse, dtype)
     assert c_out.ok, f"{what}: {c_out.message}"
     assert c_lse.ok, f"{what}: {c_lse.message}"
 
