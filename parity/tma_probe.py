@@ -22,7 +22,12 @@ else; the SMs' intake is the TB/s reported (the slope over two iteration counts,
   [32, 128], 128-byte swizzle), the step's bytes in shared memory in their order in the cache (a ring of this layout
   would address a token's columns at byte 576 t + c, its own ldmatrix addresses);
 * "bf16_128_xD": the bf16 kernel's ring (8 x 64 bf16 tiles, 128-byte swizzle: 9 boxes, 128-byte rows), the bf16
-  reference.
+  reference;
+* "fp8_64_pfA_xD" (session 35): fp8_64's loads, each step's bytes first prefetched into the L2 through the flat view
+  (`cp.async.bulk.prefetch.tensor`, 2 boxes of 128-byte rows: plgpu.async_prefetch), the step A iterations ahead of
+  the one loaded (A = 0: just before its own loads). Session 35's part 0 had fp8_64 at 3.60 TB/s and fp8_flat at
+  4.70: if the 64-byte boxes' L2 misses (half lines, no L2 promotion in Mosaic GPU's descriptors) are what caps the
+  intake, a prefetch of whole lines lifts it with the ring's layout unchanged.
 D is the slots in flight: the 16-row fp8 kernel keeps 4 (two a warpgroup), the bf16 one 2 (the same bytes).
 fp8_64p against fp8_128p is the boxes' width alone; fp8_64 against fp8_64p the rows' pitch.
 After the last load each CTA copies its last slot back out, and the result is checked against the buffer's step
@@ -42,15 +47,18 @@ HBM_ROWS = 1 << 20  # the large buffer's rows
 PADDED = 640  # the padded buffers' row (a multiple of 128 columns)
 FLAT = 128  # (fp8_flat) the flat view's row, in fp8 values
 # probe -> (dtype name, box row bytes, slots in flight, the buffer's row in elements, flat: the step loaded as rows
-# of the flat view)
-PROBES = {"fp8_64_x4": ("float8_e4m3fn", 64, 4, HEAD_DIM, False),
-          "fp8_64p_x4": ("float8_e4m3fn", 64, 4, PADDED, False),
-          "fp8_128p_x4": ("float8_e4m3fn", 128, 4, PADDED, False),
-          "fp8_flat_x4": ("float8_e4m3fn", 128, 4, HEAD_DIM, True),
-          "fp8_64p_x2": ("float8_e4m3fn", 64, 2, PADDED, False),
-          "fp8_128p_x2": ("float8_e4m3fn", 128, 2, PADDED, False),
-          "fp8_flat_x2": ("float8_e4m3fn", 128, 2, HEAD_DIM, True),
-          "bf16_128_x2": ("bfloat16", 128, 2, HEAD_DIM, False)}
+# of the flat view, prefetch: how many iterations ahead each step is prefetched into the L2 (None: not))
+PROBES = {"fp8_64_x4": ("float8_e4m3fn", 64, 4, HEAD_DIM, False, None),
+          "fp8_64p_x4": ("float8_e4m3fn", 64, 4, PADDED, False, None),
+          "fp8_128p_x4": ("float8_e4m3fn", 128, 4, PADDED, False, None),
+          "fp8_flat_x4": ("float8_e4m3fn", 128, 4, HEAD_DIM, True, None),
+          "fp8_64p_x2": ("float8_e4m3fn", 64, 2, PADDED, False, None),
+          "fp8_128p_x2": ("float8_e4m3fn", 128, 2, PADDED, False, None),
+          "fp8_flat_x2": ("float8_e4m3fn", 128, 2, HEAD_DIM, True, None),
+          "bf16_128_x2": ("bfloat16", 128, 2, HEAD_DIM, False, None),
+          "fp8_64_pf0_x4": ("float8_e4m3fn", 64, 4, HEAD_DIM, False, 0),
+          "fp8_64_pf4_x4": ("float8_e4m3fn", 64, 4, HEAD_DIM, False, 4),
+          "fp8_64_pf0_x2": ("float8_e4m3fn", 64, 2, HEAD_DIM, False, 0)}
 
 
 def step_bytes(probe: str) -> int:
@@ -69,7 +77,7 @@ def build(probe: str, iters: int, num_ctas: int):
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    dtype_name, row_bytes, depth, pitch, _ = PROBES[probe]
+    dtype_name, row_bytes, depth, pitch, _, ahead = PROBES[probe]
     dtype = jnp.dtype(dtype_name)
     tiles = lambda cols, swizzle: (plgpu.TilingTransform((8, cols)), plgpu.SwizzleTransform(swizzle))
     # the slots: one [depth, 64, 576] ring, or (fp8_128) the latent columns and the rope columns apart (576 is not a
@@ -81,7 +89,13 @@ def build(probe: str, iters: int, num_ctas: int):
     else:
         parts = [(0, KV_LORA_RANK, tiles(128, 128)), (KV_LORA_RANK, HEAD_DIM - KV_LORA_RANK, tiles(64, 64))]
 
-    def body(big_ref, out_ref, *scratch):
+    step_rows = BLOCK_KV * HEAD_DIM // FLAT  # (prefetch: a step's rows of the flat view, 288)
+
+    def body(*refs):
+        if ahead is None:
+            big_ref, out_ref, *scratch = refs
+        else:
+            big_ref, flat_ref, out_ref, *scratch = refs
         *slots, bar = scratch
         cta = lax.axis_index("cta")
         blocks = big_ref.shape[0] // BLOCK_KV
@@ -89,6 +103,10 @@ def build(probe: str, iters: int, num_ctas: int):
         def step(i, carry):
             pl.when(i >= depth)(lambda: plgpu.barrier_wait(bar.at[lax.rem(i, depth)]))
             blk = lax.rem(cta + i * num_ctas, blocks)
+            if ahead is not None:  # (the step `ahead` iterations on: its 288 flat rows, 2 boxes)
+                first = pl.multiple_of(lax.rem(cta + (i + ahead) * num_ctas, blocks) * step_rows, 32)
+                for r0, nr in ((0, 256), (256, step_rows - 256)):
+                    plgpu.async_prefetch(flat_ref.at[pl.ds(first + r0, nr)])
             src = big_ref.at[pl.ds(pl.multiple_of(blk * BLOCK_KV, BLOCK_KV), BLOCK_KV)]
             for (c0, nc, _), slot in zip(parts, slots):
                 plgpu.copy_gmem_to_smem(src.at[:, pl.ds(c0, nc)], slot.at[lax.rem(i, depth)],
@@ -115,7 +133,9 @@ def build(probe: str, iters: int, num_ctas: int):
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
     )
-    return jax.jit(kernel)
+    if ahead is None:
+        return jax.jit(kernel)
+    return jax.jit(lambda big: kernel(big, big.reshape(big.shape[0] * HEAD_DIM // FLAT, FLAT)))
 
 
 def _build_flat(probe: str, iters: int, num_ctas: int):
@@ -128,7 +148,7 @@ def _build_flat(probe: str, iters: int, num_ctas: int):
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    dtype_name, _, depth, _, _ = PROBES[probe]
+    dtype_name, _, depth, _, _, _ = PROBES[probe]
     dtype = jnp.dtype(dtype_name)
     step_rows = BLOCK_KV * HEAD_DIM // FLAT  # 288
     boxes = ((0, 256), (256, step_rows - 256))
@@ -209,7 +229,7 @@ def main(argv=None) -> int:
         us, t_lo, t_hi = slope_time(f_lo, f_hi, (big,), lo, hi, args.reps)
         tb_s = args.ctas * step_bytes(name) / us * 1e-6
         rows.append(dict(probe=name, dtype=PROBES[name][0], box_row_bytes=PROBES[name][1], depth=PROBES[name][2],
-                         pitch=PROBES[name][3], flat=PROBES[name][4],
+                         pitch=PROBES[name][3], flat=PROBES[name][4], prefetch_ahead=PROBES[name][5],
                          us_per_step=us, sm_ingress_tb_per_s=tb_s, exact=exact, t_lo_ms=t_lo * 1e3,
                          t_hi_ms=t_hi * 1e3, iters=[lo, hi], ctas=args.ctas))
         del big

@@ -13,7 +13,7 @@ from parity.h200 import abstract_h200
 
 @pytest.mark.parametrize("name", list(probe.PROBES))
 def test_lowers_for_cuda(name):
-    dtype, _, _, pitch, _ = probe.PROBES[name]
+    dtype, _, _, pitch, _, _ = probe.PROBES[name]
     with abstract_h200():
         text = probe.build(name, 3, 132).trace(jax.ShapeDtypeStruct((probe.HBM_ROWS, pitch), dtype)).lower(
             lowering_platforms=("cuda",)).as_text()
@@ -38,6 +38,7 @@ def test_the_probes_differ_as_named():
     assert (probe.PROBES["fp8_64p_x4"][1], probe.PROBES["fp8_128p_x4"][1]) == (64, 128)
     assert probe.PROBES["fp8_64_x4"][3] == probe.PROBES["fp8_flat_x4"][3] == probe.HEAD_DIM
     assert probe.PROBES["fp8_flat_x4"][4] and not probe.PROBES["fp8_64_x4"][4]
+    assert probe.PROBES["fp8_64_pf0_x4"][:5] == probe.PROBES["fp8_64_x4"][:5] and probe.PROBES["fp8_64_x4"][5] is None
     assert probe.step_bytes("fp8_64_x4") * 2 == probe.step_bytes("bf16_128_x2") == 64 * 576 * 2
 
 
