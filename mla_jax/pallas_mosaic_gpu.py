@@ -181,9 +181,8 @@ KV_HALVES_BT_CHUNK = 96
 F16_TILES = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 # the fp8 ring's slots: 8 x 64 tiles (a 64-column chunk a row of a tile), 64-byte swizzle
 FP8_RING_TILES = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(64))
-# (MosaicConfig.prefetch_lines) the flat view's row (fp8 values: 128 bytes, an L2 line) and a TMA box's most rows
+# (MosaicConfig.prefetch_lines) the flat view's row (fp8 values: 128 bytes, an L2 line)
 PREFETCH_ROW = 128
-MAX_BOX_ROWS = 256
 # MosaicConfig.qk_permuted: a [64, 64] f16 array in the WGMMA_8BIT layout (a thread's register j holds columns
 # 16 j' + 4 q .. + 3, q = lane % 4) taken as the WGMMA layout's (2 columns a register piece: 8 j + 2 q, + 1) without
 # moving a value: the column the WGMMA layout calls c holds column QK_PERM_16[c % 16] + c - c % 16 (derived
@@ -2409,12 +2408,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
         def prefetch_rows(page, off, rows: int):
             """(prefetch_lines) Rows [off, off + rows) of `page` into L2 through the flat view (576 / 128 = 4.5 of its
-            128-byte rows a cache row: off and the page size even), in boxes of at most 256 flat rows. A hint: no
-            barrier, nothing waits for it."""
+            128-byte rows a cache row: off and the page size even), in boxes of at most TMA_MAX_BOX flat rows
+            (prefetch_to_l2). A hint: no barrier, nothing waits for it."""
             first = (page * page_size + off) * (HEAD_DIM // 64) // (PREFETCH_ROW // 64)
-            n = rows * HEAD_DIM // PREFETCH_ROW
-            for r0 in range(0, n, MAX_BOX_ROWS):
-                plgpu.async_prefetch(kv_flat.at[pl.ds(first + r0, min(MAX_BOX_ROWS, n - r0))])
+            prefetch_to_l2(kv_flat.at[pl.ds(first, rows * HEAD_DIM // PREFETCH_ROW)])
 
         def compute_wg_halves(w: int):
             """(kv_halves) Warpgroup w: the tile's info (1 loads it, and q), then its half of the split's steps."""
