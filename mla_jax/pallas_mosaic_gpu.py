@@ -181,8 +181,6 @@ KV_HALVES_BT_CHUNK = 96
 F16_TILES = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 # the fp8 ring's slots: 8 x 64 tiles (a 64-column chunk a row of a tile), 64-byte swizzle
 FP8_RING_TILES = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(64))
-# (MosaicConfig.prefetch_lines) the flat view's row (fp8 values: 128 bytes, an L2 line)
-PREFETCH_ROW = 128
 # MosaicConfig.qk_permuted: a [64, 64] f16 array in the WGMMA_8BIT layout (a thread's register j holds columns
 # 16 j' + 4 q .. + 3, q = lane % 4) taken as the WGMMA layout's (2 columns a register piece: 8 j + 2 q, + 1) without
 # moving a value: the column the WGMMA layout calls c holds column QK_PERM_16[c % 16] + c - c % 16 (derived
@@ -855,17 +853,12 @@ class MosaicConfig:
         through an XLA fusion before the kernel (the f16 conversion, and qk_permuted's gather): a kernel of its own
         in every fp8 call, which the bf16 path does not have (session 27's ncu count at H16 B64 S4096 q_len 2: q's
         conversion and the output's gather ~8 us cold, ~2-4 warm, of ~92). The same conversion (round to nearest
-        even, beyond 65504 inf): bitwise the default for every finite q. Not yet run on a GPU or timed (session 31;
-        ptxas on the CPU, parity.mosaic_ptx: 241 registers at H16 B128 S16384 against 239, 185 at B1, no spills).
-    prefetch_lines: (kv_halves with pages of an even size, elsewhere no effect; opt-in, session 35, not yet timed)
-        each KV step's TMA into a ring slot is preceded by an L2 prefetch of the same bytes through the cache's flat
-        view ([N x P x 576 / 128, 128]: a free reshape), boxes of 128-byte rows (`cp.async.bulk.prefetch.tensor`:
-        plgpu.async_prefetch; a step of 64 rows 288 flat rows, 2 boxes). The ring's TMAs bring 64-byte box rows (its
-        8 x 64 fp8 tiles, 64-byte swizzle), and Mosaic GPU's descriptors ask for no L2 promotion: session 35's
-        parity.tma_probe took in fp8 steps at 3.60 TB/s with the ring's boxes and 4.70 with the flat view's (bf16's
-        ring 4.70), which is about the fp8 kernel's rate at H16 B128 S16384 (3.64 TB/s in session 30). A hint: the
-        same loads, the same values (bitwise the default). Unlike session 18's l2_prefetch (steps ahead, the cache's
-        own rows in boxes of 256 columns; slower, removed), the step prefetched is the one loaded next.
+        even, beyond 65504 inf): bitwise the default for every finite q (compiled, session 35, on every path it runs).
+        On the H200 (parity.sweep, 3 rounds, session 35): 1.05x faster at H16 B1 S1024 (12.06 -> 11.45 us), 1.02x
+        at H128 B1 S1024 (14.98 -> 14.74), 1.01x at H16 B32 S16384 (95.7 -> 94.5), even at H16 B64 S4096 q2 (75.7),
+        0.97x at H16 B128 S16384 (335.3 -> 345.1; its rounds 335-347 against 337-353: within the card's spread). The
+        heuristic's where the batch has at most Q_IN_KERNEL_MAX_TOKENS query tokens (the XLA kernel it saves is a
+        larger share of a small call).
     qk_fp8: (fp8 cache: kv_halves, and the plain scores' fused conversion, below; elsewhere no effect; opt-in: on the
         H200 (session 29) it fails the lse tolerance, 2.6e-3 to 8.5e-3 absolute against 2e-3, ~1e-3 of the scores:
         Hopper's e4m3 accumulation; not timed) the scores on the tensor cores' e4m3 path: S^T = K Q^T with K straight from the fp8 ring slot (the
@@ -911,6 +904,10 @@ class MosaicConfig:
     interleave_steps (each unmasked step's P @ V interleaved chunk by chunk with the next step's scores, the ring's
     slots refilled and awaited chunk by chunk; bitwise the default): on the H200 (parity.sweep, 3 rounds) at H16 B128
     S16384 / B32 S16384 / H16 B64 S4096 q2 0.87x, 0.82x, 0.63x the heuristic's speed.
+    Built and removed in session 35 (`git show 11dcae4:mla_jax/pallas_mosaic_gpu.py`): prefetch_lines (on the kv_halves
+    path each ring TMA preceded by an L2 prefetch of the same step through the cache's flat view, 128-byte rows;
+    bitwise): on the H200 (parity.sweep, 3 rounds) 0.95x, 0.95x, 0.97x at the same three rows, though its probe
+    (parity.tma_probe's fp8_64_pf0) had taken in 5% more than the ring's 64-byte boxes alone.
     """
 
     block_kv: int = 64
@@ -944,7 +941,6 @@ class MosaicConfig:
     load_ahead: bool = False
     lazy_max: bool = False
     q_in_kernel: bool = False
-    prefetch_lines: bool = False
     qk_fp8: bool = False
     qk_fp8_one_acc: bool = True
     pdl: bool = False
@@ -957,8 +953,7 @@ class MosaicConfig:
         for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
                      "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast", "deferred_pv", "split_ring",
                      "part_wait", "kv_halves", "qk_registers", "sums_at_end", "qk_permuted", "pv_registers",
-                     "zero_tail", "load_ahead", "lazy_max", "q_in_kernel", "prefetch_lines", "qk_fp8",
-                     "qk_fp8_one_acc"):
+                     "zero_tail", "load_ahead", "lazy_max", "q_in_kernel", "qk_fp8", "qk_fp8_one_acc"):
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
@@ -1091,6 +1086,9 @@ MAX_SPLITS = 128
 TRANSPOSED_MAX_ROWS = 16
 # The heuristic's pv_registers: where a split has at least this many steps (measured: 64 and 256 faster, 4 slower)
 PV_REGISTERS_MIN_STEPS = 32
+# The heuristic's q_in_kernel (an fp8 cache): where the batch has at most this many query tokens (measured on the
+# H200, session 35: 1.05x at B1 H16, 1.02x at B1 H128, 1.01x at B32; even at 128 tokens, 0.97x at B128 within noise)
+Q_IN_KERNEL_MAX_TOKENS = 32
 
 
 def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_reqs: int | None = None,
@@ -1180,7 +1178,8 @@ def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_re
                         transposed_scores=rows <= TRANSPOSED_MAX_ROWS or transposed_pv, transposed_pv=transposed_pv,
                         heads_fastest=heads_fastest, kv_halves=kv_halves, qk_registers=kv_halves,
                         sums_at_end=kv_halves, qk_permuted=kv_halves, pv_registers=pv_registers, pv_wait=pv_wait,
-                        zero_tail=pv_registers, load_ahead=pv_registers)
+                        zero_tail=pv_registers, load_ahead=pv_registers,
+                        q_in_kernel=fp8 and num_tokens <= Q_IN_KERNEL_MAX_TOKENS)
 
 
 def tma_windows(shape) -> list[tuple[tuple[int, int], ...]]:
@@ -1267,7 +1266,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   kv_halves: bool = False, qk_registers: bool = False, sums_at_end: bool = False,
                   qk_permuted: bool = False, pv_registers: bool = False, pv_wait: int = 4, zero_tail: bool = False,
                   load_ahead: bool = False, q_parts: int = 0, q_one_acc: bool = True, q_bits: bool = False,
-                  lazy_max: bool = False, prefetch_lines: bool = False, out_dtype=None, interpret: bool = False):
+                  lazy_max: bool = False, out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile), the last axis the fastest (heads_fastest: reversed, the head
@@ -1292,8 +1291,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     scores, q_parts) the parts' wgmmas into one accumulator (split_q_e4m3's step 1), else an accumulator a part (the
     parts 16x apart, step Q_FP8_STEP).
     lazy_max: MosaicConfig's (kv_halves only).
-    prefetch_lines: MosaicConfig's (kv_halves, pages of an even size: the kernel's cache is then (the cache, its flat
-    view [N x P x 576 / 128, 128])).
     q_bits: (MosaicConfig.q_in_kernel: an fp8 cache, compiled) q [T, heads, 576] is bfloat16, unpermuted: its TMA
     writes a bfloat16 view of q's tile, which the warpgroups reading q convert to f16 in place (qk_permuted: in
     QK_PERM's column order) before their first wgmma.
@@ -1403,8 +1400,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
              q_bar, info_bar, bt_bar, kv_ready, kv_consumed, sync_a, sync_b, *extra_barriers):
         deq_smem = deq_v = deq_rope = t_smem = e_smem = None
         qs_ref = q_bf16 = None
-        if prefetch_lines:  # (the cache and its flat view)
-            kv_ref, kv_flat = kv_ref
         if q_parts:  # (q's parts and the requests' inverse scales)
             q_ref, qs_ref = q_ref
         if q_bits:  # (the union's last member: q's tile seen as bfloat16, its TMA's destination)
@@ -2394,24 +2389,11 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             slot = half_slot(w, k)
             if pages_per_step == 1:
                 [page] = half_pages(w, lp0, chunk, last_page)
-                if prefetch_lines:
-                    prefetch_rows(page, lax.rem(k, jnp.int32(steps_per_page)) * block_kv, block_kv)
                 plgpu.copy_gmem_to_smem(step_rows(k, page), kv_smem.at[slot], kv_ready.at[slot])
             else:
-                pages = half_pages(w, lp0, chunk, last_page)
-                if prefetch_lines:
-                    for page in pages:
-                        prefetch_rows(page, 0, page_size)
-                for j, page in enumerate(pages):
+                for j, page in enumerate(half_pages(w, lp0, chunk, last_page)):
                     plgpu.copy_gmem_to_smem(step_rows(k, page), kv_smem.at[slot, pl.ds(j * page_size, page_size)],
                                             kv_ready.at[slot])
-
-        def prefetch_rows(page, off, rows: int):
-            """(prefetch_lines) Rows [off, off + rows) of `page` into L2 through the flat view (576 / 128 = 4.5 of its
-            128-byte rows a cache row: off and the page size even), in boxes of at most TMA_MAX_BOX flat rows
-            (prefetch_to_l2). A hint: no barrier, nothing waits for it."""
-            first = (page * page_size + off) * (HEAD_DIM // 64) // (PREFETCH_ROW // 64)
-            prefetch_to_l2(kv_flat.at[pl.ds(first, rows * HEAD_DIM // PREFETCH_ROW)])
 
         def compute_wg_halves(w: int):
             """(kv_halves) Warpgroup w: the tile's info (1 loads it, and q), then its half of the split's steps."""
@@ -3089,7 +3071,6 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     # as with a bf16 -> f16 conversion there)
     qk_permuted = kv_halves and tuning.qk_registers and tuning.qk_permuted and not interpret and not q_parts
     pv_registers = (qk_permuted or (kv_halves and q_parts and not interpret)) and tuning.pv_registers
-    prefetch_lines = kv_halves and tuning.prefetch_lines and page_size % 2 == 0
     if qk_permuted and not q_bits:  # (the scores' wgmmas see K's columns permuted: q's the same way; fused with q's
         # f16 conversion; q_bits: in the kernel's conversion)
         q = q[..., QK_PERM]
@@ -3112,13 +3093,10 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         zero_tail=kv_halves and tuning.zero_tail,
         load_ahead=qk_permuted and tuning.load_ahead,
         lazy_max=kv_halves and tuning.lazy_max,
-        prefetch_lines=prefetch_lines,
         q_parts=q_parts, q_one_acc=tuning.qk_fp8_one_acc, q_bits=q_bits,
     )
     q_in = (q, q_inv_scale) if q_parts else q
-    # (prefetch_lines) the cache's flat view beside it: a free reshape, the same buffer
-    kv_in = (kv_cache, kv_cache.reshape(-1, PREFETCH_ROW)) if prefetch_lines else kv_cache
-    out, lse = kernel(q_in, kv_in, _sched(metadata, width, k_scale if fp8 else None))
+    out, lse = kernel(q_in, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     # (pv_registers) the kernel's output columns permuted by PV_PERM within each 16: put back by the combine's gather
     # with split-KV, else by a gather of their own
     order = jnp.asarray(PV_UNPERM, jnp.int32) if pv_registers else None

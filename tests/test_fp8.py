@@ -1033,66 +1033,6 @@ def test_mosaic_gpu_fp8_q_in_kernel_is_bitwise():
         _assert_bitwise(name, dtype, [t, dict(t, **option)])
 
 
-@pytest.mark.gpu
-def test_mosaic_gpu_fp8_prefetch_lines_is_bitwise():
-    """prefetch_lines prefetches each step's bytes into L2 (the cache's flat view, 128-byte rows) before the ring's
-    TMA of the same step: a hint, the same loads and math, the same out and lse bit for bit compiled on the
-    heuristic's kv_halves path (the bitwise test's 4 scenarios: pages of 16, 8 and 128; 32 rows on two), and where it
-    does not run (pages of 1: odd)."""
-    _skip_without_hopper()
-    _assert_option_bitwise_16_and_32_rows(dict(QK_PERMUTED_TUNING, pv_registers=True, zero_tail=True,
-                                               load_ahead=True), dict(prefetch_lines=True))
-    t = dict(QK_PERMUTED_TUNING, num_splits=2)
-    _assert_bitwise("page_size_1", "bfloat16", [t, dict(t, prefetch_lines=True)])
-
-
-@pytest.mark.parametrize("name", ["page_size_16", "page_128"])
-def test_mosaic_gpu_fp8_prefetch_lines_interpret_is_bitwise(name):
-    """prefetch_lines in interpret mode (kv_halves with V's f16 copies, pages of 16: several a step; of 128: two steps
-    a page): the prefetches read the flat view of the same cache (no result), the same out and lse bit for bit."""
-    pytest.importorskip("absl", reason="Mosaic GPU interpret mode needs absl-py")
-    from mla_jax import pallas_mosaic_gpu as mg
-
-    batch, k_scale, _, _ = fp8_batch_and_reference(name, "bfloat16")
-    q, kv, md = jax_inputs(batch, "bfloat16")
-    base = dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True, num_splits=2)
-    runs = [mg.mla_decode(q, None, kv, md, batch.config, k_scale=k_scale, interpret=True,
-                          tuning=mg.MosaicConfig(**base, prefetch_lines=p)) for p in (False, True)]
-    (out_a, lse_a), (out_b, lse_b) = [(np.asarray(o, np.float32), np.asarray(l)) for o, l in runs]
-    assert np.isfinite(out_a).all()
-    np.testing.assert_array_equal(out_b.view(np.uint32), out_a.view(np.uint32))
-    np.testing.assert_array_equal(lse_b.view(np.uint32), lse_a.view(np.uint32))
-
-
-def test_prefetch_lines_lowers_where_kv_halves_runs():
-    """prefetch_lines (an abstract H200) lowers on parity.kernel_hash's fp8 problems: where kv_halves runs, the kernel
-    takes the cache's flat view beside it and issues `cp.async.bulk.prefetch.tensor` (2 boxes of 128-byte rows a
-    64-row step: 288 rows); elsewhere (H = 128, a 16-bit cache) the module is the default's. And the config
-    refuses a non-bool."""
-    import dataclasses
-
-    from mla_jax import pallas_mosaic_gpu as mg
-    from parity import kernel_hash
-
-    ran = 0
-    for problem in kernel_hash.PROBLEMS:
-        heads, batch, seq_len, q_len, fp8 = problem
-        base = kernel_hash.problem_tuning(problem)
-        [plain] = kernel_hash.module_texts(problem, tuning=base)
-        [text] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, prefetch_lines=True))
-        kv_halves, _ = mg._kv_halves_runs(base, fp8, heads, q_len, False)
-        assert "cp.async.bulk.prefetch.tensor" not in plain, problem
-        if not kv_halves:
-            assert text == plain, problem
-            continue
-        ran += 1
-        assert "cp.async.bulk.prefetch.tensor.2d.L2.global.tile" in text, problem
-    assert ran >= 2
-    assert len(mg.tma_windows((64 * mg.HEAD_DIM // mg.PREFETCH_ROW, mg.PREFETCH_ROW))) == 2  # (2 boxes a 64-row step)
-    with pytest.raises(ValueError, match="prefetch_lines must be a bool"):
-        mg.MosaicConfig(prefetch_lines=1)
-
-
 def _q_tile_offsets(rows: int) -> np.ndarray:
     """[rows, 1152]: where each byte of q's tile [rows, 576] (16-bit values) sits in its shared-memory image, tiled
     (8, 64) with a 128-byte swizzle, by Mosaic GPU's own formula (fragmented_array.py's transfer_tiled, the TMA's
