@@ -27,7 +27,13 @@ else; the SMs' intake is the TB/s reported (the slope over two iteration counts,
   (`cp.async.bulk.prefetch.tensor`, 2 boxes of 128-byte rows: plgpu.async_prefetch), the step A iterations ahead of
   the one loaded (A = 0: just before its own loads). Session 35's part 0 had fp8_64 at 3.60 TB/s and fp8_flat at
   4.70: if the 64-byte boxes' L2 misses (half lines, no L2 promotion in Mosaic GPU's descriptors) are what caps the
-  intake, a prefetch of whole lines lifts it with the ring's layout unchanged.
+  intake, a prefetch of whole lines lifts it with the ring's layout unchanged (call c, H200: fp8_64 3.49, pf0
+  3.67, pf4 3.58, flat 4.26; in the kernel, MosaicConfig.prefetch_lines, 0.95-0.97x: removed);
+* "fp8_128r_xD" (session 35): fp8_128p's boxes (the latent columns in 128-byte rows, the rope in 64-byte ones) from
+  the cache's own 576-byte rows: the latent's TMA descriptor covers the first 512 columns of each row (Mosaic GPU's
+  TileTransform((8, 128), rounding=Rounding.DOWN)), which Pallas does not expose: `RoundDownTiling`, a
+  TilingTransform whose copies lower to that rounding (`_round_down_shim`). The layout a wider-box fp8 ring would
+  load; odd tokens' rows start 64 bytes into an L2 line.
 D is the slots in flight: the 16-row fp8 kernel keeps 4 (two a warpgroup), the bf16 one 2 (the same bytes).
 fp8_64p against fp8_128p is the boxes' width alone; fp8_64 against fp8_64p the rows' pitch.
 After the last load each CTA copies its last slot back out, and the result is checked against the buffer's step
@@ -58,7 +64,51 @@ PROBES = {"fp8_64_x4": ("float8_e4m3fn", 64, 4, HEAD_DIM, False, None),
           "bf16_128_x2": ("bfloat16", 128, 2, HEAD_DIM, False, None),
           "fp8_64_pf0_x4": ("float8_e4m3fn", 64, 4, HEAD_DIM, False, 0),
           "fp8_64_pf4_x4": ("float8_e4m3fn", 64, 4, HEAD_DIM, False, 4),
-          "fp8_64_pf0_x2": ("float8_e4m3fn", 64, 2, HEAD_DIM, False, 0)}
+          "fp8_64_pf0_x2": ("float8_e4m3fn", 64, 2, HEAD_DIM, False, 0),
+          "fp8_128r_x4": ("float8_e4m3fn", 128, 4, HEAD_DIM, False, None),
+          "fp8_128r_x2": ("float8_e4m3fn", 128, 2, HEAD_DIM, False, None)}
+
+
+def _round_down_shim():
+    """(fp8_128r) RoundDownTiling: a plgpu.TilingTransform whose TMA copies tile the GMEM ref with Mosaic GPU's
+    TileTransform(tiling, rounding=Rounding.DOWN) (a descriptor of the row's first whole tiles: 512 of 576 columns).
+    Pallas maps every TilingTransform to TileTransform(tiling) (jax/_src/pallas/mosaic_gpu/core.py's
+    to_gpu_transform, read by the copy lowering at each call); this wraps that function once, for RoundDownTiling
+    alone. Made on first use (jax 0.11.2's internals)."""
+    global RoundDownTiling
+    if RoundDownTiling is not None:
+        return RoundDownTiling
+    import dataclasses
+
+    from jax import tree_util
+    from jax._src.pallas.mosaic_gpu import core as gpu_core
+    from jax.experimental.mosaic.gpu import launch_context
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    @dataclasses.dataclass(frozen=True)
+    class _RoundDownTiling(plgpu.TilingTransform):
+        def undo(self, x):
+            return _RoundDownUntiling(self.tiling)
+
+    @tree_util.register_dataclass
+    @dataclasses.dataclass(frozen=True)
+    class _RoundDownUntiling(gpu_core.UntilingTransform):
+        def undo(self, x):
+            return _RoundDownTiling(self.tiling)
+
+    base = gpu_core.to_gpu_transform
+
+    def to_gpu_transform(t):
+        if isinstance(t, _RoundDownTiling):
+            return launch_context.TileTransform(t.tiling, rounding=launch_context.Rounding.DOWN)
+        return base(t)
+
+    gpu_core.to_gpu_transform = to_gpu_transform
+    RoundDownTiling = _RoundDownTiling
+    return RoundDownTiling
+
+
+RoundDownTiling = None
 
 
 def step_bytes(probe: str) -> int:
@@ -80,6 +130,10 @@ def build(probe: str, iters: int, num_ctas: int):
     dtype_name, row_bytes, depth, pitch, _, ahead = PROBES[probe]
     dtype = jnp.dtype(dtype_name)
     tiles = lambda cols, swizzle: (plgpu.TilingTransform((8, cols)), plgpu.SwizzleTransform(swizzle))
+    if row_bytes == 128 and dtype.itemsize == 1 and pitch % 128:  # (fp8_128r: the latent's descriptor rounded down)
+        tiles_128 = (_round_down_shim()((8, 128)), plgpu.SwizzleTransform(128))
+    else:
+        tiles_128 = tiles(128, 128)
     # the slots: one [depth, 64, 576] ring, or (fp8_128) the latent columns and the rope columns apart (576 is not a
     # multiple of 128)
     if dtype.itemsize == 2:
@@ -87,7 +141,7 @@ def build(probe: str, iters: int, num_ctas: int):
     elif row_bytes == 64:
         parts = [(0, HEAD_DIM, tiles(64, 64))]
     else:
-        parts = [(0, KV_LORA_RANK, tiles(128, 128)), (KV_LORA_RANK, HEAD_DIM - KV_LORA_RANK, tiles(64, 64))]
+        parts = [(0, KV_LORA_RANK, tiles_128), (KV_LORA_RANK, HEAD_DIM - KV_LORA_RANK, tiles(64, 64))]
 
     step_rows = BLOCK_KV * HEAD_DIM // FLAT  # (prefetch: a step's rows of the flat view, 288)
 

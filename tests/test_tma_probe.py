@@ -39,6 +39,7 @@ def test_the_probes_differ_as_named():
     assert probe.PROBES["fp8_64_x4"][3] == probe.PROBES["fp8_flat_x4"][3] == probe.HEAD_DIM
     assert probe.PROBES["fp8_flat_x4"][4] and not probe.PROBES["fp8_64_x4"][4]
     assert probe.PROBES["fp8_64_pf0_x4"][:5] == probe.PROBES["fp8_64_x4"][:5] and probe.PROBES["fp8_64_x4"][5] is None
+    assert probe.PROBES["fp8_128r_x4"][1:4] == (128, 4, probe.HEAD_DIM)  # (128-byte boxes from the cache's rows)
     assert probe.step_bytes("fp8_64_x4") * 2 == probe.step_bytes("bf16_128_x2") == 64 * 576 * 2
 
 
