@@ -181,6 +181,52 @@ KV_HALVES_BT_CHUNK = 96
 F16_TILES = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 # the fp8 ring's slots: 8 x 64 tiles (a 64-column chunk a row of a tile), 64-byte swizzle
 FP8_RING_TILES = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(64))
+_ROUND_DOWN_TILING = []
+
+
+def round_down_tiling():
+    """A plgpu.TilingTransform subclass whose TMA copies tile the GMEM ref with Mosaic GPU's TileTransform(tiling,
+    rounding=Rounding.DOWN): a descriptor of each row's first whole tiles, the cache's first 512 of its 576 columns in
+    tiles of 128 (MosaicConfig.wide_ring; parity.tma_probe's fp8_128r). Pallas maps every TilingTransform to
+    TileTransform(tiling) without rounding (jax/_src/pallas/mosaic_gpu/core.py's to_gpu_transform, which the copy
+    lowering looks up at each call) and refuses a row that is not a multiple of the tile; this wraps that function
+    once, for the subclass alone (its Untiling twin keeps the class through Pallas's undo of the ref's transforms).
+    Made on first use; written against jax 0.11.2's internals."""
+    if _ROUND_DOWN_TILING:
+        return _ROUND_DOWN_TILING[0]
+    import dataclasses
+
+    from jax import tree_util
+    from jax._src.pallas.mosaic_gpu import core as gpu_core
+    from jax.experimental.mosaic.gpu import launch_context
+
+    @dataclasses.dataclass(frozen=True)
+    class RoundDownTiling(plgpu.TilingTransform):
+        def undo(self, x):
+            return RoundDownUntiling(self.tiling)
+
+    @tree_util.register_dataclass
+    @dataclasses.dataclass(frozen=True)
+    class RoundDownUntiling(gpu_core.UntilingTransform):
+        def undo(self, x):
+            return RoundDownTiling(self.tiling)
+
+    base = gpu_core.to_gpu_transform
+
+    def to_gpu_transform(t):
+        if isinstance(t, RoundDownTiling):
+            return launch_context.TileTransform(t.tiling, rounding=launch_context.Rounding.DOWN)
+        return base(t)
+
+    gpu_core.to_gpu_transform = to_gpu_transform
+    _ROUND_DOWN_TILING.append(RoundDownTiling)
+    return RoundDownTiling
+
+
+def wide_ring_tiles():
+    """(MosaicConfig.wide_ring) the latent slot's tiles: 8 x 128 (a 128-byte row of a tile), 128-byte swizzle, the
+    cache's rows read by a descriptor rounded down to their 512 latent columns."""
+    return (round_down_tiling()((8, 128)), plgpu.SwizzleTransform(128))
 # MosaicConfig.qk_permuted: a [64, 64] f16 array in the WGMMA_8BIT layout (a thread's register j holds columns
 # 16 j' + 4 q .. + 3, q = lane % 4) taken as the WGMMA layout's (2 columns a register piece: 8 j + 2 q, + 1) without
 # moving a value: the column the WGMMA layout calls c holds column QK_PERM_16[c % 16] + c - c % 16 (derived
@@ -330,23 +376,37 @@ cvt.rn.f16x2.e4m3x2 $1, hi;
 # the same by integer arithmetic (fp8_convert="bits", above): bytes (0, 2) and (1, 3), the keys paired
 _E4M3_PAIRS_T_BITS_PTX = _e4m3_bits_ptx(0x2404, 0x3414)
 
-def _vt_fp8_address(ref):
-    """(pv_registers) a thread's ldmatrix address in a [64 keys, 64 columns] fp8 chunk (the tiled memref [8, 1, 8,
-    64]: rows of 64 bytes, 64-byte swizzle): (the i32 constant maker, the chunk's pointer, the thread's byte offset
-    of key tile 0, the memref's strides)."""
+def _vt_fp8_address(ref, col_half: int = 0):
+    """(pv_registers) a thread's ldmatrix address in a [64 keys, 64 columns] fp8 chunk: the tiled memref [8, 1, 8,
+    64] (rows of 64 bytes, 64-byte swizzle), or (wide_ring) half `col_half` of a [64, 128] pair of chunks, the tiled
+    memref [8, 1, 8, 128] (rows of 128 bytes, 128-byte swizzle): (the i32 constant maker, the chunk's pointer, the
+    thread's byte offset of key tile 0, the memref's strides). The swizzles (Mosaic GPU's, as the TMA writes them):
+    a row's 16-byte unit u sits at u ^ ((row // 2) % 4) with 64-byte rows, u ^ (row % 8) with 128-byte rows."""
     i32 = ir.IntegerType.get_signless(32)
     ty = ir.MemRefType(ref.type)
     strides, _ = ty.get_strides_and_offset()
-    if list(ty.shape) != [8, 1, 8, 64] or list(strides[2:]) != [64, 1]:
-        raise NotImplementedError(f"_load_vt_fp8 needs a [64, 64] fp8 chunk tiled (8, 64), got {ty}")
+    width = list(ty.shape)[-1]
+    if (list(ty.shape) != [8, 1, 8, width] or width not in (64, 128) or list(strides[2:]) != [width, 1]
+            or col_half not in ((0,) if width == 64 else (0, 1))):
+        raise NotImplementedError(f"_load_vt_fp8 needs a [64, 64] fp8 chunk tiled (8, 64) or half {col_half} of a "
+                                  f"[64, 128] pair tiled (8, 128), got {ty}")
     c = lambda v: arith.constant(i32, v)
-    tid = mgpu.utils.thread_idx()
-    lane = arith.remui(tid, c(32))
-    wp = arith.remui(arith.divui(tid, c(32)), c(4))  # the warp's 16 columns: 16-byte unit wp of each 64-byte row
-    m, rr = arith.divui(lane, c(8)), arith.remui(lane, c(8))  # lane gives matrix m's line rr: key 8 m + rr
-    unit = arith.xori(wp, arith.andi(arith.shrui(rr, c(1)), c(3)))  # the 64-byte swizzle: (row // 2) % 4
-    base = arith.addi(arith.addi(arith.muli(m, c(strides[0])), arith.muli(rr, c(64))), arith.shli(unit, c(4)))
+    base = _vt_lane_offset(mgpu.utils.thread_idx(), width, col_half, strides[0], _ArithOps)
     return c, mgpu.utils.memref_ptr(ref), base, strides
+
+
+def _vt_lane_offset(tid, width: int, col_half: int, tile_stride: int, ops=None):
+    """(_vt_fp8_address) thread tid's ldmatrix row address (bytes from the chunk's or pair's start) for key tile 0:
+    lane 8 m + rr gives line rr of matrix m, key 8 m + rr; warp tid // 32 % 4 the chunk's 16-byte unit of its 16
+    columns; tile_stride: the bytes between 8-key tiles. Python ints with _IntOps, the default (the tests' model)."""
+    ops = _IntOps if ops is None else ops
+    lane, wp = ops.rem(tid, 32), ops.rem(ops.div(tid, 32), 4)
+    m, rr = ops.div(lane, 8), ops.rem(lane, 8)
+    if width == 64:  # the 64-byte swizzle: (row // 2) % 4
+        unit = ops.xor(wp, ops.band(ops.shr(rr, 1), 3))
+    else:  # the 128-byte swizzle: row % 8, the chunk's units 4 col_half .. 4 col_half + 3 of the row's 8
+        unit = ops.xor(ops.add(wp, 4 * col_half), rr)
+    return ops.add(ops.add(ops.mul(m, tile_stride), ops.mul(rr, width)), ops.shl(unit, 4))
 
 
 def _vt_fp8_ldmatrix(c, ptr, base, strides, half: int):
@@ -358,12 +418,13 @@ def _vt_fp8_ldmatrix(c, ptr, base, strides, half: int):
                          elt_type=nvvm.LdStMatrixEltType.B16)
 
 
-def _load_vt_fp8_words(ref):
+def _load_vt_fp8_words(ref, col_half: int = 0):
     """(load_ahead; inside inline Mosaic GPU) _load_vt_fp8's two ldmatrix.x4.trans alone: the 8 words a thread,
     unconverted, carried as a [64, 32] float16 WGMMA-layout array (a word a register, in the order (half, matrix);
-    only _convert_vt_fp8 reads them), so that a chunk's loads can be issued a chunk ahead of its conversion."""
+    only _convert_vt_fp8 reads them), so that a chunk's loads can be issued a chunk ahead of its conversion.
+    (wide_ring: ref a [64, 128] pair of chunks, col_half the chunk's half; _vt_fp8_address.)"""
     i32, f16 = ir.IntegerType.get_signless(32), ir.F16Type.get()
-    c, ptr, base, strides = _vt_fp8_address(ref)
+    c, ptr, base, strides = _vt_fp8_address(ref, col_half)
     regs = np.empty(mgpu.WGMMA_LAYOUT.registers_shape((64, 32)), dtype=object)
     if regs.size != 8:
         raise NotImplementedError(f"a [64, 32] WGMMA-layout array has {regs.size} registers a thread, not 8")
@@ -471,6 +532,7 @@ class _IntOps:
     """_q_unit_offsets's arithmetic on Python ints (the tests' model of the kernel's addresses)."""
     div, rem, add, mul, xor = (lambda a, b: a // b), (lambda a, b: a % b), (lambda a, b: a + b), \
         (lambda a, b: a * b), (lambda a, b: a ^ b)
+    shr, band, shl = (lambda a, b: a >> b), (lambda a, b: a & b), (lambda a, b: a << b)
 
 
 class _ArithOps:
@@ -485,6 +547,9 @@ class _ArithOps:
     add = staticmethod(lambda a, b: arith.addi(_ArithOps.c(a), _ArithOps.c(b)))
     mul = staticmethod(lambda a, b: arith.muli(_ArithOps.c(a), _ArithOps.c(b)))
     xor = staticmethod(lambda a, b: arith.xori(_ArithOps.c(a), _ArithOps.c(b)))
+    shr = staticmethod(lambda a, b: arith.shrui(_ArithOps.c(a), _ArithOps.c(b)))
+    band = staticmethod(lambda a, b: arith.andi(_ArithOps.c(a), _ArithOps.c(b)))
+    shl = staticmethod(lambda a, b: arith.shli(_ArithOps.c(a), _ArithOps.c(b)))
 
 
 def _q_unit_offsets(i, rows: int, strides, ops=_IntOps):
@@ -859,6 +924,17 @@ class MosaicConfig:
         0.97x at H16 B128 S16384 (335.3 -> 345.1; its rounds 335-347 against 337-353: within the card's spread). The
         heuristic's where the batch has at most Q_IN_KERNEL_MAX_TOKENS query tokens (the XLA kernel it saves is a
         larger share of a small call).
+    wide_ring: (where load_ahead runs with pv_registers: kv_halves at 16 or 32 rows, compiled; elsewhere no effect;
+        opt-in, session 35, not yet run on a GPU) the fp8 ring slot's 512 latent columns in 8 x 128 tiles (128-byte
+        rows, 128-byte swizzle) beside a [64, 64] slot of the rope columns (8 x 64 tiles, 64-byte swizzle, as now),
+        where the default's slot is 9 tiles of 8 x 64 (64-byte rows): each step's TMA then brings the latent in
+        128-byte box rows. The cache's 576-column rows are not a multiple of 128: the latent's descriptor is rounded
+        down to their first 512 columns (round_down_tiling, a shim over Pallas's transform mapping). Session 35's
+        parity.tma_probe took in fp8 steps at 3.60 TB/s in the default's 64-byte boxes (the fp8 kernel ran at 3.64
+        at H16 B128 S16384), 4.44 in 128-byte ones from 640-byte rows, 4.70 from the flat view. The scores' K chunks
+        are loaded a pair (128 columns) at a time and split in registers; V^T's ldmatrix addresses follow the
+        128-byte swizzle (_vt_fp8_address); zero_tail zeroes the pairs and the rope slot. The same values in the same
+        order: bitwise the default (to be checked compiled).
     qk_fp8: (fp8 cache: kv_halves, and the plain scores' fused conversion, below; elsewhere no effect; opt-in: on the
         H200 (session 29) it fails the lse tolerance, 2.6e-3 to 8.5e-3 absolute against 2e-3, ~1e-3 of the scores:
         Hopper's e4m3 accumulation; not timed) the scores on the tensor cores' e4m3 path: S^T = K Q^T with K straight from the fp8 ring slot (the
@@ -941,6 +1017,7 @@ class MosaicConfig:
     load_ahead: bool = False
     lazy_max: bool = False
     q_in_kernel: bool = False
+    wide_ring: bool = False
     qk_fp8: bool = False
     qk_fp8_one_acc: bool = True
     pdl: bool = False
@@ -953,7 +1030,7 @@ class MosaicConfig:
         for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
                      "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast", "deferred_pv", "split_ring",
                      "part_wait", "kv_halves", "qk_registers", "sums_at_end", "qk_permuted", "pv_registers",
-                     "zero_tail", "load_ahead", "lazy_max", "q_in_kernel", "qk_fp8", "qk_fp8_one_acc"):
+                     "zero_tail", "load_ahead", "lazy_max", "q_in_kernel", "wide_ring", "qk_fp8", "qk_fp8_one_acc"):
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
@@ -1266,7 +1343,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   kv_halves: bool = False, qk_registers: bool = False, sums_at_end: bool = False,
                   qk_permuted: bool = False, pv_registers: bool = False, pv_wait: int = 4, zero_tail: bool = False,
                   load_ahead: bool = False, q_parts: int = 0, q_one_acc: bool = True, q_bits: bool = False,
-                  lazy_max: bool = False, out_dtype=None, interpret: bool = False):
+                  lazy_max: bool = False, wide_ring: bool = False, out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile), the last axis the fastest (heads_fastest: reversed, the head
@@ -1291,6 +1368,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     scores, q_parts) the parts' wgmmas into one accumulator (split_q_e4m3's step 1), else an accumulator a part (the
     parts 16x apart, step Q_FP8_STEP).
     lazy_max: MosaicConfig's (kv_halves only).
+    wide_ring: MosaicConfig's (with load_ahead and pv_registers, compiled; no q_parts).
     q_bits: (MosaicConfig.q_in_kernel: an fp8 cache, compiled) q [T, heads, 576] is bfloat16, unpermuted: its TMA
     writes a bfloat16 view of q's tile, which the warpgroups reading q convert to f16 in place (qk_permuted: in
     QK_PERM's column order) before their first wgmma.
@@ -1340,6 +1418,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                          f"pv_registers=True (or interpret mode), got {pv_registers=}")
     if zero_tail and not kv_halves:
         raise ValueError(f"zero_tail zeroes a kv_halves slot's tail: it needs kv_halves=True, got {kv_halves=}")
+    if wide_ring and not (load_ahead and pv_registers and not q_parts and not interpret):
+        raise ValueError(f"wide_ring loads the scores' K chunks in pairs on load_ahead's path and V^T by pv_registers's "
+                         f"ldmatrix (compiled): it needs load_ahead=True, pv_registers=True, q_parts=0 and "
+                         f"interpret=False, got {load_ahead=}, {pv_registers=}, {q_parts=}, {interpret=}")
     if load_ahead and not (qk_permuted and not interpret):
         raise ValueError(f"load_ahead loads qk_permuted's chunks (and pv_registers's) a chunk ahead (compiled): it "
                          f"needs qk_permuted=True and interpret=False, got {qk_permuted=}, {interpret=}")
@@ -1415,6 +1497,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # O^T halves (over q and the ring); red_smem: the scratch of the cross-warp reductions, in P's bytes (the
             # p_smem argument)
             (q_smem, kv_smem, *kv_v), (stage, t_smem, e_smem), (m_smem,) = q_kv_or_stage
+            kv_rope = kv_v.pop(0) if wide_ring else None  # (wide_ring: kv_smem the latent slots, kv_rope the rope's)
             kv_v = kv_v[0] if kv_v else None  # (pv_registers: none)
             p_smem, red_smem = p_smem
             (bt_bar_wg1, *qs_smem) = extra_barriers  # (q_parts: the request's 1 / a, qs_ref's row)
@@ -2387,13 +2470,22 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             buffer (w) is restaged first when step k's chunk differs from the one there (stage_half_bt)."""
             lp0, chunk = stage_half_bt(w, k, prev_k)
             slot = half_slot(w, k)
+
+            def copy(src, rows=None):  # (src: [rows, 576] of the cache; rows: the slot's rows it fills)
+                at = (slot,) if rows is None else (slot, rows)
+                if wide_ring:  # the latent in 128-byte box rows, the rope in 64-byte ones
+                    plgpu.copy_gmem_to_smem(src.at[:, pl.ds(0, KV_LORA_RANK)], kv_smem.at[at], kv_ready.at[slot])
+                    plgpu.copy_gmem_to_smem(src.at[:, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)], kv_rope.at[at],
+                                            kv_ready.at[slot])
+                else:
+                    plgpu.copy_gmem_to_smem(src, kv_smem.at[at], kv_ready.at[slot])
+
             if pages_per_step == 1:
                 [page] = half_pages(w, lp0, chunk, last_page)
-                plgpu.copy_gmem_to_smem(step_rows(k, page), kv_smem.at[slot], kv_ready.at[slot])
+                copy(step_rows(k, page))
             else:
                 for j, page in enumerate(half_pages(w, lp0, chunk, last_page)):
-                    plgpu.copy_gmem_to_smem(step_rows(k, page), kv_smem.at[slot, pl.ds(j * page_size, page_size)],
-                                            kv_ready.at[slot])
+                    copy(step_rows(k, page), pl.ds(j * page_size, page_size))
 
         def compute_wg_halves(w: int):
             """(kv_halves) Warpgroup w: the tile's info (1 loads it, and q), then its half of the split's steps."""
@@ -2521,11 +2613,24 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     # (Mosaic GPU has no select on 8-bit values, only bitwise operations: an AND with a byte mask)
                     ones = jnp.where(rows_below(valid, ld_layout), jnp.int32(-1), jnp.int32(0)).astype(jnp.int8)
 
-                    @pl.loop(0, HEAD_DIM // 64)
-                    def _(c):
-                        ref = kv_smem.at[slot, :, pl.ds(pl.multiple_of(c * 64, 64), 64)]
+                    def zero(ref, ones, tiles):
                         x = lax.bitcast_convert_type(plgpu.load(ref, layout=ld_layout), jnp.int8) & ones
-                        store_tiled(ref, lax.bitcast_convert_type(x, jnp.float8_e4m3fn), ld_layout, FP8_RING_TILES)
+                        store_tiled(ref, lax.bitcast_convert_type(x, jnp.float8_e4m3fn), ld_layout, tiles)
+
+                    if wide_ring:  # (the latent's 4 pairs of chunks, then the rope's slot)
+                        ones2 = jnp.where(plgpu.broadcasted_iota(jnp.int32, (block_kv, 128), 0, layout=ld_layout)
+                                          < valid, jnp.int32(-1), jnp.int32(0)).astype(jnp.int8)
+
+                        @pl.loop(0, KV_LORA_RANK // 128)
+                        def _(p):
+                            zero(kv_smem.at[slot, :, pl.ds(pl.multiple_of(p * 128, 128), 128)], ones2,
+                                 wide_ring_tiles())
+
+                        zero(kv_rope.at[slot], ones, FP8_RING_TILES)
+                    else:
+                        @pl.loop(0, HEAD_DIM // 64)
+                        def _(c):
+                            zero(kv_smem.at[slot, :, pl.ds(pl.multiple_of(c * 64, 64), 64)], ones, FP8_RING_TILES)
 
                     plgpu.commit_smem()
 
@@ -2536,13 +2641,15 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                                 p_w().transpose((1, 0)))
 
             def load_vt_words(slot, c: int):
-                """(load_ahead) chunk c's V^T words (_load_vt_fp8_words), unconverted."""
-                @plgpu.inline_mgpu(arg_types=(plgpu.RefType(FP8_RING_TILES),),
+                """(load_ahead) chunk c's V^T words (_load_vt_fp8_words), unconverted (wide_ring: from its pair)."""
+                @plgpu.inline_mgpu(arg_types=(plgpu.RefType(wide_ring_tiles() if wide_ring else FP8_RING_TILES),),
                                    return_type=plgpu.ShapeDtypeStruct((64, 32), jnp.float16, layout=wg_layout))
                 def load(ctx, r):
                     del ctx
-                    return _load_vt_fp8_words(r)
+                    return _load_vt_fp8_words(r, c % 2 if wide_ring else 0)
 
+                if wide_ring:
+                    return load(kv_smem.at[slot, :, pl.ds(c // 2 * 128, 128)])
                 return load(kv_smem.at[slot, :, pl.ds(c * 64, 64)])
 
             def convert_vt(words, bits):
@@ -2630,6 +2737,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     def raw(c):  # chunk c's fp8 values, unconverted
                         return plgpu.load(kv_smem.at[slot, :, pl.ds(offset(c), 64)], layout=ld_layout)
 
+                    def raw_pair(i):  # (wide_ring) chunks 2 i and 2 i + 1's fp8 values, [64, 128], unconverted
+                        start = i * 128 if isinstance(i, int) else pl.multiple_of(i * 128, 128)
+                        return plgpu.load(kv_smem.at[slot, :, pl.ds(start, 128)], layout=ld_layout)
+
                     def chunk_from(c, x, c0=None):
                         """Chunk c's conversion from its loaded values x, V's copy (not with pv_registers, whose
                         P @ V loads V from the slot) and its scores' wgmma (c0: its offset, if already computed)."""
@@ -2654,7 +2765,21 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         chunk_from(c, plgpu.load(kv_smem.at[slot, :, pl.ds(c0, 64)], layout=ld_layout), c0)
 
                     with jax.named_scope("dequant"):
-                        if load_ahead:  # each chunk's values loaded a chunk ahead of its conversion
+                        if wide_ring:  # (the pairs: each loaded while the pair before is converted)
+                            rope_raw = plgpu.load(kv_rope.at[slot], layout=ld_layout)
+                            first = raw_pair(0)
+                            rope = rope_operand(rope_raw, kv_start, masked)
+                            rope_scores(s_ref, rope)
+
+                            def pair(i, x):  # chunks 2 i, 2 i + 1 from x, pair i's values; pair i + 1's loaded
+                                # between them (i = 3: pair 3 again, unused)
+                                chunk_from(2 * i, x[:, :64])
+                                nxt = raw_pair(jnp.minimum(i + 1, KV_LORA_RANK // 128 - 1))
+                                chunk_from(2 * i + 1, x[:, 64:])
+                                return nxt
+
+                            lax.fori_loop(0, KV_LORA_RANK // 128, pair, first)
+                        elif load_ahead:  # each chunk's values loaded a chunk ahead of its conversion
                             rope_raw = raw(KV_LORA_RANK // 64)
                             first = raw(0)
                             rope = rope_operand(rope_raw, kv_start, masked)
@@ -2825,7 +2950,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         union = plgpu.RefUnion(
             (plgpu.SMEM((1, q_parts * q_rows, HEAD_DIM), jnp.float8_e4m3fn, transforms=FP8_RING_TILES) if q_parts else
              plgpu.SMEM((q_rows, HEAD_DIM), dtype, transforms=transforms),
-             plgpu.SMEM((half_slots, block_kv, HEAD_DIM), jnp.float8_e4m3fn, transforms=FP8_RING_TILES),
+             *((plgpu.SMEM((half_slots, block_kv, KV_LORA_RANK), jnp.float8_e4m3fn, transforms=wide_ring_tiles()),
+                plgpu.SMEM((half_slots, block_kv, QK_ROPE_HEAD_DIM), jnp.float8_e4m3fn, transforms=FP8_RING_TILES))
+               if wide_ring else
+               (plgpu.SMEM((half_slots, block_kv, HEAD_DIM), jnp.float8_e4m3fn, transforms=FP8_RING_TILES),)),
              *([] if pv_registers else
                [plgpu.SMEM((NUM_COMPUTE_WGS, block_kv, KV_LORA_RANK),
                            dtype, transforms=f16_tiles)])),
@@ -2855,7 +2983,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # q_parts: and the request's scale)
             plgpu.Barrier(),  # info_bar
             plgpu.Barrier(),  # bt_bar (warpgroup 0's chunks)
-            plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=half_slots),  # kv_ready, a slot each
+            # kv_ready, a slot each (a TMA a page; wide_ring: two, the latent's and the rope's)
+            plgpu.Barrier(num_arrivals=pages_per_step * (2 if wide_ring else 1), num_barriers=half_slots),
             plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS, num_barriers=stages),  # kv_consumed (unused)
             # sync_a: (q_bits: q converted, then) the merge's three hand-overs
             plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS),
@@ -3093,6 +3222,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         zero_tail=kv_halves and tuning.zero_tail,
         load_ahead=qk_permuted and tuning.load_ahead,
         lazy_max=kv_halves and tuning.lazy_max,
+        wide_ring=pv_registers and qk_permuted and tuning.load_ahead and tuning.wide_ring and not q_parts,
         q_parts=q_parts, q_one_acc=tuning.qk_fp8_one_acc, q_bits=q_bits,
     )
     q_in = (q, q_inv_scale) if q_parts else q

@@ -31,9 +31,9 @@ else; the SMs' intake is the TB/s reported (the slope over two iteration counts,
   3.67, pf4 3.58, flat 4.26; in the kernel, MosaicConfig.prefetch_lines, 0.95-0.97x: removed);
 * "fp8_128r_xD" (session 35): fp8_128p's boxes (the latent columns in 128-byte rows, the rope in 64-byte ones) from
   the cache's own 576-byte rows: the latent's TMA descriptor covers the first 512 columns of each row (Mosaic GPU's
-  TileTransform((8, 128), rounding=Rounding.DOWN)), which Pallas does not expose: `RoundDownTiling`, a
-  TilingTransform whose copies lower to that rounding (`_round_down_shim`). The layout a wider-box fp8 ring would
-  load; odd tokens' rows start 64 bytes into an L2 line.
+  TileTransform((8, 128), rounding=Rounding.DOWN)), which Pallas does not expose: the kernel's
+  `round_down_tiling()`, a TilingTransform whose copies lower to that rounding. The layout of the kernel's
+  MosaicConfig.wide_ring; odd tokens' rows start 64 bytes into an L2 line.
 D is the slots in flight: the 16-row fp8 kernel keeps 4 (two a warpgroup), the bf16 one 2 (the same bytes).
 fp8_64p against fp8_128p is the boxes' width alone; fp8_64 against fp8_64p the rows' pitch.
 After the last load each CTA copies its last slot back out, and the result is checked against the buffer's step
@@ -69,46 +69,6 @@ PROBES = {"fp8_64_x4": ("float8_e4m3fn", 64, 4, HEAD_DIM, False, None),
           "fp8_128r_x2": ("float8_e4m3fn", 128, 2, HEAD_DIM, False, None)}
 
 
-def _round_down_shim():
-    """(fp8_128r) RoundDownTiling: a plgpu.TilingTransform whose TMA copies tile the GMEM ref with Mosaic GPU's
-    TileTransform(tiling, rounding=Rounding.DOWN) (a descriptor of the row's first whole tiles: 512 of 576 columns).
-    Pallas maps every TilingTransform to TileTransform(tiling) (jax/_src/pallas/mosaic_gpu/core.py's
-    to_gpu_transform, read by the copy lowering at each call); this wraps that function once, for RoundDownTiling
-    alone. Made on first use (jax 0.11.2's internals)."""
-    global RoundDownTiling
-    if RoundDownTiling is not None:
-        return RoundDownTiling
-    import dataclasses
-
-    from jax import tree_util
-    from jax._src.pallas.mosaic_gpu import core as gpu_core
-    from jax.experimental.mosaic.gpu import launch_context
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-
-    @dataclasses.dataclass(frozen=True)
-    class _RoundDownTiling(plgpu.TilingTransform):
-        def undo(self, x):
-            return _RoundDownUntiling(self.tiling)
-
-    @tree_util.register_dataclass
-    @dataclasses.dataclass(frozen=True)
-    class _RoundDownUntiling(gpu_core.UntilingTransform):
-        def undo(self, x):
-            return _RoundDownTiling(self.tiling)
-
-    base = gpu_core.to_gpu_transform
-
-    def to_gpu_transform(t):
-        if isinstance(t, _RoundDownTiling):
-            return launch_context.TileTransform(t.tiling, rounding=launch_context.Rounding.DOWN)
-        return base(t)
-
-    gpu_core.to_gpu_transform = to_gpu_transform
-    RoundDownTiling = _RoundDownTiling
-    return RoundDownTiling
-
-
-RoundDownTiling = None
 
 
 def step_bytes(probe: str) -> int:
@@ -131,7 +91,8 @@ def build(probe: str, iters: int, num_ctas: int):
     dtype = jnp.dtype(dtype_name)
     tiles = lambda cols, swizzle: (plgpu.TilingTransform((8, cols)), plgpu.SwizzleTransform(swizzle))
     if row_bytes == 128 and dtype.itemsize == 1 and pitch % 128:  # (fp8_128r: the latent's descriptor rounded down)
-        tiles_128 = (_round_down_shim()((8, 128)), plgpu.SwizzleTransform(128))
+        from mla_jax.pallas_mosaic_gpu import wide_ring_tiles
+        tiles_128 = wide_ring_tiles()
     else:
         tiles_128 = tiles(128, 128)
     # the slots: one [depth, 64, 576] ring, or (fp8_128) the latent columns and the rope columns apart (576 is not a
