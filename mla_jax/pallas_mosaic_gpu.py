@@ -1618,10 +1618,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         # the registers' layout of an fp8 chunk: WGMMA (2 fp8 values a thread and load) or WGMMA_8BIT (4)
         deq_layout = plgpu.Layout.WGMMA_8BIT if dequant_layout == "wgmma_8bit" else plgpu.Layout.WGMMA
 
-        def rows_below(valid, layout=None):
-            """[block_kv, 64] in `layout` (default deq_layout): row < valid (the rows of a step kept by its
+        def rows_below(valid, layout=None, cols: int = 64):
+            """[block_kv, cols] in `layout` (default deq_layout): row < valid (the rows of a step kept by its
             dequantization)."""
-            return plgpu.broadcasted_iota(jnp.int32, (block_kv, 64), 0, layout=layout or deq_layout) < valid
+            return plgpu.broadcasted_iota(jnp.int32, (block_kv, cols), 0, layout=layout or deq_layout) < valid
 
         def convert_chunk(slot, c, keep=None, dst=None):
             """Chunk c (columns [64 c, 64 c + 64)) of the fp8 step in ring slot `slot` -> the dequantized step
@@ -2611,15 +2611,18 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 masked and stored back; then a warpgroup barrier (each thread reads the others' rows after)."""
                 with jax.named_scope("zero_tail"):
                     # (Mosaic GPU has no select on 8-bit values, only bitwise operations: an AND with a byte mask)
-                    ones = jnp.where(rows_below(valid, ld_layout), jnp.int32(-1), jnp.int32(0)).astype(jnp.int8)
+                    def byte_mask(cols):
+                        return jnp.where(rows_below(valid, ld_layout, cols), jnp.int32(-1),
+                                         jnp.int32(0)).astype(jnp.int8)
+
+                    ones = byte_mask(64)
 
                     def zero(ref, ones, tiles):
                         x = lax.bitcast_convert_type(plgpu.load(ref, layout=ld_layout), jnp.int8) & ones
                         store_tiled(ref, lax.bitcast_convert_type(x, jnp.float8_e4m3fn), ld_layout, tiles)
 
                     if wide_ring:  # (the latent's 4 pairs of chunks, then the rope's slot)
-                        ones2 = jnp.where(plgpu.broadcasted_iota(jnp.int32, (block_kv, 128), 0, layout=ld_layout)
-                                          < valid, jnp.int32(-1), jnp.int32(0)).astype(jnp.int8)
+                        ones2 = byte_mask(128)
 
                         @pl.loop(0, KV_LORA_RANK // 128)
                         def _(p):
@@ -2731,15 +2734,14 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 keep = rows_below(kv_len - kv_start, ld_layout) if masked else None
 
                 def qk(s_ref):
-                    def offset(c):
-                        return c * 64 if isinstance(c, int) else pl.multiple_of(c * 64, 64)
+                    def offset(c, width: int = 64):  # (the column where chunk c starts; of pair c: width 128)
+                        return c * width if isinstance(c, int) else pl.multiple_of(c * width, width)
 
                     def raw(c):  # chunk c's fp8 values, unconverted
                         return plgpu.load(kv_smem.at[slot, :, pl.ds(offset(c), 64)], layout=ld_layout)
 
                     def raw_pair(i):  # (wide_ring) chunks 2 i and 2 i + 1's fp8 values, [64, 128], unconverted
-                        start = i * 128 if isinstance(i, int) else pl.multiple_of(i * 128, 128)
-                        return plgpu.load(kv_smem.at[slot, :, pl.ds(start, 128)], layout=ld_layout)
+                        return plgpu.load(kv_smem.at[slot, :, pl.ds(offset(i, 128), 128)], layout=ld_layout)
 
                     def chunk_from(c, x, c0=None):
                         """Chunk c's conversion from its loaded values x, V's copy (not with pv_registers, whose
@@ -3200,6 +3202,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     # as with a bf16 -> f16 conversion there)
     qk_permuted = kv_halves and tuning.qk_registers and tuning.qk_permuted and not interpret and not q_parts
     pv_registers = (qk_permuted or (kv_halves and q_parts and not interpret)) and tuning.pv_registers
+    load_ahead = qk_permuted and tuning.load_ahead
     if qk_permuted and not q_bits:  # (the scores' wgmmas see K's columns permuted: q's the same way; fused with q's
         # f16 conversion; q_bits: in the kernel's conversion)
         q = q[..., QK_PERM]
@@ -3220,9 +3223,9 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         sums_at_end=kv_halves and tuning.sums_at_end,
         qk_permuted=qk_permuted, pv_registers=pv_registers, pv_wait=tuning.pv_wait,
         zero_tail=kv_halves and tuning.zero_tail,
-        load_ahead=qk_permuted and tuning.load_ahead,
+        load_ahead=load_ahead,
         lazy_max=kv_halves and tuning.lazy_max,
-        wide_ring=pv_registers and qk_permuted and tuning.load_ahead and tuning.wide_ring and not q_parts,
+        wide_ring=pv_registers and load_ahead and tuning.wide_ring,  # (qk_permuted: no q_parts)
         q_parts=q_parts, q_one_acc=tuning.qk_fp8_one_acc, q_bits=q_bits,
     )
     q_in = (q, q_inv_scale) if q_parts else q

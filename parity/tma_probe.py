@@ -67,8 +67,7 @@ PROBES = {"fp8_64_x4": ("float8_e4m3fn", 64, 4, HEAD_DIM, False, None),
           "fp8_64_pf0_x2": ("float8_e4m3fn", 64, 2, HEAD_DIM, False, 0),
           "fp8_128r_x4": ("float8_e4m3fn", 128, 4, HEAD_DIM, False, None),
           "fp8_128r_x2": ("float8_e4m3fn", 128, 2, HEAD_DIM, False, None)}
-
-
+FLAT_STEP_ROWS = BLOCK_KV * HEAD_DIM // FLAT  # a 64-row step's rows of the flat view: 288
 
 
 def step_bytes(probe: str) -> int:
@@ -87,11 +86,12 @@ def build(probe: str, iters: int, num_ctas: int):
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
+    from mla_jax.pallas_mosaic_gpu import prefetch_to_l2, wide_ring_tiles
+
     dtype_name, row_bytes, depth, pitch, _, ahead = PROBES[probe]
     dtype = jnp.dtype(dtype_name)
     tiles = lambda cols, swizzle: (plgpu.TilingTransform((8, cols)), plgpu.SwizzleTransform(swizzle))
     if row_bytes == 128 and dtype.itemsize == 1 and pitch % 128:  # (fp8_128r: the latent's descriptor rounded down)
-        from mla_jax.pallas_mosaic_gpu import wide_ring_tiles
         tiles_128 = wide_ring_tiles()
     else:
         tiles_128 = tiles(128, 128)
@@ -103,8 +103,6 @@ def build(probe: str, iters: int, num_ctas: int):
         parts = [(0, HEAD_DIM, tiles(64, 64))]
     else:
         parts = [(0, KV_LORA_RANK, tiles_128), (KV_LORA_RANK, HEAD_DIM - KV_LORA_RANK, tiles(64, 64))]
-
-    step_rows = BLOCK_KV * HEAD_DIM // FLAT  # (prefetch: a step's rows of the flat view, 288)
 
     def body(*refs):
         if ahead is None:
@@ -118,10 +116,9 @@ def build(probe: str, iters: int, num_ctas: int):
         def step(i, carry):
             pl.when(i >= depth)(lambda: plgpu.barrier_wait(bar.at[lax.rem(i, depth)]))
             blk = lax.rem(cta + i * num_ctas, blocks)
-            if ahead is not None:  # (the step `ahead` iterations on: its 288 flat rows, 2 boxes)
-                first = pl.multiple_of(lax.rem(cta + (i + ahead) * num_ctas, blocks) * step_rows, 32)
-                for r0, nr in ((0, 256), (256, step_rows - 256)):
-                    plgpu.async_prefetch(flat_ref.at[pl.ds(first + r0, nr)])
+            if ahead is not None:  # (the step `ahead` iterations on: its 288 flat rows, in boxes of 256 rows at most)
+                first = pl.multiple_of(lax.rem(cta + (i + ahead) * num_ctas, blocks) * FLAT_STEP_ROWS, 32)
+                prefetch_to_l2(flat_ref.at[pl.ds(first, FLAT_STEP_ROWS)])
             src = big_ref.at[pl.ds(pl.multiple_of(blk * BLOCK_KV, BLOCK_KV), BLOCK_KV)]
             for (c0, nc, _), slot in zip(parts, slots):
                 plgpu.copy_gmem_to_smem(src.at[:, pl.ds(c0, nc)], slot.at[lax.rem(i, depth)],
@@ -165,7 +162,7 @@ def _build_flat(probe: str, iters: int, num_ctas: int):
 
     dtype_name, _, depth, _, _, _ = PROBES[probe]
     dtype = jnp.dtype(dtype_name)
-    step_rows = BLOCK_KV * HEAD_DIM // FLAT  # 288
+    step_rows = FLAT_STEP_ROWS
     boxes = ((0, 256), (256, step_rows - 256))
 
     def body(flat_ref, out_ref, slots, bar):
