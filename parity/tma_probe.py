@@ -34,6 +34,10 @@ else; the SMs' intake is the TB/s reported (the slope over two iteration counts,
   TileTransform((8, 128), rounding=Rounding.DOWN)), which Pallas does not expose: the kernel's
   `round_down_tiling()`, a TilingTransform whose copies lower to that rounding. The layout of the kernel's
   MosaicConfig.wide_ring; odd tokens' rows start 64 bytes into an L2 line.
+* "fp8_pair_xD" (session 36): the cache's rows two tokens a row, a free reshape to [rows / 2, 1152] (1152 bytes:
+  9 L2 lines), a 64-row step its 32 pair rows in one copy of 8 x 128 tiles with a 128-byte swizzle (Mosaic GPU
+  issues it as 9 boxes of [32, 128]): every box row a whole line, the bf16 ring's boxes and pitch (bf16_128) at half
+  the rows. A ring of this layout would hold token 2 p + h's column c at pair row p, byte 576 h + c.
 D is the slots in flight: the 16-row fp8 kernel keeps 4 (two a warpgroup), the bf16 one 2 (the same bytes).
 fp8_64p against fp8_128p is the boxes' width alone; fp8_64 against fp8_64p the rows' pitch.
 After the last load each CTA copies its last slot back out, and the result is checked against the buffer's step
@@ -52,21 +56,24 @@ BLOCK_KV, HEAD_DIM, KV_LORA_RANK = 64, 576, 512
 HBM_ROWS = 1 << 20  # the large buffer's rows
 PADDED = 640  # the padded buffers' row (a multiple of 128 columns)
 FLAT = 128  # (fp8_flat) the flat view's row, in fp8 values
-# probe -> (dtype name, box row bytes, slots in flight, the buffer's row in elements, flat: the step loaded as rows
-# of the flat view, prefetch: how many iterations ahead each step is prefetched into the L2 (None: not))
-PROBES = {"fp8_64_x4": ("float8_e4m3fn", 64, 4, HEAD_DIM, False, None),
-          "fp8_64p_x4": ("float8_e4m3fn", 64, 4, PADDED, False, None),
-          "fp8_128p_x4": ("float8_e4m3fn", 128, 4, PADDED, False, None),
-          "fp8_flat_x4": ("float8_e4m3fn", 128, 4, HEAD_DIM, True, None),
-          "fp8_64p_x2": ("float8_e4m3fn", 64, 2, PADDED, False, None),
-          "fp8_128p_x2": ("float8_e4m3fn", 128, 2, PADDED, False, None),
-          "fp8_flat_x2": ("float8_e4m3fn", 128, 2, HEAD_DIM, True, None),
-          "bf16_128_x2": ("bfloat16", 128, 2, HEAD_DIM, False, None),
-          "fp8_64_pf0_x4": ("float8_e4m3fn", 64, 4, HEAD_DIM, False, 0),
-          "fp8_64_pf4_x4": ("float8_e4m3fn", 64, 4, HEAD_DIM, False, 4),
-          "fp8_64_pf0_x2": ("float8_e4m3fn", 64, 2, HEAD_DIM, False, 0),
-          "fp8_128r_x4": ("float8_e4m3fn", 128, 4, HEAD_DIM, False, None),
-          "fp8_128r_x2": ("float8_e4m3fn", 128, 2, HEAD_DIM, False, None)}
+# probe -> (dtype name, box row bytes, slots in flight, the buffer's row in elements, view: the step loaded as rows of
+# the cache's view [rows x 576 / view, view] (0: the cache's own rows; fp8_flat's 128, fp8_pair's 1152), prefetch: how many iterations ahead each step is prefetched into the L2 (None: not))
+PAIR = 2 * HEAD_DIM  # (fp8_pair) the pair view's row: two tokens
+PROBES = {"fp8_64_x4": ("float8_e4m3fn", 64, 4, HEAD_DIM, 0, None),
+          "fp8_64p_x4": ("float8_e4m3fn", 64, 4, PADDED, 0, None),
+          "fp8_128p_x4": ("float8_e4m3fn", 128, 4, PADDED, 0, None),
+          "fp8_flat_x4": ("float8_e4m3fn", 128, 4, HEAD_DIM, FLAT, None),
+          "fp8_64p_x2": ("float8_e4m3fn", 64, 2, PADDED, 0, None),
+          "fp8_128p_x2": ("float8_e4m3fn", 128, 2, PADDED, 0, None),
+          "fp8_flat_x2": ("float8_e4m3fn", 128, 2, HEAD_DIM, FLAT, None),
+          "bf16_128_x2": ("bfloat16", 128, 2, HEAD_DIM, 0, None),
+          "fp8_64_pf0_x4": ("float8_e4m3fn", 64, 4, HEAD_DIM, 0, 0),
+          "fp8_64_pf4_x4": ("float8_e4m3fn", 64, 4, HEAD_DIM, 0, 4),
+          "fp8_64_pf0_x2": ("float8_e4m3fn", 64, 2, HEAD_DIM, 0, 0),
+          "fp8_128r_x4": ("float8_e4m3fn", 128, 4, HEAD_DIM, 0, None),
+          "fp8_128r_x2": ("float8_e4m3fn", 128, 2, HEAD_DIM, 0, None),
+          "fp8_pair_x4": ("float8_e4m3fn", 128, 4, HEAD_DIM, PAIR, None),
+          "fp8_pair_x2": ("float8_e4m3fn", 128, 2, HEAD_DIM, PAIR, None)}
 FLAT_STEP_ROWS = BLOCK_KV * HEAD_DIM // FLAT  # a 64-row step's rows of the flat view: 288
 
 
@@ -151,19 +158,20 @@ def build(probe: str, iters: int, num_ctas: int):
 
 
 def _build_flat(probe: str, iters: int, num_ctas: int):
-    """(fp8_flat) The probe's jitted kernel on the cache-shaped buffer [rows, 576], which it reshapes (free) to the
-    flat view [rows x 4.5, 128]; each step's 288 flat rows in two TMAs ([256, 128] and [32, 128]: a box has at most
-    256 rows); the last step each CTA loaded back out, [num_ctas, 64, 576]."""
+    """(fp8_flat, fp8_pair) The probe's jitted kernel on the cache-shaped buffer [rows, 576], which it reshapes (free)
+    to its view [rows x 576 / view, view]: fp8_flat's [rows x 4.5, 128], each step's 288 flat rows in two TMAs
+    ([256, 128] and [32, 128]: a box has at most 256 rows); fp8_pair's [rows / 2, 1152], each step's 32 pair rows in
+    one; the last step each CTA loaded back out, [num_ctas, 64, 576]."""
     import jax
     import jax.numpy as jnp
     from jax import lax
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    dtype_name, _, depth, _, _, _ = PROBES[probe]
+    dtype_name, _, depth, _, view, _ = PROBES[probe]
     dtype = jnp.dtype(dtype_name)
-    step_rows = FLAT_STEP_ROWS
-    boxes = ((0, 256), (256, step_rows - 256))
+    step_rows = BLOCK_KV * HEAD_DIM // view
+    boxes = tuple((r0, min(256, step_rows - r0)) for r0 in range(0, step_rows, 256))
 
     def body(flat_ref, out_ref, slots, bar):
         cta = lax.axis_index("cta")
@@ -172,7 +180,7 @@ def _build_flat(probe: str, iters: int, num_ctas: int):
         def step(i, carry):
             pl.when(i >= depth)(lambda: plgpu.barrier_wait(bar.at[lax.rem(i, depth)]))
             blk = lax.rem(cta + i * num_ctas, blocks)
-            first = pl.multiple_of(blk * step_rows, 32)
+            first = pl.multiple_of(blk * step_rows, 32)  # (both views' steps: multiples of 32 rows)
             for r0, nr in boxes:
                 plgpu.copy_gmem_to_smem(flat_ref.at[pl.ds(first + r0, nr)],
                                         slots.at[lax.rem(i, depth), pl.ds(r0, nr)], bar.at[lax.rem(i, depth)])
@@ -186,9 +194,9 @@ def _build_flat(probe: str, iters: int, num_ctas: int):
 
     kernel = plgpu.kernel(
         body,
-        out_type=jax.ShapeDtypeStruct((num_ctas, step_rows, FLAT), dtype),
-        scratch_types=[plgpu.SMEM((depth, step_rows, FLAT), dtype,
-                                  transforms=(plgpu.TilingTransform((8, FLAT)), plgpu.SwizzleTransform(128))),
+        out_type=jax.ShapeDtypeStruct((num_ctas, step_rows, view), dtype),
+        scratch_types=[plgpu.SMEM((depth, step_rows, view), dtype,
+                                  transforms=(plgpu.TilingTransform((8, 128)), plgpu.SwizzleTransform(128))),
                        plgpu.Barrier(num_arrivals=len(boxes), num_barriers=depth)],
         grid=(num_ctas,),
         grid_names=("cta",),
@@ -198,7 +206,7 @@ def _build_flat(probe: str, iters: int, num_ctas: int):
     )
 
     def run(big):
-        out = kernel(big.reshape(big.shape[0] * HEAD_DIM // FLAT, FLAT))
+        out = kernel(big.reshape(big.shape[0] * HEAD_DIM // view, view))
         return out.reshape(num_ctas, BLOCK_KV, HEAD_DIM)
 
     return jax.jit(run)
@@ -241,7 +249,7 @@ def main(argv=None) -> int:
         us, t_lo, t_hi = slope_time(f_lo, f_hi, (big,), lo, hi, args.reps)
         tb_s = args.ctas * step_bytes(name) / us * 1e-6
         rows.append(dict(probe=name, dtype=PROBES[name][0], box_row_bytes=PROBES[name][1], depth=PROBES[name][2],
-                         pitch=PROBES[name][3], flat=PROBES[name][4], prefetch_ahead=PROBES[name][5],
+                         pitch=PROBES[name][3], view=PROBES[name][4], prefetch_ahead=PROBES[name][5],
                          us_per_step=us, sm_ingress_tb_per_s=tb_s, exact=exact, t_lo_ms=t_lo * 1e3,
                          t_hi_ms=t_hi * 1e3, iters=[lo, hi], ctas=args.ctas))
         del big

@@ -33,13 +33,16 @@ def test_interpreted_probe_copies_the_step_back(name):
 
 def test_the_probes_differ_as_named():
     """fp8_64p and fp8_128p load the same bytes from the same buffer, in boxes of 64- and 128-byte rows; fp8_64 and
-    fp8_flat from a buffer shaped as the cache (576-byte rows), in boxes of 64- and 128-byte rows."""
+    fp8_flat from a buffer shaped as the cache (576-byte rows), in boxes of 64- and 128-byte rows; fp8_pair from its
+    view of two tokens a row."""
     assert probe.PROBES["fp8_64p_x4"][3] == probe.PROBES["fp8_128p_x4"][3] == probe.PADDED
     assert (probe.PROBES["fp8_64p_x4"][1], probe.PROBES["fp8_128p_x4"][1]) == (64, 128)
     assert probe.PROBES["fp8_64_x4"][3] == probe.PROBES["fp8_flat_x4"][3] == probe.HEAD_DIM
     assert probe.PROBES["fp8_flat_x4"][4] and not probe.PROBES["fp8_64_x4"][4]
     assert probe.PROBES["fp8_64_pf0_x4"][:5] == probe.PROBES["fp8_64_x4"][:5] and probe.PROBES["fp8_64_x4"][5] is None
     assert probe.PROBES["fp8_128r_x4"][1:4] == (128, 4, probe.HEAD_DIM)  # (128-byte boxes from the cache's rows)
+    # (fp8_pair: two tokens a row of 1152 bytes, the bf16 ring's row in bytes)
+    assert probe.PROBES["fp8_pair_x4"][3:5] == (probe.HEAD_DIM, 2 * probe.HEAD_DIM) == (576, 1152)
     assert probe.step_bytes("fp8_64_x4") * 2 == probe.step_bytes("bf16_128_x2") == 64 * 576 * 2
 
 
