@@ -436,6 +436,117 @@ def _load_vt_fp8_words(ref, col_half: int = 0):
     return mgpu.FragmentedArray(_registers=regs, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
 
 
+# (MosaicConfig.pair_ring) the fp8 cache seen two tokens a row, [N, P / 2, 1152] (a free reshape): a slot's 32 pair
+# rows in 8 x 128 tiles with a 128-byte swizzle, token 2 p + h's column c at pair row p, column 576 h + c. Each
+# step's TMA then brings whole 128-byte lines (the bf16 ring's boxes and 1152-byte pitch at half the rows; the
+# default fp8 ring's 64-byte box rows take half lines). The kernel's own ldmatrix addresses read a chunk's tokens
+# in their order (the scores' K, V^T, the tail's zeroing), so every sum runs as the default's.
+PAIR_COLS = 2 * HEAD_DIM
+PAIR_TILES = (plgpu.TilingTransform((8, 128)), plgpu.SwizzleTransform(128))
+
+
+def _pair_offset(tok, col, row_tile_stride, ops=None):
+    """(pair_ring) the byte offset of token tok's 16 bytes at column col (a multiple of 16) in a window of a pair
+    slot (the tiled memref [pair rows / 8, tile columns, 8, 128]: row_tile_stride its first stride, tile columns
+    1024 bytes apart): pair row p = tok // 2, column b = 576 (tok % 2) + col, the 128-byte swizzle's unit
+    ((b // 16) % 8) ^ (p % 8) (Mosaic GPU's, as the TMA writes it). Python ints with _IntOps, the default."""
+    ops = _IntOps if ops is None else ops
+    p = ops.shr(tok, 1)
+    b = ops.add(ops.mul(ops.band(tok, 1), HEAD_DIM), col)
+    unit = ops.xor(ops.band(ops.shr(b, 4), 7), ops.band(p, 7))
+    return ops.add(ops.add(ops.mul(ops.shr(p, 3), row_tile_stride), ops.shl(ops.shr(b, 7), 10)),
+                   ops.add(ops.shl(ops.band(p, 7), 7), ops.shl(unit, 4)))
+
+
+def _k_pair_lane_offset(tid, parity: int, call: int, row_tile_stride, ops=None):
+    """(pair_ring) thread tid's ldmatrix (not transposed) line address for the scores' K chunk c = 2 i + parity in
+    its window (from tile column i): lane 8 mm + rr gives line rr of matrix mm, register [0, 2 call + mm // 2, 0, 0,
+    mm % 2] of the WGMMA_8BIT layout (a thread's word: line lane // 4, bytes 4 (lane % 4) .. + 3): token 16 warp +
+    8 (mm % 2) + rr, the chunk's columns 16 (2 call + mm // 2) .. + 16."""
+    ops = _IntOps if ops is None else ops
+    lane, wp = ops.rem(tid, 32), ops.rem(ops.div(tid, 32), 4)
+    mm, rr = ops.shr(lane, 3), ops.band(lane, 7)
+    tok = ops.add(ops.add(ops.shl(wp, 4), ops.shl(ops.band(mm, 1), 3)), rr)
+    col = ops.add(64 * parity + 32 * call, ops.shl(ops.shr(mm, 1), 4))
+    return _pair_offset(tok, col, row_tile_stride, ops)
+
+
+def _vt_pair_lane_offset(tid, parity: int, row_tile_stride, ops=None):
+    """(pair_ring) thread tid's ldmatrix.trans line address for V^T's chunk c = 2 i + parity in its window, keys 0 ..
+    31 (keys 32 .. 63: 2 row_tile_stride on): lane 8 m + rr gives line rr of matrix m, key 8 m + rr, the chunk's
+    columns [16 w, 16 w + 16) (w: the warp), as _vt_lane_offset's."""
+    ops = _IntOps if ops is None else ops
+    lane, wp = ops.rem(tid, 32), ops.rem(ops.div(tid, 32), 4)
+    return _pair_offset(lane, ops.add(64 * parity, ops.shl(wp, 4)), row_tile_stride, ops)
+
+
+def _pair_window(ref, parity: int):
+    """(pair_ring) a window's (the i32 constant maker, pointer, strides), checked: the tiled memref [4, 5 + parity,
+    8, 128] of fp8 (chunk 2 i + parity's tokens reach into tile column 4 + parity, 5 for the odd ones)."""
+    i32 = ir.IntegerType.get_signless(32)
+    ty = ir.MemRefType(ref.type)
+    strides, _ = ty.get_strides_and_offset()
+    if list(ty.shape) != [4, 5 + parity, 8, 128] or list(strides[1:]) != [1024, 128, 1]:
+        raise NotImplementedError(f"a pair_ring chunk needs a [32, {640 + 128 * parity}] window of a pair slot "
+                                  f"tiled (8, 128), got {ty}")
+    return (lambda v: arith.constant(i32, v)), mgpu.utils.memref_ptr(ref), strides
+
+
+def _load_k_pair_fp8(ref, parity: int):
+    """(pair_ring; inside inline Mosaic GPU) ref: chunk 2 i + parity's window of a pair slot (_pair_window) -> the
+    chunk [64 tokens, 64 columns] fp8 in the WGMMA_8BIT layout, as plgpu.load gives the default slot's: two
+    ldmatrix.x4 (16-bit lines) a thread (_k_pair_lane_offset)."""
+    i32, i8 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(8)
+    c, ptr, strides = _pair_window(ref, parity)
+    regs = np.empty(mgpu.WGMMA_LAYOUT_8BIT.registers_shape((64, 64)), dtype=object)
+    if regs.size != 8:
+        raise NotImplementedError(f"a [64, 64] WGMMA_8BIT array has {regs.size} registers a thread, not 8")
+    f8x4 = ir.VectorType.get((4,), ir.Float8E4M3FNType.get())
+    tid = mgpu.utils.thread_idx()
+    for call in range(2):
+        off = _k_pair_lane_offset(tid, parity, call, strides[0], _ArithOps)
+        words = nvvm.ldmatrix(mgpu.utils.getelementptr(ptr, [off], i8), layout=nvvm.MMALayout.row, num=4,
+                              shape=ir.Attribute.parse("#nvvm.ld_st_matrix_shape<m=8, n=8>"),
+                              elt_type=nvvm.LdStMatrixEltType.B16)
+        for mm in range(4):
+            regs.flat[4 * call + mm] = mgpu.utils.bitcast(llvm.extractvalue(i32, words, [mm]), f8x4)
+    return mgpu.FragmentedArray(_registers=regs, _layout=mgpu.WGMMA_LAYOUT_8BIT, _is_signed=None)
+
+
+def _store_k_pair_fp8(fa, ref, parity: int):
+    """(pair_ring; inside inline Mosaic GPU) _load_k_pair_fp8's inverse: the chunk's registers back to its window,
+    two stmatrix.x4 a thread at the same addresses."""
+    i32, i8 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(8)
+    c, ptr, strides = _pair_window(ref, parity)
+    if fa.layout != mgpu.WGMMA_LAYOUT_8BIT or fa.registers.size != 8:
+        raise NotImplementedError(f"_store_k_pair_fp8 needs a [64, 64] WGMMA_8BIT array, got {fa.layout}")
+    tid = mgpu.utils.thread_idx()
+    for call in range(2):
+        off = _k_pair_lane_offset(tid, parity, call, strides[0], _ArithOps)
+        words = [mgpu.utils.bitcast(fa.registers.flat[4 * call + mm], i32) for mm in range(4)]
+        nvvm.stmatrix(mgpu.utils.getelementptr(ptr, [off], i8), words, layout=nvvm.MMALayout.row,
+                      shape=ir.Attribute.parse("#nvvm.ld_st_matrix_shape<m=8, n=8>"),
+                      elt_type=nvvm.LdStMatrixEltType.B16)
+
+
+def _load_vt_pair_words(ref, parity: int):
+    """(pair_ring, load_ahead; inside inline Mosaic GPU) _load_vt_fp8_words from chunk 2 i + parity's window of a
+    pair slot (_vt_pair_lane_offset's addresses): the same words, in the same order."""
+    i32, f16, i8 = ir.IntegerType.get_signless(32), ir.F16Type.get(), ir.IntegerType.get_signless(8)
+    c, ptr, strides = _pair_window(ref, parity)
+    base = _vt_pair_lane_offset(mgpu.utils.thread_idx(), parity, strides[0], _ArithOps)
+    regs = np.empty(mgpu.WGMMA_LAYOUT.registers_shape((64, 32)), dtype=object)
+    for half in range(2):
+        p = mgpu.utils.getelementptr(ptr, [arith.addi(base, c(2 * half * strides[0]))], i8)
+        words = nvvm.ldmatrix(p, layout=nvvm.MMALayout.col, num=4,
+                              shape=ir.Attribute.parse("#nvvm.ld_st_matrix_shape<m=8, n=8>"),
+                              elt_type=nvvm.LdStMatrixEltType.B16)
+        for mm in range(4):
+            regs.flat[4 * half + mm] = mgpu.utils.bitcast(llvm.extractvalue(i32, words, [mm]),
+                                                          ir.VectorType.get((2,), f16))
+    return mgpu.FragmentedArray(_registers=regs, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
+
+
 def _convert_vt_word(regs, half: int, mm: int, word, bits: bool):
     """(pv_registers) one ldmatrix.trans word (i32; matrix mm of the key half `half`) -> V^T's WGMMA-layout registers
     [0, 4 half + mm, 0, 0, h, ...] for h = 0, 1 (_load_vt_fp8's layout): a prmt and two cvts (bits: fp8_convert=
@@ -935,6 +1046,14 @@ class MosaicConfig:
         are loaded a pair (128 columns) at a time and split in registers; V^T's ldmatrix addresses follow the
         128-byte swizzle (_vt_fp8_address); zero_tail zeroes the pairs and the rope slot. The same values in the same
         order: bitwise the default (to be checked compiled).
+    pair_ring: (where load_ahead runs with pv_registers, pages of a multiple of 16 rows; compiled; elsewhere no
+        effect; opt-in, session 36) the fp8 cache seen two tokens a row ([N, P / 2, 1152], a free reshape), the ring's
+        slot 32 pair rows in 8 x 128 tiles with a 128-byte swizzle (PAIR_TILES): each step's TMA brings whole
+        128-byte lines from rows 1152 bytes apart, the bf16 ring's boxes and pitch at half the rows (wide_ring's
+        odd tokens start mid-line), with no shim. The scores' K chunks, V^T and zero_tail's zeroing read and write
+        the slot by the kernel's own ldmatrix / stmatrix addresses (_pair_offset: token 2 p + h's column c at pair row
+        p, column 576 h + c; no bank conflict), each chunk's tokens in their order: the same sums in the same order,
+        bitwise the default (to be checked compiled).
     qk_fp8: (fp8 cache: kv_halves, and the plain scores' fused conversion, below; elsewhere no effect; opt-in: on the
         H200 (session 29) it fails the lse tolerance, 2.6e-3 to 8.5e-3 absolute against 2e-3, ~1e-3 of the scores:
         Hopper's e4m3 accumulation; not timed) the scores on the tensor cores' e4m3 path: S^T = K Q^T with K straight from the fp8 ring slot (the
@@ -1018,6 +1137,7 @@ class MosaicConfig:
     lazy_max: bool = False
     q_in_kernel: bool = False
     wide_ring: bool = False
+    pair_ring: bool = False
     qk_fp8: bool = False
     qk_fp8_one_acc: bool = True
     pdl: bool = False
@@ -1030,7 +1150,8 @@ class MosaicConfig:
         for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
                      "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast", "deferred_pv", "split_ring",
                      "part_wait", "kv_halves", "qk_registers", "sums_at_end", "qk_permuted", "pv_registers",
-                     "zero_tail", "load_ahead", "lazy_max", "q_in_kernel", "wide_ring", "qk_fp8", "qk_fp8_one_acc"):
+                     "zero_tail", "load_ahead", "lazy_max", "q_in_kernel", "wide_ring", "pair_ring", "qk_fp8",
+                     "qk_fp8_one_acc"):
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
@@ -1343,7 +1464,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   kv_halves: bool = False, qk_registers: bool = False, sums_at_end: bool = False,
                   qk_permuted: bool = False, pv_registers: bool = False, pv_wait: int = 4, zero_tail: bool = False,
                   load_ahead: bool = False, q_parts: int = 0, q_one_acc: bool = True, q_bits: bool = False,
-                  lazy_max: bool = False, wide_ring: bool = False, out_dtype=None, interpret: bool = False):
+                  lazy_max: bool = False, wide_ring: bool = False, pair_ring: bool = False, out_dtype=None,
+                  interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile), the last axis the fastest (heads_fastest: reversed, the head
@@ -1369,6 +1491,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     parts 16x apart, step Q_FP8_STEP).
     lazy_max: MosaicConfig's (kv_halves only).
     wide_ring: MosaicConfig's (with load_ahead and pv_registers, compiled; no q_parts).
+    pair_ring: MosaicConfig's (the same; pages of a multiple of 16 rows): kv_cache comes as [N, P / 2, 1152].
     q_bits: (MosaicConfig.q_in_kernel: an fp8 cache, compiled) q [T, heads, 576] is bfloat16, unpermuted: its TMA
     writes a bfloat16 view of q's tile, which the warpgroups reading q convert to f16 in place (qk_permuted: in
     QK_PERM's column order) before their first wgmma.
@@ -1422,6 +1545,13 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         raise ValueError(f"wide_ring loads the scores' K chunks in pairs on load_ahead's path and V^T by pv_registers's "
                          f"ldmatrix (compiled): it needs load_ahead=True, pv_registers=True, q_parts=0 and "
                          f"interpret=False, got {load_ahead=}, {pv_registers=}, {q_parts=}, {interpret=}")
+    if pair_ring and not (load_ahead and pv_registers and not q_parts and not interpret and not wide_ring
+                          and page_size % 16 == 0):
+        raise ValueError(f"pair_ring reads the scores' K chunks on load_ahead's path and V^T by pv_registers's "
+                         f"ldmatrix (compiled) from slots of pair rows, a page a multiple of 8 of them: it needs "
+                         f"load_ahead=True, pv_registers=True, q_parts=0, interpret=False, wide_ring=False and a "
+                         f"page_size multiple of 16, got {load_ahead=}, {pv_registers=}, {q_parts=}, {interpret=}, "
+                         f"{wide_ring=}, {page_size=}")
     if load_ahead and not (qk_permuted and not interpret):
         raise ValueError(f"load_ahead loads qk_permuted's chunks (and pv_registers's) a chunk ahead (compiled): it "
                          f"needs qk_permuted=True and interpret=False, got {qk_permuted=}, {interpret=}")
@@ -1743,11 +1873,13 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             return lax.div(k, jnp.int32(steps_per_page)) if pages_per_step == 1 else k * pages_per_step
 
         def step_rows(k, page):
-            """The rows of KV step k in `page`: the whole page unless a page holds several steps."""
+            """The rows of KV step k in `page`: the whole page unless a page holds several steps (pair_ring: its
+            pair rows, half as many)."""
             if steps_per_page == 1:
                 return kv_ref.at[page]
-            off = lax.rem(k, jnp.int32(steps_per_page)) * block_kv
-            return kv_ref.at[page, pl.ds(off, block_kv)]
+            rows = block_kv // 2 if pair_ring else block_kv
+            off = lax.rem(k, jnp.int32(steps_per_page)) * rows
+            return kv_ref.at[page, pl.ds(off, rows)]
 
         def kv_ready_at(slot, part: int = 0):
             """The barrier of `slot`'s column part `part` (two_parts: 0 columns [0, 256), 1 [256, 576); else
@@ -2471,7 +2603,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             lp0, chunk = stage_half_bt(w, k, prev_k)
             slot = half_slot(w, k)
 
-            def copy(src, rows=None):  # (src: [rows, 576] of the cache; rows: the slot's rows it fills)
+            def copy(src, rows=None):  # (src: [rows, 576] of the cache (pair_ring: [rows, 1152] of its pairs); rows:
+                # the slot's rows it fills)
                 at = (slot,) if rows is None else (slot, rows)
                 if wide_ring:  # the latent in 128-byte box rows, the rope in 64-byte ones
                     plgpu.copy_gmem_to_smem(src.at[:, pl.ds(0, KV_LORA_RANK)], kv_smem.at[at], kv_ready.at[slot])
@@ -2484,8 +2617,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 [page] = half_pages(w, lp0, chunk, last_page)
                 copy(step_rows(k, page))
             else:
+                rows = page_size // 2 if pair_ring else page_size  # (the slot's rows a page fills)
                 for j, page in enumerate(half_pages(w, lp0, chunk, last_page)):
-                    copy(step_rows(k, page), pl.ds(j * page_size, page_size))
+                    copy(step_rows(k, page), pl.ds(j * rows, rows))
 
         def compute_wg_halves(w: int):
             """(kv_halves) Warpgroup w: the tile's info (1 loads it, and q), then its half of the split's steps."""
@@ -2605,6 +2739,31 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                 return rewrap(x)
 
+            def pair_window(slot, i, parity: int):
+                """(pair_ring) chunk 2 i + parity's window of the slot: its columns from tile column i, 5 + parity
+                tile columns (_pair_window; i a Python int or traced)."""
+                start = 128 * i if isinstance(i, int) else pl.multiple_of(i * 128, 128)
+                return kv_smem.at[slot, :, pl.ds(start, 640 + 128 * parity)]
+
+            def load_pair_chunk(slot, i, parity: int):
+                """(pair_ring) chunk 2 i + parity's fp8 values [64, 64] in ld_layout (_load_k_pair_fp8)."""
+                @plgpu.inline_mgpu(arg_types=(plgpu.RefType(PAIR_TILES),),
+                                   return_type=plgpu.ShapeDtypeStruct((64, 64), jnp.float8_e4m3fn, layout=ld_layout))
+                def load(ctx, r):
+                    del ctx
+                    return _load_k_pair_fp8(r, parity)
+
+                return load(pair_window(slot, i, parity))
+
+            def store_pair_chunk(x, slot, i, parity: int):
+                """(pair_ring) load_pair_chunk's inverse (_store_k_pair_fp8)."""
+                @plgpu.inline_mgpu(arg_types=(ld_layout, plgpu.RefType(PAIR_TILES)))
+                def store(ctx, fa, r):
+                    del ctx
+                    _store_k_pair_fp8(fa, r, parity)
+
+                store(x, pair_window(slot, i, parity))
+
             def zero_rows_past(slot, valid):
                 """(zero_tail) The slot's rows from `valid` on become 0 in shared memory, all HEAD_DIM columns (their
                 cache slots may hold NaN; pages past the last are clamped), each 64-column chunk loaded in ld_layout,
@@ -2621,7 +2780,11 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         x = lax.bitcast_convert_type(plgpu.load(ref, layout=ld_layout), jnp.int8) & ones
                         store_tiled(ref, lax.bitcast_convert_type(x, jnp.float8_e4m3fn), ld_layout, tiles)
 
-                    if wide_ring:  # (the latent's 4 pairs of chunks, then the rope's slot)
+                    if pair_ring:  # (each chunk's bytes from its window, masked and stored back by the same threads)
+                        for c in range(HEAD_DIM // 64):
+                            x = lax.bitcast_convert_type(load_pair_chunk(slot, c // 2, c % 2), jnp.int8) & ones
+                            store_pair_chunk(lax.bitcast_convert_type(x, jnp.float8_e4m3fn), slot, c // 2, c % 2)
+                    elif wide_ring:  # (the latent's 4 pairs of chunks, then the rope's slot)
                         ones2 = byte_mask(128)
 
                         @pl.loop(0, KV_LORA_RANK // 128)
@@ -2644,7 +2807,17 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                                 p_w().transpose((1, 0)))
 
             def load_vt_words(slot, c: int):
-                """(load_ahead) chunk c's V^T words (_load_vt_fp8_words), unconverted (wide_ring: from its pair)."""
+                """(load_ahead) chunk c's V^T words (_load_vt_fp8_words), unconverted (wide_ring: from its pair;
+                pair_ring: from its window, _load_vt_pair_words)."""
+                if pair_ring:
+                    @plgpu.inline_mgpu(arg_types=(plgpu.RefType(PAIR_TILES),),
+                                       return_type=plgpu.ShapeDtypeStruct((64, 32), jnp.float16, layout=wg_layout))
+                    def load_pair(ctx, r):
+                        del ctx
+                        return _load_vt_pair_words(r, c % 2)
+
+                    return load_pair(pair_window(slot, c // 2, c % 2))
+
                 @plgpu.inline_mgpu(arg_types=(plgpu.RefType(wide_ring_tiles() if wide_ring else FP8_RING_TILES),),
                                    return_type=plgpu.ShapeDtypeStruct((64, 32), jnp.float16, layout=wg_layout))
                 def load(ctx, r):
@@ -2737,7 +2910,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     def offset(c, width: int = 64):  # (the column where chunk c starts; of pair c: width 128)
                         return c * width if isinstance(c, int) else pl.multiple_of(c * width, width)
 
-                    def raw(c):  # chunk c's fp8 values, unconverted
+                    def raw(c, parity: int = 0):  # chunk c's fp8 values, unconverted (pair_ring: chunk 2 c + parity)
+                        if pair_ring:
+                            return load_pair_chunk(slot, c, parity)
                         return plgpu.load(kv_smem.at[slot, :, pl.ds(offset(c), 64)], layout=ld_layout)
 
                     def raw_pair(i):  # (wide_ring) chunks 2 i and 2 i + 1's fp8 values, [64, 128], unconverted
@@ -2782,15 +2957,17 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                             lax.fori_loop(0, KV_LORA_RANK // 128, pair, first)
                         elif load_ahead:  # each chunk's values loaded a chunk ahead of its conversion
-                            rope_raw = raw(KV_LORA_RANK // 64)
+                            # (pair_ring's raw: chunk 2 c + parity)
+                            rope_raw = raw(KV_LORA_RANK // 128) if pair_ring else raw(KV_LORA_RANK // 64)
                             first = raw(0)
                             rope = rope_operand(rope_raw, kv_start, masked)
                             rope_scores(s_ref, rope)
 
                             def two_chunks(i, x):  # (two chunks an iteration, their registers apart, as below)
-                                x1 = raw(2 * i + 1)
+                                x1 = raw(i, 1) if pair_ring else raw(2 * i + 1)
                                 chunk_from(2 * i, x)
-                                x2 = raw(2 * i + 2)  # (i = 3: chunk 8, the rope columns: loaded, unused)
+                                # (i = 3: chunk 8, the rope columns: loaded, unused)
+                                x2 = raw(i + 1) if pair_ring else raw(2 * i + 2)
                                 chunk_from(2 * i + 1, x1)
                                 return x2
 
@@ -2952,7 +3129,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         union = plgpu.RefUnion(
             (plgpu.SMEM((1, q_parts * q_rows, HEAD_DIM), jnp.float8_e4m3fn, transforms=FP8_RING_TILES) if q_parts else
              plgpu.SMEM((q_rows, HEAD_DIM), dtype, transforms=transforms),
-             *((plgpu.SMEM((half_slots, block_kv, KV_LORA_RANK), jnp.float8_e4m3fn, transforms=wide_ring_tiles()),
+             *((plgpu.SMEM((half_slots, block_kv // 2, PAIR_COLS), jnp.float8_e4m3fn, transforms=PAIR_TILES),)
+               if pair_ring else
+               (plgpu.SMEM((half_slots, block_kv, KV_LORA_RANK), jnp.float8_e4m3fn, transforms=wide_ring_tiles()),
                 plgpu.SMEM((half_slots, block_kv, QK_ROPE_HEAD_DIM), jnp.float8_e4m3fn, transforms=FP8_RING_TILES))
                if wide_ring else
                (plgpu.SMEM((half_slots, block_kv, HEAD_DIM), jnp.float8_e4m3fn, transforms=FP8_RING_TILES),)),
@@ -3203,6 +3382,8 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     qk_permuted = kv_halves and tuning.qk_registers and tuning.qk_permuted and not interpret and not q_parts
     pv_registers = (qk_permuted or (kv_halves and q_parts and not interpret)) and tuning.pv_registers
     load_ahead = qk_permuted and tuning.load_ahead
+    # (pair_ring: the cache two tokens a row, a free reshape; pages of a multiple of 16 rows, else the default ring)
+    pair_ring = pv_registers and load_ahead and tuning.pair_ring and page_size % 16 == 0
     if qk_permuted and not q_bits:  # (the scores' wgmmas see K's columns permuted: q's the same way; fused with q's
         # f16 conversion; q_bits: in the kernel's conversion)
         q = q[..., QK_PERM]
@@ -3226,9 +3407,12 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         load_ahead=load_ahead,
         lazy_max=kv_halves and tuning.lazy_max,
         wide_ring=pv_registers and load_ahead and tuning.wide_ring,  # (qk_permuted: no q_parts)
+        pair_ring=pair_ring,
         q_parts=q_parts, q_one_acc=tuning.qk_fp8_one_acc, q_bits=q_bits,
     )
     q_in = (q, q_inv_scale) if q_parts else q
+    if pair_ring:
+        kv_cache = kv_cache.reshape(kv_cache.shape[0], page_size // 2, 2 * kv_cache.shape[2])
     out, lse = kernel(q_in, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     # (pv_registers) the kernel's output columns permuted by PV_PERM within each 16: put back by the combine's gather
     # with split-KV, else by a gather of their own

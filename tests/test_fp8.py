@@ -1049,6 +1049,83 @@ def test_mosaic_gpu_fp8_wide_ring_is_bitwise():
         _assert_bitwise(name, dtype, [t, dict(t, wide_ring=True)])
 
 
+@pytest.mark.gpu
+def test_mosaic_gpu_fp8_pair_ring_is_bitwise():
+    """pair_ring holds each step as 32 rows of two tokens (the cache reshaped to [N, P / 2, 1152], 8 x 128 tiles,
+    128-byte swizzle) and reads the scores' K chunks, V^T and zero_tail's rows by its own ldmatrix / stmatrix
+    addresses, each chunk's tokens in their order: the same values in the same order, the same out and lse bit for
+    bit compiled, on the bitwise test's 4 scenarios (pages of 16 and 128: several pages a step, two steps a page; of
+    8: the default ring) and at 32 rows; with zero_tail and without (the converted values selected)."""
+    _skip_without_hopper()
+    base = dict(QK_PERMUTED_TUNING, pv_registers=True, load_ahead=True)
+    _assert_option_bitwise_16_and_32_rows(dict(base, zero_tail=True), dict(pair_ring=True))
+    for name, dtype, extra in KV_HALVES_BITWISE_SCENARIOS[:1] + KV_HALVES_BITWISE_SCENARIOS[3:]:
+        t = dict(base, **extra)
+        _assert_bitwise(name, dtype, [t, dict(t, pair_ring=True)])
+
+
+def _pair_slot_image() -> np.ndarray:
+    """A pair slot's bytes as the TMA writes them (32 pair rows of 1152 bytes, 8 x 128 tiles, Mosaic GPU's 128-byte
+    swizzle: a 16-byte unit at byte offset o moves to o ^ (((o // 128) % 8) * 16)), each byte naming its token and
+    column as 1000 token + column (token 2 p + b // 576 at pair row p, byte b)."""
+    p, b = np.meshgrid(np.arange(32), np.arange(1152), indexing="ij")
+    o = ((p // 8) * 9 + b // 128) * 1024 + (p % 8) * 128 + b % 128
+    o = o ^ (((o // 128) % 8) * 16)
+    img = np.full(o.max() + 1, -1, np.int64)
+    img[o] = (2 * p + b // 576) * 1000 + b % 576
+    return img
+
+
+def test_wgmma_8bit_registers_are_the_pair_loads_order():
+    """_load_k_pair_fp8 puts ldmatrix call `call`'s matrix mm in register 4 call + mm of a [64, 64] WGMMA_8BIT array
+    (flat order) and has it hold rows 8 (mm % 2) .. + 8 of the warp's 16, columns 16 (2 call + mm // 2) .. + 16, a
+    thread's 4 bytes at row lane // 4, columns 4 (lane % 4) .. + 3 (ldmatrix's word lane % 4 of line lane // 4):
+    jax 0.11.2's layout (its registers' first elements, by the layout's own tile strides, as thread_idxs)."""
+    from jax.experimental.mosaic.gpu import fragmented_array as fa
+
+    layout = fa.WGMMA_LAYOUT_8BIT
+    strides = layout.tiling.tile_strides((64, 1))
+    firsts = [divmod(sum(i * s for i, s in zip(idx, strides)), 64)
+              for idx in np.ndindex(layout.registers_shape((64, 64)))]
+    assert firsts == [(8 * (k % 4 % 2), 16 * (2 * (k // 4) + k % 4 // 2)) for k in range(8)]
+    assert layout.vector_length == 4 and [strides[d] for d in layout.warp_dims] == [16 * 64]
+    assert [strides[d] for d in layout.lane_dims] == [64, 4]  # (lane = 4 row + column group)
+
+
+@pytest.mark.parametrize("chunk", range(9))
+def test_pair_ring_lane_offsets_address_the_chunk(chunk):
+    """pair_ring's ldmatrix addresses (_k_pair_lane_offset, _vt_pair_lane_offset: the kernel's own arithmetic on
+    Python ints) over the pair slot's image, chunk c = 2 i + parity's window starting at tile column i: for every
+    thread, the scores' K lines are token 16 w + 8 (mm % 2) + rr's columns 64 c + 16 (2 call + mm // 2) .. + 16
+    (lane 8 mm + rr, warp w; the WGMMA_8BIT layout's register order), V^T's key 32 half + 8 m + rr's columns
+    64 c + 16 w .. + 16; every line inside the window's 5 + parity tile columns; and each matrix's 8 lines on 8
+    different 16-byte bank groups (no conflict)."""
+    from mla_jax import pallas_mosaic_gpu as mg
+
+    img, stride = _pair_slot_image(), 9 * 1024
+    i, parity = divmod(chunk, 2)
+    units = {}
+    for tid in range(128):
+        lane, w = tid % 32, tid // 32 % 4
+        mm, rr = lane // 8, lane % 8
+        for call in range(2):
+            a = i * 1024 + mg._k_pair_lane_offset(tid, parity, call, stride)
+            tok = 16 * w + 8 * (mm % 2) + rr
+            want = tok * 1000 + 64 * chunk + 16 * (2 * call + mm // 2) + np.arange(16)
+            assert a % 16 == 0 and (a - i * 1024) % stride // 1024 < 5 + parity
+            np.testing.assert_array_equal(img[a:a + 16], want, err_msg=f"K {tid=} {call=}")
+            units.setdefault(("K", w, call, mm), set()).add(a % 128 // 16)
+        if chunk == 8:  # (V^T: the latent's 8 chunks)
+            continue
+        for half in range(2):
+            a = i * 1024 + mg._vt_pair_lane_offset(tid, parity, stride) + 2 * half * stride
+            want = (32 * half + 8 * mm + rr) * 1000 + 64 * chunk + 16 * w + np.arange(16)
+            assert a % 16 == 0 and (a - i * 1024) % stride // 1024 < 5 + parity
+            np.testing.assert_array_equal(img[a:a + 16], want, err_msg=f"V^T {tid=} {half=}")
+            units.setdefault(("V", w, half, mm), set()).add(a % 128 // 16)
+    assert len(units) == (32 if chunk == 8 else 64) and all(len(u) == 8 for u in units.values())
+
+
 @pytest.mark.parametrize("width,col_half", [(64, 0), (128, 0), (128, 1)])
 def test_vt_lane_offsets_address_the_chunk_rows(width, col_half):
     """pv_registers's V^T ldmatrix addresses (_vt_lane_offset, the kernel's own arithmetic on Python ints) over an
@@ -1084,10 +1161,12 @@ def test_vt_lane_offsets_address_the_chunk_rows(width, col_half):
                 assert len(units) == 8
 
 
-def test_wide_ring_lowers_where_load_ahead_runs():
-    """wide_ring (an abstract H200) lowers on parity.kernel_hash's problems: where pv_registers and load_ahead run
-    (the 16- and 32-row fp8 kernels) the module changes; elsewhere (B8: load_ahead off; H = 128; a 16-bit cache) it
-    is the default's. The kernel builder refuses it without load_ahead, and the config a non-bool."""
+@pytest.mark.parametrize("option", ["wide_ring", "pair_ring"])
+def test_ring_option_lowers_where_load_ahead_runs(option):
+    """wide_ring and pair_ring (an abstract H200) lower on parity.kernel_hash's problems: where pv_registers and
+    load_ahead run (the 16- and 32-row fp8 kernels) the module changes; elsewhere (B8: load_ahead off; H = 128; a
+    16-bit cache) it is the default's. The kernel builder refuses it without load_ahead, and the config a
+    non-bool."""
     import dataclasses
 
     from mla_jax import pallas_mosaic_gpu as mg
@@ -1097,17 +1176,20 @@ def test_wide_ring_lowers_where_load_ahead_runs():
     for problem in kernel_hash.PROBLEMS:
         base = kernel_hash.problem_tuning(problem)
         [plain] = kernel_hash.module_texts(problem, tuning=base)
-        [text] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, wide_ring=True))
+        [text] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, **{option: True}))
         runs = base.pv_registers and base.load_ahead
         assert (text != plain) == runs, problem
         changed += runs
     assert changed >= 3
     kw = dict(FP8_BUILD_KW, score_rows=16, transposed_pv=True, kv_halves=True, qk_registers=True, qk_permuted=True,
               pv_registers=True, zero_tail=True)
-    with pytest.raises(ValueError, match="wide_ring .* load_ahead=False"):
-        mg._build_kernel(wide_ring=True, **kw)
-    with pytest.raises(ValueError, match="wide_ring must be a bool"):
-        mg.MosaicConfig(wide_ring=1)
+    with pytest.raises(ValueError, match=f"{option} .* load_ahead=False"):
+        mg._build_kernel(**{option: True}, **kw)
+    with pytest.raises(ValueError, match=f"{option} must be a bool"):
+        mg.MosaicConfig(**{option: 1})
+    if option == "pair_ring":  # (a page of 8 rows: 4 pair rows, half a tile)
+        with pytest.raises(ValueError, match="pair_ring .* page_size=8"):
+            mg._build_kernel(**dict(kw, page_size=8, load_ahead=True, pair_ring=True))
 
 
 def _q_tile_offsets(rows: int) -> np.ndarray:
