@@ -409,10 +409,10 @@ def _vt_lane_offset(tid, width: int, col_half: int, tile_stride: int, ops=None):
     return ops.add(ops.add(ops.mul(m, tile_stride), ops.mul(rr, width)), ops.shl(unit, 4))
 
 
-def _vt_fp8_ldmatrix(c, ptr, base, strides, half: int):
-    """(pv_registers) the ldmatrix.x4.trans (16-bit values) of keys [32 half, 32 half + 32) of the chunk: a struct
-    of 4 i32 words a thread (matrix mm's word mm)."""
-    p = mgpu.utils.getelementptr(ptr, [arith.addi(base, c(4 * half * strides[0]))], ir.IntegerType.get_signless(8))
+def _vt_fp8_ldmatrix(c, ptr, base, half_bytes: int, half: int):
+    """(pv_registers) the ldmatrix.x4.trans (16-bit values) of keys [32 half, 32 half + 32) of the chunk (half_bytes
+    past keys 0 .. 31's lines): a struct of 4 i32 words a thread (matrix mm's word mm)."""
+    p = mgpu.utils.getelementptr(ptr, [arith.addi(base, c(half * half_bytes))], ir.IntegerType.get_signless(8))
     return nvvm.ldmatrix(p, layout=nvvm.MMALayout.col, num=4,
                          shape=ir.Attribute.parse("#nvvm.ld_st_matrix_shape<m=8, n=8>"),
                          elt_type=nvvm.LdStMatrixEltType.B16)
@@ -423,13 +423,19 @@ def _load_vt_fp8_words(ref, col_half: int = 0):
     unconverted, carried as a [64, 32] float16 WGMMA-layout array (a word a register, in the order (half, matrix);
     only _convert_vt_fp8 reads them), so that a chunk's loads can be issued a chunk ahead of its conversion.
     (wide_ring: ref a [64, 128] pair of chunks, col_half the chunk's half; _vt_fp8_address.)"""
-    i32, f16 = ir.IntegerType.get_signless(32), ir.F16Type.get()
     c, ptr, base, strides = _vt_fp8_address(ref, col_half)
+    return _vt_words(c, ptr, base, 4 * strides[0])
+
+
+def _vt_words(c, ptr, base, half_bytes: int):
+    """_load_vt_fp8_words's (and pair_ring's) two ldmatrix.x4.trans from the thread's line address `base` (keys 32 ..
+    63 half_bytes on) as a [64, 32] float16 WGMMA-layout array, a word a register."""
+    i32, f16 = ir.IntegerType.get_signless(32), ir.F16Type.get()
     regs = np.empty(mgpu.WGMMA_LAYOUT.registers_shape((64, 32)), dtype=object)
     if regs.size != 8:
         raise NotImplementedError(f"a [64, 32] WGMMA-layout array has {regs.size} registers a thread, not 8")
     for half in range(2):
-        words = _vt_fp8_ldmatrix(c, ptr, base, strides, half)
+        words = _vt_fp8_ldmatrix(c, ptr, base, half_bytes, half)
         for mm in range(4):
             regs.flat[4 * half + mm] = mgpu.utils.bitcast(llvm.extractvalue(i32, words, [mm]),
                                                           ir.VectorType.get((2,), f16))
@@ -482,7 +488,8 @@ def _vt_pair_lane_offset(tid, parity: int, row_tile_stride, ops=None):
 
 def _pair_window(ref, parity: int):
     """(pair_ring) a window's (the i32 constant maker, pointer, strides), checked: the tiled memref [4, 5 + parity,
-    8, 128] of fp8 (chunk 2 i + parity's tokens reach into tile column 4 + parity, 5 for the odd ones)."""
+    8, 128] of fp8 (chunk 2 i + parity's columns of the even tokens lie in the window's tile column 0, of the odd
+    ones in its column 4 + parity)."""
     i32 = ir.IntegerType.get_signless(32)
     ty = ir.MemRefType(ref.type)
     strides, _ = ty.get_strides_and_offset()
@@ -497,7 +504,7 @@ def _load_k_pair_fp8(ref, parity: int):
     chunk [64 tokens, 64 columns] fp8 in the WGMMA_8BIT layout, as plgpu.load gives the default slot's: two
     ldmatrix.x4 (16-bit lines) a thread (_k_pair_lane_offset)."""
     i32, i8 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(8)
-    c, ptr, strides = _pair_window(ref, parity)
+    _, ptr, strides = _pair_window(ref, parity)
     regs = np.empty(mgpu.WGMMA_LAYOUT_8BIT.registers_shape((64, 64)), dtype=object)
     if regs.size != 8:
         raise NotImplementedError(f"a [64, 64] WGMMA_8BIT array has {regs.size} registers a thread, not 8")
@@ -517,7 +524,7 @@ def _store_k_pair_fp8(fa, ref, parity: int):
     """(pair_ring; inside inline Mosaic GPU) _load_k_pair_fp8's inverse: the chunk's registers back to its window,
     two stmatrix.x4 a thread at the same addresses."""
     i32, i8 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(8)
-    c, ptr, strides = _pair_window(ref, parity)
+    _, ptr, strides = _pair_window(ref, parity)
     if fa.layout != mgpu.WGMMA_LAYOUT_8BIT or fa.registers.size != 8:
         raise NotImplementedError(f"_store_k_pair_fp8 needs a [64, 64] WGMMA_8BIT array, got {fa.layout}")
     tid = mgpu.utils.thread_idx()
@@ -531,20 +538,11 @@ def _store_k_pair_fp8(fa, ref, parity: int):
 
 def _load_vt_pair_words(ref, parity: int):
     """(pair_ring, load_ahead; inside inline Mosaic GPU) _load_vt_fp8_words from chunk 2 i + parity's window of a
-    pair slot (_vt_pair_lane_offset's addresses): the same words, in the same order."""
-    i32, f16, i8 = ir.IntegerType.get_signless(32), ir.F16Type.get(), ir.IntegerType.get_signless(8)
+    pair slot (_vt_pair_lane_offset's addresses; keys 32 .. 63 two row tiles on): the same words, in the same
+    order."""
     c, ptr, strides = _pair_window(ref, parity)
     base = _vt_pair_lane_offset(mgpu.utils.thread_idx(), parity, strides[0], _ArithOps)
-    regs = np.empty(mgpu.WGMMA_LAYOUT.registers_shape((64, 32)), dtype=object)
-    for half in range(2):
-        p = mgpu.utils.getelementptr(ptr, [arith.addi(base, c(2 * half * strides[0]))], i8)
-        words = nvvm.ldmatrix(p, layout=nvvm.MMALayout.col, num=4,
-                              shape=ir.Attribute.parse("#nvvm.ld_st_matrix_shape<m=8, n=8>"),
-                              elt_type=nvvm.LdStMatrixEltType.B16)
-        for mm in range(4):
-            regs.flat[4 * half + mm] = mgpu.utils.bitcast(llvm.extractvalue(i32, words, [mm]),
-                                                          ir.VectorType.get((2,), f16))
-    return mgpu.FragmentedArray(_registers=regs, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
+    return _vt_words(c, ptr, base, 2 * strides[0])
 
 
 def _convert_vt_word(regs, half: int, mm: int, word, bits: bool):
@@ -617,7 +615,7 @@ def _load_vt_fp8(ref, bits: bool = False):
     c, ptr, base, strides = _vt_fp8_address(ref)
     regs = np.empty(mgpu.WGMMA_LAYOUT.registers_shape((64, 64)), dtype=object)
     for half in range(2):  # keys [32 half, 32 half + 32): 8-row tiles 4 half .. 4 half + 3
-        words = _vt_fp8_ldmatrix(c, ptr, base, strides, half)
+        words = _vt_fp8_ldmatrix(c, ptr, base, 4 * strides[0], half)
         for mm in range(4):
             _convert_vt_word(regs, half, mm, llvm.extractvalue(i32, words, [mm]), bits)
     return mgpu.FragmentedArray(_registers=regs, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
@@ -1047,7 +1045,7 @@ class MosaicConfig:
         128-byte swizzle (_vt_fp8_address); zero_tail zeroes the pairs and the rope slot. The same values in the same
         order: bitwise the default (to be checked compiled).
     pair_ring: (where load_ahead runs with pv_registers, pages of a multiple of 16 rows; compiled; elsewhere no
-        effect; opt-in, session 36) the fp8 cache seen two tokens a row ([N, P / 2, 1152], a free reshape), the ring's
+        effect; not with wide_ring; opt-in, session 36) the fp8 cache seen two tokens a row ([N, P / 2, 1152], a free reshape), the ring's
         slot 32 pair rows in 8 x 128 tiles with a 128-byte swizzle (PAIR_TILES): each step's TMA brings whole
         128-byte lines from rows 1152 bytes apart, the bf16 ring's boxes and pitch at half the rows (wide_ring's
         odd tokens start mid-line), with no shim. The scores' K chunks, V^T and zero_tail's zeroing read and write
@@ -1155,6 +1153,9 @@ class MosaicConfig:
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
+        if self.wide_ring and self.pair_ring:
+            raise ValueError("wide_ring and pair_ring are two layouts of the same fp8 ring slot: choose one, got "
+                             "wide_ring=True, pair_ring=True")
         block_kv, num_splits = self.block_kv, self.num_splits
         max_concurrent_steps, block_h, bt_chunk = self.max_concurrent_steps, self.block_h, self.bt_chunk
         if self.schedule not in SCHEDULES:
@@ -2911,6 +2912,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         return c * width if isinstance(c, int) else pl.multiple_of(c * width, width)
 
                     def raw(c, parity: int = 0):  # chunk c's fp8 values, unconverted (pair_ring: chunk 2 c + parity)
+                        assert pair_ring or parity == 0
                         if pair_ring:
                             return load_pair_chunk(slot, c, parity)
                         return plgpu.load(kv_smem.at[slot, :, pl.ds(offset(c), 64)], layout=ld_layout)

@@ -57,7 +57,8 @@ HBM_ROWS = 1 << 20  # the large buffer's rows
 PADDED = 640  # the padded buffers' row (a multiple of 128 columns)
 FLAT = 128  # (fp8_flat) the flat view's row, in fp8 values
 # probe -> (dtype name, box row bytes, slots in flight, the buffer's row in elements, view: the step loaded as rows of
-# the cache's view [rows x 576 / view, view] (0: the cache's own rows; fp8_flat's 128, fp8_pair's 1152), prefetch: how many iterations ahead each step is prefetched into the L2 (None: not))
+# the cache's view [rows x 576 / view, view] (0: the cache's own rows; fp8_flat's 128, fp8_pair's 1152), prefetch:
+# how many iterations ahead each step is prefetched into the L2 (None: not))
 PAIR = 2 * HEAD_DIM  # (fp8_pair) the pair view's row: two tokens
 PROBES = {"fp8_64_x4": ("float8_e4m3fn", 64, 4, HEAD_DIM, 0, None),
           "fp8_64p_x4": ("float8_e4m3fn", 64, 4, PADDED, 0, None),

@@ -1055,11 +1055,13 @@ def test_mosaic_gpu_fp8_pair_ring_is_bitwise():
     128-byte swizzle) and reads the scores' K chunks, V^T and zero_tail's rows by its own ldmatrix / stmatrix
     addresses, each chunk's tokens in their order: the same values in the same order, the same out and lse bit for
     bit compiled, on the bitwise test's 4 scenarios (pages of 16 and 128: several pages a step, two steps a page; of
-    8: the default ring) and at 32 rows; with zero_tail and without (the converted values selected)."""
+    8: the default ring) and at 32 rows; with zero_tail and without (the converted values selected); and at pages of
+    64 (a page a step: the bench's; added after session 36's run of this test)."""
     _skip_without_hopper()
     base = dict(QK_PERMUTED_TUNING, pv_registers=True, load_ahead=True)
     _assert_option_bitwise_16_and_32_rows(dict(base, zero_tail=True), dict(pair_ring=True))
-    for name, dtype, extra in KV_HALVES_BITWISE_SCENARIOS[:1] + KV_HALVES_BITWISE_SCENARIOS[3:]:
+    for name, dtype, extra in (KV_HALVES_BITWISE_SCENARIOS[:1] + KV_HALVES_BITWISE_SCENARIOS[3:]
+                               + (("contiguous_blocks", "bfloat16", dict(zero_tail=True)),)):
         t = dict(base, **extra)
         _assert_bitwise(name, dtype, [t, dict(t, pair_ring=True)])
 
@@ -1187,9 +1189,17 @@ def test_ring_option_lowers_where_load_ahead_runs(option):
         mg._build_kernel(**{option: True}, **kw)
     with pytest.raises(ValueError, match=f"{option} must be a bool"):
         mg.MosaicConfig(**{option: 1})
-    if option == "pair_ring":  # (a page of 8 rows: 4 pair rows, half a tile)
+    if option == "pair_ring":  # (a page of 8 rows: 4 pair rows, half a tile: the builder refuses it, the wrapper
+        # runs the default ring there)
         with pytest.raises(ValueError, match="pair_ring .* page_size=8"):
             mg._build_kernel(**dict(kw, page_size=8, load_ahead=True, pair_ring=True))
+        problem = kernel_hash.PROBLEMS[0]
+        base = kernel_hash.problem_tuning(problem, page=8)
+        assert base.pv_registers and base.load_ahead
+        texts = lambda t: [text for text, _ in kernel_hash.lowered_modules(problem, tuning=t, page=8)]
+        assert texts(dataclasses.replace(base, pair_ring=True)) == texts(base)
+        with pytest.raises(ValueError, match="wide_ring and pair_ring .* choose one"):
+            mg.MosaicConfig(wide_ring=True, pair_ring=True)
 
 
 def _q_tile_offsets(rows: int) -> np.ndarray:
