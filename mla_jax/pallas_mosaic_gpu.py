@@ -409,13 +409,18 @@ def _vt_lane_offset(tid, width: int, col_half: int, tile_stride: int, ops=None):
     return ops.add(ops.add(ops.mul(m, tile_stride), ops.mul(rr, width)), ops.shl(unit, 4))
 
 
+def _ldmatrix_x4(ptr, offset, layout):
+    """ldmatrix.x4 of 8 x 8 16-bit matrices, this lane's line at byte `offset` from ptr (layout nvvm.MMALayout.col:
+    .trans): a struct of 4 i32 words a thread (matrix mm's word mm)."""
+    return nvvm.ldmatrix(mgpu.utils.getelementptr(ptr, [offset], ir.IntegerType.get_signless(8)), layout=layout,
+                         num=4, shape=ir.Attribute.parse("#nvvm.ld_st_matrix_shape<m=8, n=8>"),
+                         elt_type=nvvm.LdStMatrixEltType.B16)
+
+
 def _vt_fp8_ldmatrix(c, ptr, base, half_bytes: int, half: int):
     """(pv_registers) the ldmatrix.x4.trans (16-bit values) of keys [32 half, 32 half + 32) of the chunk (half_bytes
     past keys 0 .. 31's lines): a struct of 4 i32 words a thread (matrix mm's word mm)."""
-    p = mgpu.utils.getelementptr(ptr, [arith.addi(base, c(half * half_bytes))], ir.IntegerType.get_signless(8))
-    return nvvm.ldmatrix(p, layout=nvvm.MMALayout.col, num=4,
-                         shape=ir.Attribute.parse("#nvvm.ld_st_matrix_shape<m=8, n=8>"),
-                         elt_type=nvvm.LdStMatrixEltType.B16)
+    return _ldmatrix_x4(ptr, arith.addi(base, c(half * half_bytes)), nvvm.MMALayout.col)
 
 
 def _load_vt_fp8_words(ref, col_half: int = 0):
@@ -503,7 +508,7 @@ def _load_k_pair_fp8(ref, parity: int):
     """(pair_ring; inside inline Mosaic GPU) ref: chunk 2 i + parity's window of a pair slot (_pair_window) -> the
     chunk [64 tokens, 64 columns] fp8 in the WGMMA_8BIT layout, as plgpu.load gives the default slot's: two
     ldmatrix.x4 (16-bit lines) a thread (_k_pair_lane_offset)."""
-    i32, i8 = ir.IntegerType.get_signless(32), ir.IntegerType.get_signless(8)
+    i32 = ir.IntegerType.get_signless(32)
     _, ptr, strides = _pair_window(ref, parity)
     regs = np.empty(mgpu.WGMMA_LAYOUT_8BIT.registers_shape((64, 64)), dtype=object)
     if regs.size != 8:
@@ -511,10 +516,7 @@ def _load_k_pair_fp8(ref, parity: int):
     f8x4 = ir.VectorType.get((4,), ir.Float8E4M3FNType.get())
     tid = mgpu.utils.thread_idx()
     for call in range(2):
-        off = _k_pair_lane_offset(tid, parity, call, strides[0], _ArithOps)
-        words = nvvm.ldmatrix(mgpu.utils.getelementptr(ptr, [off], i8), layout=nvvm.MMALayout.row, num=4,
-                              shape=ir.Attribute.parse("#nvvm.ld_st_matrix_shape<m=8, n=8>"),
-                              elt_type=nvvm.LdStMatrixEltType.B16)
+        words = _ldmatrix_x4(ptr, _k_pair_lane_offset(tid, parity, call, strides[0], _ArithOps), nvvm.MMALayout.row)
         for mm in range(4):
             regs.flat[4 * call + mm] = mgpu.utils.bitcast(llvm.extractvalue(i32, words, [mm]), f8x4)
     return mgpu.FragmentedArray(_registers=regs, _layout=mgpu.WGMMA_LAYOUT_8BIT, _is_signed=None)
@@ -1034,7 +1036,7 @@ class MosaicConfig:
         heuristic's where the batch has at most Q_IN_KERNEL_MAX_TOKENS query tokens (the XLA kernel it saves is a
         larger share of a small call).
     wide_ring: (where load_ahead runs with pv_registers: kv_halves at 16 or 32 rows, compiled; elsewhere no effect;
-        opt-in, session 35, not yet run on a GPU) the fp8 ring slot's 512 latent columns in 8 x 128 tiles (128-byte
+        opt-in, session 35) the fp8 ring slot's 512 latent columns in 8 x 128 tiles (128-byte
         rows, 128-byte swizzle) beside a [64, 64] slot of the rope columns (8 x 64 tiles, 64-byte swizzle, as now),
         where the default's slot is 9 tiles of 8 x 64 (64-byte rows): each step's TMA then brings the latent in
         128-byte box rows. The cache's 576-column rows are not a multiple of 128: the latent's descriptor is rounded
@@ -1043,15 +1045,18 @@ class MosaicConfig:
         at H16 B128 S16384), 4.44 in 128-byte ones from 640-byte rows, 4.70 from the flat view. The scores' K chunks
         are loaded a pair (128 columns) at a time and split in registers; V^T's ldmatrix addresses follow the
         128-byte swizzle (_vt_fp8_address); zero_tail zeroes the pairs and the rope slot. The same values in the same
-        order: bitwise the default (to be checked compiled).
+        order: bitwise the default (compiled, on an H100, session 36). On the H100 (parity.sweep, 3 rounds, session
+        36) 1.02x at H16 B128 S16384, 1.01x at B32 S16384, 0.97x at H16 B64 S4096 q2; not yet timed on the H200.
     pair_ring: (where load_ahead runs with pv_registers, pages of a multiple of 16 rows; compiled; elsewhere no
-        effect; not with wide_ring; opt-in, session 36) the fp8 cache seen two tokens a row ([N, P / 2, 1152], a free reshape), the ring's
-        slot 32 pair rows in 8 x 128 tiles with a 128-byte swizzle (PAIR_TILES): each step's TMA brings whole
+        effect; not with wide_ring; opt-in, session 36) the fp8 cache seen two tokens a row ([N, P / 2, 1152], a
+        free reshape), the ring's slot 32 pair rows in 8 x 128 tiles with a 128-byte swizzle (PAIR_TILES): each step's TMA brings whole
         128-byte lines from rows 1152 bytes apart, the bf16 ring's boxes and pitch at half the rows (wide_ring's
         odd tokens start mid-line), with no shim. The scores' K chunks, V^T and zero_tail's zeroing read and write
         the slot by the kernel's own ldmatrix / stmatrix addresses (_pair_offset: token 2 p + h's column c at pair row
         p, column 576 h + c; no bank conflict), each chunk's tokens in their order: the same sums in the same order,
-        bitwise the default (to be checked compiled).
+        bitwise the default (compiled, on an H100, session 36). On the H100 (parity.sweep, 3 rounds, session 36)
+        1.04x at H16 B128 S16384, 1.02x at B32 S16384, 0.93x at H16 B64 S4096 q2 (ptxas: 572 bytes of spill against
+        the default's 436), 1.00x at H32 B64 S4096; not yet timed on the H200.
     qk_fp8: (fp8 cache: kv_halves, and the plain scores' fused conversion, below; elsewhere no effect; opt-in: on the
         H200 (session 29) it fails the lse tolerance, 2.6e-3 to 8.5e-3 absolute against 2e-3, ~1e-3 of the scores:
         Hopper's e4m3 accumulation; not timed) the scores on the tensor cores' e4m3 path: S^T = K Q^T with K straight from the fp8 ring slot (the
@@ -2811,23 +2816,21 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 """(load_ahead) chunk c's V^T words (_load_vt_fp8_words), unconverted (wide_ring: from its pair;
                 pair_ring: from its window, _load_vt_pair_words)."""
                 if pair_ring:
-                    @plgpu.inline_mgpu(arg_types=(plgpu.RefType(PAIR_TILES),),
-                                       return_type=plgpu.ShapeDtypeStruct((64, 32), jnp.float16, layout=wg_layout))
-                    def load_pair(ctx, r):
-                        del ctx
-                        return _load_vt_pair_words(r, c % 2)
+                    tiles, ref = PAIR_TILES, pair_window(slot, c // 2, c % 2)
+                    words = functools.partial(_load_vt_pair_words, parity=c % 2)
+                elif wide_ring:
+                    tiles, ref = wide_ring_tiles(), kv_smem.at[slot, :, pl.ds(c // 2 * 128, 128)]
+                    words = functools.partial(_load_vt_fp8_words, col_half=c % 2)
+                else:
+                    tiles, ref, words = FP8_RING_TILES, kv_smem.at[slot, :, pl.ds(c * 64, 64)], _load_vt_fp8_words
 
-                    return load_pair(pair_window(slot, c // 2, c % 2))
-
-                @plgpu.inline_mgpu(arg_types=(plgpu.RefType(wide_ring_tiles() if wide_ring else FP8_RING_TILES),),
+                @plgpu.inline_mgpu(arg_types=(plgpu.RefType(tiles),),
                                    return_type=plgpu.ShapeDtypeStruct((64, 32), jnp.float16, layout=wg_layout))
                 def load(ctx, r):
                     del ctx
-                    return _load_vt_fp8_words(r, c % 2 if wide_ring else 0)
+                    return words(r)
 
-                if wide_ring:
-                    return load(kv_smem.at[slot, :, pl.ds(c // 2 * 128, 128)])
-                return load(kv_smem.at[slot, :, pl.ds(c * 64, 64)])
+                return load(ref)
 
             def convert_vt(words, bits):
                 """(load_ahead) V^T [64, block_kv] from load_vt_words's words (_convert_vt_fp8)."""
