@@ -5,7 +5,7 @@
 # Run as calls, in this order where the budget is short: `bash <script> 1` (~6 min), `bash <script> 2` (~4 min),
 # `bash <script> 3` (~6 min). Try for a machine two or three times a session, not more; respect a refusal's "later
 # means in about N min" (each call inside that window costs 15 s of budget, each failed start ~90 s).
-# 1) (sessions 35-36) the fp8 ring's box rows on the H200, which session 36 never got (seven refusals; every number
+# 1) (sessions 35-36) the fp8 ring's box rows on the H200, which session 36 never got (ten calls got none; every number
 #    it has is an H100's, where HBM caps the probes at ~3.1-3.2 TB/s). parity.tma_probe: fp8_64 (the default
 #    ring), fp8_128r (wide_ring), fp8_pair (pair_ring: the cache two tokens a row, [rows / 2, 1152], every box row a
 #    whole line), flat, bf16_128. Then parity.sweep --fields wide_ring=True,pair_ring=True on 3 rows, FA3 beside.
