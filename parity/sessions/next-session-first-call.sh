@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # For the next session's first call (nvidia-h200 with needs_h200: an H100's HBM hides what part 1 asks; carry
-# [".fa3"]), rewritten at the end of session 36 (session 35's ran as 2026-12-05-s36-a.sh part 1, on an H100).
+# [".fa3"]), rewritten at the end of session 36 (session 35's ran as 2026-12-05-s36-a.sh part 1, on an H100); part 1's
+# bitwise test added in session 37, which had no device.
 # Copy to parity/sessions/<date>-s<n>-a.sh and commit before running; never edit it after.
-# Run as calls, in this order where the budget is short: `bash <script> 1` (~6 min), `bash <script> 2` (~4 min),
+# Run as calls, in this order where the budget is short: `bash <script> 1` (~8 min), `bash <script> 2` (~4 min),
 # `bash <script> 3` (~6 min). Try for a machine two or three times a session, not more; respect a refusal's "later
 # means in about N min" (each call inside that window costs 15 s of budget, each failed start ~90 s).
 # 1) (sessions 35-36) the fp8 ring's box rows on the H200, which session 36 never got (ten calls got none; every number
 #    it has is an H100's, where HBM caps the probes at ~3.1-3.2 TB/s). parity.tma_probe: fp8_64 (the default
 #    ring), fp8_128r (wide_ring), fp8_pair (pair_ring: the cache two tokens a row, [rows / 2, 1152], every box row a
-#    whole line), flat, bf16_128. Then parity.sweep --fields wide_ring=True,pair_ring=True on 3 rows, FA3 beside.
+#    whole line), flat, bf16_128. Then parity.sweep --fields wide_ring=True,pair_ring=True on 3 rows, FA3 beside,
+#    and pair_ring's bitwise test (its page-64 scenario never ran).
 #    Both options are bitwise the default (compiled, on an H100: s36-a, s36-d). Predictions: fp8_64 3.5-3.6 TB/s,
 #    fp8_128r 3.6-4.3, fp8_pair 4.4-4.7 (as bf16_128); pair_ring 1.10-1.25x at H16 B128 S16384 (335 -> 270-305 us)
 #    and B32 S16384 (95.7 -> 77-87), 0.93-1.0x at H16 B64 S4096 q2 (H100: 0.93x; 572 bytes of spill against 436);
+#    at 16 rows its SASS (session 37, parity.mosaic_sass on the CPU) has the default's step: 650 instructions a warp,
+#    one more in each dequant loop's iteration, 243 registers against 239, no spill: any change there is the TMA's.
 #    wide_ring 1.00-1.10x. H100 (s36): pair_ring 1.04x / 1.02x, wide_ring 1.02x / 1.01x at the two 16-row rows.
 #    If pair_ring is faster at 16 rows: the heuristic's there (rows == 16 with pv_registers; kernel_hash: the H16 B128
 #    and B32-type modules change), wide_ring removed (its shim round_down_tiling kept in parity.tma_probe for
@@ -36,6 +40,10 @@ timeout 300 python3 -m parity.sweep --impl pallas_mosaic_gpu --fp8 --fields wide
   --reps 3 --cooldown 1 --shapes H16_B128_S16384,H16_B32_S16384,H16_B64_S4096_q2 --json "$OUT/sweep-fp8-rings.json" \
   > "$L/sweep-rings.log" 2>&1
 echo "sweep rings rc=$?"; grep -v Warn "$L/sweep-rings.log" | grep -E " us " | cut -c1-110
+tar czf "$OUT/logs-1b.tgz" -C "$OUT" logs
+# (session 36's page-64 scenario of the bitwise test, added after its H100 run: not yet run)
+timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_fp8.py -k pair_ring_is_bitwise > "$L/pytest-pair.log" 2>&1
+echo "pytest pair_ring rc=$?"; tail -3 "$L/pytest-pair.log"
 fi
 if run_part 2; then
 timeout 190 python3 -m parity.sweep --impl pallas_mosaic_gpu --fp8 --fields q_in_kernel=False --rounds 3 --reps 3 \
