@@ -234,68 +234,6 @@ def wide_ring_tiles():
 QK_PERM_16 = (0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15)
 QK_PERM = np.array([16 * b + QK_PERM_16[c] for b in range(HEAD_DIM // 16) for c in range(16)])  # q's 576 columns
 QK_PERM_64 = QK_PERM[:64]  # a 64-column chunk's
-# MosaicConfig.qk_fp8: q in 2 or 3 e4m3 parts, q a = t_0 + t_1 / 16 (+ t_2 / 256) (a: a power of two per request,
-# the largest |q a| at most E4M3_MAX), the scores' wgmma on the e4m3 tensor cores against all parts at once (its N the
-# parts x the rows in use): 2 parts hold a bf16 q exactly, 3 an f16 one (where |q a| >= 2^-6, split_q_e4m3). On the
-# plain scores (64 rows, a wgmma a part into one accumulator) the parts are unscaled: q a = t_0 + t_1 (+ t_2), step 1
-# (exact for bf16 where |q a| >= 2^-2, f16 where |q a| >= 2: the residuals in e4m3's subnormals); with
-# MosaicConfig.qk_fp8_one_acc=False an accumulator a part there, the parts 16x apart as above
-QS_WORDS = 32  # (qk_fp8) a request's row of the inverse scales' kernel input: 128 bytes, one TMA
-Q_FP8_STEP = 16.0  # each part the residual of those before it, times this (its magnitude at most the part before's)
-E4M3_MAX = 448.0
-Q_FP8_MAX_EXP = 100  # split_q_e4m3's scale at most 2^100 (its inverse a normal float32, not flushed to 0)
-
-
-def q_fp8_parts(dtype) -> int:
-    """(qk_fp8) the e4m3 parts of q: 2 for bf16 (8 significant bits: 4 + 4), 3 for f16 (11) and wider."""
-    return 2 if jnp.dtype(dtype) == jnp.bfloat16 else 3
-
-
-def split_q_e4m3(q, query_start_loc, num_reqs: int, num_parts: int, step: float = Q_FP8_STEP):
-    """(MosaicConfig.qk_fp8) q [T, H, D] -> (parts [T, num_parts, H, D] float8_e4m3fn, inv_scale [num_reqs] float32)
-    with q ~= inv_scale[r] x sum_t parts[:, t] / step**t for the tokens of request r. The request's scale
-    a = 1 / inv_scale, a power of two (exact), is the largest with max |q a| <= E4M3_MAX (at most 2^Q_FP8_MAX_EXP: 1 / a
-    stays a normal float32; a request with max |q| below 2^-91 keeps max |q a| < 448); part t is the residual of
-    the parts before it, times Q_FP8_STEP^t, rounded to e4m3 (never past E4M3_MAX: a residual is at most 2^-4 of the
-    value it is left from). Error per element at most 2^-4n |q a| + 2^-(6 + 4n) for n parts (in the units of q a):
-    none for a bf16 q with 2 parts or an f16 q with 3 where |q a| >= 2^-6 (e4m3's normal range: elements within
-    2^-13.8 of the request's largest, which may be 224); no overflow for any finite q. The scale is taken over the
-    finite entries (a request of zeros: a = 1); an inf or NaN entry becomes NaN in every part (made NaN before the
-    conversion: e4m3fn has no inf, and a saturating conversion would make inf 448), so that row's scores and output
-    are NaN, as the reference's (never a silent wrong answer), the other rows untouched. Tokens past
-    query_start_loc[-1] (padding; no request's) take a scale of their own.
-    step=1 (the plain scores' parts, summed by the tensor cores in one accumulator): each part the bare residual, which
-    e4m3 holds down to its subnormals (spacing 2^-9): error per element at most 2^-4n |q a| + 2^-10, none for a bf16 q
-    with 2 parts where |q a| >= 2^-2 (within 2^-9.8 of the request's largest) or an f16 q with 3 where |q a| >= 2."""
-    if isinstance(num_parts, bool) or not isinstance(num_parts, int) or num_parts < 1:
-        raise ValueError(f"num_parts must be an int >= 1 (q's e4m3 parts), got num_parts={num_parts!r}")
-    if step not in (1.0, Q_FP8_STEP):
-        raise ValueError(f"step must be 1 or {Q_FP8_STEP} (the scale between q's parts), got step={step!r}")
-    if q.ndim < 2 or jnp.shape(query_start_loc) != (num_reqs + 1,):
-        raise ValueError(f"split_q_e4m3 takes q [T, ...] and query_start_loc [num_reqs + 1], got q.shape="
-                         f"{tuple(q.shape)}, query_start_loc.shape={tuple(jnp.shape(query_start_loc))}, {num_reqs=}")
-    x = q.astype(jnp.float32)
-    num_tokens = x.shape[0]
-    qsl = query_start_loc.astype(jnp.int32)
-    req = jnp.searchsorted(qsl[1:], jnp.arange(num_tokens, dtype=jnp.int32), side="right")  # num_reqs: padding
-    amax_tok = jnp.max(jnp.where(jnp.isfinite(x), jnp.abs(x), 0.0).reshape(num_tokens, -1), axis=1)  # (finite)
-    amax = jax.ops.segment_max(amax_tok, req, num_segments=num_reqs + 1, indices_are_sorted=True)  # (and padding)
-    ok = amax > 0
-    # a = 2^k, k = floor(log2(E4M3_MAX / amax)), from frexp (exact): amax = m 2^e, m in [0.5, 1), 448 = 0.875 x 2^9
-    m, e = jnp.frexp(jnp.where(ok, amax, 1.0))
-    k = jnp.minimum(jnp.where(m <= E4M3_MAX / 512.0, 9, 8) - e, Q_FP8_MAX_EXP)
-    a = jnp.where(ok, jnp.ldexp(jnp.float32(1.0), k), 1.0)
-    a_tok = a[req]
-    r = x * a_tok.reshape((num_tokens,) + (1,) * (x.ndim - 1))
-    r = jnp.where(jnp.isinf(r), jnp.nan, r)
-    parts = []
-    for _ in range(num_parts):
-        p = r.astype(jnp.float8_e4m3fn)
-        parts.append(p)
-        r = (r - p.astype(jnp.float32)) * step
-    return jnp.stack(parts, axis=1), 1.0 / a[:num_reqs]
-
-
 # MosaicConfig.pv_registers: P @ V's left operand V^T [64 columns, 64 keys] of a chunk loaded from the fp8 slot by
 # ldmatrix.trans of 16-bit values (two adjacent fp8 columns each), so a thread holds columns 2 g and 2 g + 1 of its
 # keys: row r of the WGMMA layout's 16 (g = r % 8) holds V's column PV_PERM_16[r] = 2 (r % 8) + r // 8, and O^T's
@@ -1011,30 +949,32 @@ class MosaicConfig:
         compiled). The heuristic's pick with pv_registers since session 30: on the H200 (parity.sweep, 3 rounds, 1 s
         idle) 1.13x faster at H16 B128 S16384 (386.0 -> 341.1 us, 3.55 TB/s of fp8 bytes), 1.10x at B32 S16384
         (106.2 -> 96.9), 1.10x at H16 B64 S4096 q2 (84.8 -> 76.9; 32 rows). Without pv_registers (V's f16 copies,
-        splits of fewer than 32 steps) not yet compiled or timed. Compiled only, as qk_permuted.
-    lazy_max: (kv_halves only, elsewhere no effect; opt-in, session 32, not yet compiled or timed) FA4's conditional
-        rescaling in each step's softmax: the running column max is kept while no score of the step passes it by
-        more than LAZY_MAX_SLACK (8 in log2 units: P <= 2^8, in f16's range), the question asked of the whole
-        warpgroup by one `bar.red.or` (_lazy_col_max); only then the exact column max (the warps' exchange through
-        shared memory: 3 shuffle rounds, a store, a load, two warpgroup barriers) and alpha's rescale. The first
-        step always takes it (the max is -inf). The same sums at other scales: not bitwise the default, within its
-        tolerances (the reference's checks). For the latency-bound 16-row step (session 30's ncu), where the
-        exchange sits between the scores and P @ V on each warpgroup's chain.
-    q_in_kernel: (an fp8 cache with a bf16 q, compiled; elsewhere no effect: an f16 q needs no conversion, qk_fp8 makes
-        its own parts, interpret mode converts in the wrapper) q's f16 conversion inside the kernel: its TMA writes q's
-        bf16 bits into q's tile (a bfloat16 view of the same bytes), and the warpgroups that read q (both with
-        kv_halves, each half the tile's rows; else warpgroup 0) convert it in place (_convert_q_in_place: per 16
-        columns of a row, two 16-byte loads, 8 cvt.rn.f16x2.f32, two stores; qk_permuted's column order, QK_PERM, in
-        the same stores), then fence and (kv_halves) meet at `sync_a` before their first wgmma. Without it q goes
-        through an XLA fusion before the kernel (the f16 conversion, and qk_permuted's gather): a kernel of its own
-        in every fp8 call, which the bf16 path does not have (session 27's ncu count at H16 B64 S4096 q_len 2: q's
-        conversion and the output's gather ~8 us cold, ~2-4 warm, of ~92). The same conversion (round to nearest
-        even, beyond 65504 inf): bitwise the default for every finite q (compiled, session 35, on every path it runs).
-        On the H200 (parity.sweep, 3 rounds, session 35): 1.05x faster at H16 B1 S1024 (12.06 -> 11.45 us), 1.02x
-        at H128 B1 S1024 (14.98 -> 14.74), 1.01x at H16 B32 S16384 (95.7 -> 94.5), even at H16 B64 S4096 q2 (75.7),
-        0.97x at H16 B128 S16384 (335.3 -> 345.1; its rounds 335-347 against 337-353: within the card's spread). The
-        heuristic's where the batch has at most Q_IN_KERNEL_MAX_TOKENS query tokens (the XLA kernel it saves is a
-        larger share of a small call).
+        splits of fewer than 32 steps) assembled by ptxas on the CPU (session 37, parity.mosaic_ptx: 206 registers,
+        no spill at H16 B128 S16384), not yet run on a GPU or timed. Compiled only, as qk_permuted.
+    lazy_max: (kv_halves only, elsewhere no effect; opt-in, session 32) FA4's conditional rescaling in each step's
+        softmax: the running column max is kept while no score of the step passes it by more than LAZY_MAX_SLACK (8
+        in log2 units: P <= 2^8, in f16's range), the question asked of the whole warpgroup by one `bar.red.or`
+        (_lazy_col_max); only then the exact column max (the warps' exchange through shared memory: 3 shuffle
+        rounds, a store, a load, two warpgroup barriers) and alpha's rescale. The first step always takes it (the max
+        is -inf). The same sums at other scales: not bitwise the default, within its tolerances (the reference's
+        checks; its compiled tests passed, session 33). For the latency-bound 16-row step (session 30's ncu), where
+        the exchange sits between the scores and P @ V on each warpgroup's chain. On the H200 (parity.sweep, 3
+        rounds): 1.04x at H16 B128 S16384, 0.98x at B32 S16384, 1.03x at H16 B64 S4096 q2 (session 33), 0.92x at H16
+        B1 S1024, 0.98x at H128 B1 S1024 (session 35): not the heuristic's.
+    q_in_kernel: (an fp8 cache with a bf16 q, compiled; elsewhere no effect: an f16 q needs no conversion, interpret
+        mode converts in the wrapper) q's f16 conversion inside the kernel: its TMA writes q's bf16 bits into q's tile
+        (a bfloat16 view of the same bytes), and the warpgroups that read q (both with kv_halves, each half the tile's
+        rows; else warpgroup 0) convert it in place (_convert_q_in_place: per 16 columns of a row, two 16-byte loads, 8
+        cvt.rn.f16x2.f32, two stores; qk_permuted's column order, QK_PERM, in the same stores), then fence and
+        (kv_halves) meet at `sync_a` before their first wgmma. Without it q goes through an XLA fusion before the kernel
+        (the f16 conversion, and qk_permuted's gather): a kernel of its own in every fp8 call, which the bf16 path does
+        not have (session 27's ncu count at H16 B64 S4096 q_len 2: q's conversion and the output's gather ~8 us cold,
+        ~2-4 warm, of ~92). The same conversion (round to nearest even, beyond 65504 inf): bitwise the default for every
+        finite q (compiled, session 35, on every path it runs). On the H200 (parity.sweep, 3 rounds, session 35): 1.05x
+        faster at H16 B1 S1024 (12.06 -> 11.45 us), 1.02x at H128 B1 S1024 (14.98 -> 14.74), 1.01x at H16 B32 S16384
+        (95.7 -> 94.5), even at H16 B64 S4096 q2 (75.7), 0.97x at H16 B128 S16384 (335.3 -> 345.1; its rounds 335-347
+        against 337-353: within the card's spread). The heuristic's where the batch has at most Q_IN_KERNEL_MAX_TOKENS
+        query tokens (the XLA kernel it saves is a larger share of a small call).
     wide_ring: (where load_ahead runs with pv_registers: kv_halves at 16 or 32 rows, compiled; elsewhere no effect;
         opt-in, session 35) the fp8 ring slot's 512 latent columns in 8 x 128 tiles (128-byte
         rows, 128-byte swizzle) beside a [64, 64] slot of the rope columns (8 x 64 tiles, 64-byte swizzle, as now),
@@ -1057,31 +997,6 @@ class MosaicConfig:
         bitwise the default (compiled, on an H100, session 36). On the H100 (parity.sweep, 3 rounds, session 36)
         1.04x at H16 B128 S16384, 1.02x at B32 S16384, 0.93x at H16 B64 S4096 q2 (ptxas: 572 bytes of spill against
         the default's 436), 1.00x at H32 B64 S4096; not yet timed on the H200.
-    qk_fp8: (fp8 cache: kv_halves, and the plain scores' fused conversion, below; elsewhere no effect; opt-in: on the
-        H200 (session 29) it fails the lse tolerance, 2.6e-3 to 8.5e-3 absolute against 2e-3, ~1e-3 of the scores:
-        Hopper's e4m3 accumulation; not timed) the scores on the tensor cores' e4m3 path: S^T = K Q^T with K straight from the fp8 ring slot (the
-        wgmma's left operand from shared memory: no conversion of K, no registers) against q in e4m3 parts
-        (split_q_e4m3: 2 for a bf16 q, 3 for an f16 one, each exact where |q a| >= 2^-6, a power-of-two scale per
-        request), all parts in one wgmma (N = parts x the rows in use, K read once) and summed in registers (part t /
-        16^t). Each fp8 value is then converted once (V^T for P @ V: pv_registers's loads, or V's f16 copy without it),
-        where the default converts K for the scores as well (session 25: the warps' instruction issue binds at 16 rows).
-        The same products, summed by the e4m3 tensor cores (the parts in separate columns; not bitwise the default). q's
-        parts and scales are made by one XLA fusion before the kernel (in place of the f16 conversion and QK_PERM's
-        gather); the output's columns as pv_registers's. In interpret mode too (with V's f16 copy). On the plain scores
-        (the 64-row tiles wherever the scores are not transposed: H >= 64; with the heuristic's tuning also wherever a
-        tile uses more than 16 rows and kv_halves does not run, e.g. H = 32, H = 16 at q_len >= 2; any H with
-        transposed_scores=False) with fused_dequant: S = Q K^T as a wgmma a part of q (M = its 64 rows, K straight from
-        the fp8 slot, N = 64 keys) into one accumulator (the parts unscaled, split_q_e4m3's step 1: exact for a bf16 q
-        where |q a| >= 2^-2), under which warpgroup 0 converts only
-        its V half of the step (no rope chunk: only the scores read it), and warpgroup 0's scores no longer wait for
-        warpgroup 1's half (`deq_ready`); each warpgroup's V half is converted for its P @ V only. Compiled with a bf16
-        q only (2 parts: the 16-bit q's 72 KiB; 3 would not fit beside the ring and the copy).
-    qk_fp8_one_acc: (qk_fp8 on the plain scores only; elsewhere no effect) True (the default): q's parts' wgmmas all
-        into one accumulator, the parts unscaled (split_q_e4m3's step 1; no register more than the default's scores);
-        False: an accumulator a part (32 registers a thread more in warpgroup 0), the parts 16x apart as kv_halves's,
-        summed in fp32: each accumulator's chain half as long, for Hopper's e4m3 accumulation (reportedly ~14 bits,
-        truncating: the helper's model of session 29 put the worst score error at 4.4-6.2e-3 of the logits' std with
-        one accumulator, 1.9-2.3e-3 with one a part). Not yet timed or compiled.
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -1106,6 +1021,9 @@ class MosaicConfig:
     path each ring TMA preceded by an L2 prefetch of the same step through the cache's flat view, 128-byte rows;
     bitwise): on the H200 (parity.sweep, 3 rounds) 0.95x, 0.95x, 0.97x at the same three rows, though its probe
     (parity.tma_probe's fp8_64_pf0) had taken in 5% more than the ring's 64-byte boxes alone.
+    Built in sessions 28-29 and removed in session 37 (`git show cb27ac9:mla_jax/pallas_mosaic_gpu.py`): qk_fp8 (the
+    scores on the e4m3 tensor cores, q in e4m3 parts; fails the lse tolerance on the H200, session 29: 2.6e-3 to
+    8.5e-3 absolute against 2e-3, Hopper's e4m3 accumulation) and qk_fp8_one_acc (an accumulator a part; fails alike).
     """
 
     block_kv: int = 64
@@ -1141,8 +1059,6 @@ class MosaicConfig:
     q_in_kernel: bool = False
     wide_ring: bool = False
     pair_ring: bool = False
-    qk_fp8: bool = False
-    qk_fp8_one_acc: bool = True
     pdl: bool = False
 
     def __post_init__(self):
@@ -1153,8 +1069,7 @@ class MosaicConfig:
         for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
                      "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast", "deferred_pv", "split_ring",
                      "part_wait", "kv_halves", "qk_registers", "sums_at_end", "qk_permuted", "pv_registers",
-                     "zero_tail", "load_ahead", "lazy_max", "q_in_kernel", "wide_ring", "pair_ring", "qk_fp8",
-                     "qk_fp8_one_acc"):
+                     "zero_tail", "load_ahead", "lazy_max", "q_in_kernel", "wide_ring", "pair_ring"):
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
@@ -1469,9 +1384,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   part_wait: bool = False,
                   kv_halves: bool = False, qk_registers: bool = False, sums_at_end: bool = False,
                   qk_permuted: bool = False, pv_registers: bool = False, pv_wait: int = 4, zero_tail: bool = False,
-                  load_ahead: bool = False, q_parts: int = 0, q_one_acc: bool = True, q_bits: bool = False,
-                  lazy_max: bool = False, wide_ring: bool = False, pair_ring: bool = False, out_dtype=None,
-                  interpret: bool = False):
+                  load_ahead: bool = False, q_bits: bool = False, lazy_max: bool = False, wide_ring: bool = False,
+                  pair_ring: bool = False, out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile), the last axis the fastest (heads_fastest: reversed, the head
@@ -1490,13 +1404,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     pv_registers: MosaicConfig's (with qk_permuted only: P @ V's left operand from the fp8 slot, a ring of two slots a
     warpgroup; the output's columns permuted by PV_PERM, the caller undoes it). pv_wait, zero_tail: MosaicConfig's
     (zero_tail kv_halves only).
-    q_parts: (MosaicConfig.qk_fp8: kv_halves, or the plain scores' fused conversion) q's e4m3 parts: the kernel's q
-    is then (q [T, q_parts, heads, 576] fp8, inverse scales [R, QS_WORDS] float32, the request's 1 / a in column 0:
-    split_q_e4m3's), the scores on the e4m3 tensor cores; 0: q [T, heads, 576] in `dtype`. q_one_acc: (the plain
-    scores, q_parts) the parts' wgmmas into one accumulator (split_q_e4m3's step 1), else an accumulator a part (the
-    parts 16x apart, step Q_FP8_STEP).
     lazy_max: MosaicConfig's (kv_halves only).
-    wide_ring: MosaicConfig's (with load_ahead and pv_registers, compiled; no q_parts).
+    wide_ring: MosaicConfig's (with load_ahead and pv_registers, compiled).
     pair_ring: MosaicConfig's (the same; pages of a multiple of 16 rows): kv_cache comes as [N, P / 2, 1152].
     q_bits: (MosaicConfig.q_in_kernel: an fp8 cache, compiled) q [T, heads, 576] is bfloat16, unpermuted: its TMA
     writes a bfloat16 view of q's tile, which the warpgroups reading q convert to f16 in place (qk_permuted: in
@@ -1507,9 +1416,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     transposed_pv transposed scores of TRANSPOSED_PV_ROWS rows).
     fp8 ("flashmla" only): the cache is float8_e4m3fn; the TMAs fill a ring of fp8 steps, and each compute
     warpgroup dequantizes its own columns of the next step into one `dtype` buffer after its P @ V of the
-    current one (`deq_ready`; q_parts: unused, the scores read the fp8 slot); the per-tensor k_scale (info word 3,
-    float32 bits) scales the scores and the output. `dtype` (q, the wgmma operands) is then float16: e4m3 -> f16 is
-    one exact conversion per two values. out_dtype: the final output's dtype (default `dtype`).
+    current one (`deq_ready`); the per-tensor k_scale (info word 3, float32 bits) scales the scores and the
+    output. `dtype` (q, the wgmma operands) is then float16: e4m3 -> f16 is one exact conversion per two
+    values. out_dtype: the final output's dtype (default `dtype`).
     """
     if fp8 and dtype != jnp.float16:
         raise ValueError(f"an fp8 cache runs the wgmmas in float16, got dtype={jnp.dtype(dtype).name}")
@@ -1547,17 +1456,16 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                          f"pv_registers=True (or interpret mode), got {pv_registers=}")
     if zero_tail and not kv_halves:
         raise ValueError(f"zero_tail zeroes a kv_halves slot's tail: it needs kv_halves=True, got {kv_halves=}")
-    if wide_ring and not (load_ahead and pv_registers and not q_parts and not interpret):
+    if wide_ring and not (load_ahead and pv_registers and not interpret):
         raise ValueError(f"wide_ring loads the scores' K chunks in pairs on load_ahead's path and V^T by pv_registers's "
-                         f"ldmatrix (compiled): it needs load_ahead=True, pv_registers=True, q_parts=0 and "
-                         f"interpret=False, got {load_ahead=}, {pv_registers=}, {q_parts=}, {interpret=}")
-    if pair_ring and not (load_ahead and pv_registers and not q_parts and not interpret and not wide_ring
-                          and page_size % 16 == 0):
+                         f"ldmatrix (compiled): it needs load_ahead=True, pv_registers=True and interpret=False, got "
+                         f"{load_ahead=}, {pv_registers=}, {interpret=}")
+    if pair_ring and not (load_ahead and pv_registers and not interpret and not wide_ring and page_size % 16 == 0):
         raise ValueError(f"pair_ring reads the scores' K chunks on load_ahead's path and V^T by pv_registers's "
                          f"ldmatrix (compiled) from slots of pair rows, a page a multiple of 8 of them: it needs "
-                         f"load_ahead=True, pv_registers=True, q_parts=0, interpret=False, wide_ring=False and a "
-                         f"page_size multiple of 16, got {load_ahead=}, {pv_registers=}, {q_parts=}, {interpret=}, "
-                         f"{wide_ring=}, {page_size=}")
+                         f"load_ahead=True, pv_registers=True, interpret=False, wide_ring=False and a page_size "
+                         f"multiple of 16, got {load_ahead=}, {pv_registers=}, {interpret=}, {wide_ring=}, "
+                         f"{page_size=}")
     if load_ahead and not (qk_permuted and not interpret):
         raise ValueError(f"load_ahead loads qk_permuted's chunks (and pv_registers's) a chunk ahead (compiled): it "
                          f"needs qk_permuted=True and interpret=False, got {qk_permuted=}, {interpret=}")
@@ -1568,19 +1476,12 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     if qk_permuted and not qk_registers:
         raise ValueError(f"qk_permuted loads qk_registers's left operands: it needs qk_registers=True, got "
                          f"{qk_registers=}")
-    if pv_registers and not ((qk_permuted or (q_parts and kv_halves)) and not interpret):
-        raise ValueError(f"pv_registers loads P @ V's left operand beside qk_permuted's or q_parts's (compiled): it "
-                         f"needs qk_permuted=True or q_parts > 0, and interpret=False, got {qk_permuted=}, "
-                         f"{q_parts=}, {interpret=}")
-    if q_parts and not (q_parts in (2, 3) and (kv_halves and not qk_permuted
-                                               or fp8 and fused_dequant and not score_rows and not kv_halves)):
-        raise ValueError(f"q_parts (qk_fp8) runs with 2 or 3 parts in kv_halves's step (without qk_permuted) or in "
-                         f"the plain scores' fused conversion (an fp8 cache, fused_dequant, score_rows=0), got "
-                         f"{q_parts=}, {kv_halves=}, {qk_permuted=}, {fp8=}, {fused_dequant=}, {score_rows=}")
-    if q_bits and not (fp8 and flashmla and not q_parts and not memory_wg and not interpret):
+    if pv_registers and not (qk_permuted and not interpret):
+        raise ValueError(f"pv_registers loads P @ V's left operand beside qk_permuted's (compiled): it needs "
+                         f"qk_permuted=True and interpret=False, got {qk_permuted=}, {interpret=}")
+    if q_bits and not (fp8 and flashmla and not memory_wg and not interpret):
         raise ValueError(f"q_bits (q_in_kernel) converts a bf16 q beside an fp8 cache in the flashmla schedule "
-                         f"(compiled; qk_fp8's parts are e4m3), got {fp8=}, {schedule=}, {q_parts=}, {memory_wg=}, "
-                         f"{interpret=}")
+                         f"(compiled), got {fp8=}, {schedule=}, {memory_wg=}, {interpret=}")
     if kv_halves:
         overlap_dequant = fused_dequant = False  # (each warpgroup converts its own steps: compute_tile_halves)
     if overlap_dequant:
@@ -1617,9 +1518,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
              q_kv_or_stage, p_smem, x_smem, i_smem,
              q_bar, info_bar, bt_bar, kv_ready, kv_consumed, sync_a, sync_b, *extra_barriers):
         deq_smem = deq_v = deq_rope = t_smem = e_smem = None
-        qs_ref = q_bf16 = None
-        if q_parts:  # (q's parts and the requests' inverse scales)
-            q_ref, qs_ref = q_ref
+        q_bf16 = None
         if q_bits:  # (the union's last member: q's tile seen as bfloat16, its TMA's destination)
             *q_kv_or_stage, (q_bf16,) = q_kv_or_stage
         if transposed_pv and not kv_halves:  # the stage, then O^T's two bf16 parts and the identity that transposes
@@ -1636,7 +1535,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             kv_rope = kv_v.pop(0) if wide_ring else None  # (wide_ring: kv_smem the latent slots, kv_rope the rope's)
             kv_v = kv_v[0] if kv_v else None  # (pv_registers: none)
             p_smem, red_smem = p_smem
-            (bt_bar_wg1, *qs_smem) = extra_barriers  # (q_parts: the request's 1 / a, qs_ref's row)
+            (bt_bar_wg1,) = extra_barriers
         elif fp8 and overlap_dequant:
             # kv_smem: the ring of fp8 steps; deq_v: f16 V halves (0, 1: the first half of even / odd steps, 2: the
             # second half); deq_rope: the rope columns of a step
@@ -1645,7 +1544,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         elif fp8:
             # kv_smem: the ring of fp8 steps the TMAs fill; deq_smem: the step the wgmmas read
             (q_smem, kv_smem, deq_smem), stage = q_kv_or_stage
-            (deq_ready, *qs_smem) = extra_barriers  # (q_parts: the request's 1 / a, qs_ref's row)
+            (deq_ready,) = extra_barriers
         elif two_parts:  # the ring in two column parts (each a contiguous TMA destination)
             (q_smem, *kv_part_smem), stage = q_kv_or_stage
             kv_smem = None
@@ -1780,26 +1679,22 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             rows past it become 0 (their cache slots may hold NaN; P = 0 times NaN is NaN). Then releases
             the slot to the TMAs."""
             slot = convert_step(k, begin, kv_len, functools.partial(convert_columns, w), fence=True)
-            if not q_parts:  # (q_parts: warpgroup 0's scores read the fp8 slot, not this warpgroup's columns)
-                plgpu.barrier_arrive(deq_ready)
+            plgpu.barrier_arrive(deq_ready)
             plgpu.barrier_arrive(kv_consumed.at[slot])
 
-        def convert_columns(w: int, slot, keep, rope: bool = True):
+        def convert_columns(w: int, slot, keep):
             """This warpgroup's columns of the fp8 step in `slot` -> the dequantized step (rows where `keep` is False
-            0): its P @ V half, then (warpgroup 0, rope) the rope chunk; a loop over the chunks (not unrolled),
-            unrolled under fp8_convert="mixed" (the method by chunk)."""
-            num_chunks = V_HALF // 64 + (1 if w == 0 and rope else 0)  # 64-column chunks (warpgroup 0: + rope)
+            0): its P @ V half, then (warpgroup 0) the rope chunk; a loop over the chunks (not unrolled), unrolled
+            under fp8_convert="mixed" (the method by chunk)."""
+            num_chunks = V_HALF // 64 + (1 if w == 0 else 0)  # 64-column chunks (warpgroup 0: + rope)
             if fp8_convert == "mixed":
-                for c in fused_chunks(w)[0 if rope or w else 1:]:
+                for c in fused_chunks(w):
                     convert_chunk(slot, c, keep)
                 return
 
             @pl.loop(0, num_chunks)
             def _(i):
                 # chunk i of this warpgroup's columns: V half w, then (warpgroup 0) the rope chunk
-                if w == 0 and not rope:  # (V half 0 only)
-                    convert_chunk(slot, i, keep)
-                    return
                 rope_i = (i == V_HALF // 64).astype(jnp.int32)
                 convert_chunk(slot, w * (V_HALF // 64) + i + rope_i * (KV_LORA_RANK // 64 - V_HALF // 64), keep)
 
@@ -1844,25 +1739,14 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                                     i_smem.at[pl.ds(0, INFO_WORDS + bt_chunk)], info_bar)
 
         def load_q(first_tok):
-            """The query tile, straight from q [T, H, 576] (q_parts: each part t of q [T, q_parts, H, 576] into rows
-            [t q_rows, t q_rows + q_rows))."""
-            if q_parts:
-                plgpu.copy_gmem_to_smem(qs_ref.at[req], qs_smem[0], q_bar)
+            """The query tile, straight from q [T, H, 576]."""
             q_dst = q_bf16 if q_bits else q_smem  # (q_bits: the bf16 view of the same bytes)
             if tpt == 1:
-                if not q_parts:
-                    plgpu.copy_gmem_to_smem(q_ref.at[first_tok, pl.ds(hb * BLOCK_H, BLOCK_H)], q_dst, q_bar)
-                for t in range(q_parts):
-                    plgpu.copy_gmem_to_smem(q_ref.at[first_tok, t, pl.ds(hb * BLOCK_H, BLOCK_H)],
-                                            q_smem.at[0, pl.ds(t * BLOCK_H, BLOCK_H)], q_bar)
-                return
-            for t in range(max(1, q_parts)):
+                plgpu.copy_gmem_to_smem(q_ref.at[first_tok, pl.ds(hb * BLOCK_H, BLOCK_H)], q_dst, q_bar)
+            else:
                 for j in range(q_toks):  # rows of tokens past the tile's last repeat a valid token: never written
                     tok = jnp.minimum(first_tok + j, num_tokens - 1)
-                    if q_parts:
-                        plgpu.copy_gmem_to_smem(q_ref.at[tok, t], q_smem.at[0, pl.ds(t * q_rows + j * hp, hp)], q_bar)
-                    else:
-                        plgpu.copy_gmem_to_smem(q_ref.at[tok], q_dst.at[pl.ds(j * hp, hp)], q_bar)
+                    plgpu.copy_gmem_to_smem(q_ref.at[tok], q_dst.at[pl.ds(j * hp, hp)], q_bar)
 
         def convert_q(first: int, count: int):
             """(q_bits) Items [first, first + count) of q's tile (a row's 16 columns each) from bf16 to f16 in place by
@@ -2214,8 +2098,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 plgpu.barrier_wait(q_bar)
                 if q_bits:  # (only this warpgroup reads q)
                     convert_q(0, q_rows * Q_GROUPS)
-                if q_parts:  # (q's parts are q a: times the request's 1 / a)
-                    scale = scale * qs_smem[0][0]
                 m_i = plgpu.layout_cast(jnp.full((n,), -jnp.inf, jnp.float32), vec_layout)
                 l_i = plgpu.layout_cast(jnp.full((n,), 0.0, jnp.float32), vec_layout)
 
@@ -2281,43 +2163,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                             qk_chunk(s_ref, c)
                         return s_ref[...]
 
-                    def scores_fp8():
-                        """(q_parts) S = Q K^T on the e4m3 tensor cores: a wgmma a part of q (its left operand the
-                        part's 64 rows, K = 576), K straight from the fp8 slot, all into one accumulator (q_one_acc:
-                        the parts unscaled, split_q_e4m3's step 1) or each into its own (part t's scores times 16^-t,
-                        summed in fp32); under them this warpgroup's V half of the step
-                        converted into the f16 copy (rows past kv_len 0 on the masked step; keys past it make only
-                        their own columns of S, which the mask drops), and the slot released once both have read it.
-                        Both operands indexed by info word 4 (0), as kv_tile's."""
-                        with jax.named_scope("kv_wait"):
-                            plgpu.barrier_wait(kv_ready.at[slot])
-
-                        def qk_parts(*s_refs):
-                            zero = info_smem[4]
-                            for t in range(q_parts):
-                                plgpu.wgmma(s_refs[0 if q_one_acc else t], q_smem.at[zero, pl.ds(t * BLOCK_H, BLOCK_H)],
-                                            kv_smem.at[zero + slot].transpose((1, 0)))
-                            with jax.named_scope("dequant"):
-                                convert_columns(0, slot, rows_below(kv_len - kv_start) if masked else None,
-                                                rope=False)
-                                plgpu.commit_smem()  # V's half visible to this warpgroup's P @ V
-                            with jax.named_scope("qk"):
-                                return [s_ref[...] for s_ref in s_refs]
-
-                        accs = [plgpu.ACC((BLOCK_H, block_kv), jnp.float32)] * (1 if q_one_acc else q_parts)
-                        parts = pl.run_scoped(qk_parts, *accs)
-                        plgpu.barrier_arrive(kv_consumed.at[slot])  # (the wgmmas are done: their scores read)
-                        s = parts[0]
-                        for t in range(1, len(parts)):
-                            s = s + parts[t] * (Q_FP8_STEP ** -t)
-                        return s
-
                     shape = (block_kv, n) if tr else (BLOCK_H, block_kv)
-                    if q_parts:
-                        s = scores_fp8()
-                    else:
-                        with jax.named_scope("qk"):
-                            s = pl.run_scoped(qk, plgpu.ACC(shape, jnp.float32))
+                    with jax.named_scope("qk"):
+                        s = pl.run_scoped(qk, plgpu.ACC(shape, jnp.float32))
                     if deferred_pv:  # warpgroup 1 may run its P @ V of step k - 1.
                         # Not after the first step's scores (nothing waits for them): then each arrival comes after
                         # warpgroup 1 saw the one before (step k's scores read part 1 of step k, which warpgroup 1
@@ -2673,8 +2521,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 convert_q(w * per_wg, per_wg)
                 plgpu.barrier_arrive(sync_a)
                 plgpu.barrier_wait(sync_a)
-            if q_parts:  # (q's parts are q a: times the request's 1 / a)
-                scale = scale * qs_smem[0][0]
 
             def softmax_store(s, m_i, l_i):
                 """A step's online softmax down the columns of its scaled (and masked) scores s [64, n]: (alpha, the
@@ -2702,9 +2548,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 if masked and zero_tail:
                     zero_rows_past(slot, kv_len - kv_start)
                     masked_keys = False
-                if q_parts:
-                    s = scores_fp8(k, slot, kv_start, masked_keys)
-                elif qk_registers:
+                if qk_registers:
                     s = scores_from_registers(k, slot, kv_start, masked_keys)
                 else:
                     s = scores_from_copy(k, kv_start, masked_keys)
@@ -3004,33 +2848,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 def _(c):
                     convert_chunk(slot, c, keep, v_w().at[:, pl.ds(pl.multiple_of(c * 64, 64), 64)])
 
-            def scores_fp8(k, slot, kv_start, masked: bool):
-                """(q_parts) S^T = K Q^T on the e4m3 tensor cores: one wgmma (K = 576, N = q_parts x n), its left
-                operand the fp8 slot, its right one q's parts; part t's columns [t n, t n + n) summed times 16^-t.
-                Keys past kv_len (their slots may hold NaN) make only their own rows of S^T, which the mask drops.
-                Without pv_registers V's f16 copy is converted meanwhile (rows past kv_len 0 on the masked step) and
-                the slot refilled once the wgmma and the conversion have read it (later in the step than
-                scores_from_copy's refill: the wgmma reads the slot itself). Both operands indexed by info word 4 (0),
-                as kv_tile's: with constant addresses the compiler may hoist the 9 k-steps' descriptors out of the
-                loop, and they take registers."""
-                def qk(s_ref):
-                    zero = info_smem[4]
-                    plgpu.wgmma(s_ref, kv_smem.at[zero + slot], q_smem.at[zero].transpose((1, 0)))
-                    if not pv_registers:
-                        with jax.named_scope("dequant"):
-                            convert_v_copy(slot, rows_below(kv_len - kv_start) if masked else None)
-                            plgpu.commit_smem()  # V's copy visible to P @ V
-                    with jax.named_scope("qk"):
-                        return s_ref[...]
-
-                s = pl.run_scoped(qk, plgpu.ACC((block_kv, q_parts * n), jnp.float32))
-                if not pv_registers:  # (the wgmma is done: s read; the conversion's reads before the fence above)
-                    pl.when(k + 1 < e)(lambda: issue_half_step(w, k + 1, k, last_page))
-                total = s[:, :n]
-                for t in range(1, q_parts):
-                    total = total + s[:, t * n:(t + 1) * n] * (Q_FP8_STEP ** -t)
-                return total
-
             def scores_from_copy(k, kv_start, masked: bool):
                 """S^T = K Q^T, K's first 512 columns from V's f16 copy (converted first, 8 chunks), the rope's
                 from registers; the slot refilled once converted."""
@@ -3112,9 +2929,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         if overlap_dequant:
             kv_bufs = (ring, plgpu.SMEM((3, block_kv, V_HALF), dtype, transforms=transforms),
                        plgpu.SMEM((1, block_kv, QK_ROPE_HEAD_DIM), dtype, transforms=transforms))
-        else:  # (q_parts: V's columns only, which alone are converted: the scores read the fp8 slot)
-            kv_bufs = (ring, plgpu.SMEM((1, block_kv, KV_LORA_RANK if q_parts else HEAD_DIM), dtype,
-                                        transforms=transforms))
+        else:
+            kv_bufs = (ring, plgpu.SMEM((1, block_kv, HEAD_DIM), dtype, transforms=transforms))
     elif two_parts:  # the KV ring's two column parts
         kv_bufs = tuple(plgpu.SMEM((stages, block_kv, nc), dtype, transforms=transforms) for _, nc in kv_parts)
     else:
@@ -3129,11 +2945,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         # partials' O^T halves; then the stage, O^T's parts and the identity (transposed_pv's)
         f16_tiles = F16_TILES
         half_slots = NUM_COMPUTE_WGS * (2 if pv_registers else 1)  # the fp8 ring: a slot a warpgroup (pv_registers: 2)
-        # (q_parts: q's e4m3 parts stacked by rows, part t rows [t q_rows, t q_rows + q_rows): the scores' wgmma's
-        # right operand, tiled and swizzled as the fp8 ring, its left one; a leading axis of 1 for scores_fp8's index)
         union = plgpu.RefUnion(
-            (plgpu.SMEM((1, q_parts * q_rows, HEAD_DIM), jnp.float8_e4m3fn, transforms=FP8_RING_TILES) if q_parts else
-             plgpu.SMEM((q_rows, HEAD_DIM), dtype, transforms=transforms),
+            (plgpu.SMEM((q_rows, HEAD_DIM), dtype, transforms=transforms),
              *((plgpu.SMEM((half_slots, block_kv // 2, PAIR_COLS), jnp.float8_e4m3fn, transforms=PAIR_TILES),)
                if pair_ring else
                (plgpu.SMEM((half_slots, block_kv, KV_LORA_RANK), jnp.float8_e4m3fn, transforms=wide_ring_tiles()),
@@ -3165,8 +2978,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # row sums, 2 + w: warpgroup w's max, 4 + w: its sums
             plgpu.SMEM((6, BLOCK_H), jnp.float32),
             plgpu.SMEM((INFO_WORDS + NUM_COMPUTE_WGS * bt_chunk,), jnp.int32),  # info + a block-table chunk each
-            plgpu.Barrier(num_arrivals=q_toks * max(1, q_parts) + bool(q_parts)),  # q_bar (a TMA a token and part;
-            # q_parts: and the request's scale)
+            plgpu.Barrier(num_arrivals=q_toks),  # q_bar
             plgpu.Barrier(),  # info_bar
             plgpu.Barrier(),  # bt_bar (warpgroup 0's chunks)
             # kv_ready, a slot each (a TMA a page; wide_ring: two, the latent's and the rope's)
@@ -3176,14 +2988,11 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS),
             plgpu.Barrier(num_arrivals=1),  # sync_b (unused)
             plgpu.Barrier(),  # bt_bar_wg1 (warpgroup 1's chunks)
-            *([plgpu.SMEM((QS_WORDS,), jnp.float32)] if q_parts else []),  # (q_parts) the request's 1 / a (q_bar's)
         ]
     else:
         scratch = [
             plgpu.RefUnion(
-                # q (q_parts: its e4m3 parts stacked by rows, as kv_halves's), the KV ring
-                (plgpu.SMEM((1, q_parts * q_rows, HEAD_DIM), jnp.float8_e4m3fn, transforms=FP8_RING_TILES) if q_parts
-                 else plgpu.SMEM((q_rows, HEAD_DIM), dtype, transforms=transforms), *kv_bufs),
+                (plgpu.SMEM((q_rows, HEAD_DIM), dtype, transforms=transforms), *kv_bufs),  # q, the KV ring
                 # the output stage, once every read of q and the ring is done: per warpgroup its
                 # [64, 256] half, each token's rows out in one TMA; swizzled, so that the stores of the
                 # wgmma accumulator rows do not conflict on shared-memory banks (8-way unswizzled)
@@ -3202,8 +3011,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # row max / row sum exchange, lse (p_in_kv: the rescale factor per slot, then the row sums)
             plgpu.SMEM((stages + 1 if p_in_kv else NUM_COMPUTE_WGS, BLOCK_H), jnp.float32),
             plgpu.SMEM((INFO_WORDS + bt_bufs * bt_chunk,), jnp.int32),  # request info + block-table chunk(s)
-            # q_bar: one TMA per token of the tile (one for H >= 64; q_parts: a token and part, and the request's scale)
-            plgpu.Barrier(num_arrivals=q_toks * max(1, q_parts) + bool(q_parts)),
+            plgpu.Barrier(num_arrivals=q_toks),  # q_bar: one TMA per token of the tile (one for H >= 64)
             plgpu.Barrier(),  # info_bar
             plgpu.Barrier(),  # bt_bar
             plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=stages * len(kv_parts)),  # kv_ready
@@ -3215,8 +3023,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         ]
     if fp8 and not kv_halves:
         scratch.append(plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS))  # deq_ready: both column sets dequantized
-        if q_parts:
-            scratch.append(plgpu.SMEM((QS_WORDS,), jnp.float32))  # the request's 1 / a (q_bar's)
     if p_in_kv:
         scratch.append(plgpu.Barrier(num_arrivals=1, num_barriers=stages))  # p_ready per slot
     if part_ring:
@@ -3286,46 +3092,23 @@ def _kv_halves_runs(tuning: MosaicConfig, fp8: bool, num_heads: int, max_query_l
     beside q's 32 rows; interpret mode, with no shared-memory limit, runs it with the copies)."""
     _, hp, tpt = _tile_geometry(num_heads)
     score_rows = hp * min(tpt, max(1, max_query_len)) if tuning.transposed_scores else BLOCK_H
-    pv_registers_asked = tuning.pv_registers and (tuning.qk_fp8 or (tuning.qk_registers and tuning.qk_permuted))
+    pv_registers_asked = tuning.pv_registers and tuning.qk_registers and tuning.qk_permuted
     kv_halves = (tuning.kv_halves and fp8 and tuning.transposed_pv and score_rows in TRANSPOSED_PV_ROWS
                  and (score_rows == TRANSPOSED_PV_ROWS[0] or interpret
                       or pv_registers_asked))
     return bool(kv_halves), score_rows
 
 
-def _qk_fp8_runs(tuning: MosaicConfig, fp8: bool, num_heads: int, max_query_len: int, interpret: bool,
-                 q_dtype) -> float | None:
-    """Where MosaicConfig.qk_fp8 runs, split_q_e4m3's step between q's parts (else None): where kv_halves does
-    (Q_FP8_STEP: the parts summed in registers), and (compiled) where q's parts fit in shared memory: with pv_registers
-    (no f16 copies of V), or a bf16 q (2 parts: at 16 rows the copies, 2 fp8 slots and 3 parts of q take 235 KiB); and
-    on the plain scores (64-row tiles) with the fused conversion (fused_dequant; 1: the parts summed in one
-    accumulator, or Q_FP8_STEP with qk_fp8_one_acc=False: an accumulator a part), compiled with a bf16 q (its 2 parts
-    take the bytes of the 16-bit q; 3 would not fit)."""
-    if not (fp8 and tuning.qk_fp8):
-        return None
-    kv_halves, score_rows = _kv_halves_runs(tuning, fp8, num_heads, max_query_len, interpret)
-    if kv_halves:
-        return Q_FP8_STEP if interpret or tuning.pv_registers or q_fp8_parts(q_dtype) == 2 else None
-    plain = score_rows == BLOCK_H and tuning.fused_dequant and (interpret or q_fp8_parts(q_dtype) == 2)
-    if not plain:
-        return None
-    return 1.0 if tuning.qk_fp8_one_acc else Q_FP8_STEP
-
-
 def _q_in_kernel_runs(tuning: MosaicConfig, fp8: bool, q_dtype, interpret: bool) -> bool:
     """Where MosaicConfig.q_in_kernel runs: an fp8 cache and a bf16 q, compiled, the flashmla schedule (the fp8
-    kernel's; qk_fp8 makes its own parts of q first, and _mla_decode then sees e4m3 parts)."""
+    kernel's)."""
     return bool(fp8 and tuning.q_in_kernel and jnp.dtype(q_dtype) == jnp.bfloat16 and not interpret
                 and tuning.schedule == "flashmla" and not tuning.memory_warpgroup)
 
 
 def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfig, tuning: MosaicConfig,
-                interpret: bool, out_dtype=None, q_inv_scale=None):
-    # (qk_fp8: q [T, parts, H, 576] e4m3, split_q_e4m3's, and q_inv_scale [R, QS_WORDS] its requests' 1 / a in column 0:
-    # a kernel input of its own, where a column of the schedule array made the CPU interpreter deadlock, an XLA op
-    # beside the interpreted kernel)
-    q_parts = q.shape[1] if q_inv_scale is not None else 0
-    num_tokens, num_heads = q.shape[0], q.shape[-2]
+                interpret: bool, out_dtype=None):
+    num_tokens, num_heads, _ = q.shape
     fp8 = config.is_fp8_kv_cache
     if fp8 and (tuning.schedule != "flashmla" or tuning.memory_warpgroup):
         raise NotImplementedError(f"an fp8 cache runs the flashmla schedule only, got schedule={tuning.schedule!r}, "
@@ -3340,14 +3123,14 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
                                   "that the next step's dequantization overwrites), got kv_cache_dtype='fp8_e4m3'")
     out_dtype = q.dtype if out_dtype is None else out_dtype  # (fp8: q is f16 here, the output q's dtype)
     # (q_in_kernel: a bf16 q reaches the fp8 kernel as it is, converted inside)
-    q_bits = fp8 and not q_parts and q.dtype == jnp.bfloat16
+    q_bits = fp8 and q.dtype == jnp.bfloat16
     if q_bits and not _q_in_kernel_runs(tuning, fp8, q.dtype, interpret):
         raise ValueError(f"an fp8 cache runs the wgmmas in float16: a bf16 q is converted before the kernel unless "
                          f"q_in_kernel runs (compiled), got q_in_kernel={tuning.q_in_kernel}, {interpret=}")
     page_size = config.page_size
     heads, hp, tpt = _tile_geometry(num_heads)
     if heads != num_heads:
-        q = jnp.pad(q, ((0, 0),) * (q.ndim - 2) + ((0, heads - num_heads), (0, 0)))
+        q = jnp.pad(q, ((0, 0), (0, heads - num_heads), (0, 0)))
     num_h_tiles = heads // hp
     num_reqs = metadata.seq_lens.shape[0]
     q_tiles = -(-max(1, metadata.max_query_len) // tpt)
@@ -3368,9 +3151,6 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
 
     # transposed scores: the tile's rows in use (hp heads x the tokens a tile can hold), when fewer than 64
     kv_halves, score_rows = _kv_halves_runs(tuning, fp8, num_heads, metadata.max_query_len, interpret)
-    if q_parts and not (kv_halves or (fp8 and score_rows == BLOCK_H and tuning.fused_dequant)):
-        raise ValueError(f"q in e4m3 parts (qk_fp8) needs kv_halves or the plain scores' fused conversion to run, got "
-                         f"{tuning}")
     pages_per_step = max(1, block_kv // page_size)
     bt_chunk = tuning.bt_chunk
     if tuning.part_ring:  # two buffers of half the entries (a TMA moves a multiple of 128
@@ -3384,8 +3164,8 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     width = -(-metadata.block_table.shape[1] // bt_chunk) * bt_chunk
     # (interpret mode runs qk_registers's path: with q's permutation in the interpreted computation the CPU tests hung,
     # as with a bf16 -> f16 conversion there)
-    qk_permuted = kv_halves and tuning.qk_registers and tuning.qk_permuted and not interpret and not q_parts
-    pv_registers = (qk_permuted or (kv_halves and q_parts and not interpret)) and tuning.pv_registers
+    qk_permuted = kv_halves and tuning.qk_registers and tuning.qk_permuted and not interpret
+    pv_registers = qk_permuted and tuning.pv_registers
     load_ahead = qk_permuted and tuning.load_ahead
     # (pair_ring: the cache two tokens a row, a free reshape; pages of a multiple of 16 rows, else the default ring)
     pair_ring = pv_registers and load_ahead and tuning.pair_ring and page_size % 16 == 0
@@ -3393,7 +3173,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         # f16 conversion; q_bits: in the kernel's conversion)
         q = q[..., QK_PERM]
     kernel = _build_kernel(
-        dtype=jnp.float16 if q_parts or q_bits else q.dtype, out_dtype=out_dtype, page_size=page_size, num_tokens=num_tokens,
+        dtype=jnp.float16 if q_bits else q.dtype, out_dtype=out_dtype, page_size=page_size, num_tokens=num_tokens,
         heads=heads, hp=hp, num_h_tiles=num_h_tiles, q_tiles=q_tiles, num_reqs=num_reqs, num_splits=num_splits, block_kv=block_kv,
         stages=tuning.max_concurrent_steps, bt_chunk=bt_chunk, scale_log2=config.softmax_scale * LOG2E,
         memory_wg=tuning.memory_warpgroup, schedule=tuning.schedule,
@@ -3411,14 +3191,13 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         zero_tail=kv_halves and tuning.zero_tail,
         load_ahead=load_ahead,
         lazy_max=kv_halves and tuning.lazy_max,
-        wide_ring=pv_registers and load_ahead and tuning.wide_ring,  # (qk_permuted: no q_parts)
+        wide_ring=pv_registers and load_ahead and tuning.wide_ring,
         pair_ring=pair_ring,
-        q_parts=q_parts, q_one_acc=tuning.qk_fp8_one_acc, q_bits=q_bits,
+        q_bits=q_bits,
     )
-    q_in = (q, q_inv_scale) if q_parts else q
     if pair_ring:
         kv_cache = kv_cache.reshape(kv_cache.shape[0], page_size // 2, 2 * kv_cache.shape[2])
-    out, lse = kernel(q_in, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
+    out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
     # (pv_registers) the kernel's output columns permuted by PV_PERM within each 16: put back by the combine's gather
     # with split-KV, else by a gather of their own
     order = jnp.asarray(PV_UNPERM, jnp.int32) if pv_registers else None
@@ -3433,14 +3212,14 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
 
 
 @functools.partial(jax.jit, static_argnames=("config", "tuning", "interpret", "out_dtype"))
-def _mla_decode_jit(q, kv_cache, k_scale, metadata, config, tuning, interpret, out_dtype=None, q_inv_scale=None):
+def _mla_decode_jit(q, kv_cache, k_scale, metadata, config, tuning, interpret, out_dtype=None):
     if interpret:
         # The context manager must be active while the kernel is traced (it sets a
         # trace-context config); inside this jitted function it is.
         params = interpret if isinstance(interpret, plgpu.InterpretGPUParams) else plgpu.InterpretGPUParams()
         with plgpu.force_gpu_interpret_mode(params):
-            return _mla_decode(q, kv_cache, k_scale, metadata, config, tuning, True, out_dtype, q_inv_scale)
-    return _mla_decode(q, kv_cache, k_scale, metadata, config, tuning, False, out_dtype, q_inv_scale)
+            return _mla_decode(q, kv_cache, k_scale, metadata, config, tuning, True, out_dtype)
+    return _mla_decode(q, kv_cache, k_scale, metadata, config, tuning, False, out_dtype)
 
 
 def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConfig, *,
@@ -3470,18 +3249,9 @@ def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConf
         raise ValueError(f"tuning must be a MosaicConfig, got tuning={tuning!r}")
     if not isinstance(interpret, plgpu.InterpretGPUParams):
         interpret = bool(interpret)
-    out_dtype = q_inv_scale = None
+    out_dtype = None
     fp8 = config.is_fp8_kv_cache
-    q_step = _qk_fp8_runs(tuning, fp8, q.shape[1], metadata.max_query_len, bool(interpret), q.dtype)
-    if q_step is not None:
-        # (qk_fp8) q's e4m3 parts and its requests' scales (before the jitted kernel: as the f16 conversion below, an
-        # XLA op in the same CPU computation as the interpreted kernel can deadlock the interpreter)
-        out_dtype = jnp.dtype(q.dtype)
-        q, q_inv_scale = split_q_e4m3(q, metadata.query_start_loc, metadata.seq_lens.shape[0],
-                                      q_fp8_parts(q.dtype), q_step)
-        # [R, 32]: the TMA of a request's row moves 128 bytes (a multiple of the warpgroup's 128 threads)
-        q_inv_scale = jnp.pad(q_inv_scale[:, None], ((0, 0), (0, QS_WORDS - 1)))
-    elif fp8 and q.dtype != jnp.float16:
+    if fp8 and q.dtype != jnp.float16:
         # The fp8 path runs its wgmmas in f16 (see _build_kernel): bf16 q converts exactly for |q| in
         # [2^-14, 65504] (f16 has 3 more mantissa bits); larger values become inf (the output NaN). q_in_kernel: the
         # same conversion inside the kernel.
@@ -3489,4 +3259,4 @@ def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConf
         if not _q_in_kernel_runs(tuning, fp8, q.dtype, bool(interpret)):
             q = q.astype(jnp.float16)
     return _mla_decode_jit(q, kv_cache, jnp.asarray(k_scale, jnp.float32), metadata, config, tuning, interpret,
-                           out_dtype, q_inv_scale)
+                           out_dtype)

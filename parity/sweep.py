@@ -51,8 +51,7 @@ VARIANTS = {
                               sums_at_end=(True, False), qk_permuted=(True, False), pv_registers=(True, False),
                               pv_wait=(1, 2, 4, 8), zero_tail=(True,),
                               load_ahead=(True, False), lazy_max=(True, False), q_in_kernel=(True, False),
-                              wide_ring=(True, False), pair_ring=(True, False),
-                              qk_fp8=(True,), qk_fp8_one_acc=(False,)),  # (qk_fp8_one_acc: with --set qk_fp8=True)
+                              wide_ring=(True, False), pair_ring=(True, False)),
 }
 
 

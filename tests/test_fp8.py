@@ -392,40 +392,8 @@ MOSAIC_FP8_CASES = [
     # (and the sums reduced a step, without sums_at_end: l rescaled by alpha, 1 on a kept step)
     ("heads_8_q2", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
                                    qk_permuted=True, lazy_max=True)),
-    # qk_fp8: the scores on the e4m3 tensor cores, K from the slot, q in e4m3 parts (bf16 2, f16 3): 2 splits at page
-    # 16 (V's f16 copies), H = 8 q_len 2 in fp16 (masks; compiled: no pv_registers, 3 parts do not fit, so not run),
-    # block tables past a chunk with pv_registers and zero_tail, 32 rows (interpret: V's copies) at page 32 beside a
-    # q_len-1 request, in fp16 at page 16, H = 32 with 3 splits, H = 8 with four tokens a tile
-    ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
-                                      sums_at_end=True, qk_fp8=True)),
-    ("heads_8_q2", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, sums_at_end=True,
-                                   qk_fp8=True)),
-    ("long_page_8", "bfloat16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, sums_at_end=True,
-                                     pv_registers=True, zero_tail=True, qk_fp8=True)),
-    ("decode_q2_page_32", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
-                                           sums_at_end=True, pv_registers=True, pv_wait=1, zero_tail=True,
-                                           qk_fp8=True)),
-    ("long_q2_page_16", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, sums_at_end=True,
-                                        pv_registers=True, pv_wait=1, qk_fp8=True)),
-    ("heads_32", "bfloat16", dict(num_splits=3, transposed_scores=True, transposed_pv=True, kv_halves=True,
-                                  sums_at_end=True, pv_registers=True, zero_tail=True, qk_fp8=True)),
-    ("heads_8_q4", "float16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
-                                   sums_at_end=True, pv_registers=True, pv_wait=1, qk_fp8=True)),
-    # qk_fp8 on the plain scores (64-row tiles, the fused conversion): a wgmma a part of q into one accumulator (the
-    # parts unscaled), warpgroup 0 converting only its V half: H = 128 with splits, in fp16 (3 parts; compiled they do
-    # not fit, so not run) with one stage, H = 128 at q_len up to 4 (a query tile a token), H = 16 with causal masks
-    # (spec decode, pages of 16) and 3 splits, pages of 8 with the "mixed" conversion's unrolled chunks
-    ("heads_128", "bfloat16", dict(num_splits=2, qk_fp8=True)),
-    ("heads_128", "float16", dict(max_concurrent_steps=1, qk_fp8=True)),
-    ("heads_128_spec", "bfloat16", dict(qk_fp8=True)),
-    ("spec_decode_page_16", "bfloat16", dict(num_splits=3, qk_fp8=True)),
-    ("long_page_8", "bfloat16", dict(qk_fp8=True, fp8_convert="mixed")),
-    # (the default fp8 path at H = 128 with a bf16 q, beside the qk_fp8 cases)
+    # the default fp8 path at H = 128 with a bf16 q, 2 splits
     ("heads_128", "bfloat16", dict(num_splits=2)),
-    # (an accumulator a part, qk_fp8_one_acc=False: the parts 16x apart, summed in fp32) H = 128 in fp16 with one
-    # stage (3 parts), H = 16 with causal masks and 3 splits
-    ("heads_128", "float16", dict(max_concurrent_steps=1, qk_fp8=True, qk_fp8_one_acc=False)),
-    ("spec_decode_page_16", "bfloat16", dict(num_splits=3, qk_fp8=True, qk_fp8_one_acc=False)),
 ]
 
 
@@ -473,10 +441,7 @@ def test_mosaic_gpu_fp8_no_data_races_and_through_the_api():
                          ("page_size_16", dict(num_splits=2, transposed_scores=True, transposed_pv=True,
                                                kv_halves=True, qk_registers=True)),
                          ("page_size_16", dict(num_splits=2, transposed_scores=True, transposed_pv=True,
-                                               kv_halves=True, qk_registers=True, sums_at_end=True)),
-                         ("page_size_16", dict(num_splits=2, transposed_scores=True, transposed_pv=True,
-                                               kv_halves=True, sums_at_end=True, qk_fp8=True)),
-                         ("spec_decode_page_16", dict(num_splits=2, qk_fp8=True))]:
+                                               kv_halves=True, qk_registers=True, sums_at_end=True))]:
         _mosaic_fp8(name, "bfloat16", tuning, interpret=params)
         assert not ipc.get_races().races_found, (name, tuning)
     # through mla_jax.mla_decode, k_scale traced under jit. (An f16 q: a bf16 one is converted to f16 first, and
@@ -610,21 +575,10 @@ def test_mosaic_gpu_fp8_lazy_max_nan_in_one_head_compiled():
                                                         kv_halves=True, qk_registers=True, sums_at_end=True,
                                                         qk_permuted=True, pv_registers=True, pv_wait=1,
                                                         zero_tail=True)),
-                                              # (qk_fp8: the e4m3 scores, with V's copies at 16 rows,
-                                              # with pv_registers at 16 and 32 rows)
-                                              (8, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
-                                                       kv_halves=True, sums_at_end=True, qk_fp8=True)),
-                                              (8, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
-                                                       kv_halves=True, sums_at_end=True, pv_registers=True,
-                                                       zero_tail=True, qk_fp8=True)),
-                                              (16, dict(num_splits=1, transposed_scores=True, transposed_pv=True,
-                                                        kv_halves=True, sums_at_end=True, pv_registers=True,
-                                                        pv_wait=1, zero_tail=True, qk_fp8=True)),
-                                              # (qk_fp8 on the plain scores: H = 64, a query tile a token)
-                                              (64, dict(num_splits=2, qk_fp8=True)),
-                                              (64, dict(num_splits=2, qk_fp8=True, qk_fp8_one_acc=False)),
                                               # (H = 128 with one split: the final stage in the output's dtype)
                                               (128, dict(num_splits=1)),
+                                              # (H = 64: the plain scores' 64-row tile, a head a row)
+                                              (64, dict(num_splits=2)),
                                               (8, None), (8, dict(num_splits=2, transposed_scores=True,
                                                                   overlap_wait=True))])
 def test_mosaic_gpu_fp8_lowers_for_cuda(num_heads, tuning):
@@ -761,8 +715,8 @@ FP8_BUILD_KW = dict(dtype=jnp.float16, page_size=64, num_tokens=4, heads=16, hp=
 def test_qk_registers_needs_kv_halves_in_the_kernel_builder():
     """MosaicConfig(qk_registers=True), sums_at_end and zero_tail have no effect where kv_halves does not run (the
     wrapper passes them only with kv_halves); the kernel builder itself refuses each without kv_halves, naming the
-    value; likewise qk_permuted without qk_registers, pv_registers without its loads, kv_halves at 32 rows without
-    pv_registers, and q's e4m3 parts (q_parts) outside kv_halves's step and the plain scores' fused conversion."""
+    value; likewise qk_permuted without qk_registers, pv_registers without its loads and kv_halves at 32 rows without
+    pv_registers."""
     from mla_jax import pallas_mosaic_gpu
 
     kw = dict(FP8_BUILD_KW, bt_chunk=96, score_rows=16, transposed_pv=True)
@@ -786,19 +740,6 @@ def test_qk_registers_needs_kv_halves_in_the_kernel_builder():
         pallas_mosaic_gpu._build_kernel(qk_permuted=True, **full32)
     pallas_mosaic_gpu._build_kernel(interpret=True, **full32)  # (interpret mode: with the copies)
     pallas_mosaic_gpu._build_kernel(pv_registers=True, qk_permuted=True, **full32)
-    # q's e4m3 parts (qk_fp8): 2 or 3, in kv_halves's step without qk_permuted, or on the plain scores with the fused
-    # conversion; not on the transposed scores' one-chain path, nor with 4 parts
-    with pytest.raises(ValueError, match="q_parts=2, kv_halves=True, qk_permuted=True"):
-        pallas_mosaic_gpu._build_kernel(q_parts=2, qk_permuted=True, **full)
-    pallas_mosaic_gpu._build_kernel(q_parts=2, pv_registers=True, **full)
-    with pytest.raises(ValueError, match="q_parts=2, kv_halves=False.*score_rows=16"):
-        pallas_mosaic_gpu._build_kernel(q_parts=2, fused_dequant=True, **kw)
-    plain = dict(kw, score_rows=0, transposed_pv=False, fused_dequant=True)
-    pallas_mosaic_gpu._build_kernel(q_parts=2, **plain)
-    with pytest.raises(ValueError, match="q_parts=4"):
-        pallas_mosaic_gpu._build_kernel(q_parts=4, **plain)
-    with pytest.raises(ValueError, match="fused_dequant=False"):
-        pallas_mosaic_gpu._build_kernel(q_parts=2, **dict(plain, fused_dequant=False))
 
 
 def _layout_columns(layout, shape=(64, 64)):
@@ -1493,251 +1434,10 @@ def test_fp8_heuristic_tiles_run_compiled(num_heads, batch_invariant, dtype):
     assert bf16.block_h == min(max(num_heads, 16), 64)
 
 
-# ----------------------------------------------------------------------------- qk_fp8: q in e4m3 parts
-
-
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_split_q_e4m3_bound_and_exactness(dtype):
-    """split_q_e4m3: |q - inv_scale x sum_t part_t / 16^t| <= 2^-4n |q a| + 2^-(6 + 4n) (units of q a) for n parts,
-    none where |q a| >= 2^-6 with the dtype's own part count (bf16 2, f16 3; one part fewer is not exact there); the
-    scale a power of two with max |q a| in (224, 448] per request; padding tokens past query_start_loc[-1] scaled by
-    their own."""
-    from mla_jax.pallas_mosaic_gpu import E4M3_MAX, Q_FP8_STEP, q_fp8_parts, split_q_e4m3
-
-    rng = np.random.default_rng(3)
-    x = rng.standard_normal((7, 16, 576)) * np.exp(rng.uniform(-12, 8, (7, 16, 576)))
-    x[2] *= 1e-3  # (a token much smaller than its request's other one)
-    q = jnp.asarray(x, JNP_DTYPES[dtype])
-    qsl = jnp.array([0, 3, 4, 6], jnp.int32)  # 3 requests; token 6 is padding
-    req = np.array([0, 0, 0, 1, 2, 2, 3])
-    xq = np.asarray(q.astype(jnp.float32), np.float64)
-    own = q_fp8_parts(q.dtype)
-    assert own == (2 if dtype == "bfloat16" else 3)
-    for n in (own - 1, own):
-        parts, inv = split_q_e4m3(q, qsl, 3, n)
-        assert parts.shape == (7, n, 16, 576) and parts.dtype == jnp.float8_e4m3fn and inv.shape == (3,)
-        inv_r = np.asarray(inv, np.float64)
-        a = 1.0 / np.concatenate([inv_r, [2.0 ** -np.floor(np.log2(E4M3_MAX / np.abs(xq[6]).max()))]])[req]
-        assert np.all(np.log2(1 / inv_r) == np.round(np.log2(1 / inv_r)))  # powers of two
-        p = np.asarray(parts.astype(jnp.float32), np.float64)
-        assert np.all(np.isfinite(p)) and np.abs(p).max() <= E4M3_MAX
-        xa = xq * a[:, None, None]
-        for r in range(4):  # the largest |q a| of each request (and of the padding) in (224, 448]
-            assert E4M3_MAX / 2 < np.abs(xa[req == r]).max() <= E4M3_MAX
-        rec = sum(p[:, t] / Q_FP8_STEP ** t for t in range(n))
-        err = np.abs(rec - xa)
-        assert np.all(err <= 2.0 ** (-4 * n) * np.abs(xa) + 2.0 ** (-6 - 4 * n))
-        big = np.abs(xa) >= 2.0 ** -6
-        if n == own:
-            assert np.all(err[big] == 0)
-        else:
-            assert np.any(err[big] > 0)
-
-
-def test_split_q_e4m3_zeros_huge_and_nonfinite():
-    """A request of zeros takes a = 1 (parts 0); huge finite q (bf16 1e30) is scaled down, no overflow, exact; an inf
-    or NaN entry is NaN in each part, its request's scale taken over the finite entries (ones: a = 2^8)."""
-    from mla_jax.pallas_mosaic_gpu import split_q_e4m3
-
-    x = np.ones((4, 8, 576), np.float32)
-    x[0] = 0.0
-    x[1] = 1e30
-    x[2, 3, 5] = np.inf
-    x[3, 0, 0] = np.nan
-    q = jnp.asarray(x, jnp.bfloat16)
-    parts, inv = split_q_e4m3(q, jnp.arange(5, dtype=jnp.int32), 4, 2)
-    p = np.asarray(parts.astype(jnp.float32))
-    inv = np.asarray(inv)
-    assert inv[0] == 1.0 and np.all(p[0] == 0)
-    assert np.all(np.isfinite(p[1])) and np.isfinite(inv[1])
-    np.testing.assert_array_equal((p[1, 0] + p[1, 1] / 16) * inv[1], np.asarray(q[1].astype(jnp.float32)))
-    assert np.isnan(p[2, :, 3, 5]).all() and np.isnan(p[3, :, 0, 0]).all()  # (each part)
-    nonfinite = np.zeros(p.shape, bool)
-    nonfinite[2, :, 3, 5] = nonfinite[3, :, 0, 0] = True
-    assert np.all(np.isfinite(p[~nonfinite])) and np.all(inv == [1.0, inv[1], 2.0 ** -8, 2.0 ** -8])
-    # a request of tiny q (max 2^-125): the scale capped at 2^Q_FP8_MAX_EXP, its inverse a normal float32, parts finite
-    from mla_jax.pallas_mosaic_gpu import Q_FP8_MAX_EXP
-
-    tiny = jnp.asarray(np.full((1, 8, 576), 2.0 ** -125, np.float32))
-    parts, inv = split_q_e4m3(tiny, jnp.array([0, 1], jnp.int32), 1, 3)
-    assert float(inv[0]) == 2.0 ** -Q_FP8_MAX_EXP and np.all(np.isfinite(np.asarray(parts.astype(jnp.float32))))
-
-
-def test_split_q_e4m3_rejects_bad_input():
-    """A part count below 1 (or not an int) and a query_start_loc of the wrong length are ValueErrors naming them."""
-    from mla_jax.pallas_mosaic_gpu import split_q_e4m3
-
-    q, qsl = jnp.ones((2, 8, 576), jnp.bfloat16), jnp.array([0, 1, 2], jnp.int32)
-    for bad in (0, 2.0, True):
-        with pytest.raises(ValueError, match="num_parts must be an int >= 1"):
-            split_q_e4m3(q, qsl, 2, bad)
-    with pytest.raises(ValueError, match=r"query_start_loc.shape=\(3,\), num_reqs=3"):
-        split_q_e4m3(q, qsl, 3, 2)
-    for bad in (2.0, 0.0, 15.0):
-        with pytest.raises(ValueError, match=f"step must be 1 or 16.0.*step={bad}"):
-            split_q_e4m3(q, qsl, 2, 2, bad)
-
-
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_split_q_e4m3_step_1(dtype):
-    """step=1 (the plain scores' parts, summed in one accumulator): q a ~= sum_t part_t, the parts bare residuals, error
-    at most 2^-4n |q a| + 2^-10 for n parts (e4m3's subnormal spacing 2^-9), none with the dtype's own part count where
-    |q a| >= 2^-2 (bf16) or 2 (f16); the same scales as step 16; one part fewer is not exact there."""
-    from mla_jax.pallas_mosaic_gpu import E4M3_MAX, q_fp8_parts, split_q_e4m3
-
-    rng = np.random.default_rng(5)
-    x = rng.standard_normal((5, 16, 576)) * np.exp(rng.uniform(-14, 6, (5, 16, 576)))
-    q = jnp.asarray(x, JNP_DTYPES[dtype])
-    qsl = jnp.array([0, 2, 5], jnp.int32)
-    req = np.array([0, 0, 1, 1, 1])
-    xq = np.asarray(q.astype(jnp.float32), np.float64)
-    own = q_fp8_parts(q.dtype)
-    exact_from = 2.0 ** -2 if dtype == "bfloat16" else 2.0
-    for n in (own - 1, own):
-        parts, inv = split_q_e4m3(q, qsl, 2, n, 1.0)
-        assert np.array_equal(np.asarray(inv), np.asarray(split_q_e4m3(q, qsl, 2, n)[1]))
-        p = np.asarray(parts.astype(jnp.float32), np.float64)
-        assert np.all(np.isfinite(p)) and np.abs(p).max() <= E4M3_MAX
-        xa = xq / np.asarray(inv, np.float64)[req][:, None, None]
-        err = np.abs(p.sum(axis=1) - xa)
-        assert np.all(err <= 2.0 ** (-4 * n) * np.abs(xa) + 2.0 ** -10)
-        big = np.abs(xa) >= exact_from
-        assert big.mean() > 0.1
-        if n == own:
-            assert np.all(err[big] == 0)
-        else:
-            assert np.any(err[big] > 0)
-
-
-# qk_fp8 with requests of different q scales (each request's q times 1, 2^5, 2^-7, ...: powers of two, exact), so that
-# each tile must read its own request's 1 / a: the plain scores (H = 16 spec decode: query tiles of several tokens,
-# H = 128: a tile a token) and kv_halves with V's copies (interpret mode) or pv_registers (compiled)
-QK_FP8_SCALED_CASES = [
-    ("spec_decode_page_16", "bfloat16", dict(num_splits=2, qk_fp8=True)),
-    ("heads_128", "bfloat16", dict(qk_fp8=True)),
-    ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
-                                      sums_at_end=True, qk_fp8=True)),
-    ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
-                                      sums_at_end=True, pv_registers=True, qk_fp8=True)),
-]
-REQUEST_Q_FACTORS = (1.0, 2.0 ** 5, 2.0 ** -7, 2.0 ** 3)
-
-
-def _qk_fp8_scaled(name, dtype, tuning, interpret):
-    import dataclasses
-
-    from mla_jax import pallas_mosaic_gpu as mg
-
-    batch, k_scale = make_fp8_batch(FP8_SCENARIOS[name], dtype)
-    qsl = np.asarray(batch.metadata.query_start_loc)
-    q = np.array(batch.q)
-    for r in range(len(qsl) - 1):
-        q[qsl[r]:qsl[r + 1]] *= REQUEST_Q_FACTORS[r % len(REQUEST_Q_FACTORS)]
-    batch = dataclasses.replace(batch, q=q)
-    ref_out, ref_lse = fp8_reference(batch, k_scale)
-    qj, kv, md = jax_inputs(batch, dtype)
-    sc = FP8_SCENARIOS[name]  # (qk_fp8 runs there)
-    assert mg._qk_fp8_runs(mg.MosaicConfig(**tuning), True, sc.num_heads, max(sc.query_lens), bool(interpret),
-                           jnp.bfloat16) is not None
-    _, inv = mg.split_q_e4m3(qj, md.query_start_loc, md.seq_lens.shape[0], 2)
-    assert len(set(np.asarray(inv).tolist())) == len(qsl) - 1  # (every request its own scale)
-    out, lse = mg.mla_decode(qj, None, kv, md, batch.config, tuning=mg.MosaicConfig(**tuning), interpret=interpret,
-                             k_scale=k_scale)
-    assert_close(out.astype(jnp.float32), lse, ref_out, ref_lse, dtype, f"mosaic fp8 {name} {tuning} scaled requests")
-
-
-@pytest.mark.parametrize("name,dtype,tuning", QK_FP8_SCALED_CASES[:3],
-                         ids=[_case_id(c) for c in QK_FP8_SCALED_CASES[:3]])
-def test_mosaic_gpu_qk_fp8_requests_of_different_scales(name, dtype, tuning):
-    pytest.importorskip("absl", reason="Mosaic GPU interpret mode needs absl-py")
-    _qk_fp8_scaled(name, dtype, tuning, interpret=True)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name,dtype,tuning", QK_FP8_SCALED_CASES, ids=[_case_id(c) for c in QK_FP8_SCALED_CASES])
-def test_mosaic_gpu_qk_fp8_requests_of_different_scales_compiled(name, dtype, tuning):
-    _skip_without_hopper()
-    _qk_fp8_scaled(name, dtype, tuning, interpret=False)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name,tuning", [
-    ("heads_128", dict(num_splits=2)),
-    ("heads_128", dict(num_splits=2, qk_fp8_one_acc=False)),
-    ("spec_decode_page_16", dict(num_splits=2)),
-    ("long_page_8", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, sums_at_end=True,
-                         pv_registers=True, zero_tail=True)),
-    ("decode_q2_page_32", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
-                               sums_at_end=True, pv_registers=True, pv_wait=1, zero_tail=True)),
-])
-def test_mosaic_gpu_qk_fp8_error_is_the_defaults_compiled(name, tuning):
-    """On the H200 the e4m3 tensor cores sum qk_fp8's scores (with a limited accumulator, reportedly ~14 bits): its
-    error against the float64 reference stays within 2x the same tuning's without qk_fp8 (+ 1e-4), out and lse,
-    bf16 q, on the plain scores (one accumulator for both parts, or one a part) and kv_halves (the parts in separate
-    columns)."""
-    _skip_without_hopper()
-    from mla_jax import pallas_mosaic_gpu as mg
-
-    batch, k_scale, ref_out, ref_lse = fp8_batch_and_reference(name, "bfloat16")
-    q, kv, md = jax_inputs(batch, "bfloat16")
-    sc = FP8_SCENARIOS[name]  # (qk_fp8 runs there, compiled: else the test would compare the default with itself)
-    assert mg._qk_fp8_runs(mg.MosaicConfig(**tuning, qk_fp8=True), True, sc.num_heads, max(sc.query_lens), False,
-                           jnp.bfloat16) is not None
-    errs = []
-    for qk_fp8 in (False, True):
-        out, lse = mg.mla_decode(q, None, kv, md, batch.config, tuning=mg.MosaicConfig(**tuning, qk_fp8=qk_fp8),
-                                 k_scale=k_scale)
-        out = np.asarray(out.astype(jnp.float32), np.float64)
-        errs.append((np.linalg.norm(out - ref_out) / np.linalg.norm(ref_out),
-                     np.abs(np.asarray(lse, np.float64) - ref_lse).max()))
-    (out_d, lse_d), (out_f, lse_f) = errs
-    assert out_f <= 2 * out_d + 1e-4 and lse_f <= 2 * lse_d + 1e-4, errs  # (else: one accumulator a part)
-
-
-def test_mosaic_gpu_qk_fp8_where_it_runs():
-    """qk_fp8 runs where kv_halves does (parts 16x apart), and compiled only where q's parts fit: with pv_registers,
-    or a bf16 q (2 parts) beside V's f16 copies; the lowered kernel then holds the request's scale buffer (1 KiB more
-    shared memory than the same tuning without qk_fp8, q's 2 parts taking the bf16 q's bytes). And on the plain scores
-    (64-row tiles) with the fused conversion (parts unscaled), compiled with a bf16 q: 7 KiB less there (V's copy
-    without the rope columns)."""
-    from mla_jax import pallas_mosaic_gpu as mg
-    from parity.smem import kernel_smem_bytes
-
-    halves = dict(transposed_scores=True, transposed_pv=True, kv_halves=True, sums_at_end=True, qk_fp8=True)
-    runs = mg._qk_fp8_runs
-    t = mg.MosaicConfig(**halves)
-    assert runs(t, True, 8, 2, False, jnp.bfloat16) and not runs(t, True, 8, 2, False, jnp.float16)
-    assert runs(t, True, 8, 2, True, jnp.float16)  # (interpret mode: no shared-memory limit)
-    tp = mg.MosaicConfig(**halves, pv_registers=True)
-    assert runs(tp, True, 16, 2, False, jnp.float16) and runs(tp, True, 16, 1, False, jnp.bfloat16)
-    assert not runs(tp, False, 16, 1, False, jnp.bfloat16)  # (a 16-bit cache)
-    assert not runs(mg.MosaicConfig(**dict(halves, kv_halves=False)), True, 16, 1, False, jnp.bfloat16)
-    # (64 rows: no kv_halves; the plain scores' fused conversion, bf16 q compiled, parts unscaled)
-    assert runs(t, True, 8, 2, False, jnp.bfloat16) == mg.Q_FP8_STEP
-    assert runs(t, True, 128, 1, False, jnp.bfloat16) == 1.0 and runs(t, True, 16, 3, False, jnp.bfloat16) is None
-    assert runs(mg.MosaicConfig(qk_fp8=True), True, 16, 3, False, jnp.bfloat16) == 1.0  # (48 rows: transposed above)
-    # (an accumulator a part: the parts 16x apart; kv_halves's are, whatever qk_fp8_one_acc)
-    assert runs(mg.MosaicConfig(qk_fp8=True, qk_fp8_one_acc=False), True, 128, 1, False, jnp.bfloat16) == mg.Q_FP8_STEP
-    assert runs(mg.MosaicConfig(**halves, qk_fp8_one_acc=False), True, 8, 2, False, jnp.bfloat16) == mg.Q_FP8_STEP
-    assert runs(t, True, 128, 1, False, jnp.float16) is None and runs(t, True, 128, 1, True, jnp.float16) == 1.0
-    assert runs(mg.MosaicConfig(qk_fp8=True, fused_dequant=False), True, 128, 1, False, jnp.bfloat16) is None
-    # (16 rows without kv_halves: transposed scores with the overlap, no qk_fp8)
-    assert runs(mg.MosaicConfig(transposed_scores=True, qk_fp8=True), True, 16, 1, False, jnp.bfloat16) is None
-    plain = dict(qk_fp8=True)
-    with_fp8, _ = kernel_smem_bytes(128, fp8=True, sets=plain)
-    without, _ = kernel_smem_bytes(128, fp8=True, sets=dict(plain, qk_fp8=False))
-    # (the f16 copy without the rope's 64 columns: 8 KiB less; the request's scale 1 KiB more)
-    assert without - with_fp8 == 64 * 64 * 2 - mg.SMEM_ALIGNMENT
-    sets = dict(halves, qk_registers=True, qk_permuted=True, pv_registers=True)
-    with_fp8, _ = kernel_smem_bytes(16, fp8=True, sets=sets)
-    without, _ = kernel_smem_bytes(16, fp8=True, sets=dict(sets, qk_fp8=False))
-    assert with_fp8 - without == mg.SMEM_ALIGNMENT
-
-
-def test_kernel_hash_sees_the_tuning_and_qk_fp8_issues_e4m3_wgmmas():
-    """parity.kernel_hash's module text (lowered for an abstract H200, no GPU): the same twice in one process, another
-    with another tuning; qk_fp8's kernel issues e4m3 x e4m3 wgmmas (N = 2 parts x 16 rows for a bf16 q), the
-    heuristic's none."""
+def test_kernel_hash_sees_the_tuning():
+    """parity.kernel_hash's module text (lowered for an abstract H200, no GPU): the same twice in one process, the
+    same for the heuristic's tuning passed in, another with another tuning (pv_wait=1); the fp8 kernel's wgmmas in
+    f16 (its scores M = 64 keys, N = 16 rows), none on e4m3 operands."""
     import dataclasses
     import re
 
@@ -1747,19 +1447,11 @@ def test_kernel_hash_sees_the_tuning_and_qk_fp8_issues_e4m3_wgmmas():
     heuristic = kernel_hash.module_texts(problem)
     assert len(heuristic) == 1 and heuristic == kernel_hash.module_texts(problem)
     base = kernel_hash.problem_tuning(problem)
-    assert base.pv_registers and not base.qk_fp8
+    assert base.pv_registers and base.pv_wait != 1
     assert kernel_hash.module_texts(problem, tuning=base) == heuristic
-    fp8 = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, qk_fp8=True))
-    assert fp8 != heuristic
-    assert not re.search(r"wgmma\.mma_async[.\w]*\.e4m3\.e4m3", heuristic[0])
-    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n32k32\.f32\.e4m3\.e4m3", fp8[0])
-    # 64 rows (H = 128): a wgmma a part of q, M = its 64 rows, N = the step's 64 keys
-    problem = (128, 64, 4096, 1, True)
-    base = kernel_hash.problem_tuning(problem)
-    heuristic, fp8 = (kernel_hash.module_texts(problem, tuning=t)
-                      for t in (base, dataclasses.replace(base, qk_fp8=True)))
-    assert not re.search(r"wgmma\.mma_async[.\w]*\.e4m3\.e4m3", heuristic[0])
-    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n64k32\.f32\.e4m3\.e4m3", fp8[0])
+    assert kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, pv_wait=1)) != heuristic
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n16k16\.f32\.f16\.f16", heuristic[0])
+    assert not re.search(r"wgmma\.mma_async[.\w]*\.e4m3", heuristic[0])
 
 
 def test_kernel_hash_cli(tmp_path, monkeypatch, capsys):
