@@ -52,17 +52,6 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
   three rows in session 16):
   "flashmla" with P of a step stored in its slot's 64 rope columns (free after the step's
   scores, until the slot is released): no P buffer and no `p_free` wait.
-* Deferred P @ V (`MosaicConfig(deferred_pv=True)`, opt-in; 1.01-1.15x slower at H = 128 on the H200 in three
-  versions, sessions 15 and 16):
-  "flashmla" with warpgroup 1's P @ V of a step run under warpgroup 0's softmax of the next (once its scores are
-  done, `qk_done`), and the ring slots in two column parts ([0, 256), [256, 576)), each with its own `kv_ready` and
-  refilled as soon as its readers are done (part 0 by warpgroup 0, part 1 by warpgroup 1).
-* A two-part ring (`MosaicConfig(split_ring=True)`, opt-in; 1.03-1.11x slower at H = 128 on the H200, session
-  16): "flashmla" with deferred_pv's
-  ring (two column parts a slot, each refilled by the warpgroup whose P @ V reads it, right after that P @ V) but
-  no deferral: the scores of a step wait for part 1 only after part 0's wgmmas are issued.
-* The two-part slot refilled whole (`MosaicConfig(part_wait=True)`, opt-in; neutral to 1.04x slower at H = 128 on
-  the H200, session 17): split_ring's parts, both refilled by warpgroup 1 after `kv_consumed` as the default does.
 * Transposed scores (`MosaicConfig(transposed_scores=True)`, the heuristic's pick where a tile uses at most
   16 rows, H = 16 at q_len 1, or 32 with transposed_pv, H = 16 at q_len 2):
   where a tile uses fewer than its 64 rows (H = 16 at q_len 1 uses 16), warpgroup 0 of
@@ -810,50 +799,6 @@ class MosaicConfig:
         heads_fastest gained 1.06-1.11x (H128 B64 S16384 q_len 1 552.9 -> 542.3 us, B128 S16384 1101.1 -> 1104.1):
         once a request's head tiles run together the second read already hits L2, and the step is bound by the
         compute warpgroups, not HBM. Kept as an option (tested compiled: bitwise the default at pages 16, 64, 128).
-    deferred_pv: ("flashmla", plain scores, a 16-bit cache, not kv_multicast; 2 stages; with or without p_in_kv;
-        opt-in: 1.01-1.15x slower on the H200 in three versions, sessions 15 and 16) warpgroup 1 runs its P @ V of
-        step k once warpgroup 0's scores of step k + 1 are done (`qk_done`),
-        so that it runs under warpgroup 0's softmax of step k + 1, where "flashmla" leaves the tensor cores idle
-        (session 15's region profile at H128 B64 S4096: the softmax ~30% of warpgroup 0's step, warpgroup 1's P @ V
-        already done under the scores). That frees a ring slot later, so the slot is filled and waited on in two
-        column halves (two `kv_ready` barriers a slot): [0, 256), read only by warpgroup 0's scores and P @ V, which
-        refills it itself under its next scores' first wgmma (the block table staged in two half-size chunk buffers,
-        so that it may stage the next chunk while warpgroup 1 reads the last); [256, 576) by warpgroup 1 after its
-        own P @ V.
-        The scores of a step wait for the second half only after the first half's wgmmas are issued. The same math
-        (the scores' wgmmas in the same order: bitwise the default on the H200, pages 16, 64, 128). On the H200
-        (parity.sweep, 3 rounds, 2 s idle before each timing) the earlier versions, where warpgroup 1 refilled part 0
-        after `qk_done`: 1.04-1.15x slower on five H = 128 shapes with that refill before its wgmma, 1.01-1.04x slower with it under the wgmma (two shapes), and with
-        p_in_kv 1.01-1.06x slower than p_in_kv alone (three shapes). Its region profile (p_in_kv, H128 B64 S4096,
-        profiled us): warpgroup 0's scores 1.36 against 1.44 beside warpgroup 1's P @ V, its own P @ V 1.03 against
-        0.60 (now the one beside warpgroup 1's), and its KV wait 0.56 against 0.19 (part 0 was refilled by warpgroup
-        1 after `qk_done`, a softmax and a P @ V before the next scores; warpgroup 0 now refills it itself, a step
-        ahead). parity.wgmma_probe: the scores alone 0.81 us, beside a P @ V half 1.06, the half alone 0.39.
-        This version (warpgroup 0 refills part 0, session 16): 1.02-1.11x slower on three H = 128 rows (H128 B64
-        S4096 q1 134.0 -> 144.6 us); profiled, warpgroup 0's KV wait is back to 0.11 us. Without a memory the step
-        would pay (parity.wgmma_probe step_deferred 1.71 us against step_flashmla 1.80), but the two-part ring alone
-        costs more than that (split_ring, 1.03-1.11x slower).
-    split_ring: ("flashmla", plain scores, a 16-bit cache, not kv_multicast, 2 stages, p_in_kv=False; opt-in: 1.03-
-        1.11x slower on three H = 128 rows of the H200, session 16) deferred_pv's two-part ring without the deferral: part 0 of a slot ([0, 256)) refilled by
-        warpgroup 0 under its next scores' first wgmma, part 1 ([256, 576)) by warpgroup 1 right after its P @ V (no
-        `kv_consumed` wait for the other warpgroup), and the scores wait for part 1 only after part 0's wgmmas are
-        issued: part 1 gets ~40% of the scores (~0.3 us) more time to land. From session 16's probes: the memoryless
-        "flashmla" step (parity.wgmma_probe step_flashmla_1p, 1.83 us) against the kernel's 2.05 us a step at H128
-        B64 S4096 leaves ~0.22 us a step to the ring's loads and waits. Warpgroup 1's part 1 of a step may go before
-        warpgroup 0 staged a new block-table chunk for it, so that waits (`bt_staged`). Not with p_in_kv (P in part
-        1's rope columns would be refilled while warpgroup 0's P @ V may still read it). The same math (bitwise the
-        default on the H200 at pages 16, 64, 128). On the H200 (parity.sweep, 3 rounds, 2 s idle): 1.03-1.11x slower
-        (H128 B64 S4096 q1 140.2 -> 151.1 us, B64 S16384 564.3 -> 581.6, B128 S4096 q2 533.0 -> 590.8): the parts'
-        cost (two TMAs a page, two barriers a slot, warpgroup 0 issuing part 0's TMAs on its own chain) outweighs
-        part 1's extra lead.
-    part_wait: ("flashmla", plain scores, a 16-bit cache, not kv_multicast, 2 stages, p_in_kv=False; not with
-        split_ring or deferred_pv; opt-in: neutral to 1.04x slower at H = 128 on the H200, session 17) split_ring's
-        two-part slot refilled whole by warpgroup 1 once both P @ V halves released it (`kv_consumed`, as the
-        default): both parts' TMAs at once, each on its own `kv_ready`, and the scores wait for part 1 only after
-        part 0's wgmmas. Built to test whether the loads' latency against the ring's one step of lead costs the
-        step; measured on four calls (parity.sweep, 3 rounds, 2 s idle): H128 B64 S4096 q1 144.0 -> 144.4, 144.0 ->
-        145.0, 141.6 -> 146.5, 142.5 -> 143.5 us; B64 S16384 560.9 -> 571.8; B128 S4096 q2 557.2 -> 551.3. The
-        same math (bitwise the default at pages 16, 64, 128).
     kv_halves: (fp8 cache, transposed scores and P @ V of 16 rows: H = 16 at q_len 1, H = 8 at q_len 2; or of 32 rows,
         H = 16 at q_len 2, H = 32 at q_len 1, with pv_registers (V's f16 copies do not fit beside q's 32 rows;
         interpret mode runs it with them); elsewhere no effect) each compute warpgroup runs a whole step on its own,
@@ -1024,6 +969,11 @@ class MosaicConfig:
     Built in sessions 28-29 and removed in session 37 (`git show cb27ac9:mla_jax/pallas_mosaic_gpu.py`): qk_fp8 (the
     scores on the e4m3 tensor cores, q in e4m3 parts; fails the lse tolerance on the H200, session 29: 2.6e-3 to
     8.5e-3 absolute against 2e-3, Hopper's e4m3 accumulation) and qk_fp8_one_acc (an accumulator a part; fails alike).
+    Built in sessions 15-17 and removed in session 37 (`git show baa9ec8:mla_jax/pallas_mosaic_gpu.py`), on the H200
+    at H = 128: deferred_pv (warpgroup 1's P @ V of a step under warpgroup 0's softmax of the next, the ring's slots
+    filled and awaited in two column parts, [0, 256) refilled by warpgroup 0 and [256, 576) by warpgroup 1; 1.01-1.15x
+    slower in three versions, sessions 15-16), split_ring (that two-part ring without the deferral; 1.03-1.11x slower,
+    session 16) and part_wait (the two parts refilled at once by warpgroup 1; neutral to 1.04x slower, session 17).
     """
 
     block_kv: int = 64
@@ -1044,9 +994,6 @@ class MosaicConfig:
     transposed_pv: bool = False
     heads_fastest: bool = False
     kv_multicast: bool = False
-    deferred_pv: bool = False
-    split_ring: bool = False
-    part_wait: bool = False
     kv_halves: bool = False
     qk_registers: bool = False
     sums_at_end: bool = False
@@ -1067,9 +1014,9 @@ class MosaicConfig:
             if isinstance(x, bool) or not isinstance(x, int):
                 raise ValueError(f"{name} must be an int, got {name}={x!r}")
         for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
-                     "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast", "deferred_pv", "split_ring",
-                     "part_wait", "kv_halves", "qk_registers", "sums_at_end", "qk_permuted", "pv_registers",
-                     "zero_tail", "load_ahead", "lazy_max", "q_in_kernel", "wide_ring", "pair_ring"):
+                     "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast", "kv_halves", "qk_registers",
+                     "sums_at_end", "qk_permuted", "pv_registers", "zero_tail", "load_ahead", "lazy_max", "q_in_kernel",
+                     "wide_ring", "pair_ring"):
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
@@ -1103,26 +1050,9 @@ class MosaicConfig:
         if self.transposed_pv and not self.transposed_scores:
             raise ValueError("transposed_pv=True needs transposed_scores=True (P^T is the transposed scores' P), "
                              f"got transposed_scores={self.transposed_scores}")
-        if self.split_ring and self.p_in_kv:
-            raise ValueError("split_ring=True needs p_in_kv=False: P would sit in the slot's rope columns (part 1), "
-                             "which warpgroup 1 refills after its P @ V while warpgroup 0's may still read P "
-                             "(deferred_pv orders them), got p_in_kv=True")
-        if self.part_wait and self.p_in_kv:
-            raise ValueError("part_wait=True needs p_in_kv=False (the two-part slot with P in part 1's rope columns "
-                             "is not built or tested), got p_in_kv=True")
-        if self.part_wait and self.part_ring:
-            raise ValueError(f"part_wait=True is the two-part slot refilled whole by warpgroup 1; deferred_pv and "
-                             f"split_ring refill it by parts: choose one, got deferred_pv={self.deferred_pv}, "
-                             f"split_ring={self.split_ring}")
         if self.p_in_kv and (self.schedule != "flashmla" or self.transposed_scores):
             raise ValueError(f"p_in_kv=True needs schedule='flashmla' with plain scores, got "
                              f"schedule={self.schedule!r}, transposed_scores={self.transposed_scores}")
-        for name in ("deferred_pv", "split_ring", "part_wait"):
-            if getattr(self, name) and (self.schedule != "flashmla" or self.transposed_scores or self.kv_multicast
-                                        or max_concurrent_steps != 2):
-                raise ValueError(f"{name}=True needs schedule='flashmla' with plain scores, no kv_multicast and 2 "
-                                 f"stages, got schedule={self.schedule!r}, transposed_scores={self.transposed_scores}, "
-                                 f"kv_multicast={self.kv_multicast}, {max_concurrent_steps=}")
         if block_kv != 64:
             # 64 = two 32-row score tiles, one per compute warpgroup. (32 would need
             # a zero-fill of 16-row V tiles, which the WGMMA register layout cannot hold.)
@@ -1158,23 +1088,10 @@ class MosaicConfig:
         p = alloc(4) if self.p_in_kv else alloc(BLOCK_H * self.block_kv * dtype_bytes)  # (p_in_kv: a placeholder)
         f32_misc = alloc((4 if self.p_in_kv else NUM_COMPUTE_WGS) * BLOCK_H * 4)
         i32_misc = alloc((INFO_WORDS + self.bt_chunk) * 4)
-        # q, info, bt; kv_ready (split_ring, deferred_pv, part_wait: two a slot), kv_consumed (p_in_kv: and
-        # p_ready) a slot; sync_a, sync_b; (split_ring, deferred_pv) warpgroup 0's bt and bt_staged; (deferred_pv) qk_done
-        part_ring = self.part_ring
-        per_slot = 2 + int(self.p_in_kv) + int(self.two_parts)
-        barriers = 8 * (3 + per_slot * self.max_concurrent_steps + 2 + 2 * int(part_ring) + int(self.deferred_pv))
+        # q, info, bt; kv_ready, kv_consumed (p_in_kv: and p_ready) a slot; sync_a, sync_b
+        per_slot = 2 + int(self.p_in_kv)
+        barriers = 8 * (3 + per_slot * self.max_concurrent_steps + 2)
         return q + kv + p + f32_misc + i32_misc + barriers
-
-    @property
-    def part_ring(self) -> bool:
-        """The ring in two column parts, each refilled by the warpgroup whose P @ V reads it (split_ring, and
-        deferred_pv, which needs it)."""
-        return self.split_ring or self.deferred_pv
-
-    @property
-    def two_parts(self) -> bool:
-        """The ring's slots in two column parts, each with its own `kv_ready` (part_ring, and part_wait)."""
-        return self.part_ring or self.part_wait
 
 
 def _tile_geometry(num_heads: int) -> tuple[int, int, int]:
@@ -1380,12 +1297,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   p_in_kv: bool = False, dequant_layout: str = "wgmma", fused_dequant: bool = False,
                   fused_group: int = 1, fp8_convert: str = "cvt", overlap_dequant: bool = False,
                   overlap_wait: bool = False, transposed_pv: bool = False, heads_fastest: bool = False,
-                  kv_multicast: bool = False, deferred_pv: bool = False, split_ring: bool = False,
-                  part_wait: bool = False,
-                  kv_halves: bool = False, qk_registers: bool = False, sums_at_end: bool = False,
-                  qk_permuted: bool = False, pv_registers: bool = False, pv_wait: int = 4, zero_tail: bool = False,
-                  load_ahead: bool = False, q_bits: bool = False, lazy_max: bool = False, wide_ring: bool = False,
-                  pair_ring: bool = False, out_dtype=None, interpret: bool = False):
+                  kv_multicast: bool = False, kv_halves: bool = False, qk_registers: bool = False,
+                  sums_at_end: bool = False, qk_permuted: bool = False, pv_registers: bool = False, pv_wait: int = 4,
+                  zero_tail: bool = False, load_ahead: bool = False, q_bits: bool = False, lazy_max: bool = False,
+                  wide_ring: bool = False, pair_ring: bool = False, out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile), the last axis the fastest (heads_fastest: reversed, the head
@@ -1394,8 +1309,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     [hb * 64, hb * 64 + 64) (or all `heads` x tpt tokens when heads < 64), and its split of the KV.
     score_rows > 0 (a multiple of hp below 64; "flashmla" only): the tile's rows in use, whose scores
     warpgroup 0 computes transposed (MosaicConfig.transposed_scores); q holds only those rows.
-    pdl: programmatic dependent launch (MosaicConfig.pdl). deferred_pv, split_ring, part_wait: MosaicConfig's
-    ("flashmla", plain scores, a 16-bit cache, not kv_multicast, 2 stages; split_ring and part_wait without p_in_kv).
+    pdl: programmatic dependent launch (MosaicConfig.pdl).
     kv_halves: MosaicConfig's (an fp8 cache, transposed_pv at 16 rows, 2 stages: a ring slot a warpgroup;
     compute_tile_halves).
     qk_registers: MosaicConfig's (kv_halves only: the scores' left operands from registers).
@@ -1493,26 +1407,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         raise ValueError(f"kv_multicast needs a 16-bit cache, an even number of head tiles and pages of at least 16 "
                          f"rows, got {fp8=}, {num_h_tiles=}, {page_size=}")
     kv_axes = "hc" if kv_multicast else None  # the KV TMAs: each CTA of the pair loads half, multicast to both
-    # (split_ring, deferred_pv) the ring in two column parts, each refilled by its P @ V warpgroup
-    part_ring = split_ring or deferred_pv
-    # (two_parts) the ring in two column parts, each filled and awaited on its own (part_wait: both refilled at once
-    # by warpgroup 1, as the default's one slot)
-    two_parts = part_ring or part_wait
-    if split_ring and p_in_kv:
-        raise ValueError("split_ring needs p_in_kv=False (warpgroup 1 refills part 1, P's rope columns, while "
-                         "warpgroup 0's P @ V may still read P)")
-    if part_wait and p_in_kv:
-        raise ValueError("part_wait needs p_in_kv=False (the two-part slot with P in part 1's rope columns is not "
-                         "built or tested)")
-    if two_parts and (not flashmla or score_rows or fp8 or kv_multicast or stages != 2 or memory_wg):
-        raise ValueError(f"split_ring, deferred_pv and part_wait need schedule='flashmla', plain scores, a 16-bit "
-                         f"cache, no kv_multicast and 2 stages, got {schedule=}, {score_rows=}, {fp8=}, "
-                         f"{kv_multicast=}, {stages=}, {memory_wg=}")
-    # (two_parts) a slot's two column parts, each filled and awaited on its own (kv_ready[2 slot + part])
-    kv_parts = ((0, V_HALF), (V_HALF, HEAD_DIM - V_HALF)) if two_parts else ((0, HEAD_DIM),)
-    # (part_ring) two block-table chunk buffers (by chunk parity): warpgroup 0 stages a step's chunk for its part 0
-    # while warpgroup 1 may still read the one before for its part 1 of an earlier step
-    bt_bufs = 2 if part_ring else 1
 
     def body(q_ref, kv_ref, sched_ref, out_ref, lse_ref,
              q_kv_or_stage, p_smem, x_smem, i_smem,
@@ -1545,9 +1439,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # kv_smem: the ring of fp8 steps the TMAs fill; deq_smem: the step the wgmmas read
             (q_smem, kv_smem, deq_smem), stage = q_kv_or_stage
             (deq_ready,) = extra_barriers
-        elif two_parts:  # the ring in two column parts (each a contiguous TMA destination)
-            (q_smem, *kv_part_smem), stage = q_kv_or_stage
-            kv_smem = None
         else:
             (q_smem, kv_smem), stage = q_kv_or_stage
         if p_in_kv:
@@ -1555,14 +1446,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # wait for P's release), never two (step k + 2 reuses the slot of step k, released after the
             # P @ V of step k)
             p_ready_slot, *extra_barriers = extra_barriers
-        if part_ring:
-            # bt_bar_wg0: warpgroup 0's own block-table chunk loads (a barrier's waiters wait for every phase of it);
-            # bt_staged: warpgroup 0 staged a new chunk for its part 0 of a step, which warpgroup 1's part 1 of the
-            # same step awaits (split_ring: nothing else orders them); (deferred_pv) qk_done: warpgroup 0's scores
-            # of a step done (its P @ V of the step before too)
-            bt_bar_wg0, bt_staged, *extra_barriers = extra_barriers
-        if deferred_pv:
-            (qk_done,) = extra_barriers
         if pdl and not interpret:  # (the interpreter runs kernels in order: nothing to wait for)
             plgpu.griddepcontrol_wait()  # the kernels before this one are done: their writes are visible
             plgpu.griddepcontrol_launch_dependents()
@@ -1601,13 +1484,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             return deq_smem.at[info_smem[4]] if fp8 else kv_smem.at[slot]
 
         def kv_cols(slot, c0: int, nc: int):
-            """Columns [c0, c0 + nc) of the 16-bit ring's `slot` (two_parts: within one column part)."""
-            if not two_parts:
-                return kv_smem.at[slot, :, pl.ds(c0, nc)]
-            for (p0, pn), ref in zip(kv_parts, kv_part_smem):
-                if p0 <= c0 and c0 + nc <= p0 + pn:
-                    return ref.at[slot, :, pl.ds(c0 - p0, nc)]
-            raise ValueError(f"columns [{c0}, {c0 + nc}) span two column parts {kv_parts}")
+            """Columns [c0, c0 + nc) of the 16-bit ring's `slot`."""
+            return kv_smem.at[slot, :, pl.ds(c0, nc)]
 
         def deq_chunk(k, c: int):
             """(overlap_dequant) chunk c (static; columns [64 c, 64 c + 64)) of step k's f16 copy: V's first half
@@ -1771,70 +1649,36 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             off = lax.rem(k, jnp.int32(steps_per_page)) * rows
             return kv_ref.at[page, pl.ds(off, rows)]
 
-        def kv_ready_at(slot, part: int = 0):
-            """The barrier of `slot`'s column part `part` (two_parts: 0 columns [0, 256), 1 [256, 576); else
-            the whole slot, part 0)."""
-            return kv_ready.at[slot * len(kv_parts) + part]
-
-        def issue_step(i, begin, last_page, parts=None, bt_wait=None):
+        def issue_step(i, begin, last_page):
             """TMA of KV step begin + i into slot i % stages (the slot is free), signalling
             kv_ready[slot]; stages the block-table chunk it needs when it differs from the one
-            in SMEM: chunk 0 came with the info, then the previous step's (steps go in order).
-            (part_ring) parts: the column parts to load (default all); part 0 goes first and stages the chunk
-            (into buffer chunk % 2, awaited on bt_wait: default bt_bar), part 1 of the step is issued after it."""
-            parts = range(len(kv_parts)) if parts is None else parts
-            bt_wait = bt_bar if bt_wait is None else bt_wait
+            in SMEM: chunk 0 came with the info, then the previous step's (steps go in order)."""
             k = begin + i
             slot = lax.rem(i, jnp.int32(stages))
             lp0 = first_page(k)
             chunk = lax.div(lp0, jnp.int32(bt_chunk))
             prev_chunk = jnp.where(i == 0, 0, lax.div(first_page(k - 1), jnp.int32(bt_chunk)))
 
-            buf = lax.rem(chunk, jnp.int32(bt_bufs))
-
-            if 0 in parts:
-                @pl.when(chunk != prev_chunk)
-                def _():
-                    src = sched_ref.at[req, pl.ds(INFO_WORDS + chunk * bt_chunk, bt_chunk)]
-                    for b in range(bt_bufs):
-                        @pl.when(buf == b)
-                        def _(b=b):
-                            plgpu.copy_gmem_to_smem(src, i_smem.at[pl.ds(INFO_WORDS + b * bt_chunk, bt_chunk)],
-                                                    bt_wait)
-                    plgpu.barrier_wait(bt_wait)
-                    if parts == (0,):  # (part_ring: warpgroup 0's refill) its part 1 may read the chunk now
-                        plgpu.barrier_arrive(bt_staged)
-            elif parts == (1,):  # (part_ring: warpgroup 1's refill) the chunk, once warpgroup 0 staged it
-                pl.when(chunk != prev_chunk)(lambda: plgpu.barrier_wait(bt_staged))
+            @pl.when(chunk != prev_chunk)
+            def _():
+                src = sched_ref.at[req, pl.ds(INFO_WORDS + chunk * bt_chunk, bt_chunk)]
+                plgpu.copy_gmem_to_smem(src, i_smem.at[pl.ds(INFO_WORDS, bt_chunk)], bt_bar)
+                plgpu.barrier_wait(bt_bar)
 
             def page_at(lp):
                 """Page id of the request's logical page lp (in the staged chunk)."""
-                return i_smem[INFO_WORDS + buf * bt_chunk + lp - chunk * bt_chunk]
+                return i_smem[INFO_WORDS + lp - chunk * bt_chunk]
 
-            def cols(ref, part):
-                """The KV cache's columns of `part` (all of them without two_parts)."""
-                if not two_parts:
-                    return ref
-                c0, nc = kv_parts[part]
-                return ref.at[..., pl.ds(c0, nc)]
-
-            def dst(part, rows=None):
-                """The ring slot's part `part` (two_parts; else the whole slot), rows `rows` (default all)."""
-                ring = kv_part_smem[part] if two_parts else kv_smem
-                return ring.at[slot] if rows is None else ring.at[slot, rows]
-
-            for part in parts:
-                if pages_per_step == 1:
-                    plgpu.copy_gmem_to_smem(cols(step_rows(k, page_at(lp0)), part), dst(part),
-                                            kv_ready_at(slot, part), collective_axes=kv_axes)
-                else:
-                    for j in range(pages_per_step):
-                        # Pages past the request's last one are never dereferenced (their
-                        # rows are past kv_len): the last page stands in for them.
-                        page = page_at(jnp.minimum(lp0 + j, last_page))
-                        plgpu.copy_gmem_to_smem(cols(step_rows(k, page), part),
-                                                dst(part, pl.ds(j * page_size, page_size)),
-                                                kv_ready_at(slot, part), collective_axes=kv_axes)
+            if pages_per_step == 1:
+                plgpu.copy_gmem_to_smem(step_rows(k, page_at(lp0)), kv_smem.at[slot], kv_ready.at[slot],
+                                        collective_axes=kv_axes)
+            else:
+                for j in range(pages_per_step):
+                    # Pages past the request's last one are never dereferenced (their
+                    # rows are past kv_len): the last page stands in for them.
+                    page = page_at(jnp.minimum(lp0 + j, last_page))
+                    plgpu.copy_gmem_to_smem(step_rows(k, page), kv_smem.at[slot, pl.ds(j * page_size, page_size)],
+                                            kv_ready.at[slot], collective_axes=kv_axes)
 
         def drain(n):
             """Observe the last releases of every slot, so that each barrier phase is awaited
@@ -1888,24 +1732,18 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     def _prologue(i):
                         issue_step(i, begin, last_page)
 
-                def refill(k, part=None):
-                    """Step k + stages into step k's slot, once released (kv_consumed). (part_ring) Only column
-                    part `part`, whose release the caller knows of: part 0 by warpgroup 0, its only reader, after its
-                    P @ V of step k; part 1 by warpgroup 1 after its own P @ V of step k (warpgroup 0's scores of
-                    step k, the part's other reader, came before P)."""
+                def refill(k):
+                    """Step k + stages into step k's slot, once released (kv_consumed)."""
                     i = k - begin + stages
 
                     @pl.when(i < n)
                     def _():
-                        if part is None:
-                            plgpu.barrier_wait(kv_consumed.at[lax.rem(k - begin, jnp.int32(stages))])
-                        issue_step(i, begin, last_page, None if part is None else (part,),
-                                   bt_bar_wg0 if part == 0 else None)
+                        plgpu.barrier_wait(kv_consumed.at[lax.rem(k - begin, jnp.int32(stages))])
+                        issue_step(i, begin, last_page)
 
                 tile = compute_tile_flashmla if flashmla else compute_tile
-                # (part_ring: warpgroup 0 refills part 0 of the slots itself)
-                tile(w, first_tok, ntok, first_pos, kv_len, begin, end, refill if producer or part_ring else None)
-                if producer and not part_ring:  # (part_ring: kv_consumed is not used)
+                tile(w, first_tok, ntok, first_pos, kv_len, begin, end, refill if producer else None)
+                if producer:
                     drain(n)
 
         def compute_tile(w, first_tok, ntok, first_pos, kv_len, begin, end, refill):
@@ -2035,7 +1873,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
             def pv(acc, half, slot):
                 v_cols = pl.ds(half * V_HALF, V_HALF)
-                v = kv_cols(slot, half * V_HALF, V_HALF) if two_parts else kv_tile(slot).at[:, v_cols]
+                v = kv_tile(slot).at[:, v_cols]
                 return accumulate(acc, lambda acc_ref: pv_wgmma(acc_ref, v, p_ref(slot)))
 
             # (overlap_dequant) the chunks of the next step each warpgroup converts: under its own P @ V of this
@@ -2107,7 +1945,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     kv_start = k * block_kv
                     if not fused_dequant:
                         with jax.named_scope("kv_wait"):
-                            plgpu.barrier_wait(deq_ready if fp8 else kv_ready_at(slot))
+                            plgpu.barrier_wait(deq_ready if fp8 else kv_ready.at[slot])
 
                     def qk_chunk(s_ref, c: int | None = None):
                         """The scores' wgmma over the head dim's 64 columns [64 c, 64 c + 64) (None: all)."""
@@ -2121,17 +1959,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                             plgpu.wgmma(s_ref, q_c, kv_c.transpose((1, 0)))
 
                     def qk(s_ref):
-                        if two_parts:  # the first column part's wgmmas, then the second part's once it is there
-                            for part, (c0, nc) in enumerate(kv_parts):
-                                if part:
-                                    plgpu.barrier_wait(kv_ready_at(slot, part))
-                                plgpu.wgmma(s_ref, q_smem.at[:, pl.ds(c0, nc)],
-                                            kv_cols(slot, c0, nc).transpose((1, 0)))
-                                if not part and part_ring:  # under it, part 0 of step k + 1 into the slot of
-                                    # step k - 1 (this warpgroup is its only reader: the scores and P @ V of step
-                                    # k - 1 are done)
-                                    pl.when(k > begin)(lambda: refill(k - 1, 0))
-                            return s_ref[...]
                         if overlap_dequant:  # the f16 copy in three buffers: a wgmma each chunk, in head-dim order
                             for c in range(HEAD_DIM // 64):
                                 qk_chunk(s_ref, c)
@@ -2166,12 +1993,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     shape = (block_kv, n) if tr else (BLOCK_H, block_kv)
                     with jax.named_scope("qk"):
                         s = pl.run_scoped(qk, plgpu.ACC(shape, jnp.float32))
-                    if deferred_pv:  # warpgroup 1 may run its P @ V of step k - 1.
-                        # Not after the first step's scores (nothing waits for them): then each arrival comes after
-                        # warpgroup 1 saw the one before (step k's scores read part 1 of step k, which warpgroup 1
-                        # loads after its P @ V of step k - 2, which waits for step k - 1's), where the second step's
-                        # (loaded before the loop) would not wait for anything after the first's.
-                        pl.when(k > begin)(lambda: plgpu.barrier_arrive(qk_done))
                     if masked:
                         s = mask_scores(s, kv_start, first_pos, kv_len, scale, row_ax, key_ax)
                     else:
@@ -2222,7 +2043,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         # overlap_dequant: converted above)
                         if not (fused_dequant or overlap_dequant):
                             pl.when(k + 1 < end)(lambda: dequantize(0, k + 1, begin, kv_len))
-                    elif not part_ring:  # (part_ring: no kv_consumed; this warpgroup refills part 0)
+                    else:
                         plgpu.barrier_arrive(kv_consumed.at[slot])
                     return acc, m_new, l_i
 
@@ -2259,11 +2080,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         pl.when(k + 1 < end)(lambda: overlap_convert(k + 1, begin, kv_len, ov_early))
                     with jax.named_scope("p_ready_wait"):
                         plgpu.barrier_wait(p_ready_slot.at[slot] if p_in_kv else sync_a)  # p_ready
-                    if deferred_pv:  # P @ V of step k under warpgroup 0's softmax of step k + 1
-                        @pl.when(k + 1 < end)
-                        @jax.named_scope("qk_wait")
-                        def _():
-                            plgpu.barrier_wait(qk_done)
                     acc = rescale(acc, load_vec(alpha_row(slot)))
                     with jax.named_scope("pv"):
                         if overlap_dequant:  # (overlap_wait: the first half converted above)
@@ -2274,9 +2090,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         plgpu.barrier_arrive(sync_b)  # p_free
                     if overlap_dequant:  # V's second half of step k + 1 (warpgroup 0 converts the other two chunks)
                         pl.when(k + 1 < end)(lambda: overlap_release(k + 1, ov_late, wait=False))  # (awaited before)
-                        return acc
-                    if part_ring:  # part 1 of the slot: its readers (step k's scores, this P @ V) are done
-                        refill(k, 1)  # (part 0: warpgroup 0, under its next scores)
                         return acc
                     if not fp8:
                         plgpu.barrier_arrive(kv_consumed.at[slot])
@@ -2931,8 +2744,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                        plgpu.SMEM((1, block_kv, QK_ROPE_HEAD_DIM), dtype, transforms=transforms))
         else:
             kv_bufs = (ring, plgpu.SMEM((1, block_kv, HEAD_DIM), dtype, transforms=transforms))
-    elif two_parts:  # the KV ring's two column parts
-        kv_bufs = tuple(plgpu.SMEM((stages, block_kv, nc), dtype, transforms=transforms) for _, nc in kv_parts)
     else:
         kv_bufs = (plgpu.SMEM((stages, block_kv, HEAD_DIM), dtype, transforms=transforms),)  # KV ring
     # (q_bits) q's tile seen as bfloat16, its TMA's destination: a last member of the union (at its offset 0, as q).
@@ -3010,11 +2821,11 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                        transforms=transforms),
             # row max / row sum exchange, lse (p_in_kv: the rescale factor per slot, then the row sums)
             plgpu.SMEM((stages + 1 if p_in_kv else NUM_COMPUTE_WGS, BLOCK_H), jnp.float32),
-            plgpu.SMEM((INFO_WORDS + bt_bufs * bt_chunk,), jnp.int32),  # request info + block-table chunk(s)
+            plgpu.SMEM((INFO_WORDS + bt_chunk,), jnp.int32),  # request info + a block-table chunk
             plgpu.Barrier(num_arrivals=q_toks),  # q_bar: one TMA per token of the tile (one for H >= 64)
             plgpu.Barrier(),  # info_bar
             plgpu.Barrier(),  # bt_bar
-            plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=stages * len(kv_parts)),  # kv_ready
+            plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=stages),  # kv_ready
             # kv_consumed (kv_multicast: the slot is free in both CTAs of the pair, whose TMAs write it in both)
             plgpu.ClusterBarrier(collective_axes=("hc",), num_arrivals=NUM_COMPUTE_WGS, num_barriers=stages)
             if kv_multicast else plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS, num_barriers=stages),
@@ -3025,11 +2836,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         scratch.append(plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS))  # deq_ready: both column sets dequantized
     if p_in_kv:
         scratch.append(plgpu.Barrier(num_arrivals=1, num_barriers=stages))  # p_ready per slot
-    if part_ring:
-        scratch.append(plgpu.Barrier())  # bt_bar_wg0
-        scratch.append(plgpu.Barrier(num_arrivals=1))  # bt_staged
-    if deferred_pv:
-        scratch.append(plgpu.Barrier(num_arrivals=1))  # qk_done
     num_ctas_tiles = num_reqs * q_tiles
     # the body finds its CTA by axis name; the last axis is CUDA's x, the launch order's fastest
     # kv_multicast: the head tiles in pairs, a pair one cluster of 2 CTAs (its axis "hc", CUDA's x: the pair's CTAs
@@ -3113,11 +2919,6 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     if fp8 and (tuning.schedule != "flashmla" or tuning.memory_warpgroup):
         raise NotImplementedError(f"an fp8 cache runs the flashmla schedule only, got schedule={tuning.schedule!r}, "
                                   f"memory_warpgroup={tuning.memory_warpgroup}")
-    if fp8 and tuning.two_parts:
-        raise NotImplementedError(f"deferred_pv=True, split_ring=True and part_wait=True need a 16-bit cache (their "
-                                  f"slot halves are the 16-bit ring's), got kv_cache_dtype='fp8_e4m3' with "
-                                  f"deferred_pv={tuning.deferred_pv}, split_ring={tuning.split_ring}, "
-                                  f"part_wait={tuning.part_wait}")
     if fp8 and tuning.p_in_kv:
         raise NotImplementedError("p_in_kv=True needs a 16-bit cache (fp8: P would share the dequantized step "
                                   "that the next step's dequantization overwrites), got kv_cache_dtype='fp8_e4m3'")
@@ -3153,9 +2954,6 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     kv_halves, score_rows = _kv_halves_runs(tuning, fp8, num_heads, metadata.max_query_len, interpret)
     pages_per_step = max(1, block_kv // page_size)
     bt_chunk = tuning.bt_chunk
-    if tuning.part_ring:  # two buffers of half the entries (a TMA moves a multiple of 128
-        # bytes: 32 entries)
-        bt_chunk = max(32, bt_chunk // 64 * 32)
     # kv_halves where it applies (_kv_halves_runs): two block-table chunk buffers (a warpgroup each) of at most
     # KV_HALVES_BT_CHUNK entries, within the shared memory left
     if kv_halves:
@@ -3183,9 +2981,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         overlap_dequant=fp8 and tuning.overlap_dequant and 0 < score_rows <= OVERLAP_MAX_ROWS,
         overlap_wait=tuning.overlap_wait,
         transposed_pv=tuning.transposed_pv and score_rows in TRANSPOSED_PV_ROWS, heads_fastest=tuning.heads_fastest,
-        kv_multicast=tuning.kv_multicast, deferred_pv=tuning.deferred_pv, split_ring=tuning.split_ring,
-        part_wait=tuning.part_wait,
-        kv_halves=kv_halves, qk_registers=kv_halves and tuning.qk_registers,
+        kv_multicast=tuning.kv_multicast, kv_halves=kv_halves, qk_registers=kv_halves and tuning.qk_registers,
         sums_at_end=kv_halves and tuning.sums_at_end,
         qk_permuted=qk_permuted, pv_registers=pv_registers, pv_wait=tuning.pv_wait,
         zero_tail=kv_halves and tuning.zero_tail,

@@ -60,7 +60,7 @@ loads and waits):
   iteration into two or three slots, from the large buffer in CTA pairs, each CTA its own steps (HBM), or the 10 MiB
   window (L2): the SMs' intake of TMA bytes without compute (`sm_ingress_tb_per_s`);
 * "step_deferred": step_flashmla with warpgroup 1's P @ V of step i waiting for warpgroup 0's scores of step i + 1
-  (`qk_done`: MosaicConfig(deferred_pv=True));
+  (`qk_done`, as MosaicConfig.deferred_pv did, removed in session 37);
 * "step_three_wg": warpgroup 0 the scores and softmax only, warpgroups 1 and 2 a P @ V half each
   (the kernel's schedule="three_wg", removed in session 29).
 

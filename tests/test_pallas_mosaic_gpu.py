@@ -115,30 +115,6 @@ CASES = [
      MosaicConfig(num_splits=2, p_in_kv=True)),
     (Scenario("p_in_kv_one_stage", seq_lens=(150, 9), query_lens=(2, 1), page_size=32), "bfloat16",
      MosaicConfig(max_concurrent_steps=1, p_in_kv=True)),
-    # warpgroup 1's P @ V of a step deferred under warpgroup 0's next softmax, the ring slots filled in two column
-    # parts (deferred_pv): H=128 with splits and a masked tail, spec decode at page 16 (4 pages a step) in fp16 with
-    # a request of one step, H=8 at page 8 and 128 (two steps a page) with block tables past the staged chunk
-    (Scenario("deferred_pv_h128_p64", seq_lens=(33, 97, 520), query_lens=(1, 2, 1), num_heads=128, page_size=64),
-     "bfloat16", MosaicConfig(num_splits=3, deferred_pv=True)),
-    (Scenario("deferred_pv_spec_p16", seq_lens=(8, 100, 200, 129), query_lens=(3, 6, 2, 1), page_size=16),
-     "float16", MosaicConfig(num_splits=1, deferred_pv=True)),
-    (Scenario("deferred_pv_h8_p8_chunks", seq_lens=(600, 70), query_lens=(1, 2), num_heads=8, page_size=8),
-     "bfloat16", MosaicConfig(num_splits=2, bt_chunk=32, deferred_pv=True)),
-    (Scenario("deferred_pv_p128", seq_lens=(300, 5), query_lens=(1, 1), page_size=128), "bfloat16",
-     MosaicConfig(num_splits=1, deferred_pv=True)),
-    (Scenario("deferred_pv_p_in_kv_h128", seq_lens=(33, 97, 520), query_lens=(1, 2, 1), num_heads=128, page_size=64),
-     "float16", MosaicConfig(num_splits=2, deferred_pv=True, p_in_kv=True)),
-    # the same two-part ring without the deferral (split_ring): warpgroup 1's part 1 of a step may go before warpgroup
-    # 0's part 0, so a new block-table chunk is awaited (bt_staged): 8-step chunks at page 8, 3 and 1 splits
-    (Scenario("split_ring_h8_p8_chunks", seq_lens=(600, 70), query_lens=(1, 2), num_heads=8, page_size=8),
-     "bfloat16", MosaicConfig(num_splits=3, bt_chunk=32, split_ring=True)),
-    (Scenario("split_ring_h128_p16_chunks", seq_lens=(700, 33), query_lens=(1, 3), num_heads=128, page_size=16),
-     "float16", MosaicConfig(num_splits=1, bt_chunk=32, split_ring=True)),
-    # the two-part slot refilled whole by warpgroup 1 (part_wait): the scores wait for each part on its own barrier
-    (Scenario("part_wait_h8_p8_chunks", seq_lens=(600, 70), query_lens=(1, 2), num_heads=8, page_size=8),
-     "bfloat16", MosaicConfig(num_splits=3, bt_chunk=32, part_wait=True)),
-    (Scenario("part_wait_h128_p128", seq_lens=(300, 5), query_lens=(1, 3), num_heads=128, page_size=128),
-     "float16", MosaicConfig(num_splits=1, part_wait=True)),
     # the warp-specialized variant (a third warpgroup issues the TMAs)
     (Scenario("memory_wg_p16", seq_lens=(8, 300, 200), query_lens=(3, 6, 2), page_size=16), "bfloat16",
      MosaicConfig(num_splits=2, memory_warpgroup=True, schedule="split")),
@@ -240,16 +216,6 @@ class TestInterpret:
         with pytest.raises(NotImplementedError, match=r"kv_multicast=True needs .*" + needle):
             mgpu_mla.mla_decode(q_nope, q_pe, kv, md, config, tuning=MosaicConfig(kv_multicast=True), interpret=True)
 
-    @pytest.mark.parametrize("field", ["deferred_pv", "split_ring", "part_wait"])
-    def test_two_part_ring_says_it_needs_a_16_bit_cache(self, field):
-        batch, _, _ = batch_and_reference(Scenario("dpv_fp8", seq_lens=(5, 9), query_lens=(1, 1), page_size=16),
-                                          "bfloat16")
-        q_nope, q_pe, kv, md = device_inputs(batch, "bfloat16")
-        config = batch.config.replace(kv_cache_dtype="fp8_e4m3")
-        with pytest.raises(NotImplementedError, match=rf"need a 16-bit cache.*fp8_e4m3.*{field}=True"):
-            mgpu_mla.mla_decode(q_nope, q_pe, kv.astype(jnp.float8_e4m3fn), md, config,
-                                tuning=MosaicConfig(**{field: True}), interpret=True)
-
     def test_heads_fastest_says_when_the_requests_overflow_the_z_axis(self, monkeypatch):
         monkeypatch.setattr(mgpu_mla, "MAX_GRID_YZ", 2)
         scenario = Scenario("z_axis", seq_lens=(5, 9, 17), query_lens=(1, 1, 1), page_size=16)
@@ -271,11 +237,8 @@ class TestInterpret:
 
     @pytest.mark.parametrize("variant", [dict(schedule="split"), dict(memory_warpgroup=True, schedule="split"),
                                          dict(schedule="flashmla"), dict(transposed_scores=True), dict(p_in_kv=True),
-                                         dict(transposed_scores=True, transposed_pv=True), dict(deferred_pv=True),
-                                         dict(deferred_pv=True, p_in_kv=True), dict(split_ring=True),
-                                         dict(part_wait=True)],
-                             ids=["split", "memory_wg", "flashmla", "transposed_scores", "p_in_kv", "transposed_pv",
-                                  "deferred_pv", "deferred_pv-p_in_kv", "split_ring", "part_wait"])
+                                         dict(transposed_scores=True, transposed_pv=True)],
+                             ids=["split", "memory_wg", "flashmla", "transposed_scores", "p_in_kv", "transposed_pv"])
     def test_no_data_races(self, variant):
         """The interpreter's race detector: the producer (warpgroup 0, or the memory warpgroup),
         the KV ring, P and the row-max exchange are ordered by their barriers."""
@@ -345,15 +308,6 @@ class TestGPULowering:
             (128, 64, MosaicConfig(num_splits=1, kv_multicast=True)),
             (128, 16, MosaicConfig(num_splits=2, kv_multicast=True, heads_fastest=True)),
             (256, 128, MosaicConfig(num_splits=1, kv_multicast=True, p_in_kv=True)),
-            (128, 64, MosaicConfig(num_splits=2, deferred_pv=True, heads_fastest=True)),
-            (16, 16, MosaicConfig(num_splits=1, deferred_pv=True)),
-            (128, 128, MosaicConfig(num_splits=1, deferred_pv=True)),
-            (8, 8, MosaicConfig(num_splits=3, deferred_pv=True)),
-            (128, 64, MosaicConfig(num_splits=1, deferred_pv=True, p_in_kv=True)),
-            (128, 64, MosaicConfig(num_splits=2, split_ring=True, heads_fastest=True)),
-            (8, 8, MosaicConfig(num_splits=3, split_ring=True)),
-            (128, 64, MosaicConfig(num_splits=2, part_wait=True, heads_fastest=True)),
-            (16, 16, MosaicConfig(num_splits=1, part_wait=True)),
         ],
     )
     def test_lowers_for_cuda(self, num_heads, page_size, tuning):
@@ -417,20 +371,6 @@ class TestConfig:
             (dict(fused_group=True), "fused_group=True"),
             (dict(heads_fastest=1), "heads_fastest=1"),
             (dict(kv_multicast="yes"), "kv_multicast='yes'"),
-            (dict(deferred_pv=1), "deferred_pv=1"),
-            (dict(deferred_pv=True, schedule="split"), "schedule='split'"),
-            (dict(deferred_pv=True, transposed_scores=True), "transposed_scores=True"),
-            (dict(deferred_pv=True, kv_multicast=True), "kv_multicast=True"),
-            (dict(deferred_pv=True, max_concurrent_steps=1), "max_concurrent_steps=1"),
-            (dict(split_ring=0), "split_ring=0"),
-            (dict(split_ring=True, schedule="split"), "split_ring=True needs schedule='flashmla'"),
-            (dict(split_ring=True, kv_multicast=True), "kv_multicast=True"),
-            (dict(split_ring=True, p_in_kv=True), "split_ring=True needs p_in_kv=False"),
-            (dict(part_wait=1), "part_wait=1"),
-            (dict(part_wait=True, transposed_scores=True), "part_wait=True needs schedule='flashmla' with plain"),
-            (dict(part_wait=True, max_concurrent_steps=3), "max_concurrent_steps=3"),
-            (dict(part_wait=True, p_in_kv=True), "part_wait=True needs p_in_kv=False"),
-            (dict(part_wait=True, split_ring=True), "part_wait=True is the two-part slot"),
             (dict(zero_tail=1), "zero_tail=1"),
             (dict(load_ahead=1), "load_ahead=1"),
             (dict(q_in_kernel=1), "q_in_kernel=1"),
@@ -442,7 +382,7 @@ class TestConfig:
 
     @pytest.mark.parametrize("field", ["l2_prefetch", "late_row_sums", "pv_in_flight", "wg0_share", "pv_copy_chunks",
                                        "lazy_rescale", "pv_int_chunks", "interleave_steps", "prefetch_lines",
-                                       "qk_fp8", "qk_fp8_one_acc"])
+                                       "qk_fp8", "qk_fp8_one_acc", "deferred_pv", "split_ring", "part_wait"])
     def test_removed_options_are_unknown_fields(self, field):
         """The opt-ins removed since session 29 (measured slower, never the heuristic's; qk_fp8 and qk_fp8_one_acc:
         outside the lse tolerance) are refused by name."""
@@ -455,12 +395,6 @@ class TestConfig:
         assert MosaicConfig().smem_bytes() > 220 * 1024  # Q + 2 stages nearly fill it
         # P in the KV slots: the 8 KiB P buffer gone (a 1 KiB placeholder), one more 1 KiB row block
         assert MosaicConfig().smem_bytes() - MosaicConfig(p_in_kv=True).smem_bytes() == 7 * 1024 - 16
-        # deferred_pv: the same ring in two column parts, two more kv_ready barriers, qk_done and warpgroup 0's bt
-        # (split_ring: the same without qk_done; deferred_pv: both, and qk_done)
-        assert MosaicConfig(split_ring=True).smem_bytes() - MosaicConfig().smem_bytes() == 4 * 8
-        assert MosaicConfig(deferred_pv=True).smem_bytes() - MosaicConfig().smem_bytes() == 5 * 8
-        # part_wait: only the two more kv_ready barriers
-        assert MosaicConfig(part_wait=True).smem_bytes() - MosaicConfig().smem_bytes() == 2 * 8
 
     def test_heuristic(self):
         cfg = MLAConfig(num_heads=16, page_size=64)
@@ -651,10 +585,8 @@ class TestGPU:
         assert_matches(out, lse, ref_out, ref_lse, dtype, f"{scenario.name} {tuning}")
 
     @pytest.mark.parametrize("variant", [dict(schedule="split"), dict(transposed_scores=True), dict(pdl=True),
-                                         dict(p_in_kv=True), dict(deferred_pv=True), dict(split_ring=True),
-                                         dict(part_wait=True)],
-                             ids=["split", "transposed_scores", "pdl", "p_in_kv", "deferred_pv", "split_ring",
-                                  "part_wait"])
+                                         dict(p_in_kv=True)],
+                             ids=["split", "transposed_scores", "pdl", "p_in_kv"])
     @pytest.mark.parametrize("name", sorted(SCENARIOS))
     def test_scenario_other_schedules(self, name, variant):
         scenario = SCENARIOS[name]
@@ -675,20 +607,9 @@ class TestGPU:
     def test_grid_variant_is_the_default_bitwise(self, variant, page_size):
         _check_variant_is_the_default_bitwise(variant, interpret=False, page_size=page_size)
 
-    # deferred_pv: the scores' wgmmas in the same order, in two calls (one per column part of the ring slot): bitwise
-    # on the GPU (the interpreter adds the two parts' dots, another rounding: its cases compare with the reference)
-    @pytest.mark.parametrize("variant", [dict(deferred_pv=True), dict(deferred_pv=True, p_in_kv=True),
-                                         dict(split_ring=True), dict(part_wait=True)],
-                             ids=["deferred_pv", "deferred_pv-p_in_kv", "split_ring", "part_wait"])
-    @pytest.mark.parametrize("page_size", [16, 64, 128])
-    def test_two_part_ring_is_the_default_bitwise(self, variant, page_size):
-        _check_variant_is_the_default_bitwise(variant, interpret=False, page_size=page_size)
-
     @pytest.mark.parametrize("variant", [dict(schedule="split"), dict(schedule="flashmla"),
-                                         dict(transposed_scores=True), dict(pdl=True), dict(p_in_kv=True),
-                                         dict(deferred_pv=True), dict(split_ring=True), dict(part_wait=True)],
-                             ids=["split", "flashmla", "transposed_scores", "pdl", "p_in_kv", "deferred_pv",
-                                  "split_ring", "part_wait"])
+                                         dict(transposed_scores=True), dict(pdl=True), dict(p_in_kv=True)],
+                             ids=["split", "flashmla", "transposed_scores", "pdl", "p_in_kv"])
     def test_deterministic(self, variant):
         batch, _, _ = batch_and_reference(SCENARIOS["spec_decode"], "bfloat16")
         tuning = MosaicConfig(num_splits=3, **variant)
