@@ -1483,10 +1483,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             spill (ptxas: ~1 KiB a thread; session 6 in parity/NOTES_pallas_mosaic_gpu.md)."""
             return deq_smem.at[info_smem[4]] if fp8 else kv_smem.at[slot]
 
-        def kv_cols(slot, c0: int, nc: int):
-            """Columns [c0, c0 + nc) of the 16-bit ring's `slot`."""
-            return kv_smem.at[slot, :, pl.ds(c0, nc)]
-
         def deq_chunk(k, c: int):
             """(overlap_dequant) chunk c (static; columns [64 c, 64 c + 64)) of step k's f16 copy: V's first half
             in deq_v[k % 2], its second half in deq_v[2], the rope in deq_rope (dynamic indices, as kv_tile's)."""
@@ -1593,7 +1589,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 n_valid = kv_len - kv_start
                 rows = plgpu.broadcasted_iota(jnp.int32, (block_kv, 64), 0, layout=plgpu.Layout.WGMMA)
                 for c in range(ncols // 64):
-                    ref = kv_cols(slot, col0 + c * 64, 64)
+                    ref = kv_smem.at[slot, :, pl.ds(col0 + c * 64, 64)]
                     ref[...] = jnp.where(rows < n_valid, ref[...], jnp.zeros((), dtype))
 
         def mask_scores(s, first_key, first_pos, kv_len, scale, row_ax: int = 0, key_ax: int = 1):
@@ -1608,7 +1604,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         def p_in_slot(slot):
             """The 64 rope columns of KV slot `slot` (P's tiles and swizzle), where p_in_kv keeps
             P of the slot's step: only the scores read them, and the slot is refilled only after its P @ V."""
-            return kv_cols(slot, KV_LORA_RANK, QK_ROPE_HEAD_DIM)
+            return kv_smem.at[slot, :, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)]
 
         # ---------------------------------------------------------------- the producer
         def load_info():
