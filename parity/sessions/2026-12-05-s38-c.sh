@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 38, call c (nvidia-h100-x1, carry [".fa3"]): the H200 refused four times (call a never ran), so the H100
+# Session 38, call c (nvidia-h100-x1, carry [".fa3"]): call a never ran (no H200 lent), so the H100
 # checks what session 37 changed without a GPU (qk_fp8 / deferred_pv / split_ring / part_wait and the two-part ring
 # removed; the default kernels' PTX the same, debug lines aside): the fp8 compiled tests of tests/test_fp8.py (the
 # Triton ones left out), the ring options' bitwise tests first (pair_ring's page-64 scenario never ran). s38-b with
