@@ -152,7 +152,6 @@ SUPPORTED_DTYPES = ("bfloat16", "float16")
 SCHEDULES = ("split", "flashmla")
 DEQUANT_LAYOUTS = ("wgmma", "wgmma_8bit")
 FUSED_GROUPS = (1, 2, 4)  # MosaicConfig.fused_group: V-half chunks converted between two fences
-FP8_CONVERTS = ("cvt", "bits", "mixed")  # MosaicConfig.fp8_convert: how e4m3 becomes f16 in registers
 # MosaicConfig.overlap_dequant: the most rows of a tile in use (transposed scores) for which the two f16 copies of
 # V's first half fit in shared memory beside q (32 rows: 36 KiB), the fp8 ring (72), V (3 x 32) and the rope (8)
 OVERLAP_MAX_ROWS = 32
@@ -236,44 +235,6 @@ def _is_pow2(x: int) -> bool:
     return x >= 1 and (x & (x - 1)) == 0
 
 
-# e4m3 -> f16 by integer arithmetic (MosaicConfig.fp8_convert="bits"; Marlin's fast FP8 -> FP16): each fp8
-# byte goes to the top of a 16-bit half (prmt), the sign stays, the other 7 bits (4 exponent, 3 mantissa)
-# move down one (into f16's 5-bit exponent and 10-bit mantissa), and a multiplication by 2^8 (the biases,
-# 15 - 7) makes it the value: exact for every finite e4m3 value, subnormals included; NaN (0x7f, 0xff)
-# becomes +-480 (the kernel zeroes cache rows past kv_len before any NaN could matter). Two prmt, two
-# shifts, two lop3 and two f16x2 multiplications for four values, on the integer and FMA pipes, where
-# "cvt" issues two cvt.rn.f16x2.e4m3x2 on the conversion pipe. The two prmt selectors pick which bytes of the
-# 32-bit input go to the top of each output pair's halves.
-def _e4m3_bits_ptx(lo_select: int, hi_select: int) -> str:
-    return f"""{{
-.reg .b32 lo, hi, t, two8;
-prmt.b32 lo, $2, 0, {lo_select:#06x};
-prmt.b32 hi, $2, 0, {hi_select:#06x};
-mov.b32 two8, 0x5C005C00;
-shr.b32 t, lo, 1;
-and.b32 t, t, 0x3F803F80;
-and.b32 lo, lo, 0x80008000;
-or.b32 lo, lo, t;
-shr.b32 t, hi, 1;
-and.b32 t, t, 0x3F803F80;
-and.b32 hi, hi, 0x80008000;
-or.b32 hi, hi, t;
-mul.rn.f16x2 $0, lo, two8;
-mul.rn.f16x2 $1, hi, two8;
-}}"""
-
-
-_E4M3_TO_F16_PTX = _e4m3_bits_ptx(0x1404, 0x3424)  # bytes (0, 1), (2, 3): four values in order
-
-
-def e4m3_bits_to_f16(b: np.ndarray) -> np.ndarray:
-    """The "bits" conversion in numpy (uint8 e4m3 bit patterns -> float16), for the tests: what the PTX above
-    computes for each byte."""
-    h = b.astype(np.uint16) << 8
-    f = ((h & 0x8000) | ((h >> 1) & 0x3F80)).view(np.float16)
-    return (f * np.float16(256.0)).astype(np.float16)
-
-
 def _rewrap_8bit_as_wgmma(fa):
     """(qk_permuted; inside inline Mosaic GPU) a [64 m, 64 n] 16-bit FragmentedArray in the WGMMA_8BIT layout
     (4-value register pieces) -> the same registers as a WGMMA-layout array (each piece split in two): its columns
@@ -300,8 +261,6 @@ mov.b32 {lo, hi}, p;
 cvt.rn.f16x2.e4m3x2 $0, lo;
 cvt.rn.f16x2.e4m3x2 $1, hi;
 }"""
-# the same by integer arithmetic (fp8_convert="bits", above): bytes (0, 2) and (1, 3), the keys paired
-_E4M3_PAIRS_T_BITS_PTX = _e4m3_bits_ptx(0x2404, 0x3414)
 
 def _vt_fp8_address(ref, col_half: int = 0):
     """(pv_registers) a thread's ldmatrix address in a [64 keys, 64 columns] fp8 chunk: the tiled memref [8, 1, 8,
@@ -474,13 +433,11 @@ def _load_vt_pair_words(ref, parity: int):
     return _vt_words(c, ptr, base, 2 * strides[0])
 
 
-def _convert_vt_word(regs, half: int, mm: int, word, bits: bool):
+def _convert_vt_word(regs, half: int, mm: int, word):
     """(pv_registers) one ldmatrix.trans word (i32; matrix mm of the key half `half`) -> V^T's WGMMA-layout registers
-    [0, 4 half + mm, 0, 0, h, ...] for h = 0, 1 (_load_vt_fp8's layout): a prmt and two cvts (bits: fp8_convert=
-    "bits"'s arithmetic)."""
+    [0, 4 half + mm, 0, 0, h, ...] for h = 0, 1 (_load_vt_fp8's layout): a prmt and two cvts."""
     i32, f16 = ir.IntegerType.get_signless(32), ir.F16Type.get()
-    pair = llvm.inline_asm(llvm.StructType.get_literal([i32, i32]), [word],
-                           _E4M3_PAIRS_T_BITS_PTX if bits else _E4M3_PAIRS_T_PTX, "=r,=r,r")
+    pair = llvm.inline_asm(llvm.StructType.get_literal([i32, i32]), [word], _E4M3_PAIRS_T_PTX, "=r,=r,r")
     for h in range(2):
         regs[0, 4 * half + mm, 0, 0, h, 0, 0, 0, 0] = mgpu.utils.bitcast(
             llvm.extractvalue(i32, pair, [h]), ir.VectorType.get((2,), f16))
@@ -521,32 +478,31 @@ def _lazy_col_max(s, m, over, scratch):
     return mgpu.FragmentedArray(_registers=out, _layout=m.layout, _is_signed=m.is_signed)
 
 
-def _convert_vt_fp8(words_fa, bits: bool = False):
+def _convert_vt_fp8(words_fa):
     """(load_ahead; inside inline Mosaic GPU) _load_vt_fp8_words's words -> V^T [64 columns, 64 keys] float16 in the
-    WGMMA layout, as _load_vt_fp8 converts them (bits: the same choices)."""
+    WGMMA layout, as _load_vt_fp8 converts them."""
     regs = np.empty(mgpu.WGMMA_LAYOUT.registers_shape((64, 64)), dtype=object)
     for i, reg in enumerate(words_fa.registers.flat):
         half, mm = divmod(i, 4)
-        _convert_vt_word(regs, half, mm, mgpu.utils.bitcast(reg, ir.IntegerType.get_signless(32)), bits)
+        _convert_vt_word(regs, half, mm, mgpu.utils.bitcast(reg, ir.IntegerType.get_signless(32)))
     return mgpu.FragmentedArray(_registers=regs, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
 
 
-def _load_vt_fp8(ref, bits: bool = False):
+def _load_vt_fp8(ref):
     """(pv_registers; inside inline Mosaic GPU) ref: a [64 keys, 64 columns] chunk of an fp8 ring slot, the tiled
     memref [8, 1, 8, 64] (rows of 64 bytes, 64-byte swizzle) -> V^T [64 columns, 64 keys] float16 in the WGMMA
     layout, P @ V's left operand, its rows permuted by PV_PERM_16 within each 16: per warp (16 columns) two
     ldmatrix.x4.trans of 16-bit values (32 keys each), then per register a prmt and two cvt.rn.f16x2.e4m3x2.
     Register [0, j, 0, 0, h, ...] of the WGMMA layout holds row 16 warp + 8 h + g, keys 8 j + 2 t, + 1 (g = lane
     // 4, t = lane % 4); ldmatrix.trans gives lane (g, t) of matrix m the 16-bit value g (fp8 columns 2 g, 2 g + 1)
-    of its lines (keys) 2 t and 2 t + 1. bits: fp8_convert="bits"'s arithmetic instead of the cvts (the integer and
-    FMA pipes; NaN becomes +-480)."""
+    of its lines (keys) 2 t and 2 t + 1."""
     i32 = ir.IntegerType.get_signless(32)
     c, ptr, base, strides = _vt_fp8_address(ref)
     regs = np.empty(mgpu.WGMMA_LAYOUT.registers_shape((64, 64)), dtype=object)
     for half in range(2):  # keys [32 half, 32 half + 32): 8-row tiles 4 half .. 4 half + 3
         words = _vt_fp8_ldmatrix(c, ptr, base, 4 * strides[0], half)
         for mm in range(4):
-            _convert_vt_word(regs, half, mm, llvm.extractvalue(i32, words, [mm]), bits)
+            _convert_vt_word(regs, half, mm, llvm.extractvalue(i32, words, [mm]))
     return mgpu.FragmentedArray(_registers=regs, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
 
 
@@ -648,33 +604,6 @@ def _convert_q_in_place(ref, first: int, count: int, permute: bool):
                 item(local)
 
 
-def _e4m3_to_f16(x, layout):
-    """x: an fp8 e4m3 register array in `layout` (4 or 2 values a register piece) -> float16, the "bits"
-    conversion (above), via inline Mosaic GPU; compiled kernels only (the interpreter has no rule for it)."""
-
-    @plgpu.inline_mgpu(arg_types=(layout,),
-                       return_type=plgpu.ShapeDtypeStruct(x.shape, jnp.float16, layout=layout))
-    def convert(ctx, fa):
-        del ctx
-        i32, f16 = ir.IntegerType.get_signless(32), ir.F16Type.get()
-        regs = np.empty_like(fa.registers)
-        for idx, reg in np.ndenumerate(fa.registers):
-            n = ir.VectorType(reg.type).shape[0]
-            if n % 4:
-                raise NotImplementedError(f"fp8_convert='bits' needs 4 fp8 values a register piece, got {n}")
-            parts = []
-            for j in range(0, n, 4):
-                word = mgpu.utils.bitcast(mgpu.utils.vector_slice(reg, slice(j, j + 4)), i32)
-                pair = llvm.inline_asm(llvm.StructType.get_literal([i32, i32]), [word], _E4M3_TO_F16_PTX,
-                                       "=r,=r,r")
-                parts += [mgpu.utils.bitcast(llvm.extractvalue(i32, pair, [k]), ir.VectorType.get((2,), f16))
-                          for k in (0, 1)]
-            regs[idx] = mgpu.utils.vector_concat(parts)
-        return mgpu.FragmentedArray(_registers=regs, _layout=fa.layout, _is_signed=None)
-
-    return convert(x)
-
-
 @dataclasses.dataclass(frozen=True)
 class MosaicConfig:
     """Tuning of the Mosaic GPU kernel.
@@ -738,16 +667,6 @@ class MosaicConfig:
         B128 S16384, H16 B32 S16384, H16 B64 S4096 q_len 2, H128 B64 S16384); 1 was 1.005-1.02x slower than 4 on
         three of them and 1.10x faster at H16 B32 S16384 (session 10; session 9, two rounds: 4 1.13x and 1.08x
         faster than 1 on two shapes). The same math for every value (the same chunk order); none without fp8.
-    fp8_convert: (fp8 cache) how the dequantization turns e4m3 into f16 in registers: "cvt" (the hardware
-        conversion, cvt.rn.f16x2.e4m3x2, two values an instruction, on the conversion pipe) or "bits" (integer
-        arithmetic and one f16x2 multiplication, Marlin's fast FP8 -> FP16: prmt, shift, lop3, mul, on the
-        integer and FMA pipes; needs dequant_layout="wgmma_8bit"), or "mixed": "cvt" for the even 64-column
-        chunks of the head dim and "bits" for the odd ones, so that a warpgroup's conversions keep both pipes
-        busy (also needs "wgmma_8bit"). All exact, so the same results bit for bit; interpret mode runs "cvt"
-        for all (the interpreter has no rule for inline Mosaic GPU). "bits" measured 1.13-1.15x slower than
-        "cvt" on four shapes of the H200 (session 10), and 1.05x slower in python -m parity.convert_probe (one
-        step's conversion: cvt 1.01 us, bits 1.06, the same loads and stores without a conversion 0.43). None
-        without fp8.
     overlap_dequant: (fp8 cache, transposed scores with at most OVERLAP_MAX_ROWS rows in use: H = 16 at q_len 1 and
         2, H = 8 up to q_len 4; elsewhere no effect) the next step's conversion runs under this step's P @ V: V's
         first half has two f16 buffers (by step parity), its second half and the rope one each. Each warpgroup
@@ -861,9 +780,7 @@ class MosaicConfig:
         loaded the slot). The wgmma sees V's columns permuted within each 16 (PV_PERM), so O^T's rows are: the
         output's columns are put back in order (PV_UNPERM) by the split-KV combine's gather (mla_jax.combine's
         col_order, since session 27) or, with one split, by a gather of their own. The same products in the
-        same order as qk_permuted's. In interpret mode qk_registers's path. fp8_convert applies to these loads
-        (the scores' chunks convert by cvt): "bits" all, "mixed" the odd chunks (bitwise cvt; on the H200 1.20x and
-        1.10x slower at H16 B128 S16384, session 25). The heuristic's pick where kv_halves runs and a split has at
+        same order as qk_permuted's. In interpret mode qk_registers's path. The heuristic's pick where kv_halves runs and a split has at
         least PV_REGISTERS_MIN_STEPS steps, since session 25: on the H200 (parity.sweep, 3 rounds, 1 s idle, with
         pv_wait=4) 1.07x faster than qk_permuted at H16 B128 S16384 (387.7 -> 362.5 us), 1.01x at B32 S16384
         (107.1 -> 106.1), 1.12x slower at B8 S4096 (18.2 -> 20.3, 4 steps a split). Each fp8 value is converted
@@ -974,6 +891,12 @@ class MosaicConfig:
     filled and awaited in two column parts, [0, 256) refilled by warpgroup 0 and [256, 576) by warpgroup 1; 1.01-1.15x
     slower in three versions, sessions 15-16), split_ring (that two-part ring without the deferral; 1.03-1.11x slower,
     session 16) and part_wait (the two parts refilled at once by warpgroup 1; neutral to 1.04x slower, session 17).
+    Built in session 10 and removed in session 38 (`git show 0e8195f:mla_jax/pallas_mosaic_gpu.py`): fp8_convert="bits"
+    (e4m3 -> f16 by integer arithmetic, Marlin's fast FP8 -> FP16: prmt, shift, lop3 and an f16x2 multiplication by
+    2^8, on the integer and FMA pipes) and "mixed" (cvt for the even chunks, bits for the odd), both exact, bitwise
+    "cvt". On the H200 (parity.sweep, 3 rounds) "bits" was 1.13-1.15x slower on four shapes (session 10) and "mixed"
+    1.01-1.04x (sessions 10-11); on pv_registers's V^T loads 1.20x and 1.10x slower at H16 B128 S16384 (session 25): the
+    warps' instruction issue binds, not the conversion pipe.
     """
 
     block_kv: int = 64
@@ -988,7 +911,6 @@ class MosaicConfig:
     dequant_layout: str = "wgmma_8bit"
     fused_dequant: bool = True
     fused_group: int = 2
-    fp8_convert: str = "cvt"
     overlap_dequant: bool = True
     overlap_wait: bool = True
     transposed_pv: bool = False
@@ -1042,11 +964,6 @@ class MosaicConfig:
             raise ValueError(f"dequant_layout must be one of {DEQUANT_LAYOUTS}, got dequant_layout={self.dequant_layout!r}")
         if isinstance(self.fused_group, bool) or self.fused_group not in FUSED_GROUPS:
             raise ValueError(f"fused_group must be one of {FUSED_GROUPS}, got fused_group={self.fused_group!r}")
-        if self.fp8_convert not in FP8_CONVERTS:
-            raise ValueError(f"fp8_convert must be one of {FP8_CONVERTS}, got fp8_convert={self.fp8_convert!r}")
-        if self.fp8_convert != "cvt" and self.dequant_layout != "wgmma_8bit":
-            raise ValueError(f"fp8_convert={self.fp8_convert!r} converts 4 fp8 values at once: it needs "
-                             f"dequant_layout='wgmma_8bit', got dequant_layout={self.dequant_layout!r}")
         if self.transposed_pv and not self.transposed_scores:
             raise ValueError("transposed_pv=True needs transposed_scores=True (P^T is the transposed scores' P), "
                              f"got transposed_scores={self.transposed_scores}")
@@ -1295,7 +1212,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   num_reqs: int, num_splits: int, block_kv: int, stages: int, bt_chunk: int, scale_log2: float,
                   memory_wg: bool, schedule: str, score_rows: int = 0, pdl: bool = False, fp8: bool = False,
                   p_in_kv: bool = False, dequant_layout: str = "wgmma", fused_dequant: bool = False,
-                  fused_group: int = 1, fp8_convert: str = "cvt", overlap_dequant: bool = False,
+                  fused_group: int = 1, overlap_dequant: bool = False,
                   overlap_wait: bool = False, transposed_pv: bool = False, heads_fastest: bool = False,
                   kv_multicast: bool = False, kv_halves: bool = False, qk_registers: bool = False,
                   sums_at_end: bool = False, qk_permuted: bool = False, pv_registers: bool = False, pv_wait: int = 4,
@@ -1324,7 +1241,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     q_bits: (MosaicConfig.q_in_kernel: an fp8 cache, compiled) q [T, heads, 576] is bfloat16, unpermuted: its TMA
     writes a bfloat16 view of q's tile, which the warpgroups reading q convert to f16 in place (qk_permuted: in
     QK_PERM's column order) before their first wgmma.
-    p_in_kv, dequant_layout, fused_dequant, fused_group, fp8_convert, overlap_dequant, overlap_wait, transposed_pv:
+    p_in_kv, dequant_layout, fused_dequant, fused_group, overlap_dequant, overlap_wait, transposed_pv:
     MosaicConfig's (all but transposed_pv fp8 only;
     overlap_dequant needs transposed scores of at most OVERLAP_MAX_ROWS rows, and then fused_dequant is ignored;
     transposed_pv transposed scores of TRANSPOSED_PV_ROWS rows).
@@ -1535,13 +1452,11 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         def convert_chunk(slot, c, keep=None, dst=None):
             """Chunk c (columns [64 c, 64 c + 64)) of the fp8 step in ring slot `slot` -> the dequantized step
             (or `dst`, a [64, 64] ref); rows where `keep` (rows_below) is False become 0 (their cache slots may
-            hold NaN). c is static under fp8_convert="mixed"."""
-            # e4m3 -> f16, exact: "cvt" one cvt.rn.f16x2.e4m3x2 per two values, "bits" integer arithmetic,
-            # "mixed" cvt for the even chunks and bits for the odd ones
+            hold NaN)."""
+            # e4m3 -> f16, exact: one cvt.rn.f16x2.e4m3x2 per two values
             cols = pl.ds(c * 64 if isinstance(c, int) else pl.multiple_of(c * 64, 64), 64)
             x = plgpu.load(kv_smem.at[slot, :, cols], layout=deq_layout)
-            bits = fp8_convert == "bits" or (fp8_convert == "mixed" and c % 2 == 1)
-            x = _e4m3_to_f16(x, deq_layout) if bits and not interpret else x.astype(dtype)
+            x = x.astype(dtype)
             if keep is not None:
                 x = jnp.where(keep, x, jnp.zeros_like(x))
             (deq_smem.at[0, :, cols] if dst is None else dst)[...] = x
@@ -1558,13 +1473,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
         def convert_columns(w: int, slot, keep):
             """This warpgroup's columns of the fp8 step in `slot` -> the dequantized step (rows where `keep` is False
-            0): its P @ V half, then (warpgroup 0) the rope chunk; a loop over the chunks (not unrolled), unrolled
-            under fp8_convert="mixed" (the method by chunk)."""
+            0): its P @ V half, then (warpgroup 0) the rope chunk; a loop over the chunks (not unrolled)."""
             num_chunks = V_HALF // 64 + (1 if w == 0 else 0)  # 64-column chunks (warpgroup 0: + rope)
-            if fp8_convert == "mixed":
-                for c in fused_chunks(w):
-                    convert_chunk(slot, c, keep)
-                return
 
             @pl.loop(0, num_chunks)
             def _(i):
@@ -1573,7 +1483,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 convert_chunk(slot, w * (V_HALF // 64) + i + rope_i * (KV_LORA_RANK // 64 - V_HALF // 64), keep)
 
         def fused_chunks(w: int) -> list[int]:
-            """The 64-column chunks of the head dim warpgroup w converts (fused_dequant, fp8_convert="mixed"):
+            """The 64-column chunks of the head dim warpgroup w converts (fused_dequant):
             warpgroup 0 the rope chunk first (its scores' wgmma can start at once), then its P @ V half; 1 its half."""
             v = [w * (V_HALF // 64) + i for i in range(V_HALF // 64)]
             return [KV_LORA_RANK // 64] + v if w == 0 else v
@@ -2485,13 +2395,13 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                 return load(ref)
 
-            def convert_vt(words, bits):
+            def convert_vt(words):
                 """(load_ahead) V^T [64, block_kv] from load_vt_words's words (_convert_vt_fp8)."""
                 @plgpu.inline_mgpu(arg_types=(wg_layout,),
                                    return_type=plgpu.ShapeDtypeStruct((64, block_kv), dtype, layout=wg_layout))
                 def convert(ctx, fa):
                     del ctx
-                    return _convert_vt_fp8(fa, bits)
+                    return _convert_vt_fp8(fa)
 
                 return convert(words)
 
@@ -2504,25 +2414,24 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 keep = (plgpu.broadcasted_iota(jnp.int32, (64, block_kv), 1, layout=wg_layout) < kv_len - kv_start
                         if masked else None)
 
-                def load_vt(ref, bits: bool):
+                def load_vt(ref):
                     @plgpu.inline_mgpu(arg_types=(plgpu.RefType(FP8_RING_TILES),),
                                        return_type=plgpu.ShapeDtypeStruct((64, block_kv), dtype, layout=wg_layout))
                     def load(ctx, r):
                         del ctx
-                        return _load_vt_fp8(r, bits)
+                        return _load_vt_fp8(r)
 
                     return load(ref)
 
                 p_ref = p_w() if load_ahead else None
                 words = words0
-                for c in range(KV_LORA_RANK // 64):  # (fp8_convert: "bits" all, "mixed" the odd)
-                    bits = fp8_convert == "bits" or (fp8_convert == "mixed" and c % 2 == 1)
+                for c in range(KV_LORA_RANK // 64):
                     if load_ahead:
                         nxt = load_vt_words(slot, c + 1) if c + 1 < KV_LORA_RANK // 64 else None
-                        vt = convert_vt(words, bits)
+                        vt = convert_vt(words)
                         words = nxt
                     else:
-                        vt = load_vt(kv_smem.at[slot, :, pl.ds(c * 64, 64)], bits)
+                        vt = load_vt(kv_smem.at[slot, :, pl.ds(c * 64, 64)])
                     if keep is not None:
                         vt = jnp.where(keep, vt, jnp.zeros_like(vt))
                     p_t = (p_ref if load_ahead else p_w()).transpose((1, 0))
@@ -2973,7 +2882,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         memory_wg=tuning.memory_warpgroup, schedule=tuning.schedule,
         score_rows=score_rows if score_rows < BLOCK_H else 0, pdl=tuning.pdl, fp8=fp8, p_in_kv=tuning.p_in_kv,
         dequant_layout=tuning.dequant_layout, fused_dequant=fp8 and tuning.fused_dequant,
-        fused_group=tuning.fused_group, fp8_convert=tuning.fp8_convert, interpret=interpret,
+        fused_group=tuning.fused_group, interpret=interpret,
         overlap_dequant=fp8 and tuning.overlap_dequant and 0 < score_rows <= OVERLAP_MAX_ROWS,
         overlap_wait=tuning.overlap_wait,
         transposed_pv=tuning.transposed_pv and score_rows in TRANSPOSED_PV_ROWS, heads_fastest=tuning.heads_fastest,

@@ -43,7 +43,7 @@ VARIANTS = {
     "pallas_mosaic_gpu": dict(schedule=("flashmla", "split"), memory_warpgroup=(True, False), max_concurrent_steps=(1,),
                               num_splits="x0.5,x2,=1", transposed_scores=(True, False), pdl=(True, False),
                               p_in_kv=(True, False), dequant_layout=("wgmma", "wgmma_8bit"),
-                              fused_dequant=(True, False), fused_group=(1, 2, 4), fp8_convert=("cvt", "bits", "mixed"),
+                              fused_dequant=(True, False), fused_group=(1, 2, 4),
                               overlap_dequant=(True, False), overlap_wait=(True, False),
                               transposed_pv=(True, False), heads_fastest=(True, False),
                               kv_multicast=(True, False), kv_halves=(True, False), qk_registers=(True, False),

@@ -542,13 +542,8 @@ def test_mosaic_gpu_fp8_lazy_max_nan_in_one_head_compiled():
                                               (128, dict(num_splits=2, fused_dequant=False)),
                                               (16, dict(num_splits=1, fused_group=4)),
                                               (128, dict(num_splits=2, fused_group=1)),
-                                              (16, dict(num_splits=1, fp8_convert="bits")),
-                                              (128, dict(num_splits=2, fp8_convert="bits", fused_dequant=False)),
-                                              (16, dict(num_splits=1, fp8_convert="mixed")),
-                                              (128, dict(num_splits=2, fp8_convert="mixed", fused_dequant=False)),
                                               (16, dict(num_splits=1, transposed_scores=True, overlap_wait=False)),
-                                              (16, dict(num_splits=2, transposed_scores=True, overlap_wait=False,
-                                                        fp8_convert="mixed")),
+                                              (16, dict(num_splits=2, transposed_scores=True, overlap_wait=False)),
                                               (16, dict(num_splits=2, transposed_scores=True, overlap_wait=True)),
                                               (16, dict(num_splits=2, transposed_scores=True, transposed_pv=True)),
                                               # (kv_halves at H = 8: 16 rows at q_len 2, where it runs)
@@ -596,21 +591,6 @@ def test_mosaic_gpu_fp8_lowers_for_cuda(num_heads, tuning):
     assert "mosaic_gpu" in text
 
 
-# the integer-arithmetic conversion (fp8_convert="bits", and "mixed" with "cvt"; interpret mode runs "cvt" for
-# them, so compiled only): H=16 transposed with splits, H=128 plain in fp16, the conversion before the scores with
-# one stage, the conversion under the P @ V
-MOSAIC_FP8_BITS_CASES = [
-    ("spec_decode_page_16", "bfloat16", dict(num_splits=3, transposed_scores=True, fp8_convert="bits")),
-    ("heads_128", "float16", dict(num_splits=2, fp8_convert="bits")),
-    ("contiguous_blocks", "bfloat16", dict(num_splits=2, max_concurrent_steps=1, fused_dequant=False,
-                                           fp8_convert="bits")),
-    ("spec_decode_page_16", "bfloat16", dict(num_splits=3, transposed_scores=True, fp8_convert="mixed")),
-    ("heads_128", "float16", dict(num_splits=2, fp8_convert="mixed")),
-    ("decode_mixed_lengths", "bfloat16", dict(num_splits=2, transposed_scores=True, overlap_dequant=True,
-                                              fp8_convert="mixed")),
-]
-
-
 def _skip_without_hopper():
     from mla_jax import pallas_mosaic_gpu
 
@@ -625,7 +605,7 @@ def _skip_without_hopper():
 # the B = 1 sweep of parity/sessions/next-session-first-call.sh, part 5), without and with q_in_kernel
 KV_HALVES_ONE_STEP = dict(num_splits=16, transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
                           sums_at_end=True, qk_permuted=True, pv_registers=True, zero_tail=True, load_ahead=True)
-COMPILED_FP8_CASES = (MOSAIC_FP8_CASES + MOSAIC_FP8_BITS_CASES
+COMPILED_FP8_CASES = (MOSAIC_FP8_CASES
                       + [("decode_mixed_lengths", "bfloat16", None), ("heads_128_spec", "bfloat16", None),
                          ("decode_mixed_lengths", "bfloat16", KV_HALVES_ONE_STEP),
                          ("decode_mixed_lengths", "bfloat16", dict(KV_HALVES_ONE_STEP, q_in_kernel=True)),
@@ -640,42 +620,9 @@ def test_mosaic_gpu_fp8_compiled(name, dtype, tuning):
     _mosaic_fp8(name, dtype, tuning, interpret=False)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("name,dtype,tuning", [("spec_decode_page_16", "bfloat16", dict(transposed_scores=True)),
-                                               ("heads_128_spec", "float16", dict(num_splits=2))])
-def test_mosaic_gpu_fp8_convert_bits_is_bitwise_cvt(name, dtype, tuning):
-    """The conversions are exact, so fp8_convert="bits", "mixed" and "cvt" give the same out and lse bit for bit
-    (the cache's NaN slots are zeroed before any could matter)."""
-    _skip_without_hopper()
-    _assert_bitwise(name, dtype, [dict(tuning, fp8_convert=c) for c in ("cvt", "bits", "mixed")])
-
-
-def test_fp8_convert_bits_formula_is_exact():
-    """The "bits" conversion (prmt, shift, lop3, times 2^8), in numpy: every finite e4m3 value to the f16 that
-    ml_dtypes gives, bit for bit (signed zero and subnormals included); NaN to +-480."""
-    import ml_dtypes
-
-    from mla_jax.pallas_mosaic_gpu import e4m3_bits_to_f16
-
-    b = np.arange(256, dtype=np.uint8)
-    want = b.view(ml_dtypes.float8_e4m3fn).astype(np.float16)
-    got = e4m3_bits_to_f16(b)
-    finite = ~np.isnan(want)
-    assert finite.sum() == 254
-    np.testing.assert_array_equal(got[finite].view(np.uint16), want[finite].view(np.uint16))
-    np.testing.assert_array_equal(got[~finite], np.array([480, -480], np.float16))
-
-
-def test_fp8_convert_config_is_validated():
+def test_fp8_dequant_config_is_validated():
     from mla_jax.pallas_mosaic_gpu import MosaicConfig
 
-    assert MosaicConfig().fp8_convert == "cvt"
-    with pytest.raises(ValueError, match="fp8_convert='bitz'"):
-        MosaicConfig(fp8_convert="bitz")
-    with pytest.raises(ValueError, match="dequant_layout='wgmma'"):
-        MosaicConfig(fp8_convert="bits", dequant_layout="wgmma")
-    with pytest.raises(ValueError, match="fp8_convert='mixed'.*dequant_layout='wgmma'"):
-        MosaicConfig(fp8_convert="mixed", dequant_layout="wgmma")
     with pytest.raises(ValueError, match="overlap_dequant=1"):
         MosaicConfig(overlap_dequant=1)
     with pytest.raises(ValueError, match="overlap_wait='yes'"):
@@ -866,18 +813,6 @@ def test_mosaic_gpu_fp8_pv_registers_is_bitwise_qk_permuted():
     for name, dtype, extra in KV_HALVES_BITWISE_SCENARIOS:
         t = dict(base, **extra)
         _assert_bitwise(name, dtype, [t] + [dict(t, pv_registers=True, pv_wait=d) for d in (1, 2, 4, 8)])
-
-
-@pytest.mark.gpu
-def test_mosaic_gpu_fp8_pv_registers_bits_is_bitwise_cvt():
-    """pv_registers's loads converted by integer arithmetic (fp8_convert="bits": all chunks, "mixed": the odd ones)
-    give the cvts' values (exact, no NaN in the cache): the same out and lse bit for bit compiled, on the bitwise
-    test's 4 scenarios."""
-    _skip_without_hopper()
-    base = dict(QK_PERMUTED_TUNING, pv_registers=True, pv_wait=4)
-    for name, dtype, extra in KV_HALVES_BITWISE_SCENARIOS:
-        t = dict(base, **extra)
-        _assert_bitwise(name, dtype, [t] + [dict(t, fp8_convert=c) for c in ("bits", "mixed")])
 
 
 def _assert_option_bitwise_16_and_32_rows(base: dict, option: dict):

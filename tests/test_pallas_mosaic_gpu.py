@@ -382,7 +382,8 @@ class TestConfig:
 
     @pytest.mark.parametrize("field", ["l2_prefetch", "late_row_sums", "pv_in_flight", "wg0_share", "pv_copy_chunks",
                                        "lazy_rescale", "pv_int_chunks", "interleave_steps", "prefetch_lines",
-                                       "qk_fp8", "qk_fp8_one_acc", "deferred_pv", "split_ring", "part_wait"])
+                                       "qk_fp8", "qk_fp8_one_acc", "deferred_pv", "split_ring", "part_wait",
+                                       "fp8_convert"])
     def test_removed_options_are_unknown_fields(self, field):
         """The opt-ins removed since session 29 (measured slower, never the heuristic's; qk_fp8 and qk_fp8_one_acc:
         outside the lse tolerance) are refused by name."""
