@@ -780,11 +780,12 @@ class MosaicConfig:
         loaded the slot). The wgmma sees V's columns permuted within each 16 (PV_PERM), so O^T's rows are: the
         output's columns are put back in order (PV_UNPERM) by the split-KV combine's gather (mla_jax.combine's
         col_order, since session 27) or, with one split, by a gather of their own. The same products in the
-        same order as qk_permuted's. In interpret mode qk_registers's path. The heuristic's pick where kv_halves runs and a split has at
-        least PV_REGISTERS_MIN_STEPS steps, since session 25: on the H200 (parity.sweep, 3 rounds, 1 s idle, with
-        pv_wait=4) 1.07x faster than qk_permuted at H16 B128 S16384 (387.7 -> 362.5 us), 1.01x at B32 S16384
-        (107.1 -> 106.1), 1.12x slower at B8 S4096 (18.2 -> 20.3, 4 steps a split). Each fp8 value is converted
-        twice (the scores' K, this V^T): the warps' instruction issue binds (NOTES_pallas_mosaic_gpu.md, session 25).
+        same order as qk_permuted's. In interpret mode qk_registers's path. The heuristic's pick where kv_halves
+        runs and a split has at least PV_REGISTERS_MIN_STEPS steps, since session 25: on the H200 (parity.sweep, 3
+        rounds, 1 s idle, with pv_wait=4) 1.07x faster than qk_permuted at H16 B128 S16384 (387.7 -> 362.5 us),
+        1.01x at B32 S16384 (107.1 -> 106.1), 1.12x slower at B8 S4096 (18.2 -> 20.3, 4 steps a split). Each fp8
+        value is converted twice (the scores' K, this V^T): the warps' instruction issue binds
+        (NOTES_pallas_mosaic_gpu.md, session 25).
     pv_wait: (pv_registers only) P @ V chunks left in flight after each chunk's wgmma is issued (wgmma_wait's
         argument; each chunk's left operand in its own registers, its 8 wgmmas unrolled); 8: none awaited before the
         step's end. 4 the default: on the H200 (session 25, 3 rounds) 1 / 2 / 4 / 8 took 389.1 / 389.6 / 374.5 /
