@@ -13,8 +13,7 @@ Design (one CTA = one 64-row query tile x one KV split; 2 compute warpgroups):
   CTAs than SMs a request's second head tile runs a wave after its first
   (`MosaicConfig(heads_fastest=True)`, the heuristic's pick wherever there are several head
   tiles since session 14: head tiles first, FA3's order, a request's tiles reading each KV
-  step near together; `kv_multicast=True`, opt-in: a request's head tiles in 2-CTA clusters
-  that load each KV step once). The kernel
+  step near together). The kernel
   reads the request's (q_start, q_len, seq_len) and block table from one small
   int32 schedule array (one XLA fusion per call), TMA-loads its q rows straight from
   q [T, H, 576], and writes out [T, H, 512] / lse [T, H] straight from SMEM per
@@ -708,16 +707,6 @@ class MosaicConfig:
         before each timing, session 14) 1.06-1.11x faster on five H = 128 shapes, the one-wave B64 S16384 q_len 1
         (600.4 -> 563.0 us) and the split-KV B8 S16384 (83.0 -> 77.7) included: adjacent CTAs share more than the
         wave; over issue #5's 31 H = 128 rows 1.058x faster than session 7's run (0.96-1.17x).
-    kv_multicast: (16-bit cache, an even number of 64-head tiles: H = 128, 256, ...; pages of at least 16 rows) the
-        head tiles of a request run in pairs, each pair one cluster of two CTAs that read every KV step once: each
-        CTA's TMA loads half of the step's rows and multicasts them into both CTAs' shared memory, and a slot is
-        refilled only once the compute warpgroups of both CTAs released it (a cluster barrier). Half the KV reads
-        of H = 128 (the two head tiles of a request read the same KV: session 13 read the large rows at the copy
-        ceiling counting both reads). No effect on the results (bitwise). On the H200 (parity.sweep, 3 rounds, 2 s
-        idle before each timing, session 14), on top of heads_fastest: no faster, 0.98-1.02x on the five shapes where
-        heads_fastest gained 1.06-1.11x (H128 B64 S16384 q_len 1 552.9 -> 542.3 us, B128 S16384 1101.1 -> 1104.1):
-        once a request's head tiles run together the second read already hits L2, and the step is bound by the
-        compute warpgroups, not HBM. Kept as an option (tested compiled: bitwise the default at pages 16, 64, 128).
     kv_halves: (fp8 cache, transposed scores and P @ V of 16 rows: H = 16 at q_len 1, H = 8 at q_len 2; or of 32 rows,
         H = 16 at q_len 2, H = 32 at q_len 1, with pv_registers (V's f16 copies do not fit beside q's 32 rows;
         interpret mode runs it with them); elsewhere no effect) each compute warpgroup runs a whole step on its own,
@@ -916,7 +905,6 @@ class MosaicConfig:
     overlap_wait: bool = True
     transposed_pv: bool = False
     heads_fastest: bool = False
-    kv_multicast: bool = False
     kv_halves: bool = False
     qk_registers: bool = False
     sums_at_end: bool = False
@@ -937,7 +925,7 @@ class MosaicConfig:
             if isinstance(x, bool) or not isinstance(x, int):
                 raise ValueError(f"{name} must be an int, got {name}={x!r}")
         for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
-                     "overlap_wait", "transposed_pv", "heads_fastest", "kv_multicast", "kv_halves", "qk_registers",
+                     "overlap_wait", "transposed_pv", "heads_fastest", "kv_halves", "qk_registers",
                      "sums_at_end", "qk_permuted", "pv_registers", "zero_tail", "load_ahead", "lazy_max", "q_in_kernel",
                      "wide_ring", "pair_ring"):
             x = getattr(self, name)
@@ -955,12 +943,10 @@ class MosaicConfig:
                              f"memory_warpgroup=False, got memory_warpgroup=True")
         if self.transposed_scores and self.schedule != "flashmla":
             raise ValueError(f"transposed_scores=True needs schedule='flashmla', got schedule={self.schedule!r}")
-        if self.kv_halves and (self.schedule != "flashmla" or not self.transposed_pv or self.kv_multicast
-                               or max_concurrent_steps != 2):
+        if self.kv_halves and (self.schedule != "flashmla" or not self.transposed_pv or max_concurrent_steps != 2):
             raise ValueError(f"kv_halves=True needs schedule='flashmla' with transposed_pv=True (it runs where the "
-                             f"scores and P @ V are transposed), no kv_multicast and 2 stages (a ring slot a "
-                             f"warpgroup), got schedule={self.schedule!r}, transposed_pv={self.transposed_pv}, "
-                             f"kv_multicast={self.kv_multicast}, {max_concurrent_steps=}")
+                             f"scores and P @ V are transposed) and 2 stages (a ring slot a warpgroup), got "
+                             f"schedule={self.schedule!r}, transposed_pv={self.transposed_pv}, {max_concurrent_steps=}")
         if self.dequant_layout not in DEQUANT_LAYOUTS:
             raise ValueError(f"dequant_layout must be one of {DEQUANT_LAYOUTS}, got dequant_layout={self.dequant_layout!r}")
         if isinstance(self.fused_group, bool) or self.fused_group not in FUSED_GROUPS:
@@ -1215,7 +1201,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   p_in_kv: bool = False, dequant_layout: str = "wgmma", fused_dequant: bool = False,
                   fused_group: int = 1, overlap_dequant: bool = False,
                   overlap_wait: bool = False, transposed_pv: bool = False, heads_fastest: bool = False,
-                  kv_multicast: bool = False, kv_halves: bool = False, qk_registers: bool = False,
+                  kv_halves: bool = False, qk_registers: bool = False,
                   sums_at_end: bool = False, qk_permuted: bool = False, pv_registers: bool = False, pv_wait: int = 4,
                   zero_tail: bool = False, load_ahead: bool = False, q_bits: bool = False, lazy_max: bool = False,
                   wide_ring: bool = False, pair_ring: bool = False, out_dtype=None, interpret: bool = False):
@@ -1279,10 +1265,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         raise ValueError(f"transposed_pv needs schedule='flashmla' and transposed scores of {TRANSPOSED_PV_ROWS} rows, "
                          f"got {schedule=}, {score_rows=}")
     if kv_halves and not (fp8 and transposed_pv and score_rows in TRANSPOSED_PV_ROWS and stages == 2
-                          and not (kv_multicast or memory_wg)):
+                          and not memory_wg):
         raise ValueError(f"kv_halves needs an fp8 cache, transposed_pv at {TRANSPOSED_PV_ROWS} rows and 2 stages, "
-                         f"without kv_multicast or a memory warpgroup, got {fp8=}, {transposed_pv=}, "
-                         f"{score_rows=}, {stages=}, {kv_multicast=}, {memory_wg=}")
+                         f"without a memory warpgroup, got {fp8=}, {transposed_pv=}, {score_rows=}, {stages=}, "
+                         f"{memory_wg=}")
     if kv_halves and score_rows > TRANSPOSED_PV_ROWS[0] and not (pv_registers or interpret):
         raise ValueError(f"kv_halves at {score_rows} rows fits shared memory only without V's f16 copies: it needs "
                          f"pv_registers=True (or interpret mode), got {pv_registers=}")
@@ -1321,10 +1307,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     q_rows = score_rows or BLOCK_H  # rows of q in SMEM
     q_toks = q_rows // hp  # tokens of q loaded per tile
     producer_wg = 1 if flashmla else 0  # (FlashMLA: warpgroup 1 has the lighter step)
-    if kv_multicast and (fp8 or num_h_tiles % 2 or page_size < 16):
-        raise ValueError(f"kv_multicast needs a 16-bit cache, an even number of head tiles and pages of at least 16 "
-                         f"rows, got {fp8=}, {num_h_tiles=}, {page_size=}")
-    kv_axes = "hc" if kv_multicast else None  # the KV TMAs: each CTA of the pair loads half, multicast to both
 
     def body(q_ref, kv_ref, sched_ref, out_ref, lse_ref,
              q_kv_or_stage, p_smem, x_smem, i_smem,
@@ -1367,7 +1349,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         if pdl and not interpret:  # (the interpreter runs kernels in order: nothing to wait for)
             plgpu.griddepcontrol_wait()  # the kernels before this one are done: their writes are visible
             plgpu.griddepcontrol_launch_dependents()
-        hb = lax.axis_index("h") * 2 + lax.axis_index("hc") if kv_multicast else lax.axis_index("h")
+        hb = lax.axis_index("h")
         split = lax.axis_index("split")
         g = lax.axis_index("tile")
         wg = lax.axis_index("wg")
@@ -1577,15 +1559,14 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 return i_smem[INFO_WORDS + lp - chunk * bt_chunk]
 
             if pages_per_step == 1:
-                plgpu.copy_gmem_to_smem(step_rows(k, page_at(lp0)), kv_smem.at[slot], kv_ready.at[slot],
-                                        collective_axes=kv_axes)
+                plgpu.copy_gmem_to_smem(step_rows(k, page_at(lp0)), kv_smem.at[slot], kv_ready.at[slot])
             else:
                 for j in range(pages_per_step):
                     # Pages past the request's last one are never dereferenced (their
                     # rows are past kv_len): the last page stands in for them.
                     page = page_at(jnp.minimum(lp0 + j, last_page))
                     plgpu.copy_gmem_to_smem(step_rows(k, page), kv_smem.at[slot, pl.ds(j * page_size, page_size)],
-                                            kv_ready.at[slot], collective_axes=kv_axes)
+                                            kv_ready.at[slot])
 
         def drain(n):
             """Observe the last releases of every slot, so that each barrier phase is awaited
@@ -2732,9 +2713,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             plgpu.Barrier(),  # info_bar
             plgpu.Barrier(),  # bt_bar
             plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=stages),  # kv_ready
-            # kv_consumed (kv_multicast: the slot is free in both CTAs of the pair, whose TMAs write it in both)
-            plgpu.ClusterBarrier(collective_axes=("hc",), num_arrivals=NUM_COMPUTE_WGS, num_barriers=stages)
-            if kv_multicast else plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS, num_barriers=stages),
+            plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS, num_barriers=stages),  # kv_consumed
             plgpu.Barrier(num_arrivals=1 if flashmla else NUM_COMPUTE_WGS),  # sync_a (FlashMLA: p_ready)
             plgpu.Barrier(num_arrivals=1 if flashmla else NUM_COMPUTE_WGS),  # sync_b (FlashMLA: p_free)
         ]
@@ -2744,9 +2723,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         scratch.append(plgpu.Barrier(num_arrivals=1, num_barriers=stages))  # p_ready per slot
     num_ctas_tiles = num_reqs * q_tiles
     # the body finds its CTA by axis name; the last axis is CUDA's x, the launch order's fastest
-    # kv_multicast: the head tiles in pairs, a pair one cluster of 2 CTAs (its axis "hc", CUDA's x: the pair's CTAs
-    # are adjacent in the launch order whatever the grid's)
-    axes = (("h", num_h_tiles // 2 if kv_multicast else num_h_tiles), ("split", num_splits), ("tile", num_ctas_tiles))
+    axes = (("h", num_h_tiles), ("split", num_splits), ("tile", num_ctas_tiles))
     grid_names, grid = zip(*(axes[::-1] if heads_fastest else axes))
     lead = (num_splits,) if split_out else ()  # split-KV: fp32 partials of each split, per token
     out_type = (
@@ -2759,8 +2736,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         scratch_types=scratch,
         grid=grid,
         grid_names=grid_names,
-        cluster=(2,) if kv_multicast else (),
-        cluster_names=("hc",) if kv_multicast else (),
         num_threads=NUM_COMPUTE_WGS + int(memory_wg),
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True,
@@ -2847,11 +2822,6 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     num_splits = tuning.num_splits
     if metadata.max_num_splits > 0:
         num_splits = min(num_splits, metadata.max_num_splits)
-    if tuning.kv_multicast and (fp8 or num_h_tiles % 2 or page_size < 16):
-        raise NotImplementedError(f"kv_multicast=True needs a 16-bit cache, an even number of {BLOCK_H}-head tiles and "
-                                  f"pages of at least 16 rows (a TMA of half a page), got "
-                                  f"kv_cache_dtype={config.kv_cache_dtype!r}, num_heads={num_heads} ({num_h_tiles} "
-                                  f"tiles), page_size={page_size}")
     if tuning.heads_fastest and num_reqs * q_tiles > MAX_GRID_YZ:
         raise NotImplementedError(f"heads_fastest=True puts the requests x query tiles on CUDA's z axis (at most "
                                   f"{MAX_GRID_YZ}), got {num_reqs} x {q_tiles} = {num_reqs * q_tiles}")
@@ -2887,7 +2857,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         overlap_dequant=fp8 and tuning.overlap_dequant and 0 < score_rows <= OVERLAP_MAX_ROWS,
         overlap_wait=tuning.overlap_wait,
         transposed_pv=tuning.transposed_pv and score_rows in TRANSPOSED_PV_ROWS, heads_fastest=tuning.heads_fastest,
-        kv_multicast=tuning.kv_multicast, kv_halves=kv_halves, qk_registers=kv_halves and tuning.qk_registers,
+        kv_halves=kv_halves, qk_registers=kv_halves and tuning.qk_registers,
         sums_at_end=kv_halves and tuning.sums_at_end,
         qk_permuted=qk_permuted, pv_registers=pv_registers, pv_wait=tuning.pv_wait,
         zero_tail=kv_halves and tuning.zero_tail,

@@ -46,7 +46,7 @@ VARIANTS = {
                               fused_dequant=(True, False), fused_group=(1, 2, 4),
                               overlap_dequant=(True, False), overlap_wait=(True, False),
                               transposed_pv=(True, False), heads_fastest=(True, False),
-                              kv_multicast=(True, False), kv_halves=(True, False), qk_registers=(True, False),
+                              kv_halves=(True, False), qk_registers=(True, False),
                               sums_at_end=(True, False), qk_permuted=(True, False), pv_registers=(True, False),
                               pv_wait=(1, 2, 4, 8), zero_tail=(True,),
                               load_ahead=(True, False), lazy_max=(True, False), q_in_kernel=(True, False),
