@@ -887,6 +887,10 @@ class MosaicConfig:
     "cvt". On the H200 (parity.sweep, 3 rounds) "bits" was 1.13-1.15x slower on four shapes (session 10) and "mixed"
     1.01-1.04x (sessions 10-11); on pv_registers's V^T loads 1.20x and 1.10x slower at H16 B128 S16384 (session 25): the
     warps' instruction issue binds, not the conversion pipe.
+    Built in session 14 and removed in session 39 (`git show eedef41:mla_jax/pallas_mosaic_gpu.py`): kv_multicast (a
+    request's two head tiles as one 2-CTA cluster, each KV step loaded once, each CTA's TMA half multicast to both;
+    bitwise the default grid): on the H200 (parity.sweep, 3 rounds, on top of heads_fastest) 0.98-1.02x on five H =
+    128 rows: with the head tiles together the second read already hits L2, and the step is compute-bound.
     """
 
     block_kv: int = 64
