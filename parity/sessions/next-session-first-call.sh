@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # For the next session's first call (nvidia-h200 with needs_h200: an H100's HBM hides what part 1 asks; carry
 # [".fa3"]), rewritten at the end of session 36 (session 35's ran as 2026-12-05-s36-a.sh part 1, on an H100); part 1's
-# bitwise test added in session 37, which had no device; session 38 copied it (2026-12-05-s38-a.sh), and no device came.
+# bitwise test added in session 37, which had no device; sessions 38 and 39 copied it (2026-12-05-s38-a.sh,
+# 2026-12-06-s39-a.sh), and no device came to either.
 # Copy to parity/sessions/<date>-s<n>-a.sh and commit before running; never edit it after.
 # Run as calls, in this order where the budget is short: `bash <script> 1` (~8 min), `bash <script> 2` (~4 min),
 # `bash <script> 3` (~6 min). Try for a machine two or three times a session, not more; respect a refusal's "later
