@@ -184,9 +184,10 @@ def main(argv=None) -> int:
         return 2
 
     bits = random_e4m3_bits((2, BLOCK_KV, HEAD_DIM))
-    x = jax.numpy.asarray(bits.view(ml_dtypes.float8_e4m3fn))
-    want = {"cvt": bits.view(ml_dtypes.float8_e4m3fn).astype(np.float16), "copy": bits.view(ml_dtypes.float8_e4m3fn)}
-    want.update(cvt_wg0=want["cvt"])
+    fp8 = bits.view(ml_dtypes.float8_e4m3fn)
+    x = jax.numpy.asarray(fp8)
+    cvt = fp8.astype(np.float16)
+    want = {"cvt": cvt, "copy": fp8, "cvt_wg0": cvt}
     rows = []
     for m in methods:
         f_lo, f_hi = build(m, lo, args.ctas), build(m, hi, args.ctas)
