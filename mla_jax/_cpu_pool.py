@@ -1,0 +1,36 @@
+"""XLA:CPU's thread pool, made wide enough for Mosaic GPU's interpreter before JAX creates its CPU client.
+
+Mosaic GPU's interpreter (interpret mode: pallas_mosaic_gpu on a machine without a GPU) runs a CTA's warpgroups on
+Python threads, each executing its own XLA:CPU computation, and a warpgroup that waits at a barrier blocks inside a host
+callback on a thread of the CPU client's pool. XLA sizes that pool by the NPROC environment variable, else by the CPUs
+the process may use. With one usable CPU (or NPROC=1) the interpreted kernel hung every time: the waiting warpgroup
+held the pool's only thread, and the warpgroup it waited for was never scheduled (faulthandler's stacks, session 40).
+With two it hung about one `python -m parity` run in 74 (sessions 39-40). With NPROC=8 on one CPU it did not hang.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping
+
+INTERPRET_MIN_THREADS = 8  # the pool's threads asked for where fewer CPUs are usable
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the platform has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # (no sched_getaffinity: not Linux)
+        return os.cpu_count() or 1
+
+
+def widen_cpu_pool(environ: MutableMapping[str, str] = os.environ, cpus: int | None = None) -> str | None:
+    """Sets NPROC to INTERPRET_MIN_THREADS where it is unset and fewer CPUs are usable; returns the value set, or None
+    where it set nothing (NPROC already set, by the user or earlier; or enough CPUs). XLA reads NPROC when JAX creates
+    its CPU client: a client made before this call keeps its pool (mla_jax calls it on import)."""
+    if "NPROC" in environ:
+        return None
+    if (usable_cpus() if cpus is None else cpus) >= INTERPRET_MIN_THREADS:
+        return None
+    environ["NPROC"] = str(INTERPRET_MIN_THREADS)
+    return environ["NPROC"]

@@ -1,0 +1,57 @@
+"""mla_jax widens XLA:CPU's thread pool (NPROC) before JAX makes its CPU client, so that Mosaic GPU's interpreter does
+not hang on a machine with one or two usable CPUs (mla_jax/_cpu_pool.py)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from mla_jax._cpu_pool import INTERPRET_MIN_THREADS, usable_cpus, widen_cpu_pool
+
+
+def test_widen_cpu_pool_sets_nproc_only_where_unset_and_cpus_are_few():
+    env = {}
+    assert widen_cpu_pool(env, cpus=2) == str(INTERPRET_MIN_THREADS) and env == {"NPROC": str(INTERPRET_MIN_THREADS)}
+    env = {"NPROC": "1"}  # the user's choice stands
+    assert widen_cpu_pool(env, cpus=1) is None and env == {"NPROC": "1"}
+    env = {}
+    assert widen_cpu_pool(env, cpus=INTERPRET_MIN_THREADS) is None and env == {}
+    assert usable_cpus() >= 1
+
+
+def test_import_set_nproc_here():
+    """This process imported mla_jax before its first JAX computation (conftest): NPROC is set where it matters."""
+    if usable_cpus() < INTERPRET_MIN_THREADS:
+        assert "NPROC" in os.environ
+
+
+_ONE_CPU_RUN = textwrap.dedent("""
+    import os
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one usable CPU, before JAX starts
+    import mla_jax  # sets NPROC
+    assert os.environ.get("NPROC") == "%d", os.environ.get("NPROC")
+    from parity import runner
+    from parity.scenarios import SCENARIOS
+    rows = runner.run_parity([SCENARIOS["heads_128"]], ["bfloat16"], [runner.BASELINE, "jax.pallas_mosaic_gpu"])
+    print([(r.impl, r.status) for r in rows])
+    assert [r.status for r in rows] == ["pass"], rows
+""" % INTERPRET_MIN_THREADS)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs os.sched_setaffinity (Linux)")
+def test_mosaic_interpreter_on_one_cpu_does_not_hang():
+    """Without mla_jax's NPROC this hung every time on one CPU (the waiting warpgroup held the pool's only thread;
+    session 40: 3 of 3 runs, and NPROC=1 on two CPUs); with it, ~10 s."""
+    env = {k: v for k, v in os.environ.items() if k != "NPROC"}
+    env.update(JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="", XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    try:
+        done = subprocess.run([sys.executable, "-c", _ONE_CPU_RUN], env=env, capture_output=True, text=True,
+                              timeout=240)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the interpreted Mosaic kernel on one CPU did not finish in 240 s (a hang): {e.stderr!r:.2000}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "('jax.pallas_mosaic_gpu', 'pass')" in done.stdout
