@@ -11,6 +11,7 @@ With two it hung about one `python -m parity` run in 74 (sessions 39-40). With N
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import MutableMapping
 
 INTERPRET_MIN_THREADS = 8  # the pool's threads asked for where fewer CPUs are usable
@@ -24,13 +25,30 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def cpu_client_made() -> bool:
+    """Whether JAX has made its backends already (a private API of JAX 0.11; False where it is gone)."""
+    try:
+        from jax._src import xla_bridge
+
+        return bool(xla_bridge.backends_are_initialized())
+    except (ImportError, AttributeError):
+        return False
+
+
 def widen_cpu_pool(environ: MutableMapping[str, str] = os.environ, cpus: int | None = None) -> str | None:
     """Sets NPROC to INTERPRET_MIN_THREADS where it is unset and fewer CPUs are usable; returns the value set, or None
-    where it set nothing (NPROC already set, by the user or earlier; or enough CPUs). XLA reads NPROC when JAX creates
-    its CPU client: a client made before this call keeps its pool (mla_jax calls it on import)."""
+    where it set nothing (NPROC already set, by the user or earlier; or enough CPUs). XLA reads NPROC when JAX makes its
+    CPU client (at the first computation): where that happened already, it warns instead of hanging later."""
     if "NPROC" in environ:
         return None
-    if (usable_cpus() if cpus is None else cpus) >= INTERPRET_MIN_THREADS:
+    cpus = usable_cpus() if cpus is None else cpus
+    if cpus >= INTERPRET_MIN_THREADS:
         return None
     environ["NPROC"] = str(INTERPRET_MIN_THREADS)
+    if cpu_client_made():
+        warnings.warn(f"JAX made its CPU client before mla_jax was imported, with a thread pool sized by the {cpus} "
+                      f"usable CPU(s): Mosaic GPU's interpreter (pallas_mosaic_gpu in interpret mode) may hang there, a "
+                      f"warpgroup's barrier wait holding a pool thread that another warpgroup needs. Import mla_jax "
+                      f"before any JAX computation, or set NPROC={INTERPRET_MIN_THREADS} before starting Python.",
+                      RuntimeWarning, stacklevel=2)
     return environ["NPROC"]
