@@ -26,13 +26,18 @@ def usable_cpus() -> int:
 
 
 def cpu_client_made() -> bool:
-    """Whether JAX has made its backends already (a private API of JAX 0.11; False where it is gone)."""
+    """Whether JAX has made its backends already, with the CPU its default (where the Pallas kernels run interpreted).
+    Asks a private API of JAX 0.11 (False where it is gone)."""
     try:
         from jax._src import xla_bridge
 
-        return bool(xla_bridge.backends_are_initialized())
+        if not xla_bridge.backends_are_initialized():
+            return False
     except (ImportError, AttributeError):
         return False
+    import jax
+
+    return jax.default_backend() == "cpu"
 
 
 def widen_cpu_pool(environ: MutableMapping[str, str] = os.environ, cpus: int | None = None) -> str | None:
