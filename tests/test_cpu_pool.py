@@ -31,9 +31,18 @@ def test_import_set_nproc_here():
         assert "NPROC" in os.environ
 
 
-_ONE_CPU_RUN = textwrap.dedent("""
-    import os
-    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one usable CPU, before JAX starts
+def _python_on_one_cpu(code: str, timeout: float) -> subprocess.CompletedProcess:
+    """`code` in a fresh CPU-only Python restricted to one usable CPU (set before JAX starts), NPROC unset, from the
+    checkout's root (as test_dcp's subprocess). Raises subprocess.TimeoutExpired past `timeout`."""
+    env = {k: v for k, v in os.environ.items() if k != "NPROC"}
+    env.update(JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="", XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    code = "import os\nos.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n" + textwrap.dedent(code)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+_ONE_CPU_RUN = """
     from parity import runner  # as `python -m parity` does: parity's import sets NPROC (through mla_jax's)
     assert os.environ.get("NPROC") == "%d", os.environ.get("NPROC")
     from parity.scenarios import SCENARIOS
@@ -41,20 +50,15 @@ _ONE_CPU_RUN = textwrap.dedent("""
     rows = runner.run_parity([SCENARIOS["heads_128"]], ["bfloat16"], [runner.BASELINE, "jax.pallas_mosaic_gpu"])
     print([(r.impl, r.status) for r in rows])
     assert [r.status for r in rows] == ["pass"], rows
-""" % INTERPRET_MIN_THREADS)
+""" % INTERPRET_MIN_THREADS
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs os.sched_setaffinity (Linux)")
 def test_mosaic_interpreter_on_one_cpu_does_not_hang():
     """Without the NPROC set on import this hung each time on one CPU (the waiting warpgroup held the pool's only
     thread; session 40, and NPROC=1 on two CPUs); with it, ~10 s."""
-    env = {k: v for k, v in os.environ.items() if k != "NPROC"}
-    env.update(JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="", XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     try:
-        done = subprocess.run([sys.executable, "-c", _ONE_CPU_RUN], env=env, capture_output=True, text=True,
-                              timeout=240)
+        done = _python_on_one_cpu(_ONE_CPU_RUN, timeout=240)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"the interpreted Mosaic kernel on one CPU did not finish in 240 s (a hang): {e.stderr!r:.2000}")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -64,20 +68,14 @@ def test_mosaic_interpreter_on_one_cpu_does_not_hang():
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs os.sched_setaffinity (Linux)")
 def test_warns_where_jax_made_its_cpu_client_before_the_import():
     """A CPU client made before mla_jax's import keeps its small pool: a RuntimeWarning names it and what to do."""
-    code = textwrap.dedent("""
-        import os, warnings
-        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    done = _python_on_one_cpu("""
+        import warnings
         import jax
         jax.numpy.zeros(1).block_until_ready()  # JAX makes its CPU client: a pool of one thread
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             import mla_jax
         print([str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)])
-    """)
-    env = {k: v for k, v in os.environ.items() if k != "NPROC"}
-    env.update(JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    """, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "JAX made its CPU client before mla_jax was imported" in done.stdout and "NPROC=8" in done.stdout
