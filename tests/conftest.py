@@ -4,9 +4,7 @@ import os
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch and JAX may share one GPU
 
-from mla_jax._cpu_pool import widen_cpu_pool  # noqa: E402
-
-widen_cpu_pool()  # (mla_jax's import did it; here first, before any JAX computation: mla_jax/_cpu_pool.py)
+import mla_jax  # noqa: F401,E402  (first: its import sets NPROC before any JAX computation, mla_jax/_cpu_pool.py)
 
 import pytest
 
