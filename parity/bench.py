@@ -579,9 +579,7 @@ def _jax_kernel(impl: str, tuning=None, fp8: bool = False, interpret: bool = Fal
             return mod.mla_decode(qi, None, kv, md, config, tuning=run_tuning, **extra)
 
         loop = functools.partial(jax.jit, static_argnums=(0, 1))(timed_loop)
-        # (interpret mode: eager, as the tests call the kernels; an fp8 Mosaic call converts q to f16 before
-        # the kernel, and that op and the interpreted kernel in one CPU computation can deadlock)
-        once = call if interpret else jax.jit(call)
+        once = jax.jit(call)
         qs = tuple(q[k] for k in range(q.shape[0]))  # 4 separate buffers (sliced once, outside the loop)
 
         def time_n(n):

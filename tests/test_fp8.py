@@ -444,15 +444,17 @@ def test_mosaic_gpu_fp8_no_data_races_and_through_the_api():
                                                kv_halves=True, qk_registers=True, sums_at_end=True))]:
         _mosaic_fp8(name, "bfloat16", tuning, interpret=params)
         assert not ipc.get_races().races_found, (name, tuning)
-    # through mla_jax.mla_decode, k_scale traced under jit. (An f16 q: a bf16 one is converted to f16 first, and
-    # that op inside the same CPU computation as the interpreted kernel can deadlock the interpreter; the
-    # eager calls above and the compiled tests cover bf16 q.)
-    batch, k_scale, ref_out, ref_lse = fp8_batch_and_reference("single_token", "float16")
-    q, kv, md = jax_inputs(batch, "float16")
-    fn = jax.jit(lambda q, kv, md, s: mla_jax.mla_decode(q, kv, md, batch.config, impl="pallas_mosaic_gpu",
-                                                         interpret=True, k_scale=s))
-    out, lse = fn(q, kv, md, jnp.float32(k_scale))
-    assert_close(out.astype(jnp.float32), lse, ref_out, ref_lse, "float16", "mosaic fp8 api jit")
+    # through mla_jax.mla_decode, k_scale traced under jit. A bf16 q is converted to f16 inside the same CPU
+    # computation as the interpreted kernel: until session 41 that deadlocked on a small CPU pool (mla_jax._cpu_pool),
+    # and this test took an f16 q.
+    for dtype in ("bfloat16", "float16"):
+        batch, k_scale, ref_out, ref_lse = fp8_batch_and_reference("single_token", dtype)
+        q, kv, md = jax_inputs(batch, dtype)
+        fn = jax.jit(lambda q, kv, md, s: mla_jax.mla_decode(q, kv, md, batch.config, impl="pallas_mosaic_gpu",
+                                                             interpret=True, k_scale=s))
+        out, lse = fn(q, kv, md, jnp.float32(k_scale))
+        assert out.dtype == JNP_DTYPES[dtype]
+        assert_close(out.astype(jnp.float32), lse, ref_out, ref_lse, dtype, f"mosaic fp8 api jit {dtype}")
 
 
 def test_auto_picks_the_mosaic_kernel_for_fp8_on_hopper():
