@@ -755,8 +755,8 @@ class MosaicConfig:
         moving them (_rewrap_8bit_as_wgmma): the wgmma then sees each 16 columns of the chunk permuted (QK_PERM),
         so q's 576 columns are permuted the same way before the kernel (with the f16 conversion of a bf16 q: one
         XLA fusion). The same products; a wgmma sums them in another order (not bitwise qk_registers). Compiled
-        only: interpret mode runs qk_registers's path (the permutation in the interpreted computation hung the CPU
-        tests); QK_PERM is checked against jax's layouts on the CPU and the kernel compiled on the H200. The
+        only: interpret mode runs qk_registers's path (the interpreter has no rule for inline_mgpu: ValueError,
+        session 41); QK_PERM is checked against jax's layouts on the CPU and the kernel compiled on the H200. The
         heuristic's pick wherever kv_halves runs, since session 23: on the H200 (parity.sweep, 3 rounds, 1 s idle)
         1.06x faster than qk_registers with sums_at_end at H16 B128 S16384 (400.9 -> 376.7 us, 3.22 TB/s of fp8
         bytes), 1.05x at B32 S16384 (113.3 -> 108.3), 1.01x at B8 S4096 (18.6 -> 18.4); 196 registers, no spills;
@@ -2840,8 +2840,9 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         bt_chunk = min(bt_chunk, KV_HALVES_BT_CHUNK)
     bt_chunk -= bt_chunk % pages_per_step
     width = -(-metadata.block_table.shape[1] // bt_chunk) * bt_chunk
-    # (interpret mode runs qk_registers's path: with q's permutation in the interpreted computation the CPU tests hung,
-    # as with a bf16 -> f16 conversion there)
+    # (interpret mode runs qk_registers's path: the interpreter has no rule for inline_mgpu, the registers' view
+    # (as_operand), nor for a wgmma's left operand in registers. Session 41 checked this; the CPU hang first given
+    # as the reason was most likely session 40's CPU-pool starvation, mla_jax._cpu_pool)
     qk_permuted = kv_halves and tuning.qk_registers and tuning.qk_permuted and not interpret
     pv_registers = qk_permuted and tuning.pv_registers
     load_ahead = qk_permuted and tuning.load_ahead
