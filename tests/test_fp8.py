@@ -445,8 +445,8 @@ def test_mosaic_gpu_fp8_no_data_races_and_through_the_api():
         _mosaic_fp8(name, "bfloat16", tuning, interpret=params)
         assert not ipc.get_races().races_found, (name, tuning)
     # through mla_jax.mla_decode, k_scale traced under jit. A bf16 q is converted to f16 inside the same CPU
-    # computation as the interpreted kernel: until session 41 that deadlocked on a small CPU pool (mla_jax._cpu_pool),
-    # and this test took an f16 q.
+    # computation as the interpreted kernel. On a small CPU pool that could deadlock before session 40's fix
+    # (mla_jax._cpu_pool), so until session 41 this test took an f16 q only.
     for dtype in ("bfloat16", "float16"):
         batch, k_scale, ref_out, ref_lse = fp8_batch_and_reference("single_token", dtype)
         q, kv, md = jax_inputs(batch, dtype)
