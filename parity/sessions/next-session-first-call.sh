@@ -6,8 +6,9 @@
 # pair_ring on that card (s36-d's H100: 1.04x / 1.02x at the 16-row rows; s41-d, never run, would have asked
 # again on today's kernels). Rewritten at the end of session 36 (session 35's ran as 2026-12-05-s36-a.sh part 1, on
 # an H100); part 1's bitwise test added in session 37, which had no device; sessions 38-41 copied it
-# (2026-12-05-s38-a.sh, 2026-12-06-s39-a.sh, 2026-12-06-s40-a.sh, 2026-12-06-s41-a.sh), and no H200 came to any. Session 40 ran pair_ring's
-# bitwise test on an H100 (s40-c: passed, its page-64 scenario included), so part 1 no longer runs it.
+# (2026-12-05-s38-a.sh, 2026-12-06-s39-a.sh, 2026-12-06-s40-a.sh, 2026-12-06-s41-a.sh), and no H200 came to any.
+# Session 40 ran pair_ring's bitwise test on an H100 (s40-c: passed, its page-64 scenario included), so part 1 no
+# longer runs it.
 # Copy to parity/sessions/<date>-s<n>-a.sh and commit before running; never edit it after.
 # Run as calls, in this order where the budget is short: `bash <script> 1` (~6 min: its timeouts, 70 + 300 s),
 # `bash <script> 2` (~4 min), `bash <script> 3` (~6 min). Try for a machine two or three times a session, not more;
