@@ -933,13 +933,16 @@ def test_mosaic_gpu_fp8_pair_ring_is_bitwise():
     128-byte swizzle) and reads the scores' K chunks, V^T and zero_tail's rows by its own ldmatrix / stmatrix
     addresses, each chunk's tokens in their order: the same values in the same order, the same out and lse bit for
     bit compiled, on the bitwise test's 4 scenarios (pages of 16 and 128: several pages a step, two steps a page; of
-    8: the default ring) and at 32 rows; with zero_tail and without (the converted values selected); and at pages of
-    64 (a page a step: the bench's; added after session 36's run of this test)."""
+    8: the default ring) and at 32 rows; with zero_tail and without (the converted values selected); at pages of
+    64 (a page a step: the bench's; added after session 36's run of this test); and with q_in_kernel, as the
+    heuristic picks it beside pv_registers at up to Q_IN_KERNEL_MAX_TOKENS tokens (q converted in its own shared
+    memory tile, the ring's slots unchanged; added in session 41, before a GPU ran it)."""
     _skip_without_hopper()
     base = dict(QK_PERMUTED_TUNING, pv_registers=True, load_ahead=True)
     _assert_option_bitwise_16_and_32_rows(dict(base, zero_tail=True), dict(pair_ring=True))
     for name, dtype, extra in (KV_HALVES_BITWISE_SCENARIOS[:1] + KV_HALVES_BITWISE_SCENARIOS[3:]
-                               + (("contiguous_blocks", "bfloat16", dict(zero_tail=True)),)):
+                               + (("contiguous_blocks", "bfloat16", dict(zero_tail=True)),
+                                  ("page_size_16", "bfloat16", dict(num_splits=2, zero_tail=True, q_in_kernel=True)))):
         t = dict(base, **extra)
         _assert_bitwise(name, dtype, [t, dict(t, pair_ring=True)])
 
