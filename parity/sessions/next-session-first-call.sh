@@ -11,7 +11,7 @@
 # longer runs it.
 # Copy to parity/sessions/<date>-s<n>-a.sh and commit before running; never edit it after.
 # Run as calls, in this order where the budget is short: `bash <script> 1` (~6 min: its timeouts, 70 + 300 s),
-# `bash <script> 2` (~4 min), `bash <script> 3` (~6 min). Try for a machine two or three times a session, not more;
+# `bash <script> 4` (~3 min), `bash <script> 2` (~4 min), `bash <script> 3` (~6 min). Try for a machine two or three times a session, not more;
 # respect a refusal's "later means in about N min" (each call inside that window costs 15 s of budget, each failed
 # start ~90 s).
 # 1) (sessions 35-36) the fp8 ring's box rows on the H200, which session 36 never got (ten calls got none; every number
@@ -24,15 +24,18 @@
 #    at 16 rows its SASS (session 37, parity.mosaic_sass on the CPU) has the default's step: 650 instructions a warp,
 #    one more in each dequant loop's iteration, 243 registers against 239, no spill: any change there is the TMA's.
 #    wide_ring 1.00-1.10x. H100 (s36): pair_ring 1.04x / 1.02x, wide_ring 1.02x / 1.01x at the two 16-row rows.
-#    If pair_ring is faster at 16 rows: the heuristic's there (rows == 16 with pv_registers; kernel_hash: the H16 B128
-#    and B32-type modules change), wide_ring removed (its shim round_down_tiling kept in parity.tma_probe for
-#    fp8_128r, or that probe dropped).
+#    If pair_ring is faster at 16 rows and part 4 passes: the heuristic's there (rows == 16 with pv_registers;
+#    kernel_hash: the H16 B128 and B32-type modules change), wide_ring removed (its shim round_down_tiling kept in
+#    parity.tma_probe for fp8_128r, or that probe dropped).
 # 2) (session 35, call e, never ran) the heuristic's q_in_kernel at 8 query tokens: the heuristic against
 #    q_in_kernel=False at H16 B8 S4096 and H128 B8 S4096. Prediction 1.01-1.04x.
 # 3) the fp8 grid side by side on today's heuristic (FA3 bf16, bf16 Mosaic, fp8 Mosaic), checked. Predictions: as
 #    session 30's table (fp8 H16 B128 S16384 ~335 us, 1.6-1.7x of bf16 Mosaic).
+# 4) (session 41) pair_ring's compiled bitwise test, which now also pairs it with q_in_kernel (the heuristic's pick
+#    beside pv_registers at up to 32 tokens; never run on a GPU): needed before pair_ring can be the default.
+#    `bash <script> 4` (~3 min; s40-c ran the test without the new case in ~100-190 s). Prediction: passes.
 set -uo pipefail
-PARTS="${1:-123}"  # which parts to run (digits)
+PARTS="${1:-1234}"  # which parts to run (digits)
 run_part() { [[ "$PARTS" == *"$1"* ]]; }
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT/logs"; L="$OUT/logs"
 [ -f .fa3/unpack.sh ] && bash .fa3/unpack.sh /tmp/fa3 >/dev/null; export PYTHONPATH=/tmp/fa3:$PWD
@@ -58,6 +61,11 @@ if run_part 3; then
 timeout 330 python3 -m parity bench --grid fp8 --check --reps 3 --no-ceilings \
   --impls torch.fa3,jax.pallas_mosaic_gpu,jax.pallas_mosaic_gpu.fp8 --json "$OUT/bench-fp8.json" > "$L/bench.log" 2>&1
 echo "bench rc=$?"; grep -v Warn "$L/bench.log" | tail -30 | cut -c1-160
+fi
+if run_part 4; then
+timeout 280 python3 -m pytest -m gpu -v -p no:cacheprovider -rfEs tests/test_fp8.py -k pair_ring_is_bitwise \
+  > "$L/pytest-pair-ring.log" 2>&1; echo "pair_ring bitwise rc=$?"; grep -E "PASSED|FAILED|ERROR|passed|failed" \
+  "$L/pytest-pair-ring.log" | tail -5
 fi
 tar czf "$OUT/logs.tgz" -C "$OUT" logs
 rm -rf "$L"
