@@ -10,10 +10,10 @@
 # Session 40 ran pair_ring's bitwise test on an H100 (s40-c: passed, its page-64 scenario included), so part 1 no
 # longer runs it.
 # Copy to parity/sessions/<date>-s<n>-a.sh and commit before running; never edit it after.
-# Run as calls, in this order where the budget is short: `bash <script> 1` (~6 min: its timeouts, 70 + 300 s),
-# `bash <script> 4` (~3 min), `bash <script> 2` (~4 min), `bash <script> 3` (~6 min). Try for a machine two or
-# three times a session, not more; respect a refusal's "later means in about N min" (each call inside that window costs 15 s of budget, each failed
-# start ~90 s).
+# Run as calls, in this order where the budget is short: `bash <script> 1` (~6 min: its timeouts, 70 + 300 s), `bash
+# <script> 4` (~3 min), `bash <script> 2` (~4 min), `bash <script> 3` (~6 min). Try for a machine two or three times a
+# session, not more; respect a refusal's "later means in about N min" (each call inside that window costs 15 s of
+# budget, each failed start ~90 s).
 # 1) (sessions 35-36) the fp8 ring's box rows on the H200, which session 36 never got (ten calls got none; every number
 #    it has is an H100's, where HBM caps the probes at ~3.1-3.2 TB/s). parity.tma_probe: fp8_64 (the default
 #    ring), fp8_128r (wide_ring), fp8_pair (pair_ring: the cache two tokens a row, [rows / 2, 1152], every box row a
