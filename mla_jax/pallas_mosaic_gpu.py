@@ -840,7 +840,7 @@ class MosaicConfig:
         order: bitwise the default (compiled, on an H100, session 36). On the H100 (parity.sweep, 3 rounds, session
         36) 1.02x at H16 B128 S16384, 1.01x at B32 S16384, 0.97x at H16 B64 S4096 q2; not yet timed on the H200.
     pair_ring: (where load_ahead runs with pv_registers, pages of a multiple of 16 rows; compiled; elsewhere no
-        effect; not with wide_ring; opt-in, session 36) the fp8 cache seen two tokens a row ([N, P / 2, 1152], a
+        effect; not with wide_ring; session 36; the heuristic's at 16 rows since session 42) the fp8 cache seen two tokens a row ([N, P / 2, 1152], a
         free reshape), the ring's slot 32 pair rows in 8 x 128 tiles with a 128-byte swizzle (PAIR_TILES): each step's TMA brings whole
         128-byte lines from rows 1152 bytes apart, the bf16 ring's boxes and pitch at half the rows (wide_ring's
         odd tokens start mid-line), with no shim. The scores' K chunks, V^T and zero_tail's zeroing read and write
@@ -848,7 +848,9 @@ class MosaicConfig:
         p, column 576 h + c; no bank conflict), each chunk's tokens in their order: the same sums in the same order,
         bitwise the default (compiled, on an H100, session 36). On the H100 (parity.sweep, 3 rounds, session 36)
         1.04x at H16 B128 S16384, 1.02x at B32 S16384, 0.93x at H16 B64 S4096 q2 (ptxas: 572 bytes of spill against
-        the default's 436), 1.00x at H32 B64 S4096; not yet timed on the H200.
+        the default's 436), 1.00x at H32 B64 S4096; session 42 (the same sweep, H100) 1.02x / 1.01x / 0.93x at the
+        first three; with q_in_kernel and split-KV at page size 16 bitwise too (compiled, H100, session 42); not yet
+        timed on the H200.
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -1031,7 +1033,9 @@ TRANSPOSED_MAX_ROWS = 16
 # The heuristic's pv_registers: where a split has at least this many steps (measured: 64 and 256 faster, 4 slower)
 PV_REGISTERS_MIN_STEPS = 32
 # The heuristic's q_in_kernel (an fp8 cache): where the batch has at most this many query tokens (measured on the
-# H200, session 35: 1.05x at B1 H16, 1.02x at B1 H128, 1.01x at B32; even at 128 tokens, 0.97x at B128 within noise)
+# H200, session 35: 1.05x at B1 H16, 1.02x at B1 H128, 1.01x at B32; even at 128 tokens, 0.97x at B128 within noise;
+# on the H100, session 42, parity.sweep 3 rounds: 1.07x at H16 B8 S4096, 19.3 -> 18.1 us, 1.03x at H128 B8 S4096,
+# 42.8 -> 41.6)
 Q_IN_KERNEL_MAX_TOKENS = 32
 
 
@@ -1118,11 +1122,17 @@ def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_re
     # With pv_registers, each chunk's loads a chunk ahead of its conversion (load_ahead): on the H200 (parity.sweep,
     # 3 rounds, 1 s idle, session 30) 1.13x faster at H16 B128 S16384 (386.0 -> 341.1 us), 1.10x at B32 S16384
     # (106.2 -> 96.9), 1.10x at H16 B64 S4096 q2 (84.8 -> 76.9; 32 rows)
+    # With pv_registers at 16 rows, the cache two tokens a row in the ring (pair_ring; pages of a multiple of 16
+    # rows): on the H100 (parity.sweep, 3 rounds, 1 s idle, session 42, FA3 in the same run) 1.02x faster at H16 B128
+    # S16384 (439.9 -> 430.0 us; rounds 439.0-440.3 against 428.8-430.5), 1.01x at B32 S16384 (120.9 -> 119.9), as
+    # session 36's (1.04x, 1.02x); at 32 rows 0.93x (H16 B64 S4096 q2, 86.0 -> 92.8: more spills), so not there.
+    # Not yet timed on the H200.
+    pair_ring = pv_registers and rows == TRANSPOSED_PV_ROWS[0] and config.page_size % 16 == 0
     return MosaicConfig(block_kv=block_kv, num_splits=num_splits, max_concurrent_steps=2, fused_group=fused_group,
                         transposed_scores=rows <= TRANSPOSED_MAX_ROWS or transposed_pv, transposed_pv=transposed_pv,
                         heads_fastest=heads_fastest, kv_halves=kv_halves, qk_registers=kv_halves,
                         sums_at_end=kv_halves, qk_permuted=kv_halves, pv_registers=pv_registers, pv_wait=pv_wait,
-                        zero_tail=pv_registers, load_ahead=pv_registers,
+                        zero_tail=pv_registers, load_ahead=pv_registers, pair_ring=pair_ring,
                         q_in_kernel=fp8 and num_tokens <= Q_IN_KERNEL_MAX_TOKENS)
 
 

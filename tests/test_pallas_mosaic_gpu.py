@@ -428,8 +428,13 @@ class TestConfig:
             assert t.pv_wait == 4
             assert t.zero_tail is t.pv_registers, (b, s, t)  # (the masked step's slot tail zeroed with pv_registers)
             assert t.load_ahead is t.pv_registers, (b, s, t)  # (and each chunk's loads a chunk ahead)
+            assert t.pair_ring is t.pv_registers, (b, s, t)  # (and the cache two tokens a row in the ring, 16 rows)
         b32 = heuristic_config(fp8, num_tokens=32, max_blocks=256, num_reqs=32, max_query_len=1)
         assert b32.kv_halves and b32.pv_registers and -(-256 // b32.num_splits) >= 32, b32
+        assert b32.pair_ring and not b32.wide_ring
+        # pair_ring needs pages of a multiple of 16 rows (two tokens a row, whole 8-row tiles): not at page size 8
+        assert not heuristic_config(fp8.replace(page_size=8), num_tokens=32, max_blocks=2048, num_reqs=32,
+                                    max_query_len=1).pair_ring
         # kv_halves at 32 rows (H = 16 at q_len 2, H = 32 at q_len 1) where a split has 32 steps or more, always
         # with pv_registers (V's copies do not fit) and one P @ V chunk in flight: B64 S4096 and B128 S16384, not
         # B8 S4096 (4 steps a split); everything transposed there, nothing on the one-chain path
@@ -442,6 +447,7 @@ class TestConfig:
                 assert t.pv_wait == (1 if halves else 4), (b, s, t)
                 assert t.zero_tail is halves, (b, s, t)
                 assert t.load_ahead is halves, (b, s, t)
+                assert not t.pair_ring, (b, s, t)  # (at 32 rows 0.93x: more spills)
         fp8_h32 = heuristic_config(MLAConfig(num_heads=32, kv_cache_dtype="fp8_e4m3"), num_tokens=4, max_blocks=4)
         assert not fp8_h32.transposed_scores and not fp8_h32.transposed_pv
         # without max_query_len: one token a request (tokens <= requests) or not
