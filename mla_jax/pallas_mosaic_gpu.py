@@ -168,52 +168,6 @@ KV_HALVES_BT_CHUNK = 96
 F16_TILES = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 # the fp8 ring's slots: 8 x 64 tiles (a 64-column chunk a row of a tile), 64-byte swizzle
 FP8_RING_TILES = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(64))
-_ROUND_DOWN_TILING = []
-
-
-def round_down_tiling():
-    """A plgpu.TilingTransform subclass whose TMA copies tile the GMEM ref with Mosaic GPU's TileTransform(tiling,
-    rounding=Rounding.DOWN): a descriptor of each row's first whole tiles, the cache's first 512 of its 576 columns in
-    tiles of 128 (MosaicConfig.wide_ring; parity.tma_probe's fp8_128r). Pallas maps every TilingTransform to
-    TileTransform(tiling) without rounding (jax/_src/pallas/mosaic_gpu/core.py's to_gpu_transform, which the copy
-    lowering looks up at each call) and refuses a row that is not a multiple of the tile; this wraps that function
-    once, for the subclass alone (its Untiling twin keeps the class through Pallas's undo of the ref's transforms).
-    Made on first use; written against jax 0.11.2's internals."""
-    if _ROUND_DOWN_TILING:
-        return _ROUND_DOWN_TILING[0]
-    import dataclasses
-
-    from jax import tree_util
-    from jax._src.pallas.mosaic_gpu import core as gpu_core
-    from jax.experimental.mosaic.gpu import launch_context
-
-    @dataclasses.dataclass(frozen=True)
-    class RoundDownTiling(plgpu.TilingTransform):
-        def undo(self, x):
-            return RoundDownUntiling(self.tiling)
-
-    @tree_util.register_dataclass
-    @dataclasses.dataclass(frozen=True)
-    class RoundDownUntiling(gpu_core.UntilingTransform):
-        def undo(self, x):
-            return RoundDownTiling(self.tiling)
-
-    base = gpu_core.to_gpu_transform
-
-    def to_gpu_transform(t):
-        if isinstance(t, RoundDownTiling):
-            return launch_context.TileTransform(t.tiling, rounding=launch_context.Rounding.DOWN)
-        return base(t)
-
-    gpu_core.to_gpu_transform = to_gpu_transform
-    _ROUND_DOWN_TILING.append(RoundDownTiling)
-    return RoundDownTiling
-
-
-def wide_ring_tiles():
-    """(MosaicConfig.wide_ring) the latent slot's tiles: 8 x 128 (a 128-byte row of a tile), 128-byte swizzle, the
-    cache's rows read by a descriptor rounded down to their 512 latent columns."""
-    return (round_down_tiling()((8, 128)), plgpu.SwizzleTransform(128))
 # MosaicConfig.qk_permuted: a [64, 64] f16 array in the WGMMA_8BIT layout (a thread's register j holds columns
 # 16 j' + 4 q .. + 3, q = lane % 4) taken as the WGMMA layout's (2 columns a register piece: 8 j + 2 q, + 1) without
 # moving a value: the column the WGMMA layout calls c holds column QK_PERM_16[c % 16] + c - c % 16 (derived
@@ -261,37 +215,31 @@ cvt.rn.f16x2.e4m3x2 $0, lo;
 cvt.rn.f16x2.e4m3x2 $1, hi;
 }"""
 
-def _vt_fp8_address(ref, col_half: int = 0):
-    """(pv_registers) a thread's ldmatrix address in a [64 keys, 64 columns] fp8 chunk: the tiled memref [8, 1, 8,
-    64] (rows of 64 bytes, 64-byte swizzle), or (wide_ring) half `col_half` of a [64, 128] pair of chunks, the tiled
-    memref [8, 1, 8, 128] (rows of 128 bytes, 128-byte swizzle): (the i32 constant maker, the chunk's pointer, the
-    thread's byte offset of key tile 0, the memref's strides). The swizzles (Mosaic GPU's, as the TMA writes them):
-    a row's 16-byte unit u sits at u ^ ((row // 2) % 4) with 64-byte rows, u ^ (row % 8) with 128-byte rows."""
+def _vt_fp8_address(ref):
+    """(pv_registers) a thread's ldmatrix address in a [64 keys, 64 columns] fp8 chunk, the tiled memref [8, 1, 8, 64]
+    (rows of 64 bytes, 64-byte swizzle): (the i32 constant maker, the chunk's pointer, the thread's byte offset of key
+    tile 0, the memref's strides). The swizzle (Mosaic GPU's, as the TMA writes it): a row's 16-byte unit u sits at
+    u ^ ((row // 2) % 4)."""
     i32 = ir.IntegerType.get_signless(32)
     ty = ir.MemRefType(ref.type)
     strides, _ = ty.get_strides_and_offset()
-    width = list(ty.shape)[-1]
-    if (list(ty.shape) != [8, 1, 8, width] or width not in (64, 128) or list(strides[2:]) != [width, 1]
-            or col_half not in ((0,) if width == 64 else (0, 1))):
-        raise NotImplementedError(f"_load_vt_fp8 needs a [64, 64] fp8 chunk tiled (8, 64) or half {col_half} of a "
-                                  f"[64, 128] pair tiled (8, 128), got {ty}")
+    if list(ty.shape) != [8, 1, 8, 64] or list(strides[2:]) != [64, 1]:
+        raise NotImplementedError(f"_load_vt_fp8 needs a [64, 64] fp8 chunk tiled (8, 64), got {ty}")
     c = lambda v: arith.constant(i32, v)
-    base = _vt_lane_offset(mgpu.utils.thread_idx(), width, col_half, strides[0], _ArithOps)
+    base = _vt_lane_offset(mgpu.utils.thread_idx(), strides[0], _ArithOps)
     return c, mgpu.utils.memref_ptr(ref), base, strides
 
 
-def _vt_lane_offset(tid, width: int, col_half: int, tile_stride: int, ops=None):
-    """(_vt_fp8_address) thread tid's ldmatrix row address (bytes from the chunk's or pair's start) for key tile 0:
-    lane 8 m + rr gives line rr of matrix m, key 8 m + rr; warp tid // 32 % 4 the chunk's 16-byte unit of its 16
-    columns; tile_stride: the bytes between 8-key tiles. Python ints with _IntOps, the default (the tests' model)."""
+def _vt_lane_offset(tid, tile_stride: int, ops=None):
+    """(_vt_fp8_address) thread tid's ldmatrix row address (bytes from the chunk's start) for key tile 0: lane 8 m +
+    rr gives line rr of matrix m, key 8 m + rr; warp tid // 32 % 4 the chunk's 16-byte unit of its 16 columns, at
+    the 64-byte swizzle's (row // 2) % 4; tile_stride: the bytes between 8-key tiles. Python ints with _IntOps, the
+    default (the tests' model)."""
     ops = _IntOps if ops is None else ops
     lane, wp = ops.rem(tid, 32), ops.rem(ops.div(tid, 32), 4)
     m, rr = ops.div(lane, 8), ops.rem(lane, 8)
-    if width == 64:  # the 64-byte swizzle: (row // 2) % 4
-        unit = ops.xor(wp, ops.band(ops.shr(rr, 1), 3))
-    else:  # the 128-byte swizzle: row % 8, the chunk's units 4 col_half .. 4 col_half + 3 of the row's 8
-        unit = ops.xor(ops.add(wp, 4 * col_half), rr)
-    return ops.add(ops.add(ops.mul(m, tile_stride), ops.mul(rr, width)), ops.shl(unit, 4))
+    unit = ops.xor(wp, ops.band(ops.shr(rr, 1), 3))
+    return ops.add(ops.add(ops.mul(m, tile_stride), ops.mul(rr, 64)), ops.shl(unit, 4))
 
 
 def _ldmatrix_x4(ptr, offset, layout):
@@ -308,12 +256,11 @@ def _vt_fp8_ldmatrix(c, ptr, base, half_bytes: int, half: int):
     return _ldmatrix_x4(ptr, arith.addi(base, c(half * half_bytes)), nvvm.MMALayout.col)
 
 
-def _load_vt_fp8_words(ref, col_half: int = 0):
+def _load_vt_fp8_words(ref):
     """(load_ahead; inside inline Mosaic GPU) _load_vt_fp8's two ldmatrix.x4.trans alone: the 8 words a thread,
     unconverted, carried as a [64, 32] float16 WGMMA-layout array (a word a register, in the order (half, matrix);
-    only _convert_vt_fp8 reads them), so that a chunk's loads can be issued a chunk ahead of its conversion.
-    (wide_ring: ref a [64, 128] pair of chunks, col_half the chunk's half; _vt_fp8_address.)"""
-    c, ptr, base, strides = _vt_fp8_address(ref, col_half)
+    only _convert_vt_fp8 reads them), so that a chunk's loads can be issued a chunk ahead of its conversion."""
+    c, ptr, base, strides = _vt_fp8_address(ref)
     return _vt_words(c, ptr, base, 4 * strides[0])
 
 
@@ -827,30 +774,18 @@ class MosaicConfig:
         (95.7 -> 94.5), even at H16 B64 S4096 q2 (75.7), 0.97x at H16 B128 S16384 (335.3 -> 345.1; its rounds 335-347
         against 337-353: within the card's spread). The heuristic's where the batch has at most Q_IN_KERNEL_MAX_TOKENS
         query tokens (the XLA kernel it saves is a larger share of a small call).
-    wide_ring: (where load_ahead runs with pv_registers: kv_halves at 16 or 32 rows, compiled; elsewhere no effect;
-        opt-in, session 35) the fp8 ring slot's 512 latent columns in 8 x 128 tiles (128-byte
-        rows, 128-byte swizzle) beside a [64, 64] slot of the rope columns (8 x 64 tiles, 64-byte swizzle, as now),
-        where the default's slot is 9 tiles of 8 x 64 (64-byte rows): each step's TMA then brings the latent in
-        128-byte box rows. The cache's 576-column rows are not a multiple of 128: the latent's descriptor is rounded
-        down to their first 512 columns (round_down_tiling, a shim over Pallas's transform mapping). Session 35's
-        parity.tma_probe took in fp8 steps at 3.60 TB/s in the default's 64-byte boxes (the fp8 kernel ran at 3.64
-        at H16 B128 S16384), 4.44 in 128-byte ones from 640-byte rows, 4.70 from the flat view. The scores' K chunks
-        are loaded a pair (128 columns) at a time and split in registers; V^T's ldmatrix addresses follow the
-        128-byte swizzle (_vt_fp8_address); zero_tail zeroes the pairs and the rope slot. The same values in the same
-        order: bitwise the default (compiled, on an H100, session 36). On the H100 (parity.sweep, 3 rounds, session
-        36) 1.02x at H16 B128 S16384, 1.01x at B32 S16384, 0.97x at H16 B64 S4096 q2; not yet timed on the H200.
     pair_ring: (where load_ahead runs with pv_registers, pages of a multiple of 16 rows; compiled; elsewhere no
-        effect; not with wide_ring; session 36; the heuristic's at 16 rows since session 42) the fp8 cache seen two tokens a row ([N, P / 2, 1152], a
-        free reshape), the ring's slot 32 pair rows in 8 x 128 tiles with a 128-byte swizzle (PAIR_TILES): each step's TMA brings whole
-        128-byte lines from rows 1152 bytes apart, the bf16 ring's boxes and pitch at half the rows (wide_ring's
-        odd tokens start mid-line), with no shim. The scores' K chunks, V^T and zero_tail's zeroing read and write
-        the slot by the kernel's own ldmatrix / stmatrix addresses (_pair_offset: token 2 p + h's column c at pair row
-        p, column 576 h + c; no bank conflict), each chunk's tokens in their order: the same sums in the same order,
-        bitwise the default (compiled, on an H100, session 36). On the H100 (parity.sweep, 3 rounds, session 36)
-        1.04x at H16 B128 S16384, 1.02x at B32 S16384, 0.93x at H16 B64 S4096 q2 (ptxas: 572 bytes of spill against
-        the default's 436), 1.00x at H32 B64 S4096; session 42 (the same sweep, H100) 1.02x / 1.01x / 0.93x at the
-        first three; with q_in_kernel and split-KV at page size 16 bitwise too (compiled, H100, session 42); not yet
-        timed on the H200.
+        effect; session 36; the heuristic's at 16 rows since session 42) the fp8 cache seen two tokens a row
+        ([N, P / 2, 1152], a free reshape), the ring's slot 32 pair rows in 8 x 128 tiles with a 128-byte swizzle
+        (PAIR_TILES): each step's TMA brings whole 128-byte lines from rows 1152 bytes apart, the bf16 ring's boxes
+        and pitch at half the rows (the default's 64-byte box rows take half lines). The scores' K chunks, V^T and
+        zero_tail's zeroing read and write the slot by the kernel's own ldmatrix / stmatrix addresses (_pair_offset:
+        token 2 p + h's column c at pair row p, column 576 h + c; no bank conflict), each chunk's tokens in their
+        order: the same sums in the same order, bitwise the default (compiled, on an H100, session 36). On the H100
+        (parity.sweep, 3 rounds, session 36) 1.04x at H16 B128 S16384, 1.02x at B32 S16384, 0.93x at H16 B64 S4096
+        q2 (ptxas: 572 bytes of spill against the default's 436), 1.00x at H32 B64 S4096; session 42 (the same sweep,
+        H100) 1.02x / 1.01x / 0.93x at the first three; with q_in_kernel and split-KV at page size 16 bitwise too
+        (compiled, H100, session 42); not yet timed on the H200.
     pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
         the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
         global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
@@ -893,6 +828,15 @@ class MosaicConfig:
     request's two head tiles as one 2-CTA cluster, each KV step loaded once, each CTA's TMA half multicast to both;
     bitwise the default grid): on the H200 (parity.sweep, 3 rounds, on top of heads_fastest) 0.98-1.02x on five H =
     128 rows: with the head tiles together the second read already hits L2, and the step is compute-bound.
+    Built in session 35 and removed in session 42 (`git show 9280851:mla_jax/pallas_mosaic_gpu.py`): wide_ring (the
+    fp8 ring slot's 512 latent columns in 8 x 128 tiles, 128-byte swizzle, beside a slot of the rope columns: the
+    latent in 128-byte box rows, its descriptor rounded down to the cache's first 512 columns by round_down_tiling, a
+    shim over Pallas's transform mapping, now parity.tma_probe's _round_down_tiling for its fp8_128r; odd tokens' rows
+    start mid-line; bitwise the default, compiled, H100, session 36): on the H100 (parity.sweep, 3 rounds) 1.02x at
+    H16 B128 S16384, 1.01x at B32 S16384, 0.97x at H16 B64 S4096 q2 (session 36); 1.01x (439.9 -> 435.0 us), 1.00x
+    (120.9 -> 121.0), 0.95x (86.0 -> 90.4) at the same rows (session 42), against pair_ring's 1.02x (430.0), 1.01x
+    (119.9), 0.93x (92.8): never the heuristic's pick (pair_ring's whole 128-byte lines are, at 16 rows); never timed
+    on the H200.
     """
 
     block_kv: int = 64
@@ -921,7 +865,6 @@ class MosaicConfig:
     load_ahead: bool = False
     lazy_max: bool = False
     q_in_kernel: bool = False
-    wide_ring: bool = False
     pair_ring: bool = False
     pdl: bool = False
 
@@ -933,13 +876,10 @@ class MosaicConfig:
         for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
                      "overlap_wait", "transposed_pv", "heads_fastest", "kv_halves", "qk_registers",
                      "sums_at_end", "qk_permuted", "pv_registers", "zero_tail", "load_ahead", "lazy_max", "q_in_kernel",
-                     "wide_ring", "pair_ring"):
+                     "pair_ring"):
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
-        if self.wide_ring and self.pair_ring:
-            raise ValueError("wide_ring and pair_ring are two layouts of the same fp8 ring slot: choose one, got "
-                             "wide_ring=True, pair_ring=True")
         block_kv, num_splits = self.block_kv, self.num_splits
         max_concurrent_steps, block_h, bt_chunk = self.max_concurrent_steps, self.block_h, self.bt_chunk
         if self.schedule not in SCHEDULES:
@@ -1218,7 +1158,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                   kv_halves: bool = False, qk_registers: bool = False,
                   sums_at_end: bool = False, qk_permuted: bool = False, pv_registers: bool = False, pv_wait: int = 4,
                   zero_tail: bool = False, load_ahead: bool = False, q_bits: bool = False, lazy_max: bool = False,
-                  wide_ring: bool = False, pair_ring: bool = False, out_dtype=None, interpret: bool = False):
+                  pair_ring: bool = False, out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
     Grid (head tile, split, request x query tile), the last axis the fastest (heads_fastest: reversed, the head
@@ -1237,8 +1177,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     warpgroup; the output's columns permuted by PV_PERM, the caller undoes it). pv_wait, zero_tail: MosaicConfig's
     (zero_tail kv_halves only).
     lazy_max: MosaicConfig's (kv_halves only).
-    wide_ring: MosaicConfig's (with load_ahead and pv_registers, compiled).
-    pair_ring: MosaicConfig's (the same; pages of a multiple of 16 rows): kv_cache comes as [N, P / 2, 1152].
+    pair_ring: MosaicConfig's (with load_ahead and pv_registers, compiled; pages of a multiple of 16 rows): kv_cache
+    comes as [N, P / 2, 1152].
     q_bits: (MosaicConfig.q_in_kernel: an fp8 cache, compiled) q [T, heads, 576] is bfloat16, unpermuted: its TMA
     writes a bfloat16 view of q's tile, which the warpgroups reading q convert to f16 in place (qk_permuted: in
     QK_PERM's column order) before their first wgmma.
@@ -1288,16 +1228,11 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                          f"pv_registers=True (or interpret mode), got {pv_registers=}")
     if zero_tail and not kv_halves:
         raise ValueError(f"zero_tail zeroes a kv_halves slot's tail: it needs kv_halves=True, got {kv_halves=}")
-    if wide_ring and not (load_ahead and pv_registers and not interpret):
-        raise ValueError(f"wide_ring loads the scores' K chunks in pairs on load_ahead's path and V^T by pv_registers's "
-                         f"ldmatrix (compiled): it needs load_ahead=True, pv_registers=True and interpret=False, got "
-                         f"{load_ahead=}, {pv_registers=}, {interpret=}")
-    if pair_ring and not (load_ahead and pv_registers and not interpret and not wide_ring and page_size % 16 == 0):
+    if pair_ring and not (load_ahead and pv_registers and not interpret and page_size % 16 == 0):
         raise ValueError(f"pair_ring reads the scores' K chunks on load_ahead's path and V^T by pv_registers's "
                          f"ldmatrix (compiled) from slots of pair rows, a page a multiple of 8 of them: it needs "
-                         f"load_ahead=True, pv_registers=True, interpret=False, wide_ring=False and a page_size "
-                         f"multiple of 16, got {load_ahead=}, {pv_registers=}, {interpret=}, {wide_ring=}, "
-                         f"{page_size=}")
+                         f"load_ahead=True, pv_registers=True, interpret=False and a page_size multiple of 16, got "
+                         f"{load_ahead=}, {pv_registers=}, {interpret=}, {page_size=}")
     if load_ahead and not (qk_permuted and not interpret):
         raise ValueError(f"load_ahead loads qk_permuted's chunks (and pv_registers's) a chunk ahead (compiled): it "
                          f"needs qk_permuted=True and interpret=False, got {qk_permuted=}, {interpret=}")
@@ -1340,7 +1275,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             # O^T halves (over q and the ring); red_smem: the scratch of the cross-warp reductions, in P's bytes (the
             # p_smem argument)
             (q_smem, kv_smem, *kv_v), (stage, t_smem, e_smem), (m_smem,) = q_kv_or_stage
-            kv_rope = kv_v.pop(0) if wide_ring else None  # (wide_ring: kv_smem the latent slots, kv_rope the rope's)
             kv_v = kv_v[0] if kv_v else None  # (pv_registers: none)
             p_smem, red_smem = p_smem
             (bt_bar_wg1,) = extra_barriers
@@ -1441,10 +1375,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         # the registers' layout of an fp8 chunk: WGMMA (2 fp8 values a thread and load) or WGMMA_8BIT (4)
         deq_layout = plgpu.Layout.WGMMA_8BIT if dequant_layout == "wgmma_8bit" else plgpu.Layout.WGMMA
 
-        def rows_below(valid, layout=None, cols: int = 64):
-            """[block_kv, cols] in `layout` (default deq_layout): row < valid (the rows of a step kept by its
+        def rows_below(valid, layout=None):
+            """[block_kv, 64] in `layout` (default deq_layout): row < valid (the rows of a step kept by its
             dequantization)."""
-            return plgpu.broadcasted_iota(jnp.int32, (block_kv, cols), 0, layout=layout or deq_layout) < valid
+            return plgpu.broadcasted_iota(jnp.int32, (block_kv, 64), 0, layout=layout or deq_layout) < valid
 
         def convert_chunk(slot, c, keep=None, dst=None):
             """Chunk c (columns [64 c, 64 c + 64)) of the fp8 step in ring slot `slot` -> the dequantized step
@@ -2175,12 +2109,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             def copy(src, rows=None):  # (src: [rows, 576] of the cache (pair_ring: [rows, 1152] of its pairs); rows:
                 # the slot's rows it fills)
                 at = (slot,) if rows is None else (slot, rows)
-                if wide_ring:  # the latent in 128-byte box rows, the rope in 64-byte ones
-                    plgpu.copy_gmem_to_smem(src.at[:, pl.ds(0, KV_LORA_RANK)], kv_smem.at[at], kv_ready.at[slot])
-                    plgpu.copy_gmem_to_smem(src.at[:, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)], kv_rope.at[at],
-                                            kv_ready.at[slot])
-                else:
-                    plgpu.copy_gmem_to_smem(src, kv_smem.at[at], kv_ready.at[slot])
+                plgpu.copy_gmem_to_smem(src, kv_smem.at[at], kv_ready.at[slot])
 
             if pages_per_step == 1:
                 [page] = half_pages(w, lp0, chunk, last_page)
@@ -2335,33 +2264,18 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 masked and stored back; then a warpgroup barrier (each thread reads the others' rows after)."""
                 with jax.named_scope("zero_tail"):
                     # (Mosaic GPU has no select on 8-bit values, only bitwise operations: an AND with a byte mask)
-                    def byte_mask(cols):
-                        return jnp.where(rows_below(valid, ld_layout, cols), jnp.int32(-1),
-                                         jnp.int32(0)).astype(jnp.int8)
-
-                    ones = byte_mask(64)
-
-                    def zero(ref, ones, tiles):
-                        x = lax.bitcast_convert_type(plgpu.load(ref, layout=ld_layout), jnp.int8) & ones
-                        store_tiled(ref, lax.bitcast_convert_type(x, jnp.float8_e4m3fn), ld_layout, tiles)
+                    ones = jnp.where(rows_below(valid, ld_layout), jnp.int32(-1), jnp.int32(0)).astype(jnp.int8)
 
                     if pair_ring:  # (each chunk's bytes from its window, masked and stored back by the same threads)
                         for c in range(HEAD_DIM // 64):
                             x = lax.bitcast_convert_type(load_pair_chunk(slot, c // 2, c % 2), jnp.int8) & ones
                             store_pair_chunk(lax.bitcast_convert_type(x, jnp.float8_e4m3fn), slot, c // 2, c % 2)
-                    elif wide_ring:  # (the latent's 4 pairs of chunks, then the rope's slot)
-                        ones2 = byte_mask(128)
-
-                        @pl.loop(0, KV_LORA_RANK // 128)
-                        def _(p):
-                            zero(kv_smem.at[slot, :, pl.ds(pl.multiple_of(p * 128, 128), 128)], ones2,
-                                 wide_ring_tiles())
-
-                        zero(kv_rope.at[slot], ones, FP8_RING_TILES)
                     else:
                         @pl.loop(0, HEAD_DIM // 64)
                         def _(c):
-                            zero(kv_smem.at[slot, :, pl.ds(pl.multiple_of(c * 64, 64), 64)], ones, FP8_RING_TILES)
+                            ref = kv_smem.at[slot, :, pl.ds(pl.multiple_of(c * 64, 64), 64)]
+                            x = lax.bitcast_convert_type(plgpu.load(ref, layout=ld_layout), jnp.int8) & ones
+                            store_tiled(ref, lax.bitcast_convert_type(x, jnp.float8_e4m3fn), ld_layout, FP8_RING_TILES)
 
                     plgpu.commit_smem()
 
@@ -2372,14 +2286,11 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                                 p_w().transpose((1, 0)))
 
             def load_vt_words(slot, c: int):
-                """(load_ahead) chunk c's V^T words (_load_vt_fp8_words), unconverted (wide_ring: from its pair;
-                pair_ring: from its window, _load_vt_pair_words)."""
+                """(load_ahead) chunk c's V^T words (_load_vt_fp8_words), unconverted (pair_ring: from its window,
+                _load_vt_pair_words)."""
                 if pair_ring:
                     tiles, ref = PAIR_TILES, pair_window(slot, c // 2, c % 2)
                     words = functools.partial(_load_vt_pair_words, parity=c % 2)
-                elif wide_ring:
-                    tiles, ref = wide_ring_tiles(), kv_smem.at[slot, :, pl.ds(c // 2 * 128, 128)]
-                    words = functools.partial(_load_vt_fp8_words, col_half=c % 2)
                 else:
                     tiles, ref, words = FP8_RING_TILES, kv_smem.at[slot, :, pl.ds(c * 64, 64)], _load_vt_fp8_words
 
@@ -2469,17 +2380,14 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 keep = rows_below(kv_len - kv_start, ld_layout) if masked else None
 
                 def qk(s_ref):
-                    def offset(c, width: int = 64):  # (the column where chunk c starts; of pair c: width 128)
-                        return c * width if isinstance(c, int) else pl.multiple_of(c * width, width)
+                    def offset(c):  # (the column where chunk c starts)
+                        return c * 64 if isinstance(c, int) else pl.multiple_of(c * 64, 64)
 
                     def raw(c, parity: int = 0):  # chunk c's fp8 values, unconverted (pair_ring: chunk 2 c + parity)
                         assert pair_ring or parity == 0
                         if pair_ring:
                             return load_pair_chunk(slot, c, parity)
                         return plgpu.load(kv_smem.at[slot, :, pl.ds(offset(c), 64)], layout=ld_layout)
-
-                    def raw_pair(i):  # (wide_ring) chunks 2 i and 2 i + 1's fp8 values, [64, 128], unconverted
-                        return plgpu.load(kv_smem.at[slot, :, pl.ds(offset(i, 128), 128)], layout=ld_layout)
 
                     def chunk_from(c, x, c0=None):
                         """Chunk c's conversion from its loaded values x, V's copy (not with pv_registers, whose
@@ -2505,21 +2413,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         chunk_from(c, plgpu.load(kv_smem.at[slot, :, pl.ds(c0, 64)], layout=ld_layout), c0)
 
                     with jax.named_scope("dequant"):
-                        if wide_ring:  # (the pairs: each loaded while the pair before is converted)
-                            rope_raw = plgpu.load(kv_rope.at[slot], layout=ld_layout)
-                            first = raw_pair(0)
-                            rope = rope_operand(rope_raw, kv_start, masked)
-                            rope_scores(s_ref, rope)
-
-                            def pair(i, x):  # chunks 2 i, 2 i + 1 from x, pair i's values; pair i + 1's loaded
-                                # between them (i = 3: pair 3 again, unused)
-                                chunk_from(2 * i, x[:, :64])
-                                nxt = raw_pair(jnp.minimum(i + 1, KV_LORA_RANK // 128 - 1))
-                                chunk_from(2 * i + 1, x[:, 64:])
-                                return nxt
-
-                            lax.fori_loop(0, KV_LORA_RANK // 128, pair, first)
-                        elif load_ahead:  # each chunk's values loaded a chunk ahead of its conversion
+                        if load_ahead:  # each chunk's values loaded a chunk ahead of its conversion
                             # (pair_ring's raw: chunk 2 c + parity)
                             rope_raw = raw(KV_LORA_RANK // 128) if pair_ring else raw(KV_LORA_RANK // 64)
                             first = raw(0)
@@ -2661,9 +2555,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             (plgpu.SMEM((q_rows, HEAD_DIM), dtype, transforms=transforms),
              *((plgpu.SMEM((half_slots, block_kv // 2, PAIR_COLS), jnp.float8_e4m3fn, transforms=PAIR_TILES),)
                if pair_ring else
-               (plgpu.SMEM((half_slots, block_kv, KV_LORA_RANK), jnp.float8_e4m3fn, transforms=wide_ring_tiles()),
-                plgpu.SMEM((half_slots, block_kv, QK_ROPE_HEAD_DIM), jnp.float8_e4m3fn, transforms=FP8_RING_TILES))
-               if wide_ring else
                (plgpu.SMEM((half_slots, block_kv, HEAD_DIM), jnp.float8_e4m3fn, transforms=FP8_RING_TILES),)),
              *([] if pv_registers else
                [plgpu.SMEM((NUM_COMPUTE_WGS, block_kv, KV_LORA_RANK),
@@ -2693,8 +2584,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             plgpu.Barrier(num_arrivals=q_toks),  # q_bar
             plgpu.Barrier(),  # info_bar
             plgpu.Barrier(),  # bt_bar (warpgroup 0's chunks)
-            # kv_ready, a slot each (a TMA a page; wide_ring: two, the latent's and the rope's)
-            plgpu.Barrier(num_arrivals=pages_per_step * (2 if wide_ring else 1), num_barriers=half_slots),
+            plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=half_slots),  # kv_ready, a slot each (a TMA a page)
             plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS, num_barriers=stages),  # kv_consumed (unused)
             # sync_a: (q_bits: q converted, then) the merge's three hand-overs
             plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS),
@@ -2878,7 +2768,6 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         zero_tail=kv_halves and tuning.zero_tail,
         load_ahead=load_ahead,
         lazy_max=kv_halves and tuning.lazy_max,
-        wide_ring=pv_registers and load_ahead and tuning.wide_ring,
         pair_ring=pair_ring,
         q_bits=q_bits,
     )

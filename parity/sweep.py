@@ -50,7 +50,7 @@ VARIANTS = {
                               sums_at_end=(True, False), qk_permuted=(True, False), pv_registers=(True, False),
                               pv_wait=(1, 2, 4, 8), zero_tail=(True,),
                               load_ahead=(True, False), lazy_max=(True, False), q_in_kernel=(True, False),
-                              wide_ring=(True, False), pair_ring=(True, False)),
+                              pair_ring=(True, False)),
 }
 
 

@@ -31,9 +31,9 @@ else; the SMs' intake is the TB/s reported (the slope over two iteration counts,
   3.67, pf4 3.58, flat 4.26; in the kernel, MosaicConfig.prefetch_lines, 0.95-0.97x: removed);
 * "fp8_128r_xD" (session 35): fp8_128p's boxes (the latent columns in 128-byte rows, the rope in 64-byte ones) from
   the cache's own 576-byte rows: the latent's TMA descriptor covers the first 512 columns of each row (Mosaic GPU's
-  TileTransform((8, 128), rounding=Rounding.DOWN)), which Pallas does not expose: the kernel's
-  `round_down_tiling()`, a TilingTransform whose copies lower to that rounding. The layout of the kernel's
-  MosaicConfig.wide_ring; odd tokens' rows start 64 bytes into an L2 line.
+  TileTransform((8, 128), rounding=Rounding.DOWN)), which Pallas does not expose: `_round_down_tiling()` here, a
+  TilingTransform whose copies lower to that rounding. The layout of session 35's MosaicConfig.wide_ring (removed in
+  session 42, its shim moved here); odd tokens' rows start 64 bytes into an L2 line.
 * "fp8_pair_xD" (session 36): the cache's rows two tokens a row, a free reshape to [rows / 2, 1152] (1152 bytes:
   9 L2 lines), a 64-row step its 32 pair rows in one copy of 8 x 128 tiles with a 128-byte swizzle (Mosaic GPU
   issues it as 9 boxes of [32, 128]): every box row a whole line, the bf16 ring's boxes and pitch (bf16_128) at half
@@ -83,6 +83,59 @@ def step_bytes(probe: str) -> int:
     return BLOCK_KV * HEAD_DIM * (1 if PROBES[probe][0].startswith("float8") else 2)
 
 
+_ROUND_DOWN_TILING = []
+
+
+def _round_down_tiling():
+    """(fp8_128r) A plgpu.TilingTransform subclass whose TMA copies tile the GMEM ref with Mosaic GPU's
+    TileTransform(tiling, rounding=Rounding.DOWN): a descriptor of each row's first whole tiles, the cache's first 512
+    of its 576 columns in tiles of 128 (the probe's; the layout of session 35's MosaicConfig.wide_ring, removed in
+    session 42). Pallas maps every TilingTransform to TileTransform(tiling) without rounding
+    (jax/_src/pallas/mosaic_gpu/core.py's to_gpu_transform, which the copy lowering looks up at each call) and refuses
+    a row that is not a multiple of the tile; this wraps that function once, for the subclass alone (its Untiling twin
+    keeps the class through Pallas's undo of the ref's transforms). Made on first use; written against jax 0.11.2's
+    internals."""
+    if _ROUND_DOWN_TILING:
+        return _ROUND_DOWN_TILING[0]
+    import dataclasses
+
+    from jax import tree_util
+    from jax._src.pallas.mosaic_gpu import core as gpu_core
+    from jax.experimental.mosaic.gpu import launch_context
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    @dataclasses.dataclass(frozen=True)
+    class RoundDownTiling(plgpu.TilingTransform):
+        def undo(self, x):
+            return RoundDownUntiling(self.tiling)
+
+    @tree_util.register_dataclass
+    @dataclasses.dataclass(frozen=True)
+    class RoundDownUntiling(gpu_core.UntilingTransform):
+        def undo(self, x):
+            return RoundDownTiling(self.tiling)
+
+    base = gpu_core.to_gpu_transform
+
+    def to_gpu_transform(t):
+        if isinstance(t, RoundDownTiling):
+            return launch_context.TileTransform(t.tiling, rounding=launch_context.Rounding.DOWN)
+        return base(t)
+
+    gpu_core.to_gpu_transform = to_gpu_transform
+    _ROUND_DOWN_TILING.append(RoundDownTiling)
+    return RoundDownTiling
+
+
+def _wide_ring_tiles():
+    """(fp8_128r) the latent slot's tiles: 8 x 128 (a 128-byte row of a tile), 128-byte swizzle, the cache's rows read
+    by a descriptor rounded down to their 512 latent columns (_round_down_tiling; session 35's wide_ring slot,
+    removed in session 42)."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    return (_round_down_tiling()((8, 128)), plgpu.SwizzleTransform(128))
+
+
 def build(probe: str, iters: int, num_ctas: int):
     """The probe's jitted kernel: big [rows, pitch] -> the last step each CTA loaded, [num_ctas, 64, pitch] (its
     first 576 columns; the rest unwritten)."""
@@ -94,13 +147,13 @@ def build(probe: str, iters: int, num_ctas: int):
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    from mla_jax.pallas_mosaic_gpu import prefetch_to_l2, wide_ring_tiles
+    from mla_jax.pallas_mosaic_gpu import prefetch_to_l2
 
     dtype_name, row_bytes, depth, pitch, _, ahead = PROBES[probe]
     dtype = jnp.dtype(dtype_name)
     tiles = lambda cols, swizzle: (plgpu.TilingTransform((8, cols)), plgpu.SwizzleTransform(swizzle))
     if row_bytes == 128 and dtype.itemsize == 1 and pitch % 128:  # (fp8_128r: the latent's descriptor rounded down)
-        tiles_128 = wide_ring_tiles()
+        tiles_128 = _wide_ring_tiles()
     else:
         tiles_128 = tiles(128, 128)
     # the slots: one [depth, 64, 576] ring, or (fp8_128) the latent columns and the rope columns apart (576 is not a

@@ -912,22 +912,6 @@ def test_mosaic_gpu_fp8_q_in_kernel_is_bitwise():
 
 
 @pytest.mark.gpu
-def test_mosaic_gpu_fp8_wide_ring_is_bitwise():
-    """wide_ring loads the fp8 slot's latent columns in 128-byte box rows (8 x 128 tiles, 128-byte swizzle, a
-    descriptor of the cache's first 512 columns) beside a slot of the rope columns, the scores' K chunks in pairs and
-    V^T at the 128-byte swizzle's addresses: the same values in the same order, the same out and lse bit for bit
-    compiled, on the bitwise test's 4 scenarios (pages of 16, 8 and 128: several pages a step, two steps a page) and
-    at 32 rows; with zero_tail (the pairs and the rope slot zeroed past kv_len) and without (the converted values
-    selected)."""
-    _skip_without_hopper()
-    base = dict(QK_PERMUTED_TUNING, pv_registers=True, load_ahead=True)
-    _assert_option_bitwise_16_and_32_rows(dict(base, zero_tail=True), dict(wide_ring=True))
-    for name, dtype, extra in KV_HALVES_BITWISE_SCENARIOS[:2]:
-        t = dict(base, **extra)
-        _assert_bitwise(name, dtype, [t, dict(t, wide_ring=True)])
-
-
-@pytest.mark.gpu
 def test_mosaic_gpu_fp8_pair_ring_is_bitwise():
     """pair_ring holds each step as 32 rows of two tokens (the cache reshaped to [N, P / 2, 1152], 8 x 128 tiles,
     128-byte swizzle) and reads the scores' K chunks, V^T and zero_tail's rows by its own ldmatrix / stmatrix
@@ -1009,47 +993,36 @@ def test_pair_ring_lane_offsets_address_the_chunk(chunk):
     assert len(units) == (32 if chunk == 8 else 64) and all(len(u) == 8 for u in units.values())
 
 
-@pytest.mark.parametrize("width,col_half", [(64, 0), (128, 0), (128, 1)])
-def test_vt_lane_offsets_address_the_chunk_rows(width, col_half):
+def test_vt_lane_offsets_address_the_chunk_rows():
     """pv_registers's V^T ldmatrix addresses (_vt_lane_offset, the kernel's own arithmetic on Python ints) over an
-    image of the slot laid out as the TMA writes it (8-key tiles `tile_stride` bytes apart, rows of `width` bytes,
-    Mosaic GPU's swizzle: a 16-byte unit at byte offset o moves to o ^ (((o // 128) % (width // 16)) * 16)): for
-    every thread and key half, the 16 bytes a lane's address points at are key 32 half + 8 m + rr's (lane 8 m + rr),
-    columns [16 w, 16 w + 16) of the chunk (w: its warp), the chunk at bytes [64 col_half, 64 col_half + 64) of a
-    row; and the 8 lines of each matrix fall on 8 different 16-byte bank groups with 128-byte rows (no conflict)."""
+    image of the default ring's slot laid out as the TMA writes it (8-key tiles 9 x 512 bytes apart, rows of 64 bytes,
+    Mosaic GPU's 64-byte swizzle: a 16-byte unit at byte offset o moves to o ^ (((o // 128) % 4) * 16)): for every
+    thread and key half, the 16 bytes a lane's address points at are key 32 half + 8 m + rr's (lane 8 m + rr), columns
+    [16 w, 16 w + 16) of the chunk (w: its warp)."""
     from mla_jax import pallas_mosaic_gpu as mg
 
-    tile_stride = 9 * 512 if width == 64 else 4 * 1024  # (the default ring's [.., 8, 9, 8, 64]; wide_ring's latent
-    # [.., 8, 4, 8, 128])
-    keys, cols = np.meshgrid(np.arange(64), np.arange(width), indexing="ij")
-    o = (keys // 8) * tile_stride + (keys % 8) * width + cols
-    o = o ^ (((o // 128) % (width // 16)) * 16)
+    tile_stride = 9 * 512  # (the default ring's [.., 8, 9, 8, 64])
+    keys, cols = np.meshgrid(np.arange(64), np.arange(64), indexing="ij")
+    o = (keys // 8) * tile_stride + (keys % 8) * 64 + cols
+    o = o ^ (((o // 128) % 4) * 16)
     img = np.full(o.max() + 1, -1, np.int64)
     img[o] = keys * 1000 + cols  # (each byte names its key and column)
     for tid in range(128):
         lane, w = tid % 32, tid // 32 % 4
         m, rr = lane // 8, lane % 8
-        base = mg._vt_lane_offset(tid, width, col_half, tile_stride)
+        base = mg._vt_lane_offset(tid, tile_stride)
         for half in range(2):
             a = base + 4 * half * tile_stride
             assert a % 16 == 0
             key = 32 * half + 8 * m + rr
-            want = key * 1000 + 64 * col_half + 16 * w + np.arange(16)
-            np.testing.assert_array_equal(img[a:a + 16], want, err_msg=f"{tid=} {half=}")
-    if width == 128:
-        for w in range(4):
-            for m in range(4):
-                units = {(mg._vt_lane_offset(32 * w + 8 * m + rr, width, col_half, tile_stride) % 128) // 16
-                         for rr in range(8)}
-                assert len(units) == 8
+            np.testing.assert_array_equal(img[a:a + 16], key * 1000 + 16 * w + np.arange(16), err_msg=f"{tid=} {half=}")
 
 
-@pytest.mark.parametrize("option", ["wide_ring", "pair_ring"])
-def test_ring_option_lowers_where_load_ahead_runs(option):
-    """wide_ring and pair_ring (an abstract H200) lower on parity.kernel_hash's problems: where pv_registers and
-    load_ahead run (the 16- and 32-row fp8 kernels) the module changes; elsewhere (B8: load_ahead off; H = 128; a
-    16-bit cache) it is the default's. The kernel builder refuses it without load_ahead, and the config a
-    non-bool."""
+def test_pair_ring_lowers_where_load_ahead_runs():
+    """pair_ring (an abstract H200) lowers on parity.kernel_hash's problems: where pv_registers and load_ahead run (the
+    16- and 32-row fp8 kernels) the module with it differs from the one without; elsewhere (B8: load_ahead off; H =
+    128; a 16-bit cache) both are the default's. The kernel builder refuses it without load_ahead or at pages of 8
+    rows (where the wrapper runs the default ring), and the config a non-bool."""
     import dataclasses
 
     from mla_jax import pallas_mosaic_gpu as mg
@@ -1058,29 +1031,26 @@ def test_ring_option_lowers_where_load_ahead_runs(option):
     changed = 0
     for problem in kernel_hash.PROBLEMS:
         base = kernel_hash.problem_tuning(problem)
-        [plain] = kernel_hash.module_texts(problem, tuning=base)
-        [text] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, **{option: True}))
+        [plain] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, pair_ring=False))
+        [text] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, pair_ring=True))
         runs = base.pv_registers and base.load_ahead
         assert (text != plain) == runs, problem
         changed += runs
     assert changed >= 3
     kw = dict(FP8_BUILD_KW, score_rows=16, transposed_pv=True, kv_halves=True, qk_registers=True, qk_permuted=True,
               pv_registers=True, zero_tail=True)
-    with pytest.raises(ValueError, match=f"{option} .* load_ahead=False"):
-        mg._build_kernel(**{option: True}, **kw)
-    with pytest.raises(ValueError, match=f"{option} must be a bool"):
-        mg.MosaicConfig(**{option: 1})
-    if option == "pair_ring":  # (a page of 8 rows: 4 pair rows, half a tile: the builder refuses it, the wrapper
-        # runs the default ring there)
-        with pytest.raises(ValueError, match="pair_ring .* page_size=8"):
-            mg._build_kernel(**dict(kw, page_size=8, load_ahead=True, pair_ring=True))
-        problem = kernel_hash.PROBLEMS[0]
-        base = kernel_hash.problem_tuning(problem, page=8)
-        assert base.pv_registers and base.load_ahead
-        texts = lambda t: [text for text, _ in kernel_hash.lowered_modules(problem, tuning=t, page=8)]
-        assert texts(dataclasses.replace(base, pair_ring=True)) == texts(base)
-        with pytest.raises(ValueError, match="wide_ring and pair_ring .* choose one"):
-            mg.MosaicConfig(wide_ring=True, pair_ring=True)
+    with pytest.raises(ValueError, match="pair_ring .* load_ahead=False"):
+        mg._build_kernel(pair_ring=True, **kw)
+    with pytest.raises(ValueError, match="pair_ring must be a bool"):
+        mg.MosaicConfig(pair_ring=1)
+    # (a page of 8 rows: 4 pair rows, half a tile: the builder refuses it, the wrapper runs the default ring there)
+    with pytest.raises(ValueError, match="pair_ring .* page_size=8"):
+        mg._build_kernel(**dict(kw, page_size=8, load_ahead=True, pair_ring=True))
+    problem = kernel_hash.PROBLEMS[0]
+    base = kernel_hash.problem_tuning(problem, page=8)
+    assert base.pv_registers and base.load_ahead
+    texts = lambda t: [text for text, _ in kernel_hash.lowered_modules(problem, tuning=t, page=8)]
+    assert texts(dataclasses.replace(base, pair_ring=True)) == texts(dataclasses.replace(base, pair_ring=False))
 
 
 def _q_tile_offsets(rows: int) -> np.ndarray:

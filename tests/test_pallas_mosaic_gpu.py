@@ -354,10 +354,10 @@ class TestConfig:
     @pytest.mark.parametrize("field", ["l2_prefetch", "late_row_sums", "pv_in_flight", "wg0_share", "pv_copy_chunks",
                                        "lazy_rescale", "pv_int_chunks", "interleave_steps", "prefetch_lines",
                                        "qk_fp8", "qk_fp8_one_acc", "deferred_pv", "split_ring", "part_wait",
-                                       "fp8_convert", "kv_multicast"])
+                                       "fp8_convert", "kv_multicast", "wide_ring"])
     def test_removed_options_are_unknown_fields(self, field):
         """The opt-ins removed since session 29 (measured slower or no faster, never the heuristic's; qk_fp8 and
-        qk_fp8_one_acc: outside the lse tolerance) are refused by name."""
+        qk_fp8_one_acc: outside the lse tolerance; wide_ring: outdone by pair_ring) are refused by name."""
         with pytest.raises(TypeError, match=f"unexpected keyword argument '{field}'"):
             MosaicConfig(**{field: 1})
 
@@ -431,7 +431,7 @@ class TestConfig:
             assert t.pair_ring is t.pv_registers, (b, s, t)  # (and the cache two tokens a row in the ring, 16 rows)
         b32 = heuristic_config(fp8, num_tokens=32, max_blocks=256, num_reqs=32, max_query_len=1)
         assert b32.kv_halves and b32.pv_registers and -(-256 // b32.num_splits) >= 32, b32
-        assert b32.pair_ring and not b32.wide_ring
+        assert b32.pair_ring
         # pair_ring needs pages of a multiple of 16 rows (two tokens a row, whole 8-row tiles): not at page size 8
         assert not heuristic_config(fp8.replace(page_size=8), num_tokens=32, max_blocks=2048, num_reqs=32,
                                     max_query_len=1).pair_ring
