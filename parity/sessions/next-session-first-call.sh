@@ -6,7 +6,8 @@
 # H100; the template's copies s38-a .. s41-a never ran): pair_ring 1.02x / 1.01x at the 16-row rows and its bitwise
 # test with q_in_kernel passed, so the heuristic takes pair_ring at 16 rows (9280851) and wide_ring was removed; then
 # s42-b on an H100: the new heuristic 1.04x / 1.01x against pair_ring=False, and the fp8 grid (fp8 1.88x of bf16
-# Mosaic at H16 B128 S16384, 1.89x at B32 S16384). Nothing of this has run on an H200.
+# Mosaic at H16 B128 S16384, 1.89x at B32 S16384); then this version's copy, s42-c, on a third H100 (1.04x / 1.04x;
+# the grid 1.88x / 1.81x). Nothing of this has run on an H200.
 # Copy to parity/sessions/<date>-s<n>-a.sh and commit before running; never edit it after.
 # Run as calls, in this order where the budget is short: `bash <script> 1` (~4 min: 70 + 170 s), `bash <script> 2`
 # (~5 min). Try for a machine two or three times a session, not more; respect a refusal's "later means in about N
