@@ -127,15 +127,6 @@ def _round_down_tiling():
     return RoundDownTiling
 
 
-def _wide_ring_tiles():
-    """(fp8_128r) the latent slot's tiles: 8 x 128 (a 128-byte row of a tile), 128-byte swizzle, the cache's rows read
-    by a descriptor rounded down to their 512 latent columns (_round_down_tiling; session 35's wide_ring slot,
-    removed in session 42)."""
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-
-    return (_round_down_tiling()((8, 128)), plgpu.SwizzleTransform(128))
-
-
 def build(probe: str, iters: int, num_ctas: int):
     """The probe's jitted kernel: big [rows, pitch] -> the last step each CTA loaded, [num_ctas, 64, pitch] (its
     first 576 columns; the rest unwritten)."""
@@ -151,11 +142,10 @@ def build(probe: str, iters: int, num_ctas: int):
 
     dtype_name, row_bytes, depth, pitch, _, ahead = PROBES[probe]
     dtype = jnp.dtype(dtype_name)
-    tiles = lambda cols, swizzle: (plgpu.TilingTransform((8, cols)), plgpu.SwizzleTransform(swizzle))
-    if row_bytes == 128 and dtype.itemsize == 1 and pitch % 128:  # (fp8_128r: the latent's descriptor rounded down)
-        tiles_128 = _wide_ring_tiles()
-    else:
-        tiles_128 = tiles(128, 128)
+    tiles = lambda cols, swizzle, tiling=plgpu.TilingTransform: (tiling((8, cols)), plgpu.SwizzleTransform(swizzle))
+    # (fp8_128r: the latent's descriptor rounded down to its 512 columns, session 35's wide_ring slot)
+    rounded = row_bytes == 128 and dtype.itemsize == 1 and pitch % 128
+    tiles_128 = tiles(128, 128, _round_down_tiling() if rounded else plgpu.TilingTransform)
     # the slots: one [depth, 64, 576] ring, or (fp8_128) the latent columns and the rope columns apart (576 is not a
     # multiple of 128)
     if dtype.itemsize == 2:
