@@ -288,6 +288,12 @@ PAIR_COLS = 2 * HEAD_DIM
 PAIR_TILES = (plgpu.TilingTransform((8, 128)), plgpu.SwizzleTransform(128))
 
 
+def pair_ring_fits(page_size: int) -> bool:
+    """(pair_ring) whether a page is whole 8-row tiles of pair rows (a multiple of 16 tokens); elsewhere the default
+    ring runs."""
+    return page_size % 16 == 0
+
+
 def _pair_offset(tok, col, row_tile_stride, ops=None):
     """(pair_ring) the byte offset of token tok's 16 bytes at column col (a multiple of 16) in a window of a pair
     slot (the tiled memref [pair rows / 8, tile columns, 8, 128]: row_tile_stride its first stride, tile columns
@@ -1067,7 +1073,7 @@ def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_re
     # S16384 (439.9 -> 430.0 us; rounds 439.0-440.3 against 428.8-430.5), 1.01x at B32 S16384 (120.9 -> 119.9), as
     # session 36's (1.04x, 1.02x); at 32 rows 0.93x (H16 B64 S4096 q2, 86.0 -> 92.8: more spills), so not there.
     # Not yet timed on the H200.
-    pair_ring = pv_registers and rows == TRANSPOSED_PV_ROWS[0] and config.page_size % 16 == 0
+    pair_ring = pv_registers and rows == TRANSPOSED_PV_ROWS[0] and pair_ring_fits(config.page_size)
     return MosaicConfig(block_kv=block_kv, num_splits=num_splits, max_concurrent_steps=2, fused_group=fused_group,
                         transposed_scores=rows <= TRANSPOSED_MAX_ROWS or transposed_pv, transposed_pv=transposed_pv,
                         heads_fastest=heads_fastest, kv_halves=kv_halves, qk_registers=kv_halves,
@@ -1228,7 +1234,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                          f"pv_registers=True (or interpret mode), got {pv_registers=}")
     if zero_tail and not kv_halves:
         raise ValueError(f"zero_tail zeroes a kv_halves slot's tail: it needs kv_halves=True, got {kv_halves=}")
-    if pair_ring and not (load_ahead and pv_registers and not interpret and page_size % 16 == 0):
+    if pair_ring and not (load_ahead and pv_registers and not interpret and pair_ring_fits(page_size)):
         raise ValueError(f"pair_ring reads the scores' K chunks on load_ahead's path and V^T by pv_registers's "
                          f"ldmatrix (compiled) from slots of pair rows, a page a multiple of 8 of them: it needs "
                          f"load_ahead=True, pv_registers=True, interpret=False and a page_size multiple of 16, got "
@@ -2747,7 +2753,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     pv_registers = qk_permuted and tuning.pv_registers
     load_ahead = qk_permuted and tuning.load_ahead
     # (pair_ring: the cache two tokens a row, a free reshape; pages of a multiple of 16 rows, else the default ring)
-    pair_ring = pv_registers and load_ahead and tuning.pair_ring and page_size % 16 == 0
+    pair_ring = pv_registers and load_ahead and tuning.pair_ring and pair_ring_fits(page_size)
     if qk_permuted and not q_bits:  # (the scores' wgmmas see K's columns permuted: q's the same way; fused with q's
         # f16 conversion; q_bits: in the kernel's conversion)
         q = q[..., QK_PERM]
