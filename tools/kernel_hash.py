@@ -25,6 +25,9 @@ import os
 import re
 import sys
 
+# This checkout's packages first, ahead of any installed copy: the fingerprints are of the code beside this file.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 HEADS = (8, 16, 32, 64, 128)
 Q_LENS = (1, 2, 3, 4)
 PAGES = (8, 16, 32, 64, 128)
