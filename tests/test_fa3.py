@@ -27,6 +27,8 @@ from mla_spec import MLAConfig, build_decode_metadata
 from mla_spec import reference as np_reference
 from mla_spec.config import FP8_KV_CACHE_MSG, NON_DECODER_MSG, UNSUPPORTED_FEATURES_MSG
 from mla_torch import fa3
+from mla_torch.fa3 import impl as fa3_impl
+from mla_torch.fa3 import providers as fa3_providers
 from mla_torch import reference as torch_reference
 from parity.compare import compare, compare_out_lse
 from parity.scenarios import SCENARIOS, Scenario, make_batch
@@ -211,7 +213,7 @@ def test_builder_reorder_batch_threshold():
     assert b.reorder_batch_threshold == 512
     b = fa3.FlashAttnMLAMetadataBuilder(MLAConfig(num_heads=16, dcp_world_size=2), "cpu")
     assert b.reorder_batch_threshold == 1
-    # the class default is untouched (the older seed mutated the class attribute)
+    # the threshold is per builder: the class default stays 512
     assert fa3.FlashAttnMLAMetadataBuilder.reorder_batch_threshold == 512
 
 
@@ -510,7 +512,7 @@ def test_unsupported_reason_says_why():
     assert "dcp_world_size=2" in fa3.unsupported_reason(MLAConfig(num_heads=16, dcp_world_size=2))
     assert "not a CUDA device" in fa3.unsupported_reason(base, "cpu")
     assert fa3.unsupported_reason(base) == FA3_REASON  # a valid config: only the machine matters
-    # any page size is left to the kernel (DESIGN: any P >= 1)
+    # any page size is left to the kernel (FA3's paged path takes any P >= 1)
     assert fa3.unsupported_reason(base.replace(page_size=1)) == FA3_REASON
     assert mla_torch.unsupported_reason("fa3", base, "cpu") == fa3.unsupported_reason(base, "cpu")
 
@@ -543,13 +545,13 @@ def test_mla_decode_fa3_path_end_to_end_with_the_stand_in(monkeypatch):
     """api.mla_decode(impl="fa3") -> fa3.mla_decode -> cached builder + Impl -> the FA3 call."""
     batch = make_batch(SCENARIOS["spec_decode_page_16"], "float16")
     fake = FakeFA3(batch.config)
-    monkeypatch.setattr(fa3, "_require_fa3", lambda device=None: fake.provider)
-    fa3._builder_and_impl.cache_clear()
+    monkeypatch.setattr(fa3_providers, "require_fa3", lambda device=None: fake.provider)
+    fa3_impl._builder_and_impl.cache_clear()
     try:
         q, kv = _torch_batch(batch)
         for _ in range(2):
             out, lse = mla_torch.mla_decode(q, kv, batch.metadata, batch.config, impl="fa3")
-        assert fa3._builder_and_impl.cache_info().hits == 1  # built once per (config, device)
+        assert fa3_impl._builder_and_impl.cache_info().hits == 1  # built once per (config, device)
         assert len(fake.sched_calls) == 2 and len(fake.varlen_calls) == 2  # one schedule per batch
         assert out.dtype == torch.float16 and lse.shape == (q.shape[0], q.shape[1])
         _assert_matches(out, lse, *np_reference.mla_decode(batch.q, batch.kv_cache, batch.metadata, batch.config),
@@ -558,7 +560,7 @@ def test_mla_decode_fa3_path_end_to_end_with_the_stand_in(monkeypatch):
         with pytest.raises(ValueError, match=r"block id out of range"):
             fa3.mla_decode(q, kv, bad, batch.config)
     finally:
-        fa3._builder_and_impl.cache_clear()
+        fa3_impl._builder_and_impl.cache_clear()
 
 
 def test_mla_decode_fa3_rejects_an_unsupported_config_first():
@@ -602,7 +604,7 @@ def _fake_upstream_module(record):
 def test_upstream_fa3_adapter_maps_the_seed_call(monkeypatch):
     record = {}
     monkeypatch.setitem(sys.modules, "fake_upstream_fa3", _fake_upstream_module(record))
-    provider, why = fa3._upstream_provider("fake_upstream_fa3")
+    provider, why = fa3_providers._upstream_provider("fake_upstream_fa3")
     assert provider is not None, why
     sentinel = {k: object() for k in ("q", "k", "v", "q_v", "cu", "seqused", "bt", "sched")}
     res = provider.flash_attn_varlen_func(
@@ -633,12 +635,12 @@ def test_upstream_fa3_without_mla_head_dims_is_passed_over(monkeypatch):
     cfg_mod = types.ModuleType("flash_attn_config")
     cfg_mod.CONFIG = {"build_flags": {"FLASHATTENTION_DISABLE_HDIMDIFF64": True}}
     monkeypatch.setitem(sys.modules, "flash_attn_config", cfg_mod)
-    provider, why = fa3._upstream_provider("fake_upstream_fa3")
+    provider, why = fa3_providers._upstream_provider("fake_upstream_fa3")
     assert provider is None and "FLASHATTENTION_DISABLE_HDIMDIFF64" in why
     old = types.ModuleType("fake_old_fa3")
     old.flash_attn_varlen_func = lambda q, k, v: None
     monkeypatch.setitem(sys.modules, "fake_old_fa3", old)
-    provider, why = fa3._upstream_provider("fake_old_fa3")
+    provider, why = fa3_providers._upstream_provider("fake_old_fa3")
     assert provider is None and "too old for MLA" in why
 
 
@@ -647,7 +649,7 @@ def test_vllm_provider_without_q_v_is_passed_over(monkeypatch):
     mod.flash_attn_varlen_func = lambda q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, block_table=None: None
     mod.get_scheduler_metadata = lambda *a, **k: None
     monkeypatch.setitem(sys.modules, "fake_vllm_fa", mod)
-    provider, why = fa3._vllm_provider("fake_vllm_fa")
+    provider, why = fa3_providers._vllm_provider("fake_vllm_fa")
     assert provider is None and "q_v" in why and "(64, 512)" in why
 
 
@@ -699,7 +701,7 @@ def test_gpu_fa3_matches_reference(name, dtype):
     """Every parity scenario (q_len 1..8, 16 and 128 heads, page sizes 1/16/64, permuted
     block tables) in bf16 and fp16. Unused blocks hold NaN; the tails of last pages hold
     +-1e4 garbage: FA3 multiplies masked (zero) probabilities by those rows in some tile
-    configurations, so NaN there would propagate (seen on the H200, parity/results/NOTES.md),
+    configurations, so NaN there would propagate (as measured on the H200),
     while garbage that leaked into the softmax would still fail the comparison."""
     _require_fa3()
     batch = make_batch(SCENARIOS[name], dtype, page_tail="finite")
@@ -834,7 +836,7 @@ def test_gpu_fa3_agrees_with_flashmla_at_page_64(num_heads, q_len):
     block_table = torch.as_tensor(batch.metadata.block_table, dtype=torch.int32, device="cuda")
     q4 = q.view(B, q_len, H, 576)
     k4 = kv.view(kv.shape[0], 64, 1, 576)
-    if "cache_seqlens" in inspect.signature(fm.get_mla_metadata).parameters:  # the older interface
+    if "cache_seqlens" in inspect.signature(fm.get_mla_metadata).parameters:  # builds whose metadata call takes the lengths
         sched, splits = fm.get_mla_metadata(seq_lens, q_len * H, 1)
     else:
         sched, splits = fm.get_mla_metadata()
