@@ -38,9 +38,8 @@ _MODULES = {
     "pallas_triton": "mla_jax.pallas_triton",
     "pallas_mosaic_gpu": "mla_jax.pallas_mosaic_gpu",
 }
-# Fastest first, by the H200 bench (parity/results/h200-bench-headline-mosaic-v2-2026-11-30.json, one run):
-# geomean FA3/impl 0.72 for the Mosaic GPU kernel, 0.61 for the Triton one on the headline grid (fp8 cache:
-# 0.71 and 0.37, parity/results/h200-bench-fp8-mosaic-v9e-2026-12-01.json); Mosaic GPU where it runs (Hopper,
+# Fastest first, as measured on the H200 over the headline grid (geomean FA3 time / impl time: 0.72 for the
+# Mosaic GPU kernel, 0.61 for the Triton one; with an fp8 cache 0.71 and 0.37): Mosaic GPU where it runs (Hopper,
 # bf16/fp16 q, bf16/fp16 or fp8 cache, its page sizes, not batch-invariant), else Triton.
 _AUTO_ORDER = ("pallas_mosaic_gpu", "pallas_triton", "xla")
 
@@ -100,10 +99,12 @@ def to_jax_metadata(metadata: DecodeMetadata, device=None) -> DecodeMetadata:
 
 
 def _is_concrete(x) -> bool:
+    """Whether `x`'s values can be read here (a NumPy array or a JAX array outside a trace)."""
     return isinstance(x, np.ndarray) or (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer))
 
 
 def split_q(q, config: MLAConfig):
+    """`(q_nope, q_pe)` from the packed q `[T, H, L+R]`, or the pair itself."""
     if isinstance(q, tuple):
         if len(q) != 2:
             raise ValueError(f"q must be one array or a (q_nope, q_pe) pair, got a tuple of {len(q)}")

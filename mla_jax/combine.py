@@ -11,14 +11,15 @@ with empty splits (lse -inf) weighing 0 and a row with every split empty giving 
 non-finite q entry of that head) gives that row out NaN, lse NaN, never a plausible-looking 0.
 
 `combine_ref` is that formula in jnp (XLA makes three kernels of it on the GPU: ~8.6 us at
-H=16, B=8, S=1024 on the H200, by ncu in session 3); `combine` is one Pallas Triton kernel
+H=16, B=8, S=1024 on the H200, by ncu); `combine` is one Pallas Triton kernel
 that reads each partial once. A program takes one token, a block of heads and 64 of the L
 columns, with every split at once: a [S_pad, block_h, 64] tile (S_pad = S rounded up to a power
 of two, block_h as many heads as keep the tile at 8192 float32 values).
 
 `col_order` (optional, an int [L] permutation): the merged output's columns gathered, out[..., j] = merged[...,
-col_order[j]], in the same kernel (the kernel reads partial column col_order[j] for output column j): the Mosaic
-kernel's pv_registers writes its partials' columns permuted, put back here instead of by a gather of its own.
+col_order[j]], in the same kernel (the kernel reads partial column col_order[j] for output column j). The Mosaic
+GPU kernel's fp8 path that loads V^T into registers writes its partials' columns permuted; they are put back here,
+in the merge, rather than by a separate gather.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from mla_jax import api as _api  # registers DecodeMetadata as a pytree
 from mla_jax.combine import combine_ref
-from mla_spec import DecodeMetadata, MLAConfig, check_config_and_metadata, dtype_name, validate_inputs
+from mla_spec import DecodeMetadata, MLAConfig, check_config_and_metadata, dtype_name, validate_inputs, validate_k_scale
 from mla_spec.dcp import (
     DCPShards,
     check_partials,
@@ -106,6 +106,8 @@ def _local_partial(q_nope, q_pe, kv_cache, md: DecodeMetadata, config: MLAConfig
 @functools.lru_cache(maxsize=64)
 def _build(mesh: Mesh, axis_name: str, config: MLAConfig, impl: str, interpret: bool,
            max_seq_len: int, num_decode_tokens: int, max_num_splits: int):
+    """The jitted `shard_map` of one (mesh, config, impl, static metadata ints), built once: each
+    device computes its shard's partial, then the exact LSE merge runs through pmax/psum."""
     spec = PartitionSpec(axis_name)
 
     def body(q_nope, q_pe, kv_cache, qsl, seq_lens, block_table, k_scale):
@@ -130,9 +132,9 @@ def _build(mesh: Mesh, axis_name: str, config: MLAConfig, impl: str, interpret: 
         mesh=mesh,
         in_specs=(replicated, replicated, spec, spec, spec, spec, replicated),
         out_specs=(replicated, replicated),
-        # The Pallas kernel's out_shape carries no vma (jax 0.11.2 asks for manual_axis_type on
-        # its ShapeDtypeStruct under check_vma=True, and the kernel is not ours to change here);
-        # the outputs are psum/pmax results, replicated by construction.
+        # The Pallas kernel's out_shape carries no vma (under check_vma=True, jax 0.11 asks for
+        # manual_axis_type on its ShapeDtypeStruct), so the check runs on the XLA path only; the
+        # outputs are psum/pmax results, replicated by construction.
         check_vma=impl == "xla",
     )
     return jax.jit(mapped)
@@ -207,8 +209,6 @@ def dcp_mla_decode(
         check_values=False,
     )
     if config.is_fp8_kv_cache or not (isinstance(k_scale, (int, float)) and k_scale == 1.0):
-        from mla_spec import validate_k_scale  # the fp8 KV cache's scale check
-
         validate_k_scale(k_scale, config, concrete=not isinstance(k_scale, jax.core.Tracer))
     if impl != "xla":
         reason = _api.unsupported_reason(impl, lc, None)

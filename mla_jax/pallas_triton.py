@@ -35,7 +35,7 @@ for the dots; the conversion is exact (every e4m3 value is a bf16 and an fp16 va
 scale is never applied to the rows: it is folded into the score scale,
 s = softmax_scale * k_scale * (q . kv), and into the output, out = k_scale * (p @ kv_c) / l.
 Compiled on a GPU, fp8 tiles of 64 rows x 64 KV rows do not fit Triton's shared memory on the H200
-(RESOURCE_EXHAUSTED; `python -m parity.fp8_tiles`), so fp8_gpu_reason refuses tiles with
+(RESOURCE_EXHAUSTED, see FP8_GPU_MAX_ROWS), so fp8_gpu_reason refuses tiles with
 block_q * block_h * block_kv > 32 * 64, and the heuristic uses head blocks of up to 32 rows with an fp8
 cache (H = 128: 4 head blocks), so every head count runs compiled.
 
@@ -180,12 +180,11 @@ def heuristic_config(
       (FP8_GPU_MAX_ROWS with an fp8 cache).
     - num_splits: FlashAttention's wave-efficiency heuristic over programs = requests x
       query tiles x head blocks against 132 SMs; 1 when the batch fills the GPU.
-    - block_kv / num_stages / num_warps from the H200 sweep (parity/results/
-      h200-sweep-triton-v1.json; NOTES_pallas_triton.md, v2): M = 16: 128 / 2 / 4
+    - block_kv / num_stages / num_warps from a sweep on the H200: M = 16: 128 / 2 / 4
       (the biggest loads in flight: 3.6 TB/s vs 2.7 at block_kv 64); M = 32: 64 / 3 / 4
       (1.4x over 2 stages); M = 64: 64 / 2 / 8 (1.35x over block_kv 32; 128 exceeds
       shared memory, 4 warps spill the 64 x 512 float32 accumulator). fp8: 8 warps at every M (the
-      converted tile spills at 4: session 3's sweep, NOTES_pallas_triton.md).
+      converted tile spills at 4).
     """
     num_tokens = max(1, int(num_tokens))
     max_query_len = max(1, int(max_query_len))
@@ -207,11 +206,11 @@ def heuristic_config(
     num_splits = _num_splits_heuristic(work, num_kv_blocks, num_sms, max_splits)
     if config.batch_invariant:
         num_splits = 1  # the wave-efficiency split count depends on the whole batch
-    # fp8: 8 warps (H200, session 3, H16 B128 S16384: 1470 us against 4190 with 4; the converted tile
-    # and the accumulator spill at 4: ncu saw 255 registers a thread and local-memory traffic)
+    # fp8: 8 warps (H200, H16 B128 S16384: 1470 us against 4190 with 4; the converted tile and the
+    # accumulator spill at 4: ncu shows 255 registers a thread and local-memory traffic)
     num_warps = 4 if rows <= 32 and not config.is_fp8_kv_cache else 8
     num_stages = 3 if rows == 32 else 2
-    if config.dtype == "float32":  # 4-byte tiles: v1's smaller steps (v2's exceed shared memory on the H200)
+    if config.dtype == "float32":  # 4-byte tiles: smaller KV steps (the 16-bit ones exceed shared memory on the H200)
         block_kv, num_stages = (64 if rows <= 32 else 32), 2
     return TritonConfig(
         block_h=block_h, block_kv=block_kv, num_splits=num_splits, num_warps=num_warps,
@@ -473,11 +472,9 @@ def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConf
     return _mla_decode(q_nope, q_pe, kv_cache, k_scale, metadata, config, tuning, bool(interpret))
 
 
-# fp8 compiled on a GPU (`python -m parity.fp8_tiles` on the H200, 2026-11-30, parity/results/
-# h200-fp8-tiles-2026-11-30.json): every fp8 tile of 64 rows with 64-row KV steps stopped with
+# fp8 compiled on a GPU (measured on the H200): every fp8 tile of 64 rows with 64-row KV steps stops with
 # RESOURCE_EXHAUSTED (shared memory), with 4 or 8 warps; 64 rows with 32- or 16-row steps, and every
-# tile of <= 32 rows (4 or 8 warps), ran and matched the reference. (An earlier run that lost the
-# messages had read those errors as wrong results.) The bf16 kernel runs the same tiles.
+# tile of <= 32 rows (4 or 8 warps), run and match the reference. The bf16 kernel runs the same tiles.
 FP8_GPU_MAX_ROWS = 32
 
 

@@ -1,8 +1,15 @@
 """mla_spec: the contract shared by mla_torch and mla_jax (NumPy only).
 
+Both stacks take the same config, the same metadata and the same checks from here, so
+that a problem means one thing on both and a bad input gets one message:
 `MLAConfig` (one layer), `DecodeMetadata` (one batch) with `validate`, the builder
-`build_decode_metadata`, the seed's `split_decodes_and_prefills`, the shared call
-checks `validate_inputs` (and `validate_k_scale` for an fp8 cache), and `reference.mla_decode`, the float64 definition.
+`build_decode_metadata`, vLLM's decode/prefill split `split_decodes_and_prefills`, the
+shared call checks `validate_inputs` (and `validate_k_scale` for an fp8 cache), and
+`reference.mla_decode`, the float64 definition every implementation is compared with.
+
+"The seed" in these modules is vLLM's FlashAttnMLA backend
+(`vllm/v1/attention/backends/mla/flashattn_mla.py`), which `mla_torch.fa3` ports: its
+names, defaults and error messages are kept so that the contract reads as vLLM's.
 """
 
 from mla_spec import reference

@@ -2,8 +2,9 @@
 
 The field names follow vLLM (`kv_lora_rank`, `qk_rope_head_dim`, ...). Validation
 lives in `__post_init__`; messages name the offending value in `{x=}` form.
-The seed's unsupported features (alibi slopes, sliding window, logits soft cap,
-non-decoder attention) raise the seed's `NotImplementedError` messages.
+The unsupported features of vLLM's FlashAttnMLA backend ("the seed": alibi slopes,
+sliding window, logits soft cap, non-decoder attention) raise the seed's
+`NotImplementedError` messages.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ class MLAConfig:
     # Batch-invariant mode (vLLM's VLLM_BATCH_INVARIANT): a request's out and lse are bitwise
     # identical whatever else is in the batch. Kernels then take no split-KV and no tile size
     # that depends on the batch (num_splits = 1, block_q = 1 in the Triton kernel; FA3's
-    # max_num_splits = 1, as the newer seed does).
+    # max_num_splits = 1, as the seed does under VLLM_BATCH_INVARIANT).
     batch_invariant: bool = False
     # The seed's unsupported features: accepted as fields so that a config carried
     # over from a model raises the seed's error instead of being silently ignored.
@@ -136,7 +137,7 @@ class MLAConfig:
         object.__setattr__(self, "softmax_scale", scale)
         if self.reorder_batch_threshold is None:
             # The seed: decodes with q_len <= 512 go through the decode kernel;
-            # with DCP only q_len == 1 (no DCP custom masking yet).
+            # with DCP only q_len == 1 (vLLM has no DCP masking for longer queries).
             object.__setattr__(self, "reorder_batch_threshold", 1 if self.dcp_world_size > 1 else 512)
         if isinstance(self.reorder_batch_threshold, np.integer):
             object.__setattr__(self, "reorder_batch_threshold", int(self.reorder_batch_threshold))

@@ -58,6 +58,7 @@ def kernel_seq_lens(local_lens):
 
 
 def check_world_size(config: MLAConfig, world_size: int) -> None:
+    """Raises ValueError unless `world_size` is an int >= 1 equal to `config.dcp_world_size`."""
     if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) or world_size < 1:
         raise ValueError(f"world_size must be an int >= 1, got {world_size=!r}")
     if config.dcp_world_size != world_size:

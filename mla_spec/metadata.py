@@ -1,5 +1,5 @@
 """`DecodeMetadata`: the per-batch metadata both backends consume, its validation,
-the builder from a plain batch description, and the seed's decode/prefill split.
+the builder from a plain batch description, and vLLM's decode/prefill split.
 
 Built once per batch (on the host, NumPy int32), then run for every layer.
 `mla_torch` turns the arrays into torch tensors, `mla_jax` registers the class as
@@ -79,6 +79,8 @@ def _check_static_int(name: str, value, minimum: int) -> None:
 def validate_metadata(
     md: DecodeMetadata, config: MLAConfig, *, num_blocks: int | None = None, check_values: bool = True
 ) -> None:
+    """`DecodeMetadata.validate`: shapes, dtypes and static ints always, array values with
+    `check_values` (see `_validate_values`)."""
     qsl, seq_lens, bt = md.query_start_loc, md.seq_lens, md.block_table
     for name, arr in (("query_start_loc", qsl), ("seq_lens", seq_lens), ("block_table", bt)):
         if not hasattr(arr, "shape") or not hasattr(arr, "dtype"):
@@ -121,6 +123,8 @@ def validate_metadata(
 
 
 def _validate_values(md: DecodeMetadata, config: MLAConfig, num_blocks: int | None) -> None:
+    """The checks that read the arrays: int32 range, query and sequence lengths, the
+    bounds, and every block id a request reads."""
     arrays = {name: np.asarray(getattr(md, name)) for name in ("query_start_loc", "seq_lens", "block_table")}
     # The backends run int32 metadata: a wider value must not wrap into a plausible one on the cast.
     for name, arr in arrays.items():
@@ -133,8 +137,8 @@ def _validate_values(md: DecodeMetadata, config: MLAConfig, num_blocks: int | No
     if qsl[0] != 0:
         raise ValueError(f"query_start_loc must start at 0, got query_start_loc[0]={qsl[0]}")
     query_lens = np.diff(qsl)
-    # Vectorized screen, then the first offending request's message (per-call cost stays
-    # flat in the batch size; the checks and their order per request are the same).
+    # Vectorized screen, then the first offending request's message, so that the per-call
+    # cost stays flat in the batch size while the message names the first bad request.
     bad = (seq_lens < 1) | (query_lens < 1) | (query_lens > seq_lens)
     for r in np.flatnonzero(bad)[:1]:
         q_len, seq_len = int(query_lens[r]), int(seq_lens[r])
@@ -304,7 +308,7 @@ def build_decode_metadata(
 
 @dataclasses.dataclass(frozen=True)
 class BatchSplit:
-    """The seed's reordering: decodes (q_len <= threshold) first, then prefills."""
+    """vLLM's reordering: decodes (q_len <= threshold) first, then prefills."""
 
     order: np.ndarray  # request indices, decodes first (stable)
     num_decodes: int

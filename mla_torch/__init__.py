@@ -1,7 +1,9 @@
 """mla_torch: the canonical PyTorch path for paged MLA decode.
 
-A port of vLLM's FlashAttnMLA backend on FlashAttention-3 (`mla_torch.fa3`), beside
-a torch reference that runs anywhere (`mla_torch.reference`).
+A port of vLLM's FlashAttnMLA backend on FlashAttention-3 (the `mla_torch.fa3` package:
+FA3 discovery, the backend's builder and Impl, a full-CUDA-graph helper), beside a torch
+reference that runs anywhere (`mla_torch.reference`), and decode context parallelism on
+top of either (`mla_torch.dcp`).
 
     out, lse = mla_torch.mla_decode(q, kv_cache, metadata, config, impl="fa3")
 """

@@ -32,6 +32,7 @@ def to_torch_metadata(metadata: DecodeMetadata, device) -> DecodeMetadata:
 
 
 def split_q(q, config: MLAConfig):
+    """`(q_nope, q_pe)` from the packed q `[T, H, L+R]` (views), or the pair itself."""
     if isinstance(q, tuple):
         if len(q) != 2:
             raise ValueError(f"q must be one array or a (q_nope, q_pe) pair, got a tuple of {len(q)}")
@@ -67,6 +68,7 @@ def _host(x):
 
 
 def unsupported_reason(impl: str, config: MLAConfig, device=None) -> str | None:
+    """Why `impl` cannot run `config` on `device` (None: it can). The reference runs everything."""
     if impl == "reference":
         return None
     if impl == "fa3":

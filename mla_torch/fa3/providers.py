@@ -101,7 +101,7 @@ def _upstream_provider(name: str) -> tuple[FA3Provider | None, str]:
         return None, f"{name}: lacks _flash_attn_forward/get_scheduler_metadata (too old for MLA)"
     if "qv" not in _params(fwd) and "qv" not in _params(getattr(mod, "flash_attn_with_kvcache", None)):
         return None, f"{name}: no qv argument, so no MLA head dims {MLA_HEAD_DIMS}"
-    try:  # build flags of newer upstream builds
+    try:  # the build flags, where the build records them
         flags = importlib.import_module("flash_attn_config").CONFIG["build_flags"]
     except Exception:
         flags = {}
@@ -213,7 +213,8 @@ def fa3_unavailable_reason(device=None) -> str | None:
 
 def find_fa3() -> FA3Provider:
     """The first FA3 provider that imports and has the MLA head dims (64, 512):
-    upstream `flash_attn_interface`, then vLLM's `vllm.vllm_flash_attn`. Cached.
+    upstream `flash_attn_interface` (or `flash_attn_3.flash_attn_interface`), then vLLM's
+    `vllm.vllm_flash_attn`. Cached.
     Raises FA3UnavailableError listing why each one was passed over."""
     provider, reasons = _probe_providers()
     if provider is None:
