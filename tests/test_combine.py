@@ -113,8 +113,8 @@ def test_compiled_kernel_matches_formula(num_splits, num_tokens, num_heads):
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref_out), rtol=1e-5, atol=1e-5)
     order = np.random.default_rng(4).permutation(512)  # (col_order: the kernel's gather of the output's columns)
     out_g, lse_g = combine(o, lse, jnp.float32, col_order=jnp.asarray(order))
-    # (not bitwise at 128 splits on the H200, session 29: 1-ulp differences, at most 4.8e-7 absolute, in 60% of the
-    # outputs; bitwise at 2, 7 and 16 splits: the gathered columns' sums compiled in another order)
+    # (not bitwise at 128 splits on the H200: 1-ulp differences, at most 4.8e-7 absolute, in 60% of the
+    # outputs; bitwise at 2, 7 and 16 splits: the gathered columns' sums compile in another order)
     np.testing.assert_allclose(np.asarray(out_g), np.asarray(out)[..., order], rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(np.asarray(lse_g), np.asarray(lse_out))
     finite = np.isfinite(np.asarray(ref_lse))

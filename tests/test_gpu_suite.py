@@ -7,8 +7,8 @@ One run, shared by the tests below, through `parity.runner.run_parity` (the code
 `python -m parity`): the torch reference, FA3, FlashMLA and both Pallas kernels on every
 scenario x dtype. The Pallas kernels get the strict batch (NaN in every slot no request
 may read); FA3 and FlashMLA get large finite garbage in the tails of last pages (they
-multiply masked zeros by those rows, so NaN there turns out into NaN: parity/results/
-NOTES.md) and also the strict batch, recorded as `known` when out turns NaN and lse stays
+multiply masked zeros by those rows, so NaN there turns out into NaN, as measured on the
+H200) and also the strict batch, recorded as `known` when out turns NaN and lse stays
 right. On top of that run:
   - every impl against the torch reference, and each Pallas kernel and FlashMLA against
     FA3 (the cross-stack check), with the expected rows present and none failed;
@@ -213,15 +213,15 @@ def test_pallas_eager_and_jit_are_bitwise_equal(kernel, scenario, dtype):
 def test_fa3_cuda_graph_replay_is_bitwise_eager(scenario, dtype):
     """vLLM's full-CUDA-graph mode (persistent buffers and schedule, bounded splits): the
     graph's replay gives the eager run's bits on the same buffers, twice, and both are right."""
-    from mla_torch import fa3
+    from mla_torch.fa3.graph import FA3DecodeGraph
 
     _require_runs(FA3, scenario, dtype)
     sc = SCENARIOS[scenario]
     batch = make_batch(sc, dtype, page_tail="finite", max_num_seqs=8, max_capture_size=64)
     x = runner.Inputs.make(batch)
     md = batch.metadata
-    g = fa3.FA3DecodeGraph(batch.config, x.kv_cache, max_num_reqs=len(sc.seq_lens), max_num_tokens=sc.num_tokens,
-                           max_blocks_per_req=int(md.block_table.shape[1]), max_query_len=max(sc.query_lens))
+    g = FA3DecodeGraph(batch.config, x.kv_cache, max_num_reqs=len(sc.seq_lens), max_num_tokens=sc.num_tokens,
+                       max_blocks_per_req=int(md.block_table.shape[1]), max_query_len=max(sc.query_lens))
     eager = g.run_eager(x.q, md)
     replay = tuple(t.clone() for t in g.capture(x.q, md))
     torch.cuda.synchronize()
