@@ -1,11 +1,12 @@
 """Finds an FA3 build that runs paged MLA, and says why none does.
 
 FA3's MLA shape (q/k head dim 64 with `q_v`, v head dim 512) exists only in Hopper
-builds that take a `q_v` argument. Three builds qualify, tried in this order:
-upstream flash-attention's `hopper/` build (`flash_attn_interface`, also packaged as
-`flash_attn_3.flash_attn_interface`) and vLLM's bundled `vllm.vllm_flash_attn`, the
-seed's own import. Each is imported lazily, at the first call that needs FA3, so the
-package imports and its host-side logic runs on a machine without CUDA.
+builds that take a `q_v` argument. Three module names are tried, in this order:
+`flash_attn_interface` and `flash_attn_3.flash_attn_interface` (upstream
+flash-attention's `hopper/` build, built from source or packaged), then vLLM's bundled
+`vllm.vllm_flash_attn`, the seed's own import. Each is imported lazily, at the first
+call that needs FA3, so the package imports, and its host-side logic runs, on a machine
+without CUDA.
 
 `find_fa3` returns the first build that qualifies as an `FA3Provider`, which exposes
 the seed's calling convention whatever the build; `fa3_unavailable_reason` says why
