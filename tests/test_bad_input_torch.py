@@ -25,7 +25,7 @@ from test_fa3 import FakeFA3, _assert_matches, _impl_args, _md, _torch_batch
 
 
 # ----------------------------------------------------------------------------------------
-# 1. _cpu_int32 (FlashAttnMLAMetadataBuilder.build, FA3DecodeGraph.load)
+# 1. cpu_int32 (mla_torch.fa3.metadata; FlashAttnMLAMetadataBuilder.build, FA3DecodeGraph.load)
 # ----------------------------------------------------------------------------------------
 
 
