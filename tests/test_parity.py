@@ -223,9 +223,7 @@ def test_num_items_counts_the_non_baseline_impls():
 
 # ----------------------------------------------------------------------------- PNGs
 
-RESULTS = pathlib.Path(__file__).parent.parent / "parity" / "results"
-BENCH_JSON = RESULTS / "h200-bench-triton-2026-11-30.json"
-PARITY_JSON = RESULTS / "h200-parity-run1-strict-2026-11-30.json"
+BENCH_JSON = pathlib.Path(__file__).parent.parent / "benchmarks" / "h200" / "triton.json"  # the triton grid's baseline
 
 
 def _assert_png(path, min_bytes=20_000):
@@ -310,9 +308,11 @@ def test_speed_ratios_from_the_committed_bench():
 
 def test_plot_subcommand_draws_committed_results(tmp_path, capsys):
     pytest.importorskip("matplotlib", reason="the notebooks extra (matplotlib) is not installed")
-    roof, err = tmp_path / "roofline.png", tmp_path / "errors.png"
+    roof, err, report = tmp_path / "roofline.png", tmp_path / "errors.png", tmp_path / "report.json"
+    assert main(["--scenarios", "single_token", "--impls", "torch.reference,jax.xla", "--dtypes", "bfloat16",
+                 "--json", str(report), "--quiet"]) == 0
     assert main(["plot", str(BENCH_JSON), "--png", str(roof)]) == 0
-    assert main(["plot", str(PARITY_JSON), "--png", str(err)]) == 0
+    assert main(["plot", str(report), "--png", str(err)]) == 0
     out = capsys.readouterr().out
     assert f"wrote {roof} (roofline; ceilings anchors'" in out and f"wrote {err} (error distributions)" in out
     _assert_png(roof)
