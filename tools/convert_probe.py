@@ -1,4 +1,4 @@
-"""python -m parity.convert_probe: how fast a CTA turns one fp8 KV step into f16 in shared memory, by method
+"""python -m tools.convert_probe: how fast a CTA turns one fp8 KV step into f16 in shared memory, by method
 (a diagnosis of the Mosaic GPU kernel's fp8 step, not a test).
 
 Each CTA (two warpgroups, one per SM) holds two fp8 steps [64, 576] (the kernel's ring layout: 8 x 64 tiles,
@@ -169,7 +169,7 @@ def parse_iters(text: str) -> tuple[int, int]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m parity.convert_probe", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.convert_probe", description=__doc__.split("\n\n")[0])
     p.add_argument("--methods", default=",".join(METHODS))
     add_probe_args(p)
     args = p.parse_args(argv)

@@ -1,7 +1,7 @@
-"""python -m parity.mosaic_ptx: the Mosaic GPU kernel's PTX and ptxas report for an H200, on a machine with no GPU.
+"""python -m tools.mosaic_ptx: the Mosaic GPU kernel's PTX and ptxas report for an H200, on a machine with no GPU.
 
 The kernel is lowered for an abstract H200 (`parity.h200`) on a bench shape with the heuristic's tuning (`--set`
-replaces fields, as parity.sweep's), and its Mosaic GPU module is handed to Mosaic GPU's own compiler, the
+replaces fields, as tools/sweep.py's), and its Mosaic GPU module is handed to Mosaic GPU's own compiler, the
 `MosaicGpuCompile` of JAX's CUDA plugin: the same passes, LLVM and ptxas call as on the GPU machine. The compiler
 asks the CUDA driver only for the device's compute capability before it writes the PTX and runs ptxas; a stand-in
 `libcuda.so.1` (built here with gcc, loaded before the plugin) answers 9.0 and fails everything after, so the
@@ -13,11 +13,11 @@ machine: for the kernel source of session 30's first call (the heuristic at H16 
 that call dumped there, line for line but the debug locations, and CUDA 13.0's ptxas here the same report (240
 registers, no spills).
 
-    python -m parity.mosaic_ptx --shape H16_B128_S16384_q1 --fp8 --set lazy_max=True --out /tmp/ptx
-    python -m parity.mosaic_ptx --grid fp8 --fp8
+    python -m tools.mosaic_ptx --shape H16_B128_S16384_q1 --fp8 --set lazy_max=True --out /tmp/ptx
+    python -m tools.mosaic_ptx --grid fp8 --fp8
 
 writes <out>/<shape>[-fp8][-<set>].ptx.gz and .ptxas per kernel and prints ptxas's registers, spills and its
-warnings (a wgmma serialized: C7514 / C7515 / C7520 ...); `python -m parity.mosaic_sass <ptx.gz>` reads the loops'
+warnings (a wgmma serialized: C7514 / C7515 / C7520 ...); `python -m tools.mosaic_sass <ptx.gz>` reads the loops'
 machine code. A static view for choosing what to time, not a timing.
 """
 
@@ -39,7 +39,7 @@ import tempfile
 # any other call (loading the module, launching) fails in the plugin's lazy stubs instead of running.
 SHIM_C = r"""
 typedef int CUresult;
-static const char *message = "parity.mosaic_ptx: no GPU (a stand-in libcuda)";
+static const char *message = "tools/mosaic_ptx.py: no GPU (a stand-in libcuda)";
 CUresult cuInit(unsigned flags) { return 0; }
 CUresult cuDriverGetVersion(int *v) { *v = 13000; return 0; }
 CUresult cuCtxGetDevice(int *device) { *device = 0; return 0; }
@@ -159,7 +159,7 @@ def ptx_for(problem, overrides: dict | None = None, page: int = 64, module=None)
     """Per Mosaic GPU kernel of one call on `problem` ((heads, batch, seq_len, q_len, fp8)) with the heuristic's
     tuning and `overrides`: {"ptx", "ptxas", **report(ptxas)}. module: the mla_jax.pallas_mosaic_gpu to lower
     (default the package's; kernel_hash._load_module reads another file)."""
-    from parity.kernel_hash import lowered_modules
+    from parity.h200 import lowered_modules
 
     library = plugin_library()
     with tempfile.TemporaryDirectory() as workdir:
@@ -178,19 +178,18 @@ def ptx_for(problem, overrides: dict | None = None, page: int = 64, module=None)
 
 
 def main(argv=None) -> int:
-    from parity import bench
-    from parity.profile import parse_shape
-    from parity.sweep import parse_overrides
+    from parity.shapes import GRIDS, parse_shape
+    from tools.sweep import parse_overrides
 
-    p = argparse.ArgumentParser(prog="python -m parity.mosaic_ptx", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m tools.mosaic_ptx", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--shape", type=lambda t: [parse_shape(x) for x in t.split(",")],
                       help="bench shapes, comma-separated, e.g. H16_B128_S16384_q1,H16_B64_S4096_q2")
-    what.add_argument("--grid", choices=sorted(bench.GRIDS), help="every shape of a bench grid")
+    what.add_argument("--grid", choices=sorted(GRIDS), help="every shape of a bench grid")
     p.add_argument("--fp8", action="store_true", help="an fp8_e4m3 cache (default bf16)")
     p.add_argument("--set", dest="overrides", type=parse_overrides, default={},
-                   help="MosaicConfig fields replaced in the heuristic's pick (as parity.sweep's --set)")
+                   help="MosaicConfig fields replaced in the heuristic's pick (as tools/sweep.py's --set)")
     p.add_argument("--out", help="write each kernel's PTX (.ptx.gz) and ptxas report (.ptxas) here")
     args = p.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -201,7 +200,7 @@ def main(argv=None) -> int:
         print(e, file=sys.stderr)
         return 2
     failed = 0
-    for s in args.shape or bench.GRIDS[args.grid]:
+    for s in args.shape or GRIDS[args.grid]:
         problem = (s.num_heads, s.batch, s.seq_len, s.q_len, args.fp8)
         try:
             kernels = ptx_for(problem, args.overrides, page=s.page_size)

@@ -1,4 +1,4 @@
-"""python -m parity.mosaic_sass: the Mosaic GPU kernel's machine code, from its PTX, on any machine.
+"""python -m tools.mosaic_sass: the Mosaic GPU kernel's machine code, from its PTX, on any machine.
 
 Mosaic GPU compiles a kernel to PTX on the GPU machine; with `MOSAIC_GPU_DUMP_PTX=1 MOSAIC_GPU_DUMP_TO=<dir>` it
 writes each kernel's PTX there (`body_<n>.ptx`). This assembles such a PTX for sm_90a with the ptxas of the Triton
@@ -6,7 +6,7 @@ package installed here (torch's: no GPU needed), and prints the registers, the s
 machine code (a backward branch), its length and the instructions that decide a step's speed (tensor-core ops,
 moves into uniform registers, local-memory spills, barriers):
 
-    python -m parity.mosaic_sass parity/results/logs/h200-s17h-kernel-h128.ptx.gz --sass kernel.sass
+    python -m tools.mosaic_sass parity/results/logs/h200-s17h-kernel-h128.ptx.gz --sass kernel.sass
 
 Triton's ptxas may be older than the PTX's `.version` (Mosaic GPU on CUDA 13 writes 9.0, Triton 3.6's ptxas reads
 up to 8.7): the version line is then lowered to what ptxas reads. Session 17 checked that this changes nothing that
@@ -114,7 +114,7 @@ def loops(sass: str) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m parity.mosaic_sass", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m tools.mosaic_sass", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("ptx", nargs="+", help="PTX files (Mosaic GPU's body_<n>.ptx; .gz read as gzip)")
     p.add_argument("--sass", help="also write the (last) kernel's whole SASS here")

@@ -1,41 +1,31 @@
-"""python -m parity.profile: one call of an implementation on a bench shape, inside a CUDA
+"""python -m tools.profile: one call of an implementation on a bench shape, inside a CUDA
 profiler range, for Nsight Compute:
 
     ncu --clock-control none --profile-from-start off --section SpeedOfLight ... \\
-        python -m parity.profile --impl jax.pallas_mosaic_gpu --shape H128_B64_S16384_q1
+        python -m tools.profile --impl jax.pallas_mosaic_gpu --shape H128_B64_S16384_q1
 
 The implementation runs once to compile and warm up (outside the range), then once inside
 `cudaProfilerStart` / `cudaProfilerStop`, so ncu sees the kernels of exactly one call.
 `--loop N` profiles the bench's timed loop of N calls instead (N a multiple of 4: FA3 replays a CUDA
 graph of N calls, JAX runs N calls in one jitted loop), to see what the bench times, e.g. whether
 calls that share metadata share its kernels. `--set f=v,...` (a jax.pallas_* impl): the heuristic's tuning for the
-shape with those fields replaced (as parity.sweep's --set).
+shape with those fields replaced (as tools/sweep.py's --set).
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 
-
-def parse_shape(name: str):
-    from parity.bench import Shape
-
-    m = re.fullmatch(r"H(\d+)_B(\d+)_S(\d+)(?:_q(\d+))?(?:_P(\d+))?", name)
-    if not m:
-        raise ValueError(f"shape must look like H128_B64_S16384_q1 (optionally _P64), got {name!r}")
-    h, b, s, q, p = m.groups()
-    kw = {"page_size": int(p)} if p else {}
-    return Shape(int(h), int(b), int(s), int(q or 1), **kw)
+from parity.shapes import parse_shape
 
 
 def main(argv=None) -> int:
-    from parity import bench
-    from parity.sweep import parse_overrides
+    from parity import timing
+    from tools.sweep import parse_overrides
 
-    p = argparse.ArgumentParser(prog="python -m parity.profile", description=__doc__.split("\n\n")[0])
-    p.add_argument("--impl", required=True, choices=sorted(bench.RUNNERS))
+    p = argparse.ArgumentParser(prog="python -m tools.profile", description=__doc__.split("\n\n")[0])
+    p.add_argument("--impl", required=True, choices=sorted(timing.RUNNERS))
     p.add_argument("--shape", required=True, type=parse_shape)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--loop", type=int, default=0, metavar="N",
@@ -53,8 +43,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    inp = bench.make_inputs(args.shape)
-    runner = bench.RUNNERS[args.impl]
+    inp = timing.make_inputs(args.shape)
+    runner = timing.RUNNERS[args.impl]
     if args.overrides:
         runner = _with_tuning(args.impl, inp, args.overrides)
     once, time_n = runner(inp)
@@ -76,14 +66,14 @@ def _with_tuning(impl: str, inp, overrides: dict):
     """The runner of `impl` (jax.pallas_<kernel>[.fp8]) on the heuristic's tuning for `inp` with `overrides`."""
     import importlib
 
-    from parity import bench
-    from parity.sweep import heuristic_tuning
+    from parity import timing
+    from parity.h200 import heuristic_tuning
 
     kernel, _, suffix = impl.removeprefix("jax.").partition(".")
     fp8 = suffix == "fp8"
     config = inp.config.replace(kv_cache_dtype="fp8_e4m3") if fp8 else inp.config
     tuning = heuristic_tuning(importlib.import_module(f"mla_jax.{kernel}"), config, inp.metadata, overrides)
-    return bench._jax_kernel(kernel, tuning, fp8=fp8)
+    return timing.jax_kernel(kernel, tuning, fp8=fp8)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
-"""python -m parity.regions: where the Mosaic GPU kernel's steps go, per warpgroup, from the Mosaic GPU
+"""python -m tools.regions: where the Mosaic GPU kernel's steps go, per warpgroup, from the Mosaic GPU
 profiler (GPU only):
 
-    python -m parity.regions --shapes H128_B32_S4096_q2 --set p_in_kv=True --space 240 --json r.json
+    python -m tools.regions --shapes H128_B32_S4096_q2 --set p_in_kv=True --space 240 --json r.json
 
 The kernel's phases are `jax.named_scope` regions (kv_wait, qk, p_free_wait, pv, p_ready_wait, deq_wait,
 dequant; mla_jax.pallas_mosaic_gpu's docstring). With `plgpu.CompilerParams(profile_space=..., profile_dir=...)`
@@ -90,10 +90,10 @@ def profile(shape, sets: dict, space: int, out_dir: str, fp8: bool = False) -> d
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     from mla_jax import pallas_mosaic_gpu as mg
-    from parity import bench
-    from parity.sweep import with_overrides
+    from parity import timing
+    from parity.h200 import with_overrides
 
-    inp = bench.make_inputs(shape)
+    inp = timing.make_inputs(shape)
     md = inp.metadata
     config = inp.config.replace(kv_cache_dtype="fp8_e4m3") if fp8 else inp.config
     tuning = mg.heuristic_config(config, md.num_decode_tokens, md.max_blocks, md.num_reqs,
@@ -103,7 +103,7 @@ def profile(shape, sets: dict, space: int, out_dir: str, fp8: bool = False) -> d
     plgpu.CompilerParams = functools.partial(orig, profile_space=space, profile_dir=out_dir, profile_bounds_check=True)
     jax.clear_caches()
     try:
-        once, _ = bench._jax_kernel("pallas_mosaic_gpu", tuning=tuning, fp8=fp8)(inp)
+        once, _ = timing.jax_kernel("pallas_mosaic_gpu", tuning=tuning, fp8=fp8)(inp)
         once()
     finally:
         plgpu.CompilerParams = orig
@@ -129,9 +129,9 @@ def format_row(row: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from parity.profile import parse_shape
+    from parity.shapes import parse_shape
 
-    p = argparse.ArgumentParser(prog="python -m parity.regions", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.regions", description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", required=True, help="comma-separated shape names such as H128_B32_S4096_q2")
     p.add_argument("--set", dest="sets", type=parse_sets, default={},
                    help="MosaicConfig fields replaced in the heuristic's pick, e.g. p_in_kv=True,num_splits=2")

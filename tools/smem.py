@@ -1,11 +1,11 @@
-"""python -m parity.smem: the shared memory the Mosaic GPU kernel allocates for a problem and a tuning, as Mosaic GPU
+"""python -m tools.smem: the shared memory the Mosaic GPU kernel allocates for a problem and a tuning, as Mosaic GPU
 counts it when it lowers the kernel for an H200 (on any machine: the lowering needs no GPU), against the 227 KiB
 (232448 bytes) a Hopper block may opt into. A design aid (what a new buffer would leave), not a test.
 
-  python -m parity.smem --heads 128
-  python -m parity.smem --heads 16 --fp8 --set transposed_scores=True,transposed_pv=True
+  python -m tools.smem --heads 128
+  python -m tools.smem --heads 16 --fp8 --set transposed_scores=True,transposed_pv=True
 
-The tuning is the heuristic's pick for the problem, with --set's fields replaced (as parity.sweep's --set).
+The tuning is the heuristic's pick for the problem, with --set's fields replaced (as tools/sweep.py's --set).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def kernel_smem_bytes(num_heads: int, q_len: int = 1, page_size: int = 64, fp8: 
     from mla_jax import pallas_mosaic_gpu as mg
     from parity.h200 import lower_for_h200
     from parity.scenarios import Scenario, make_batch
-    from parity.sweep import with_overrides
+    from parity.h200 import with_overrides
 
     scenario = Scenario("smem", seq_lens=(seq_len, seq_len), query_lens=(q_len, q_len), num_heads=num_heads,
                         page_size=page_size)
@@ -60,9 +60,9 @@ def kernel_smem_bytes(num_heads: int, q_len: int = 1, page_size: int = 64, fp8: 
 
 
 def main(argv=None) -> int:
-    from parity.regions import parse_sets
+    from tools.regions import parse_sets
 
-    p = argparse.ArgumentParser(prog="python -m parity.smem", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.smem", description=__doc__.split("\n\n")[0])
     p.add_argument("--heads", type=int, required=True)
     p.add_argument("--q-len", type=int, default=1)
     p.add_argument("--page-size", type=int, default=64)

@@ -1,8 +1,8 @@
-"""python -m parity.sweep: time tuning variants of a Pallas kernel around its heuristic,
+"""python -m tools.sweep: time tuning variants of a Pallas kernel around its heuristic,
 on a few shapes, with the bench's method (N calls in one launch). GPU only.
 
-  python -m parity.sweep --impl pallas_triton --json sweep.json
-  python -m parity.sweep --impl pallas_triton --fp8 --shapes H16_B128_S16384_q1   # on an fp8 copy of the cache
+  python -m tools.sweep --impl pallas_triton --json sweep.json
+  python -m tools.sweep --impl pallas_triton --fp8 --shapes H16_B128_S16384_q1   # on an fp8 copy of the cache
 
 Each variant changes one field of the heuristic's pick; the table shows the time of
 each and the best per shape, to revise the heuristic from measurements.
@@ -28,9 +28,10 @@ import statistics
 import sys
 import time
 
-from parity import bench
-from parity.bench import Shape
-from parity.profile import parse_shape
+from parity import timing
+from parity.bench import parse_cooldown
+from parity.h200 import heuristic_tuning
+from parity.shapes import Shape, parse_shape
 
 SHAPES = [
     Shape(16, 128, 16384), Shape(16, 8, 4096), Shape(16, 1, 1024), Shape(16, 64, 4096, 2),
@@ -66,25 +67,6 @@ def parse_overrides(text: str) -> dict:
         except ValueError:
             raise ValueError(f"--set takes field=int (or True / False) pairs separated by commas, got {item!r}") from None
     return out
-
-
-def with_overrides(config, overrides: dict):
-    """config (a frozen tuning dataclass) with `overrides` replaced; a field it does not have is a
-    ValueError naming it (dataclasses.replace would raise a TypeError)."""
-    known = [f.name for f in dataclasses.fields(config)]
-    unknown = sorted(set(overrides) - set(known))
-    if unknown:
-        raise ValueError(f"{type(config).__name__} has no field {', '.join(unknown)} (fields: {', '.join(known)})")
-    return dataclasses.replace(config, **overrides)
-
-
-def heuristic_tuning(mod, config, metadata, overrides=None):
-    """The tuning `mod` (mla_jax.pallas_triton or .pallas_mosaic_gpu) picks for `config` and `metadata`, with
-    `overrides` replaced (with_overrides)."""
-    md = metadata
-    base = mod.heuristic_config(config, md.num_decode_tokens, md.max_blocks, num_reqs=md.num_reqs,
-                                max_query_len=md.max_query_len)
-    return with_overrides(base, overrides) if overrides else base
 
 
 def sweep_spec(impl: str, fields, narrowed: dict) -> dict:
@@ -135,7 +117,7 @@ def time_rounds(timed, rounds: int, reps: int, cooldown_s: float = 0.0):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m parity.sweep", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m tools.sweep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--impl", default="pallas_triton", choices=sorted(VARIANTS))
     p.add_argument("--shapes", help="comma-separated shape names such as H128_B8_S1024_q2 (default: all of SHAPES)")
@@ -150,8 +132,8 @@ def main(argv=None) -> int:
                         "the variants "
                         "(e.g. num_warps=8): sweep around another base")
     p.add_argument("--fp8", action="store_true",
-                   help="run the kernel on an fp8_e4m3 copy of the cache (bench.quantize_fp8); FA3 stays bf16")
-    p.add_argument("--cooldown", type=bench.parse_cooldown, default=0.0, metavar="S",
+                   help="run the kernel on an fp8_e4m3 copy of the cache (parity.timing.quantize_fp8); FA3 stays bf16")
+    p.add_argument("--cooldown", type=parse_cooldown, default=0.0, metavar="S",
                    help="idle S seconds before each timing (FA3's and every variant's, in every round)")
     p.add_argument("--json")
     args = p.parse_args(argv)
@@ -176,13 +158,13 @@ def main(argv=None) -> int:
     mod = importlib.import_module(f"mla_jax.{args.impl}")
     rows = []
     for shape in shapes:
-        inp = bench.make_inputs(shape)
+        inp = timing.make_inputs(shape)
         config = inp.config.replace(kv_cache_dtype="fp8_e4m3") if args.fp8 else inp.config
         base = heuristic_tuning(mod, config, inp.metadata, args.overrides)
         runners = []  # (row, timer): calibrated first, then timed in rounds
         fa3 = None
         try:
-            timer, _ = bench.calibrate(bench.torch_fa3, inp)
+            timer, _ = timing.calibrate(timing.torch_fa3, inp)
             fa3 = dict(round_seconds=[]), timer
         except Exception as e:  # FA3 missing: the sweep still ranks the variants
             print(f"{shape.name}: no FA3 ({type(e).__name__}: {e})", file=sys.stderr)
@@ -192,7 +174,7 @@ def main(argv=None) -> int:
             row = dict(shape=shape.name, variant=label, tuning=dataclasses.asdict(tuning))
             shape_rows.append(row)
             try:
-                timer, _ = bench.calibrate(bench._jax_kernel(args.impl, tuning, fp8=args.fp8), inp)
+                timer, _ = timing.calibrate(timing.jax_kernel(args.impl, tuning, fp8=args.fp8), inp)
                 row["round_seconds"] = []
                 runners.append((row, timer))
             except Exception as e:

@@ -1,4 +1,4 @@
-"""python -m parity.tma_probe: how fast the SMs take in KV steps by TMA, by the width of the boxes' rows (a diagnosis
+"""python -m tools.tma_probe: how fast the SMs take in KV steps by TMA, by the width of the boxes' rows (a diagnosis
 of the fp8 kernel's memory side, not a test).
 
 Session 30's ncu report of the 16-row fp8 kernel (H16 B128 S16384) had the L2 at 88% of its peak with DRAM at 73%:
@@ -7,7 +7,7 @@ many L2 requests (18.9M) as the bf16 kernel's 128-byte rows bring twice the byte
 peak, bf16's 44%). Would the L2 cap the fp8 kernel before HBM does? Here each CTA (one per SM) has one warpgroup
 stream 64-row KV steps of a large buffer [HBM_ROWS, 576] (fp8: 604 MB, bf16: 1.2 GB; the H200's L2 is 50 MB), each
 CTA its own steps, into `depth` shared-memory slots (a load awaited `depth` iterations after its issue), and nothing
-else; the SMs' intake is the TB/s reported (the slope over two iteration counts, as parity.wgmma_probe's).
+else; the SMs' intake is the TB/s reported (the slope over two iteration counts, as tools/wgmma_probe.py's).
 
 * "fp8_64_xD": the fp8 kernel's ring layout: 9 boxes of [64, 64] fp8 a step (64-byte rows), rows 576 bytes apart
   as in the cache;
@@ -49,7 +49,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from parity.convert_probe import (add_probe_args, gpu_missing, parse_iters, parse_names, random_e4m3_bits, slope_time,
+from tools.convert_probe import (add_probe_args, gpu_missing, parse_iters, parse_names, random_e4m3_bits, slope_time,
                                   write_rows)
 
 BLOCK_KV, HEAD_DIM, KV_LORA_RANK = 64, 576, 512
@@ -273,7 +273,7 @@ def big_buffer(probe: str, rows: int = HBM_ROWS):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m parity.tma_probe", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.tma_probe", description=__doc__.split("\n\n")[0])
     p.add_argument("--probes", default=",".join(PROBES))
     add_probe_args(p)
     args = p.parse_args(argv)

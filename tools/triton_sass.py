@@ -1,15 +1,15 @@
-"""python -m parity.triton_sass: the Pallas Triton kernel's machine code for an H200, on any machine.
+"""python -m tools.triton_sass: the Pallas Triton kernel's machine code for an H200, on any machine.
 
 Lowers `mla_jax.pallas_triton` for a bench shape (an abstract H200: no GPU needed), compiles the
 Triton module with the Triton package installed here (torch's) for sm_90, and prints the registers,
 the spill stack, the shared memory and a histogram of the SASS instructions that decide the
 kernel's speed (tensor-core ops, conversions, shared-memory and local-memory traffic):
 
-    python -m parity.triton_sass --shape H16_B32_S16384_q1 --fp8
-    python -m parity.triton_sass --shape H128_B64_S16384_q1 --set num_warps=4 --sass k.sass
+    python -m tools.triton_sass --shape H16_B32_S16384_q1 --fp8
+    python -m tools.triton_sass --shape H128_B64_S16384_q1 --set num_warps=4 --sass k.sass
 
 A static view, for choosing what to time: on the GPU the kernel is compiled by XLA's own Triton,
-whose version and passes can differ from the installed one. Timings come from `parity.sweep`.
+whose version and passes can differ from the installed one. Timings come from `tools/sweep.py`.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import subprocess
 import sys
 import tempfile
 
-from parity.h200 import lower_for_h200
-from parity.profile import parse_shape
-from parity.sweep import parse_overrides, with_overrides
+from parity.h200 import lower_for_h200, with_overrides
+from parity.shapes import parse_shape
+from tools.sweep import parse_overrides
 
 # SASS opcodes (before the first '.') reported; the rest are summed as "other"
 OPCODES = ("HGMMA", "HMMA", "F2F", "F2FP", "HADD2", "PRMT", "LDS", "LDSM", "STS", "LDGSTS", "LDG", "STG",
@@ -42,10 +42,10 @@ def triton_module(shape, fp8: bool, overrides: dict) -> tuple[str, object]:
     import mla_jax
     from mla_jax import pallas_triton
     from mla_spec import build_decode_metadata
-    from parity import bench
+    from parity.timing import shape_config
 
     s = shape
-    config = bench.shape_config(s, kv_cache_dtype="fp8_e4m3" if fp8 else "auto")
+    config = shape_config(s, kv_cache_dtype="fp8_e4m3" if fp8 else "auto")
     pages = -(-s.seq_len // s.page_size)
     block_table = np.arange(s.batch * pages, dtype=np.int32).reshape(s.batch, pages)
     md = build_decode_metadata(seq_lens=[s.seq_len] * s.batch, query_lens=[s.q_len] * s.batch,
@@ -114,7 +114,7 @@ def histogram(sass: str) -> collections.Counter:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m parity.triton_sass", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m tools.triton_sass", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", required=True, type=parse_shape, help="a bench shape, e.g. H16_B32_S16384_q1")
     p.add_argument("--fp8", action="store_true", help="an fp8_e4m3 cache (the kernel converts its tiles)")

@@ -1,4 +1,4 @@
-"""parity.mosaic_ptx (a design aid): Mosaic GPU's own compiler run on a machine with no GPU. Its parts on any machine:
+"""tools/mosaic_ptx.py (a design aid): Mosaic GPU's own compiler run on a machine with no GPU. Its parts on any machine:
 ptxas's report read, the compiler's stdout split into PTX and report (and the process's stdout and environment put
 back), the stand-in driver built and answering 9.0 (in a subprocess: loaded here it would stand in for a real
 driver in later tests). End to end where JAX's CUDA plugin is installed (not in CI: its venv keeps JAX CPU-only)."""
@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
-from parity import mosaic_ptx
+from tools import mosaic_ptx
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-S30A = os.path.join(ROOT, "parity", "results", "logs", "h200-s30a", "fp8-H16_B128_S16384-heuristic.ptxas")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GPU_PTXAS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "fp8-H16_B128_S16384-heuristic.ptxas")
 
 SERIALIZED = """ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized due to non wgmma instructions defining accumulator registers of a wgmma between start and end of the pipeline stage in the function 'body_mosaic_gpu_kernel'
 ptxas warning : Registers are spilled to local memory in function 'body_mosaic_gpu_kernel', 436 bytes spill stores, 324 bytes spill loads
@@ -25,8 +25,8 @@ ptxas info    : Used 255 registers, used 16 barriers, 144 bytes cumulative stack
 
 
 def test_report_reads_the_gpu_machines_ptxas():
-    """Session 30's ptxas report from the GPU machine (the heuristic at H16 B128 S16384 fp8)."""
-    with open(S30A) as f:
+    """A ptxas report from the GPU machine (the heuristic at H16 B128 S16384 fp8)."""
+    with open(GPU_PTXAS) as f:
         got = mosaic_ptx.report(f.read())
     assert (got["registers"], got["stack"], got["spill_stores"], got["spill_loads"]) == (240, 0, 0, 0)
     assert got["warnings"] == []  # (its 'Potential out of bound access' infos are not warnings)
@@ -95,7 +95,7 @@ def test_compile_module_without_ptx_raises_with_the_log(tmp_path):
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc")
 def test_stand_in_driver_answers_an_h200(tmp_path):
-    code = ("import ctypes, sys; from parity import mosaic_ptx; mosaic_ptx.load_stand_in_driver(sys.argv[1]);"
+    code = ("import ctypes, sys; from tools import mosaic_ptx; mosaic_ptx.load_stand_in_driver(sys.argv[1]);"
             "cuda = ctypes.CDLL('libcuda.so.1'); v = ctypes.c_int(); d = ctypes.c_int(-1);"
             "assert cuda.cuCtxGetDevice(ctypes.byref(d)) == 0 and d.value == 0;"
             "cap = [cuda.cuDeviceGetAttribute(ctypes.byref(v), a, 0) == 0 and v.value for a in (75, 76)];"
@@ -119,7 +119,7 @@ def _plugin() -> str | None:
 def test_end_to_end_b1(tmp_path):
     """The one-chain fp8 kernel at H16 B1 S1024: PTX for sm_90a and a report with registers (a subprocess: the
     stand-in driver stays out of this one)."""
-    run = subprocess.run([sys.executable, "-m", "parity.mosaic_ptx", "--fp8", "--shape", "H16_B1_S1024_q1", "--out",
+    run = subprocess.run([sys.executable, "-m", "tools.mosaic_ptx", "--fp8", "--shape", "H16_B1_S1024_q1", "--out",
                           str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert run.returncode == 0, run.stderr[-3000:]
@@ -138,12 +138,13 @@ SERIALIZED_WGMMA = "are serialized"
 
 @pytest.mark.skipif(_plugin() is None, reason="JAX's CUDA plugin, gcc or a ptxas missing")
 def test_no_kernel_has_its_wgmmas_serialized(tmp_path):
-    """ptxas serializes no wgmma of the heuristic's kernels (parity.kernel_hash's 8 problems) nor of lazy_max at 16
+    """ptxas serializes no wgmma of the heuristic's kernels (parity.h200's 8 problems) nor of lazy_max at 16
     rows, and keeps lazy_max free of spills. A subprocess (the stand-in driver stays out of this one)."""
     code = """if True:
         import json, sys
-        from parity import kernel_hash, mosaic_ptx
-        out = {kernel_hash.problem_name(p): mosaic_ptx.ptx_for(p)[0] for p in kernel_hash.PROBLEMS}
+        from parity import h200
+        from tools import mosaic_ptx
+        out = {h200.problem_name(p): mosaic_ptx.ptx_for(p)[0] for p in h200.PROBLEMS}
         out["lazy_max"] = mosaic_ptx.ptx_for((16, 128, 16384, 1, True), {"lazy_max": True})[0]
         json.dump({k: {f: v[f] for f in ("registers", "spill_stores", "warnings")} for k, v in out.items()},
                   open(sys.argv[1], "w"))

@@ -1,12 +1,12 @@
-"""parity.mosaic_sass (a design aid): Mosaic GPU PTX assembled on any machine with Triton's ptxas, and the loops of
-its SASS. The end-to-end case reads session 17's ring probe PTX (parity/results/logs) and finds what call H's
-ptxas on the GPU machine found for it: no spills, 40 wgmmas in warpgroup 0's step."""
+"""tools/mosaic_sass.py (a design aid): Mosaic GPU PTX assembled on any machine with Triton's ptxas, and the loops of
+its SASS. The end-to-end case reads a ring probe's PTX dumped on the GPU machine (tools/tests/data) and finds what
+the GPU machine's ptxas found for it: no spills, 40 wgmmas in warpgroup 0's step."""
 
 import os
 
 import pytest
 
-from parity import mosaic_sass
+from tools import mosaic_sass
 
 SASS = """
         /*0100*/                   MOV R1, c[0x0][0x28] ;
@@ -39,8 +39,7 @@ def test_not_ptx_is_refused_before_ptxas(tmp_path):
         mosaic_sass.assemble(".target sm_90a\n", str(tmp_path))
 
 
-PROBE_PTX = os.path.join(os.path.dirname(__file__), "..", "parity", "results", "logs",
-                         "h200-s17h-probe-ring.ptx.gz")
+PROBE_PTX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "probe-ring.ptx.gz")
 
 
 def test_the_ring_probe_assembles_as_on_the_gpu_machine(tmp_path):

@@ -1,11 +1,11 @@
-"""parity.ncu_stalls: the stall summary of an ncu SASS source page (CPU only)."""
+"""tools/ncu_stalls.py: the stall summary of an ncu SASS source page (CPU only)."""
 
 import gzip
 import pathlib
 
 import pytest
 
-from parity import ncu_stalls
+from tools import ncu_stalls
 
 HEADER = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Warp Stall Sampling (Not-issued Samples)",
           "Instructions Executed", "stall_wait", "stall_short_sb", "stall_selected", "stall_wait (Not Issued)"]
@@ -53,9 +53,9 @@ def test_refuses_other_pages(tmp_path):
     assert ncu_stalls.main([_page(tmp_path, [r[:2] + [0, 0] + r[4:5] + [0, 0, 0, 0] for r in ROWS], "zero.csv.gz")]) == 1
 
 
-def test_the_committed_session_30_page():
-    """Session 30 call A's page of the 16-row fp8 kernel: the numbers quoted in the notes."""
-    page = pathlib.Path(__file__).parent.parent / "parity/results/logs/h200-s30a/sass_jax.pallas_mosaic_gpu.fp8.csv.gz"
+def test_a_page_from_the_gpu_machine():
+    """An H200 page of the 16-row fp8 kernel (H16 B128 S16384): its samples and stall reasons, read whole."""
+    page = pathlib.Path(__file__).parent / "data" / "sass_jax.pallas_mosaic_gpu.fp8.csv.gz"
     header, rows = ncu_stalls.read_page(str(page))
     s = ncu_stalls.summary(header, rows)
     assert s["samples"] == 36496 and s["executed"] == 127051720

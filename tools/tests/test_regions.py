@@ -1,8 +1,8 @@
-"""python -m parity.regions: the Mosaic GPU profiler's trace summarized per warpgroup role (CPU: a synthetic trace)."""
+"""python -m tools.regions: the Mosaic GPU profiler's trace summarized per warpgroup role (CPU: a synthetic trace)."""
 
 import pytest
 
-from parity import regions
+from tools import regions
 
 
 def _trace():

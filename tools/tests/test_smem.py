@@ -1,9 +1,9 @@
-"""parity.smem (a design aid): Mosaic GPU's own count of the kernel's shared memory, lowered for an H200 on the CPU,
+"""tools/smem.py (a design aid): Mosaic GPU's own count of the kernel's shared memory, lowered for an H200 on the CPU,
 equals MosaicConfig.smem_bytes (the estimate the config validates against) for the 16-bit cache's layouts."""
 
 import pytest
 
-from parity import smem
+from tools import smem
 
 
 @pytest.mark.parametrize("sets", [{}, {"p_in_kv": True}, {"max_concurrent_steps": 1}],

@@ -1,4 +1,4 @@
-"""parity.tma_probe (a GPU diagnosis): each probe lowers for CUDA on the CPU (Mosaic GPU builds its TMA descriptors
+"""tools/tma_probe.py (a GPU diagnosis): each probe lowers for CUDA on the CPU (Mosaic GPU builds its TMA descriptors
 there: the 128-byte fp8 boxes need a buffer row a multiple of 128), and each runs in the Mosaic GPU interpreter, its
 slots and barriers checked, the last step it loaded copied back out as the buffer holds it."""
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from parity import tma_probe as probe
+from tools import tma_probe as probe
 from parity.h200 import abstract_h200
 
 
