@@ -3,9 +3,12 @@
 Mosaic GPU's interpreter (interpret mode: pallas_mosaic_gpu on a machine without a GPU) runs a CTA's warpgroups on
 Python threads, each executing its own XLA:CPU computation, and a warpgroup that waits at a barrier blocks inside a host
 callback on a thread of the CPU client's pool. XLA sizes that pool by the NPROC environment variable, else by the CPUs
-the process may use. With one usable CPU (or NPROC=1) the interpreted kernel hung every time: the waiting warpgroup
-held the pool's only thread, and the warpgroup it waited for was never scheduled (faulthandler's stacks, session 40).
-With two it hung about one `python -m parity` run in 74 (sessions 39-40). With NPROC=8 on one CPU it did not hang.
+the process may use. With one usable CPU (or NPROC=1) the interpreted kernel hangs: the waiting warpgroup holds the
+pool's only thread, and the warpgroup it waits for is never scheduled. With two it hangs about one `python -m parity`
+run in 74. With NPROC=8 on one CPU it does not hang.
+
+The library leaves the environment alone; the processes that run the interpreter widen the pool themselves, before
+their first JAX computation: `python -m parity` (its `main`) and the tests (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -51,9 +54,9 @@ def widen_cpu_pool(environ: MutableMapping[str, str] = os.environ, cpus: int | N
         return None
     environ["NPROC"] = str(INTERPRET_MIN_THREADS)
     if cpu_client_made():
-        warnings.warn(f"JAX made its CPU client before mla_jax was imported, with a thread pool sized by the {cpus} "
-                      f"usable CPU(s): Mosaic GPU's interpreter (pallas_mosaic_gpu in interpret mode) may hang there, a "
-                      f"warpgroup's barrier wait holding a pool thread that another warpgroup needs. Import mla_jax "
+        warnings.warn(f"JAX made its CPU client before XLA:CPU's pool was widened, with a thread pool sized by the "
+                      f"{cpus} usable CPU(s): Mosaic GPU's interpreter (pallas_mosaic_gpu in interpret mode) may hang "
+                      f"there, a warpgroup's barrier wait holding a pool thread that another warpgroup needs. Widen it "
                       f"before any JAX computation, or set NPROC={INTERPRET_MIN_THREADS} before starting Python.",
                       RuntimeWarning, stacklevel=2)
     return environ["NPROC"]
