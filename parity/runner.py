@@ -78,7 +78,7 @@ class Impl:
     unsupported: Callable[[Batch], str | None]
     # "nan": fed the strict batch (NaN in every unreadable slot). "finite": the tails of
     # last pages hold large finite garbage instead (FA3 multiplies masked zeros by those
-    # rows, so NaN there propagates; see parity/results/NOTES.md).
+    # rows, so NaN there propagates).
     page_tail: str = "nan"
 
 

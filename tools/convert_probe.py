@@ -1,7 +1,12 @@
-"""python -m tools.convert_probe: how fast a CTA turns one fp8 KV step into f16 in shared memory, by method
-(a diagnosis of the Mosaic GPU kernel's fp8 step, not a test).
+"""How fast does a CTA turn one fp8 KV step into f16 in shared memory, and is that conversion bound by the SM's
+pipes or by one warpgroup's issue? A GPU diagnosis of the Mosaic GPU fp8 kernel's per-step conversion (not a test),
+whose timer and helpers the TMA probe shares. On a Hopper GPU, from the checkout's root:
+`python -m tools.convert_probe [--methods cvt,copy,cvt_wg0] [--json out.json]`.
+"""
 
-Each CTA (two warpgroups, one per SM) holds two fp8 steps [64, 576] (the kernel's ring layout: 8 x 64 tiles,
+from __future__ import annotations
+
+DETAILS = """Each CTA (two warpgroups, one per SM) holds two fp8 steps [64, 576] (the kernel's ring layout: 8 x 64 tiles,
 64-byte swizzle) and two f16 steps (the wgmma layout: 8 x 64 tiles, 128-byte swizzle). Each iteration, each
 warpgroup converts its columns of one fp8 step (as the kernel splits them: warpgroup 0 the rope chunk and the
 first V half, 1 the second) into one f16 step, chunk by chunk (load in the WGMMA_8BIT layout, convert, store),
@@ -11,12 +16,8 @@ kernel's time over the iteration count (the launch and set-up cancel), one CTA p
 Methods: "cvt" (astype: cvt.rn.f16x2.e4m3x2), "copy" (the fp8 bytes stored unconverted into an fp8 buffer: the
 loads and stores without a conversion, half the bytes stored); "cvt_wg0": warpgroup 0 converts all 9 chunks and
 warpgroup 1 none (is one warpgroup's conversion bound by the SM's pipes, or by its own issue and latency?).
-Each converted f16 step is checked bit for bit against numpy's conversion. (Sessions 10-11 also probed "bits",
-"mixed" and "mixed_wg0", the integer conversion of the kernel's fp8_convert, removed with it in session 38:
-`git show 0e8195f:parity/convert_probe.py`.)
+Each converted f16 step is checked bit for bit against numpy's conversion.
 """
-
-from __future__ import annotations
 
 import argparse
 import json
@@ -169,7 +170,8 @@ def parse_iters(text: str) -> tuple[int, int]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.convert_probe", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.convert_probe", description=__doc__,
+                                epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--methods", default=",".join(METHODS))
     add_probe_args(p)
     args = p.parse_args(argv)

@@ -1,6 +1,13 @@
-"""python -m tools.mosaic_ptx: the Mosaic GPU kernel's PTX and ptxas report for an H200, on a machine with no GPU.
+"""What PTX and ptxas report (registers, spills, serialized wgmmas) does the Mosaic GPU kernel get for an H200, on a
+machine with no GPU? The kernel is lowered for an abstract H200 with the heuristic's tuning (`--set` replaces fields)
+and handed to Mosaic GPU's own compiler behind a stand-in CUDA driver; it needs JAX's CUDA plugin in a venv of its
+own, gcc and a ptxas. From the checkout's root: `python -m tools.mosaic_ptx --shape H16_B128_S16384_q1 --fp8 --out
+/tmp/ptx` or `python -m tools.mosaic_ptx --grid fp8 --fp8`.
+"""
 
-The kernel is lowered for an abstract H200 (`parity.h200`) on a bench shape with the heuristic's tuning (`--set`
+from __future__ import annotations
+
+DETAILS = """The kernel is lowered for an abstract H200 (`parity.h200`) on a bench shape with the heuristic's tuning (`--set`
 replaces fields, as tools/sweep.py's), and its Mosaic GPU module is handed to Mosaic GPU's own compiler, the
 `MosaicGpuCompile` of JAX's CUDA plugin: the same passes, LLVM and ptxas call as on the GPU machine. The compiler
 asks the CUDA driver only for the device's compute capability before it writes the PTX and runs ptxas; a stand-in
@@ -9,8 +16,7 @@ kernel is never loaded. Needs, beside the project: the plugin (`pip install jax-
 jax-cuda13-pjrt, about 140 MB, no NVIDIA libraries; in a venv of its own, so that the tests' JAX sees no CUDA
 plugin), gcc, and a ptxas (the first on PATH, else under /usr/local/cuda*, else Triton's; the
 plugin picks the PTX ISA version that ptxas reads: CUDA 13's gives the GPU machine's PTX). Checked against the GPU
-machine: for the kernel source of session 30's first call (the heuristic at H16 B128 S16384 fp8) this gives the PTX
-that call dumped there, line for line but the debug locations, and CUDA 13.0's ptxas here the same report (240
+machine: for the heuristic at H16 B128 S16384 fp8 this gives the PTX that the GPU machine dumps, line for line but the debug locations, and CUDA 13.0's ptxas here the same report (240
 registers, no spills).
 
     python -m tools.mosaic_ptx --shape H16_B128_S16384_q1 --fp8 --set lazy_max=True --out /tmp/ptx
@@ -20,8 +26,6 @@ writes <out>/<shape>[-fp8][-<set>].ptx.gz and .ptxas per kernel and prints ptxas
 warnings (a wgmma serialized: C7514 / C7515 / C7520 ...); `python -m tools.mosaic_sass <ptx.gz>` reads the loops'
 machine code. A static view for choosing what to time, not a timing.
 """
-
-from __future__ import annotations
 
 import argparse
 import ctypes
@@ -181,7 +185,7 @@ def main(argv=None) -> int:
     from parity.shapes import GRIDS, parse_shape
     from tools.sweep import parse_overrides
 
-    p = argparse.ArgumentParser(prog="python -m tools.mosaic_ptx", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m tools.mosaic_ptx", description=__doc__, epilog=DETAILS,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--shape", type=lambda t: [parse_shape(x) for x in t.split(",")],

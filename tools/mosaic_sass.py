@@ -1,20 +1,23 @@
-"""python -m tools.mosaic_sass: the Mosaic GPU kernel's machine code, from its PTX, on any machine.
+"""What machine code does the Mosaic GPU kernel's PTX become: its registers, spills and, per loop, the instructions that
+decide a step's speed? It assembles a PTX dumped on the GPU machine (`MOSAIC_GPU_DUMP_PTX=1
+MOSAIC_GPU_DUMP_TO=<dir>`) for sm_90a with the installed Triton's ptxas, on any machine. From the checkout's root:
+`python -m tools.mosaic_sass body_0.ptx [--sass kernel.sass] [--all-loops]`.
+"""
 
-Mosaic GPU compiles a kernel to PTX on the GPU machine; with `MOSAIC_GPU_DUMP_PTX=1 MOSAIC_GPU_DUMP_TO=<dir>` it
+from __future__ import annotations
+
+DETAILS = """Mosaic GPU compiles a kernel to PTX on the GPU machine; with `MOSAIC_GPU_DUMP_PTX=1 MOSAIC_GPU_DUMP_TO=<dir>` it
 writes each kernel's PTX there (`body_<n>.ptx`). This assembles such a PTX for sm_90a with the ptxas of the Triton
 package installed here (torch's: no GPU needed), and prints the registers, the spills and, for each loop of the
 machine code (a backward branch), its length and the instructions that decide a step's speed (tensor-core ops,
 moves into uniform registers, local-memory spills, barriers):
 
-    python -m tools.mosaic_sass parity/results/logs/h200-s17h-kernel-h128.ptx.gz --sass kernel.sass
+    python -m tools.mosaic_sass kernel-h128.ptx.gz --sass kernel.sass
 
 Triton's ptxas may be older than the PTX's `.version` (Mosaic GPU on CUDA 13 writes 9.0, Triton 3.6's ptxas reads
-up to 8.7): the version line is then lowered to what ptxas reads. Session 17 checked that this changes nothing that
-matters here: the same registers and spills as the GPU machine's ptxas reported for the same PTX (255 and 68 / 76
+up to 8.7): the version line is then lowered to what ptxas reads. This changes nothing that matters here: the same registers and spills as the GPU machine's ptxas reported for the same PTX (255 and 68 / 76
 bytes; the probe 196 against 194). A static view, for choosing what to time.
 """
-
-from __future__ import annotations
 
 import argparse
 import collections
@@ -114,7 +117,7 @@ def loops(sass: str) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.mosaic_sass", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m tools.mosaic_sass", description=__doc__, epilog=DETAILS,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("ptx", nargs="+", help="PTX files (Mosaic GPU's body_<n>.ptx; .gz read as gzip)")
     p.add_argument("--sass", help="also write the (last) kernel's whole SASS here")

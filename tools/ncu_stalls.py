@@ -1,16 +1,20 @@
-"""python -m tools.ncu_stalls: where a kernel's warps stall, from Nsight Compute's SASS page, on any machine.
+"""Where do a kernel's warps stall? It reads Nsight Compute's SASS source page (`ncu -i REPORT --page source --csv
+--print-source sass > F.csv`, after `ncu --set full ...`) on any machine and prints the stall samples by reason, then
+by opcode, and with --loops the loop bodies, so that the hot loop can be listed with --range. From the checkout's
+root: `python -m tools.ncu_stalls F.csv.gz --loops` or `python -m tools.ncu_stalls F.csv.gz --range 384:520`.
+"""
 
-The GPU side writes the page with `ncu -i REPORT --page source --csv --print-source sass > F.csv` (after
-`ncu --set full ...`; session 30's call A, parity/sessions/2026-12-05-s30-a.sh). This prints the warp-stall
+from __future__ import annotations
+
+DETAILS = """The GPU side writes the page with `ncu -i REPORT --page source --csv --print-source sass > F.csv` (after
+`ncu --set full ...`). This prints the warp-stall
 sampling by reason (all samples), then by opcode: each opcode's share of the stall samples taken at its
 instructions and of the executed warp instructions, and with --loops the runs of instructions executed the same
 number of times (a loop body), so that the hot loop's instructions can be listed with `--range A:B`:
 
-    python -m tools.ncu_stalls parity/results/logs/h200-s30a/sass_jax.pallas_mosaic_gpu.fp8.csv.gz --loops
-    python -m tools.ncu_stalls parity/results/logs/h200-s30a/sass_jax.pallas_mosaic_gpu.fp8.csv.gz --range 384:520
+    python -m tools.ncu_stalls sass_jax.pallas_mosaic_gpu.fp8.csv.gz --loops
+    python -m tools.ncu_stalls sass_jax.pallas_mosaic_gpu.fp8.csv.gz --range 384:520
 """
-
-from __future__ import annotations
 
 import argparse
 import collections
@@ -73,7 +77,8 @@ def loops(header, rows, min_len: int = 8) -> list[tuple[int, int, int]]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.ncu_stalls", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.ncu_stalls", description=__doc__,
+                                epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("page", help="ncu --page source --csv --print-source sass output (.csv or .csv.gz)")
     p.add_argument("--top", type=int, default=20, help="opcodes listed (default 20)")
     p.add_argument("--loops", action="store_true", help="list the runs of equally executed instructions")

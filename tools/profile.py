@@ -1,7 +1,13 @@
-"""python -m tools.profile: one call of an implementation on a bench shape, inside a CUDA
-profiler range, for Nsight Compute:
+"""What do Nsight Compute's counters say about exactly one call (or the bench's timed loop) of an implementation on a
+bench shape? It runs the call once to compile and warm up, then once inside a CUDA profiler range, for ncu's
+--profile-from-start off. On a GPU, from the checkout's root: `ncu --clock-control none --profile-from-start off
+--section SpeedOfLight ... python -m tools.profile --impl jax.pallas_mosaic_gpu --shape H128_B64_S16384_q1
+[--loop N] [--set field=value,...]`.
+"""
 
-    ncu --clock-control none --profile-from-start off --section SpeedOfLight ... \\
+from __future__ import annotations
+
+DETAILS = """    ncu --clock-control none --profile-from-start off --section SpeedOfLight ... \\
         python -m tools.profile --impl jax.pallas_mosaic_gpu --shape H128_B64_S16384_q1
 
 The implementation runs once to compile and warm up (outside the range), then once inside
@@ -11,8 +17,6 @@ graph of N calls, JAX runs N calls in one jitted loop), to see what the bench ti
 calls that share metadata share its kernels. `--set f=v,...` (a jax.pallas_* impl): the heuristic's tuning for the
 shape with those fields replaced (as tools/sweep.py's --set).
 """
-
-from __future__ import annotations
 
 import argparse
 import sys
@@ -24,7 +28,8 @@ def main(argv=None) -> int:
     from parity import timing
     from tools.sweep import parse_overrides
 
-    p = argparse.ArgumentParser(prog="python -m tools.profile", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.profile", description=__doc__,
+                                epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--impl", required=True, choices=sorted(timing.RUNNERS))
     p.add_argument("--shape", required=True, type=parse_shape)
     p.add_argument("--warmup", type=int, default=2)

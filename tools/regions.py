@@ -1,7 +1,12 @@
-"""python -m tools.regions: where the Mosaic GPU kernel's steps go, per warpgroup, from the Mosaic GPU
-profiler (GPU only):
+"""Where does the Mosaic GPU kernel's step time go, per warpgroup: how long each named phase (kv_wait, qk, pv, the
+waits, dequant) takes? It turns on Mosaic GPU's profiler for one call of the heuristic's tuning (with `--set`
+fields replaced) and prints each region's mean time and count per warpgroup. On a GPU, from the checkout's root:
+`python -m tools.regions --shapes H128_B32_S4096_q2 [--set field=value] [--space 240] [--json r.json]`.
+"""
 
-    python -m tools.regions --shapes H128_B32_S4096_q2 --set p_in_kv=True --space 240 --json r.json
+from __future__ import annotations
+
+DETAILS = """    python -m tools.regions --shapes H128_B32_S4096_q2 --set p_in_kv=True --space 240 --json r.json
 
 The kernel's phases are `jax.named_scope` regions (kv_wait, qk, p_free_wait, pv, p_ready_wait, deq_wait,
 dequant; mla_jax.pallas_mosaic_gpu's docstring). With `plgpu.CompilerParams(profile_space=..., profile_dir=...)`
@@ -16,8 +21,6 @@ warpgroups that record different numbers of steps (the buffer fills after fewer 
 more regions a step) are not mixed. The shared memory the buffer takes must fit beside the kernel's (at H = 128 the q tile
 and two stages leave none: `--set p_in_kv=True` frees 7 KiB, ~240 ranges).
 """
-
-from __future__ import annotations
 
 import argparse
 import collections
@@ -131,7 +134,8 @@ def format_row(row: dict) -> str:
 def main(argv=None) -> int:
     from parity.shapes import parse_shape
 
-    p = argparse.ArgumentParser(prog="python -m tools.regions", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.regions", description=__doc__,
+                                epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", required=True, help="comma-separated shape names such as H128_B32_S4096_q2")
     p.add_argument("--set", dest="sets", type=parse_sets, default={},
                    help="MosaicConfig fields replaced in the heuristic's pick, e.g. p_in_kv=True,num_splits=2")

@@ -1,14 +1,16 @@
-"""python -m tools.smem: the shared memory the Mosaic GPU kernel allocates for a problem and a tuning, as Mosaic GPU
-counts it when it lowers the kernel for an H200 (on any machine: the lowering needs no GPU), against the 227 KiB
-(232448 bytes) a Hopper block may opt into. A design aid (what a new buffer would leave), not a test.
+"""How much shared memory does the Mosaic GPU kernel allocate for a problem and a tuning, against the 227 KiB a Hopper
+block may opt into (what would a new buffer leave)? It lowers the kernel for an H200 on any machine and reads Mosaic
+GPU's own count. A design aid, not a test. From the checkout's root: `python -m tools.smem --heads 128` or
+`python -m tools.smem --heads 16 --fp8 --set field=value,...`.
+"""
 
-  python -m tools.smem --heads 128
+from __future__ import annotations
+
+DETAILS = """  python -m tools.smem --heads 128
   python -m tools.smem --heads 16 --fp8 --set transposed_scores=True,transposed_pv=True
 
 The tuning is the heuristic's pick for the problem, with --set's fields replaced (as tools/sweep.py's --set).
 """
-
-from __future__ import annotations
 
 import argparse
 import re
@@ -62,7 +64,8 @@ def kernel_smem_bytes(num_heads: int, q_len: int = 1, page_size: int = 64, fp8: 
 def main(argv=None) -> int:
     from tools.regions import parse_sets
 
-    p = argparse.ArgumentParser(prog="python -m tools.smem", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.smem", description=__doc__,
+                                epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--heads", type=int, required=True)
     p.add_argument("--q-len", type=int, default=1)
     p.add_argument("--page-size", type=int, default=64)

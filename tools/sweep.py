@@ -1,7 +1,13 @@
-"""python -m tools.sweep: time tuning variants of a Pallas kernel around its heuristic,
-on a few shapes, with the bench's method (N calls in one launch). GPU only.
+"""Which tuning of a Pallas kernel is fastest on a few shapes, against the heuristic's pick? It times variants that
+each change one field of the heuristic's pick, with the bench's method (N calls in one launch) and FA3 beside, and
+prints the best per shape, to revise the heuristic from measurements. On a GPU, from the checkout's root:
+`python -m tools.sweep --impl pallas_mosaic_gpu [--fields a,b] [--shapes H16_B128_S16384_q1] [--fp8] [--rounds 3
+--cooldown 1] [--json sweep.json]`.
+"""
 
-  python -m tools.sweep --impl pallas_triton --json sweep.json
+from __future__ import annotations
+
+DETAILS = """  python -m tools.sweep --impl pallas_triton --json sweep.json
   python -m tools.sweep --impl pallas_triton --fp8 --shapes H16_B128_S16384_q1   # on an fp8 copy of the cache
 
 Each variant changes one field of the heuristic's pick; the table shows the time of
@@ -13,11 +19,9 @@ keeps the median of its R times (all R in the JSON as round_seconds): a slow spe
 GPU then falls on every variant alike instead of on whichever ran during it.
 
 --cooldown S: the GPU idles S seconds before each timing, so no variant is timed right after
-another one's (or FA3's) heat (the bench's --cooldown; session 13: the fp8 Mosaic kernel ran
-1.16x slower right after FA3's timing than after 3 s idle).
+another one's (or FA3's) heat (the bench's --cooldown: the fp8 Mosaic kernel runs 1.16x slower right
+after FA3's timing than after 3 s idle).
 """
-
-from __future__ import annotations
 
 import argparse
 import dataclasses
@@ -117,7 +121,7 @@ def time_rounds(timed, rounds: int, reps: int, cooldown_s: float = 0.0):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.sweep", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m tools.sweep", description=__doc__, epilog=DETAILS,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--impl", default="pallas_triton", choices=sorted(VARIANTS))
     p.add_argument("--shapes", help="comma-separated shape names such as H128_B8_S1024_q2 (default: all of SHAPES)")

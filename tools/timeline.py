@@ -1,7 +1,13 @@
-"""python -m tools.timeline: what the GPU does during one timed launch of the bench, from the
-JAX profiler's device trace (CUPTI sees the kernels of both stacks in one process).
+"""What does the GPU do during one timed launch of the bench: how much of the host-timed call is kernel time, how much
+gaps between kernels, and what does the launch cost before its first kernel and after its last? It traces the
+bench's N-call launch with the JAX profiler (CUPTI sees both stacks' kernels) and lists the kernels by name. On a
+GPU, from the checkout's root: `python -m tools.timeline --shapes H16_B32_S1024_q1,H128_B1_S1024_q1 --impls
+torch.fa3,jax.pallas_mosaic_gpu [--json t.json]`.
+"""
 
-    python -m tools.timeline --shapes H16_B32_S1024_q1,H128_B1_S1024_q1 --impls torch.fa3,jax.pallas_mosaic_gpu
+from __future__ import annotations
+
+DETAILS = """    python -m tools.timeline --shapes H16_B32_S1024_q1,H128_B1_S1024_q1 --impls torch.fa3,jax.pallas_mosaic_gpu
 
 Per implementation and shape: the bench's launch of n calls (timing.calibrate), its host-clock time per
 call (t(n) / n, the median of 3 launches: the bench's number) and the slope between launches of n and
@@ -11,11 +17,9 @@ host time with a low busy share means the launch waits on the host (gaps between
 decides the bench's number; a busy share near 1 means the device time is the kernels'. The launch runs
 inside a profiler annotation (LAUNCH), so the trace also says how long the launch spends on the host
 before its first kernel starts (`lead_us`) and after its last one ends (`tail_us`): where a launch's own
-cost goes (session 5: 0.1-0.7 ms a launch of the JAX loop outside its kernels). The kernels are listed by
+cost goes (on the H200, 0.1-0.7 ms a launch of the JAX loop outside its kernels). The kernels are listed by
 name with their mean time per call. GPU only.
 """
-
-from __future__ import annotations
 
 import argparse
 import json
@@ -27,7 +31,8 @@ from parity.shapes import parse_shape
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.timeline", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.timeline", description=__doc__,
+                                epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", required=True, help="comma-separated shape names such as H16_B32_S1024_q1")
     p.add_argument("--impls", default="torch.fa3,jax.pallas_mosaic_gpu")
     p.add_argument("--json")

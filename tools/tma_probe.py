@@ -1,13 +1,19 @@
-"""python -m tools.tma_probe: how fast the SMs take in KV steps by TMA, by the width of the boxes' rows (a diagnosis
-of the fp8 kernel's memory side, not a test).
+"""How fast do the SMs take in KV steps by TMA, by the width and pitch of the boxes' rows: would the L2 cap the fp8
+kernel before HBM does, and which ring layout loads fastest? A GPU diagnosis of the fp8 kernel's memory side (not a
+test): each CTA streams KV steps of a large buffer into shared-memory slots in one of PROBES' layouts, and the TB/s
+is the slope over two iteration counts. On a Hopper GPU, from the checkout's root:
+`python -m tools.tma_probe [--probes fp8_64_x4,bf16_128_x2] [--json out.json]`.
+"""
 
-Session 30's ncu report of the 16-row fp8 kernel (H16 B128 S16384) had the L2 at 88% of its peak with DRAM at 73%:
+from __future__ import annotations
+
+DETAILS = """An ncu report of the 16-row fp8 kernel (H16 B128 S16384) has the L2 at 88% of its peak with DRAM at 73%:
 the fp8 ring (8 x 64 fp8 tiles, a 64-byte swizzle) has the TMA bring each KV step as 9 boxes of 64-byte rows, as
 many L2 requests (18.9M) as the bf16 kernel's 128-byte rows bring twice the bytes in (L2 tag requests 60% of their
 peak, bf16's 44%). Would the L2 cap the fp8 kernel before HBM does? Here each CTA (one per SM) has one warpgroup
 stream 64-row KV steps of a large buffer [HBM_ROWS, 576] (fp8: 604 MB, bf16: 1.2 GB; the H200's L2 is 50 MB), each
 CTA its own steps, into `depth` shared-memory slots (a load awaited `depth` iterations after its issue), and nothing
-else; the SMs' intake is the TB/s reported (the slope over two iteration counts, as tools/wgmma_probe.py's).
+else; the SMs' intake is the TB/s reported (the slope over two iteration counts, tools/convert_probe.py's timer).
 
 * "fp8_64_xD": the fp8 kernel's ring layout: 9 boxes of [64, 64] fp8 a step (64-byte rows), rows 576 bytes apart
   as in the cache;
@@ -23,18 +29,18 @@ else; the SMs' intake is the TB/s reported (the slope over two iteration counts,
   would address a token's columns at byte 576 t + c, its own ldmatrix addresses);
 * "bf16_128_xD": the bf16 kernel's ring (8 x 64 bf16 tiles, 128-byte swizzle: 9 boxes, 128-byte rows), the bf16
   reference;
-* "fp8_64_pfA_xD" (session 35): fp8_64's loads, each step's bytes first prefetched into the L2 through the flat view
+* "fp8_64_pfA_xD": fp8_64's loads, each step's bytes first prefetched into the L2 through the flat view
   (`cp.async.bulk.prefetch.tensor`, 2 boxes of 128-byte rows: plgpu.async_prefetch), the step A iterations ahead of
-  the one loaded (A = 0: just before its own loads). Session 35's part 0 had fp8_64 at 3.60 TB/s and fp8_flat at
+  the one loaded (A = 0: just before its own loads). One H200 run had fp8_64 at 3.60 TB/s and fp8_flat at
   4.70: if the 64-byte boxes' L2 misses (half lines, no L2 promotion in Mosaic GPU's descriptors) are what caps the
-  intake, a prefetch of whole lines lifts it with the ring's layout unchanged (call c, H200: fp8_64 3.49, pf0
+  intake, a prefetch of whole lines lifts it with the ring's layout unchanged (another H200 run: fp8_64 3.49, pf0
   3.67, pf4 3.58, flat 4.26; in the kernel, MosaicConfig.prefetch_lines, 0.95-0.97x: removed);
-* "fp8_128r_xD" (session 35): fp8_128p's boxes (the latent columns in 128-byte rows, the rope in 64-byte ones) from
+* "fp8_128r_xD": fp8_128p's boxes (the latent columns in 128-byte rows, the rope in 64-byte ones) from
   the cache's own 576-byte rows: the latent's TMA descriptor covers the first 512 columns of each row (Mosaic GPU's
   TileTransform((8, 128), rounding=Rounding.DOWN)), which Pallas does not expose: `_round_down_tiling()` here, a
-  TilingTransform whose copies lower to that rounding. The layout of session 35's MosaicConfig.wide_ring (removed in
-  session 42, its shim moved here); odd tokens' rows start 64 bytes into an L2 line.
-* "fp8_pair_xD" (session 36): the cache's rows two tokens a row, a free reshape to [rows / 2, 1152] (1152 bytes:
+  TilingTransform whose copies lower to that rounding. The layout of a ring tried in the kernel and dropped
+  (its shim lives here); odd tokens' rows start 64 bytes into an L2 line.
+* "fp8_pair_xD": the cache's rows two tokens a row, a free reshape to [rows / 2, 1152] (1152 bytes:
   9 L2 lines), a 64-row step its 32 pair rows in one copy of 8 x 128 tiles with a 128-byte swizzle (Mosaic GPU
   issues it as 9 boxes of [32, 128]): every box row a whole line, the bf16 ring's boxes and pitch (bf16_128) at half
   the rows. A ring of this layout would hold token 2 p + h's column c at pair row p, byte 576 h + c.
@@ -43,8 +49,6 @@ fp8_64p against fp8_128p is the boxes' width alone; fp8_64 against fp8_64p the r
 After the last load each CTA copies its last slot back out, and the result is checked against the buffer's step
 (every step of the buffer holds the same values).
 """
-
-from __future__ import annotations
 
 import argparse
 import sys
@@ -89,8 +93,7 @@ _ROUND_DOWN_TILING = []
 def _round_down_tiling():
     """(fp8_128r) A plgpu.TilingTransform subclass whose TMA copies tile the GMEM ref with Mosaic GPU's
     TileTransform(tiling, rounding=Rounding.DOWN): a descriptor of each row's first whole tiles, the cache's first 512
-    of its 576 columns in tiles of 128 (the probe's; the layout of session 35's MosaicConfig.wide_ring, removed in
-    session 42). Pallas maps every TilingTransform to TileTransform(tiling) without rounding
+    of its 576 columns in tiles of 128 (the probe's; the layout of a ring tried in the kernel and dropped). Pallas maps every TilingTransform to TileTransform(tiling) without rounding
     (jax/_src/pallas/mosaic_gpu/core.py's to_gpu_transform, which the copy lowering looks up at each call) and refuses
     a row that is not a multiple of the tile; this wraps that function once, for the subclass alone (its Untiling twin
     keeps the class through Pallas's undo of the ref's transforms). Made on first use; written against jax 0.11.2's
@@ -143,7 +146,7 @@ def build(probe: str, iters: int, num_ctas: int):
     dtype_name, row_bytes, depth, pitch, _, ahead = PROBES[probe]
     dtype = jnp.dtype(dtype_name)
     tiles = lambda cols, swizzle, tiling=plgpu.TilingTransform: (tiling((8, cols)), plgpu.SwizzleTransform(swizzle))
-    # (fp8_128r: the latent's descriptor rounded down to its 512 columns, session 35's wide_ring slot)
+    # (fp8_128r: the latent's descriptor rounded down to its 512 columns, the dropped wide ring's slot)
     rounded = row_bytes == 128 and dtype.itemsize == 1 and pitch % 128
     tiles_128 = tiles(128, 128, _round_down_tiling() if rounded else plgpu.TilingTransform)
     # the slots: one [depth, 64, 576] ring, or (fp8_128) the latent columns and the rope columns apart (576 is not a
@@ -273,7 +276,8 @@ def big_buffer(probe: str, rows: int = HBM_ROWS):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.tma_probe", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.tma_probe", description=__doc__,
+                                epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--probes", default=",".join(PROBES))
     add_probe_args(p)
     args = p.parse_args(argv)

@@ -1,6 +1,12 @@
-"""python -m tools.triton_sass: the Pallas Triton kernel's machine code for an H200, on any machine.
+"""What machine code does the Pallas Triton kernel get for an H200: registers, spills, shared memory and the SASS
+instructions that decide its speed? It lowers the kernel for a bench shape on an abstract H200 and compiles it with
+the installed Triton for sm_90, on any machine (a static view: XLA's own Triton compiles it on the GPU). From the
+checkout's root: `python -m tools.triton_sass --shape H16_B32_S16384_q1 --fp8 [--set field=value] [--sass k.sass]`.
+"""
 
-Lowers `mla_jax.pallas_triton` for a bench shape (an abstract H200: no GPU needed), compiles the
+from __future__ import annotations
+
+DETAILS = """Lowers `mla_jax.pallas_triton` for a bench shape (an abstract H200: no GPU needed), compiles the
 Triton module with the Triton package installed here (torch's) for sm_90, and prints the registers,
 the spill stack, the shared memory and a histogram of the SASS instructions that decide the
 kernel's speed (tensor-core ops, conversions, shared-memory and local-memory traffic):
@@ -11,8 +17,6 @@ kernel's speed (tensor-core ops, conversions, shared-memory and local-memory tra
 A static view, for choosing what to time: on the GPU the kernel is compiled by XLA's own Triton,
 whose version and passes can differ from the installed one. Timings come from `tools/sweep.py`.
 """
-
-from __future__ import annotations
 
 import argparse
 import collections
@@ -114,7 +118,7 @@ def histogram(sass: str) -> collections.Counter:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.triton_sass", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m tools.triton_sass", description=__doc__, epilog=DETAILS,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", required=True, type=parse_shape, help="a bench shape, e.g. H16_B32_S16384_q1")
     p.add_argument("--fp8", action="store_true", help="an fp8_e4m3 cache (the kernel converts its tiles)")
