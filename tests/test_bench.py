@@ -316,7 +316,7 @@ def test_shard_parse_and_merge_rejoin_a_grid(tmp_path):
     for bad in ("2/2", "-1/2", "a/b", "1"):
         with pytest.raises(ValueError, match="shard"):
             bench.parse_shard(bad)
-    shapes = bench.GRIDS["headline"]
+    shapes = GRIDS["headline"]
     impls = ["torch.fa3", "jax.pallas_mosaic_gpu"]
     key = "speedup_vs_torch.fa3"
 
