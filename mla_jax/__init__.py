@@ -3,10 +3,6 @@
     out, lse = mla_jax.mla_decode(q, kv_cache, metadata, config, impl="pallas_triton")
 """
 
-from mla_jax._cpu_pool import widen_cpu_pool
-
-widen_cpu_pool()  # (before JAX makes its CPU client: Mosaic GPU's interpreter needs more than 1-2 pool threads)
-
 from mla_jax.api import IMPLS, default_interpret, mla_decode, select_impl, split_q, to_jax_metadata, unsupported_reason
 from mla_jax.dcp import dcp_mla_decode, merge_partials
 

@@ -13,14 +13,15 @@ reason, are not failures). `--png` draws the error distributions (matplotlib, th
 `notebooks` extra; without it the JSON is still written). `bench` times every available
 implementation side by side and draws a roofline against the machine's measured copy
 and matmul rates (`--shard I/N` times every N-th shape, e.g. half a grid per GPU; `merge`
-joins the shards' JSONs and their summary). `plot` redraws either PNG from a JSON written earlier (e.g. the
-committed results in parity/results/).
+joins the shards' JSONs and their summary; `--save` writes the grid's baseline, benchmarks/<gpu>/<grid>.json and
+.png). `plot` redraws either PNG from a JSON written earlier (e.g. a baseline in benchmarks/).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -146,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     from parity import bench
 
     bench.add_arguments(b)
-    pl = sub.add_parser("plot", help="draw a PNG from a parity or bench JSON (e.g. parity/results/*.json)")
+    pl = sub.add_parser("plot", help="draw a PNG from a parity or bench JSON (e.g. benchmarks/h200/mosaic.json)")
     pl.add_argument("results", help="a JSON written by `python -m parity --json` or `python -m parity bench --json`")
     pl.add_argument("--png", required=True, help="where to write the PNG")
     m = sub.add_parser("merge", help="join the JSONs of `bench --shard` runs of one grid into one")
@@ -175,10 +176,21 @@ def check_output_paths(parser: argparse.ArgumentParser, args) -> None:
             parser.error(f"argument --{opt}: cannot write {path!r}: {why}")
 
 
+def prepare_process() -> None:
+    """What this process needs before its first JAX computation: JAX takes GPU memory as it goes, beside torch, rather
+    than most of it at once; and XLA:CPU's pool is wide enough for Mosaic GPU's interpreter (parity/_cpu_pool.py).
+    Each is left as the user set it."""
+    from parity._cpu_pool import widen_cpu_pool
+
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    widen_cpu_pool()
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     check_output_paths(parser, args)
+    prepare_process()
     if args.command == "bench":
         return _bench(args)
     if args.command == "merge":

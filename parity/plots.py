@@ -2,10 +2,10 @@
 
 matplotlib is an optional dependency (the `notebooks` extra); without it every function
 here raises `MatplotlibMissing`, saying so. The functions take the JSON dicts that
-`python -m parity --json` and `python -m parity bench --json` write, so results
-committed in parity/results/ re-plot anywhere:
+`python -m parity --json` and `python -m parity bench --json` write, so the baselines
+in benchmarks/ re-plot anywhere:
 
-    python -m parity plot parity/results/h200-bench-triton-2026-11-30.json --png roofline.png
+    python -m parity plot benchmarks/h200/mosaic.json --png roofline.png
 
 Figures are built with `matplotlib.figure.Figure` (no pyplot, no global backend change),
 so this is safe to call from a notebook, a test or a headless GPU machine.
@@ -17,11 +17,11 @@ import io
 import math
 import sys
 
-# The H200 of this project, measured by the anchors (DESIGN.md, 2026-11-30): a large
-# device-to-device copy (bytes read + written) and an 8192^3 bf16 matmul. Used when a
-# bench JSON carries no ceilings of its own (those written before `measure_ceilings`).
+# The H200's anchor ceilings: a large device-to-device copy (bytes read + written) and an
+# 8192^3 bf16 matmul, measured on this project's H200. Used when a bench JSON carries no
+# ceilings of its own (a run with --no-ceilings, or one written before the bench measured them).
 ANCHOR_CEILINGS = {"copy_TBps": 4.26, "matmul_TFLOPps": 788.0}
-ANCHOR_SOURCE = "anchors' H200 numbers (DESIGN.md), not measured in this run"
+ANCHOR_SOURCE = "anchors' H200 numbers, not measured in this run"
 
 DTYPE_COLORS = {"bfloat16": "tab:blue", "float16": "tab:orange", "float32": "tab:green"}
 HEAD_MARKERS = {16: "o", 128: "^"}

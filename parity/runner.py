@@ -11,13 +11,9 @@ import dataclasses
 import functools
 import importlib
 import inspect
-import os
-import shutil
 import sys
 import time
-from typing import Callable, TextIO
-
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch and JAX share the GPU
+from typing import Callable
 
 import numpy as np
 import torch
@@ -82,7 +78,7 @@ class Impl:
     unsupported: Callable[[Batch], str | None]
     # "nan": fed the strict batch (NaN in every unreadable slot). "finite": the tails of
     # last pages hold large finite garbage instead (FA3 multiplies masked zeros by those
-    # rows, so NaN there propagates; see parity/results/NOTES.md).
+    # rows, so NaN there propagates).
     page_tail: str = "nan"
 
 
@@ -342,88 +338,32 @@ def _strict_tail_row(impl: Impl, inputs: Inputs, ref_out, ref_lse, scenario: str
     return Row(scenario, dtype, impl.name, BASELINE, status, c_out, c_lse, note="NaN page tails")
 
 
-def format_progress(done: int, total: int, what: str, elapsed: float, width: int = 0) -> str:
-    """One line of the progress bar, e.g.
-    `[##########--------------]  15/36  42%  61 s, ~84 s left  heads_128 bfloat16 jax.pallas_triton`
-    (done: items finished; what: the one running), cut to `width` characters when width > 0."""
-    total = max(int(total), 1)
-    done = min(max(int(done), 0), total)
-    frac = done / total
-    filled = int(frac * _BAR_WIDTH)
-    eta = f", ~{elapsed / done * (total - done):.0f} s left" if 0 < done < total else ""
-    line = f"[{'#' * filled}{'-' * (_BAR_WIDTH - filled)}] {done:>{len(str(total))}}/{total} {frac:4.0%}  {elapsed:.0f} s{eta}"
-    if what:
-        line += f"  {what}"
-    return line[:width] if width > 0 else line
-
-
-_BAR_WIDTH = 24
-
-
 class Progress:
-    """Progress of a long run, on `stream` (stderr by default).
+    """A tqdm bar of a long run on stderr: call it with each item as the item starts (the bar counts the items done and
+    names the one running); `log(line)` prints a report line to stdout without breaking the bar; `enabled=False`
+    (--quiet) shows nothing. Away from a terminal (a log file, CI) it redraws at most every 10 s."""
 
-    When the stream is a terminal: one bar redrawn in place (`\\r`), cleared by `close()`.
-    Otherwise (a log file, a pipe, CI): one line per item as it starts, `  [  3/36] what (12 s)`.
-    Call it with each item as the item starts; `log(line)` prints a report line to stdout
-    without breaking the bar; `enabled=False` (--quiet) prints no progress at all.
-    """
+    def __init__(self, total: int, *, enabled: bool = True, unit: str = "case"):
+        from tqdm import tqdm
 
-    def __init__(self, total: int, stream: TextIO | None = None, *, bar: bool | None = None, enabled: bool = True,
-                 clock: Callable[[], float] = time.perf_counter):
-        self.total = max(int(total), 0)
-        self.stream = stream if stream is not None else sys.stderr
-        self.bar = _is_tty(self.stream) if bar is None else bool(bar)
-        self.enabled = enabled
-        self.clock = clock
-        self.t0 = clock()
-        self.count = 0
-        self.what = ""
-        self._drawn = 0  # characters of the bar on screen
+        self._tqdm = tqdm
+        tty = sys.stderr.isatty() if hasattr(sys.stderr, "isatty") else False
+        self.bar = tqdm(total=max(int(total), 0), disable=not enabled, file=sys.stderr, unit=unit,
+                        dynamic_ncols=True, leave=False, mininterval=0.1 if tty else 10.0)
+        self.started = 0
 
     def __call__(self, what: str) -> None:
-        self.count += 1
-        self.what = what
-        if not self.enabled:
-            return
-        if self.bar:
-            self._draw(self.count - 1)
-        else:
-            print(f"  [{self.count:>{len(str(self.total))}}/{self.total}] {what} ({self.clock() - self.t0:.0f} s)",
-                  file=self.stream, flush=True)
+        self.bar.update(self.started - self.bar.n)
+        self.started += 1
+        self.bar.set_postfix_str(what)
 
-    def _draw(self, done: int) -> None:
-        width = shutil.get_terminal_size((100, 24)).columns - 1
-        line = format_progress(done, self.total, self.what, self.clock() - self.t0, width)
-        self.stream.write("\r" + line + " " * max(0, self._drawn - len(line)))
-        self.stream.flush()
-        self._drawn = len(line)
-
-    def _clear(self) -> None:
-        if self._drawn:
-            self.stream.write("\r" + " " * self._drawn + "\r")
-            self.stream.flush()
-            self._drawn = 0
-
-    def log(self, line: str, file: TextIO | None = None) -> None:
-        """Prints a line (stdout by default) with the bar out of its way."""
-        if self.enabled and self.bar:
-            self._clear()
-        print(line, file=file if file is not None else sys.stdout, flush=True)
-        if self.enabled and self.bar and self.count:
-            self.what = ""  # the item that logged is done; the next call names the next one
-            self._draw(self.count)
+    def log(self, line: str) -> None:
+        self._tqdm.write(line, file=sys.stdout)
+        sys.stdout.flush()
 
     def close(self) -> None:
-        if self.enabled and self.bar:
-            self._clear()
-
-
-def _is_tty(stream) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError):  # no isatty, or a closed stream
-        return False
+        self.bar.update(self.started - self.bar.n)
+        self.bar.close()
 
 
 def format_table(rows: list[Row]) -> str:

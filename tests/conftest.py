@@ -1,12 +1,16 @@
-"""Shared test setup: the `gpu` marker skips cleanly, with its reason, where no GPU is."""
+"""Shared test setup: the process prepared before JAX starts, and the `gpu` marker skips cleanly, with its reason,
+where no GPU is."""
 
 import os
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch and JAX may share one GPU
 
-import mla_jax  # noqa: F401,E402  (first: its import sets NPROC before any JAX computation, mla_jax/_cpu_pool.py)
+from parity._cpu_pool import widen_cpu_pool  # noqa: E402
 
-import pytest
+# Before JAX makes its CPU client: Mosaic GPU's interpreter hangs with fewer than ~3 pool threads (parity/_cpu_pool.py).
+widen_cpu_pool()
+
+import pytest  # noqa: E402
 
 
 def _gpu_reason() -> str | None:
@@ -30,9 +34,9 @@ def _gpu_reason() -> str | None:
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_executables():
     """After each test module, drop JAX's caches of traced and compiled functions. Every XLA:CPU executable (the
-    interpret-mode kernels compile thousands) keeps its own memory mappings; over the whole suite they passed Linux's
-    vm.max_map_count (65530) and an mmap failed inside XLA's compiler: a segmentation fault near the suite's end
-    (session 27; test_fp8.py alone leaves ~27,000 mappings)."""
+    interpret-mode kernels compile thousands) keeps its own memory mappings; over the whole suite they pass Linux's
+    vm.max_map_count (65530) unless released, and an mmap fails inside XLA's compiler: a segmentation fault near the
+    suite's end (test_fp8.py alone leaves ~27,000 mappings)."""
     yield
     try:
         import jax

@@ -1,6 +1,7 @@
-"""parity.bench on the CPU: the fp8 row (quantize_fp8, 1-byte KV bytes, the grid, the runner in
-interpret mode), --check recording the fp8 gap without judging it, and the summary's
-fp8_speedup_vs_bf16. The timing itself needs a GPU (`python -m parity bench`)."""
+"""parity.bench, parity.timing and parity.shapes on the CPU: the fp8 row (quantize_fp8, 1-byte KV bytes, the grid,
+the runner in interpret mode), --check recording the fp8 gap without judging it, the summary's fp8_speedup_vs_bf16,
+the launch's calibration and trace, and where --save writes. The timing itself needs a GPU
+(`python -m parity bench`)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ import torch
 
 from mla_jax import pallas_triton
 from mla_spec import MLAConfig, build_decode_metadata, reference
-from parity import bench
-from parity.bench import GRIDS, RUNNERS, Shape
+from parity import bench, timing
+from parity.shapes import GRIDS, Shape, parse_shape
+from parity.timing import RUNNERS
 from parity.compare import TOLERANCES, compare
 from parity.scenarios import FP8_E4M3_MAX
 
@@ -32,7 +34,7 @@ def test_quantize_fp8_scale_dtype_and_round_trip(dtype):
     g = torch.Generator().manual_seed(0)
     kv = (torch.randn(3, 16, 576, generator=g) * 3).to(dtype)
     before = kv.clone()
-    kv_fp8, k_scale = bench.quantize_fp8(kv)
+    kv_fp8, k_scale = timing.quantize_fp8(kv)
     assert kv_fp8.dtype == torch.float8_e4m3fn and kv_fp8.shape == kv.shape
     assert torch.equal(kv, before)  # the input is not touched
     amax = float(kv.abs().max().float())
@@ -47,7 +49,7 @@ def test_quantize_fp8_scale_dtype_and_round_trip(dtype):
 
 
 def test_quantize_fp8_of_zeros_has_scale_one():
-    kv_fp8, k_scale = bench.quantize_fp8(torch.zeros(2, 4, 576, dtype=torch.bfloat16))
+    kv_fp8, k_scale = timing.quantize_fp8(torch.zeros(2, 4, 576, dtype=torch.bfloat16))
     assert k_scale == 1.0 and not kv_fp8.float().any()
 
 
@@ -71,10 +73,12 @@ def test_fp8_grid_and_runner_are_opt_in():
     assert all(s.seq_len % 64 == 63 for s in GRIDS["fp8_tails"]) and len(GRIDS["fp8_tails"]) == 7
     assert FP8 in RUNNERS and bench.FP8_IMPLS <= set(RUNNERS)
     assert FP8 not in bench.DEFAULT_IMPLS
-    assert "Bytes" in bench.__doc__.split("Method")[1]  # main() cuts the method text at the Bytes paragraph
+    # the method in words, as a result records it: the launches, not the trace's or the ceilings' paragraphs
+    assert timing.METHOD.startswith("(the same for both stacks") and "CUDA graph" in timing.METHOD
+    assert "device trace" not in timing.METHOD and "Ceilings" not in timing.METHOD
 
 
-def _tiny_inputs(seed=0) -> bench.BenchInputs:
+def _tiny_inputs(seed=0) -> timing.BenchInputs:
     """A BenchInputs on the CPU (make_inputs draws on the GPU): H=16, 2 requests, q_len 2, page 16."""
     shape = Shape(16, 2, 70, q_len=2, page_size=16)
     config = MLAConfig(num_heads=16, page_size=16, dtype="bfloat16")
@@ -86,13 +90,13 @@ def _tiny_inputs(seed=0) -> bench.BenchInputs:
                                block_table=block_table, config=config, num_blocks=num_blocks)
     kv = torch.randn(num_blocks, 16, 576, generator=g).bfloat16()
     q = torch.randn(4, shape.num_tokens, 16, 576, generator=g).bfloat16()
-    return bench.BenchInputs(shape, config, md, q, kv)
+    return timing.BenchInputs(shape, config, md, q, kv)
 
 
 def _assert_reference_on_dequantized_cache(inp, out, lse):
     """out / lse of an fp8 runner against the float64 reference on the bench's fp8 cache x k_scale,
     within twice bf16's tolerances."""
-    kv_fp8, k_scale = bench.quantize_fp8(inp.kv_cache)
+    kv_fp8, k_scale = timing.quantize_fp8(inp.kv_cache)
     deq = kv_fp8.float().numpy().astype(np.float64) * k_scale
     ref_out, ref_lse = reference.mla_decode(inp.q[0].float().numpy(), deq, inp.metadata, inp.config)
     tol = TOLERANCES["bfloat16"]
@@ -101,12 +105,10 @@ def _assert_reference_on_dequantized_cache(inp, out, lse):
     assert c_out.ok and c_lse.ok, (c_out.message, c_lse.message)
 
 
-# num_stages=1: not the heuristic's pick here (32 rows: 3 stages), so the override is seen to reach the kernel
-@pytest.mark.parametrize("overrides", [None, {"num_stages": 1}], ids=["heuristic", "num_stages"])
-def test_fp8_runner_in_interpret_mode_is_the_reference_on_the_dequantized_cache(overrides, monkeypatch):
+def test_fp8_runner_in_interpret_mode_is_the_reference_on_the_dequantized_cache(monkeypatch):
     """The fp8 runner's one code path (quantize, the cache through DLPack, k_scale traced, the timed
-    fori_loop), in interpret mode: right against the float64 reference on fp8 x k_scale. With overrides,
-    the kernel gets the heuristic's pick for the shape with those fields replaced."""
+    fori_loop), in interpret mode: right against the float64 reference on fp8 x k_scale, with the kernel's
+    own heuristic tuning."""
     inp = _tiny_inputs()
     tunings = []
     kernel = pallas_triton.mla_decode
@@ -116,23 +118,14 @@ def test_fp8_runner_in_interpret_mode_is_the_reference_on_the_dequantized_cache(
         return kernel(*args, tuning=tuning, **kwargs)
 
     monkeypatch.setattr(pallas_triton, "mla_decode", spy)
-    once, time_n = bench._jax_kernel("pallas_triton", fp8=True, interpret=True, overrides=overrides)(inp)
+    once, time_n = timing.jax_kernel("pallas_triton", fp8=True, interpret=True)(inp)
     out, lse = once()
-    if overrides is None:
-        assert tunings == [None]  # mla_decode picks the heuristic itself
-    else:
-        h = inp.metadata
-        heuristic = pallas_triton.heuristic_config(
-            inp.config.replace(kv_cache_dtype="fp8_e4m3"), h.num_decode_tokens, h.max_blocks,
-            max_query_len=h.max_query_len, num_reqs=h.num_reqs, max_num_splits=h.max_num_splits,
-        )
-        assert heuristic.num_stages != overrides["num_stages"]
-        assert tunings == [dataclasses.replace(heuristic, **overrides)]
+    assert tunings == [None]  # mla_decode picks the heuristic itself
     assert str(out.dtype) == "bfloat16" and out.shape == (4, 16, 512)
     _assert_reference_on_dequantized_cache(inp, out, lse)
     time_n(4)()  # the timed loop runs too (4 calls per iteration)
     # the bf16 runner on the same inputs: a measurable gap, not zero
-    out16, _ = bench._jax_kernel("pallas_triton", interpret=True)(inp)[0]()
+    out16, _ = timing.jax_kernel("pallas_triton", interpret=True)(inp)[0]()
     gap = compare(np.asarray(out, np.float64), np.asarray(out16, np.float64)).rel_err
     assert 0 < gap < 0.1
 
@@ -142,7 +135,7 @@ def test_mosaic_fp8_runner_in_interpret_mode_is_the_reference_on_the_dequantized
     array), in interpret mode: right against the float64 reference on fp8 x k_scale."""
     pytest.importorskip("absl", reason="Mosaic GPU interpret mode needs absl-py")
     inp = _tiny_inputs()
-    once, _ = bench._jax_kernel("pallas_mosaic_gpu", fp8=True, interpret=True)(inp)
+    once, _ = timing.jax_kernel("pallas_mosaic_gpu", fp8=True, interpret=True)(inp)
     out, lse = once()
     _assert_reference_on_dequantized_cache(inp, out, lse)
 
@@ -165,17 +158,17 @@ def _fake_runner(out, lse):
     return make
 
 
-@pytest.mark.parametrize("launch_seconds,n", [(25e-3, 2500), (3e-3, 300), (1e-4, 20), (1.0, bench.MAX_CALLS)])
+@pytest.mark.parametrize("launch_seconds,n", [(25e-3, 2500), (3e-3, 300), (1e-4, 20), (1.0, timing.MAX_CALLS)])
 def test_calibrate_sizes_the_launch(monkeypatch, launch_seconds, n):
     # 10 us a call: n = launch / 10 us, a multiple of 4, within [20, MAX_CALLS]
-    monkeypatch.setattr(bench, "_median_seconds", lambda run, reps: 20 * 1e-5)
+    monkeypatch.setattr(timing, "_median_seconds", lambda run, reps: 20 * 1e-5)
     made = []
 
     def time_n(k):
         made.append(k)
         return lambda: None
 
-    timer, result = bench.calibrate(lambda inp: ((lambda: "once"), time_n), None, launch_seconds=launch_seconds)
+    timer, result = timing.calibrate(lambda inp: ((lambda: "once"), time_n), None, launch_seconds=launch_seconds)
     assert result == "once" and timer.n == n and timer.n % 4 == 0 and made == ([20] if n == 20 else [20, n])
 
 
@@ -188,7 +181,7 @@ def test_launch_ms_must_be_a_positive_number():
 
 def test_calibrate_rejects_a_launch_of_no_length():
     with pytest.raises(ValueError, match="launch_seconds must be > 0, got launch_seconds=0"):
-        bench.calibrate(lambda inp: (None, None), None, launch_seconds=0)
+        timing.calibrate(lambda inp: (None, None), None, launch_seconds=0)
 
 
 def _fake_bench(monkeypatch, *impls):
@@ -196,7 +189,7 @@ def _fake_bench(monkeypatch, *impls):
     rng = np.random.default_rng(0)
     out = rng.standard_normal((4, 16, 512)).astype(np.float32)
     lse = rng.standard_normal((4, 16)).astype(np.float32)
-    monkeypatch.setattr(bench, "make_inputs", lambda shape: None)
+    monkeypatch.setattr(timing, "make_inputs", lambda shape: None)
     for impl in impls:
         monkeypatch.setitem(RUNNERS, impl, _fake_runner(out, lse))
     return out, lse
@@ -278,7 +271,7 @@ def test_timed_loop_runs_every_call():
 
     qs = tuple(jnp.full((8, 16), float(k + 1)) for k in range(4))
     w = jnp.ones((16, 16))
-    loop = jax.jit(functools.partial(bench.timed_loop, call, 8))
+    loop = jax.jit(functools.partial(timing.timed_loop, call, 8))
     hlo = loop.lower(qs, w).compile().as_text()
     dots = [line for line in hlo.splitlines() if " dot(" in line]
     assert len(dots) == 4 and all("while/body" in line for line in dots), hlo
@@ -287,50 +280,14 @@ def test_timed_loop_runs_every_call():
     for k in range(4):
         assert float(results[2 * k][0, 0]) == 16.0 * (k + 1)
     with pytest.raises(ValueError, match="multiple of 4"):
-        bench.timed_loop(call, 6, qs, w)
+        timing.timed_loop(call, 6, qs, w)
 
 
-def test_profile_shape_names():
-    from parity.profile import parse_shape
-
+def test_shape_names():
     assert parse_shape("H128_B64_S16384_q1") == Shape(128, 64, 16384, 1)
     assert parse_shape("H16_B1_S1024_P16") == Shape(16, 1, 1024, 1, page_size=16)
     with pytest.raises(ValueError, match="H128_B64_S16384_q1.*got 'B64'"):
         parse_shape("B64")
-
-
-def test_profile_rejects_a_loop_that_is_not_a_multiple_of_4(capsys):
-    from parity import profile
-
-    with pytest.raises(SystemExit):
-        profile.main(["--impl", "jax.pallas_triton", "--shape", "H16_B1_S1024_q1", "--loop", "6"])
-    assert "--loop must be a positive multiple of 4" in capsys.readouterr().err
-
-
-def test_profile_set_replaces_fields_of_the_heuristic(capsys, monkeypatch):
-    """`profile --set`: the jax.pallas_* runner on the heuristic's tuning for the shape with the fields replaced (fp8
-    for a .fp8 impl); refused for the torch impls and for a field the tuning lacks."""
-    import types
-
-    from mla_jax import pallas_mosaic_gpu
-    from parity import profile
-    from parity.scenarios import Scenario, make_batch
-
-    with pytest.raises(SystemExit):
-        profile.main(["--impl", "torch.fa3", "--shape", "H16_B1_S1024_q1", "--set", "lazy_max=True"])
-    assert "--set applies to the jax.pallas_* impls" in capsys.readouterr().err
-    batch = make_batch(Scenario("p", seq_lens=(4096, 4096), query_lens=(2, 2), num_heads=16), "bfloat16")
-    inp = types.SimpleNamespace(config=batch.config, metadata=batch.metadata)
-    seen = {}
-    monkeypatch.setattr(bench, "_jax_kernel", lambda impl, tuning, fp8: seen.update(impl=impl, tuning=tuning, fp8=fp8))
-    profile._with_tuning("jax.pallas_mosaic_gpu.fp8", inp, {"lazy_max": True})
-    md = batch.metadata
-    base = pallas_mosaic_gpu.heuristic_config(batch.config.replace(kv_cache_dtype="fp8_e4m3"), md.num_decode_tokens,
-                                              md.max_blocks, num_reqs=md.num_reqs, max_query_len=md.max_query_len)
-    assert not base.lazy_max
-    assert seen == dict(impl="pallas_mosaic_gpu", tuning=dataclasses.replace(base, lazy_max=True), fp8=True)
-    with pytest.raises(ValueError, match="no field nope"):
-        profile._with_tuning("jax.pallas_mosaic_gpu", inp, {"nope": 1})
 
 
 def test_bench_shapes_picks_named_shapes_of_the_grid():
@@ -359,7 +316,7 @@ def test_shard_parse_and_merge_rejoin_a_grid(tmp_path):
     for bad in ("2/2", "-1/2", "a/b", "1"):
         with pytest.raises(ValueError, match="shard"):
             bench.parse_shard(bad)
-    shapes = bench.GRIDS["headline"]
+    shapes = GRIDS["headline"]
     impls = ["torch.fa3", "jax.pallas_mosaic_gpu"]
     key = "speedup_vs_torch.fa3"
 
@@ -400,13 +357,13 @@ def test_cooldown_is_seconds_at_least_zero():
 
 
 def test_cooldown_idles_before_each_rows_timed_launches(monkeypatch):
-    """--cooldown S: every row's timed launches come S seconds of idle after whatever ran before (session 13:
-    right after FA3's timing the fp8 Mosaic kernel ran 1.16x slower than after 3 s idle); off, nothing sleeps."""
+    """--cooldown S: every row's timed launches come S seconds of idle after whatever ran before (right after
+    FA3's timing the fp8 Mosaic kernel runs 1.16x slower than after 3 s idle); off, nothing sleeps."""
     _fake_bench(monkeypatch, "torch.fa3", "jax.pallas_mosaic_gpu")
     events = []
     monkeypatch.setattr(bench.time, "sleep", lambda s: events.append(("sleep", s)))
-    measure = bench.LaunchTimer.measure
-    monkeypatch.setattr(bench.LaunchTimer, "measure", lambda self, reps: events.append("measure") or measure(self, reps))
+    measure = timing.LaunchTimer.measure
+    monkeypatch.setattr(timing.LaunchTimer, "measure", lambda self, reps: events.append("measure") or measure(self, reps))
     shapes, impls = [Shape(16, 4, 1024), Shape(16, 8, 1024)], ["torch.fa3", "jax.pallas_mosaic_gpu"]
     rows = bench.run_bench(shapes, impls, reps=1, log=lambda line: None, cooldown_s=2.5)
     assert all("seconds" in r for r in rows) and events == [("sleep", 2.5), "measure"] * 4
@@ -425,109 +382,11 @@ def test_merge_refuses_results_timed_with_different_cooldowns():
         bench.merge([a, {**a, "cooldown_s": 3.0}])
 
 
-def test_sweep_rounds_idle_before_each_timing_and_drop_a_failing_variant(monkeypatch):
-    from parity import sweep
-
-    events = []
-
-    class Timer:
-        def __init__(self, name, fail=False):
-            self.name, self.fail = name, fail
-
-        def measure(self, reps):
-            events.append(self.name)
-            if self.fail:
-                raise RuntimeError("lost")
-            return 1e-5, float("nan")
-
-    monkeypatch.setattr(sweep.time, "sleep", lambda s: events.append(s))
-    fa3, ok, bad = ({"round_seconds": []} for _ in range(3))
-    sweep.time_rounds([(fa3, Timer("fa3")), (ok, Timer("ok")), (bad, Timer("bad", fail=True))], 2, 3, 1.5)
-    assert events == [1.5, "fa3", 1.5, "ok", 1.5, "bad", 1.5, "fa3", 1.5, "ok"]
-    assert fa3["round_seconds"] == ok["round_seconds"] == [1e-5, 1e-5]
-    assert bad == {"error": "RuntimeError: lost"}
-
-
-def test_sweep_set_takes_field_int_pairs():
-    from parity.sweep import parse_overrides
-
-    assert parse_overrides("num_warps=8,block_kv=64") == {"num_warps": 8, "block_kv": 64}
-    assert parse_overrides("") == {}
-    assert parse_overrides("overlap_dequant=True,pdl=False") == {"overlap_dequant": True, "pdl": False}
-    for bad in ("num_warps", "num_warps=eight", "=8", "pdl=true"):
-        with pytest.raises(ValueError, match=f"field=int \\(or True / False\\) pairs.*{bad!r}"):
-            parse_overrides(bad)
-
-
-def test_tuning_overrides_name_an_unknown_field():
-    """--set of parity.sweep / parity.triton_sass and the bench's overrides: a field the config lacks is a
-    ValueError naming it (not dataclasses.replace's TypeError); a bad value keeps the config's own check."""
-    from mla_jax.pallas_triton import TritonConfig
-    from parity.sweep import with_overrides
-
-    assert with_overrides(TritonConfig(), {"num_warps": 8}).num_warps == 8
-    with pytest.raises(ValueError, match="no field num_warp "):
-        with_overrides(TritonConfig(), {"num_warp": 8})
-    with pytest.raises(ValueError, match="num_warps=3"):
-        with_overrides(TritonConfig(), {"num_warps": 3})
-
-
-def test_sweep_refuses_unknown_fields_and_shapes(capsys):
-    from parity.sweep import main
-
-    with pytest.raises(SystemExit):
-        main(["--impl", "pallas_mosaic_gpu", "--fields", "num_split"])  # a typo would time the heuristic alone
-    assert "num_split" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="H128_B64"):
-        main(["--impl", "pallas_mosaic_gpu", "--fields", "none", "--shapes", "H128_B64"])
-    with pytest.raises(SystemExit):
-        main(["--impl", "pallas_mosaic_gpu", "--fields", "none", "--rounds", "0"])
-    assert "--rounds must be >= 1, got 0" in capsys.readouterr().err
-    with pytest.raises(SystemExit):  # a value the field does not take
-        main(["--impl", "pallas_mosaic_gpu", "--fields", "schedule=pingpong"])
-    assert "schedule=pingpong is not one of schedule's values" in capsys.readouterr().err
-    with pytest.raises(SystemExit):  # relative values (x2, =1) cannot be narrowed
-        main(["--impl", "pallas_mosaic_gpu", "--fields", "num_splits=2"])
-    assert "num_splits=2 is not one of" in capsys.readouterr().err
-
-
-def test_sweep_times_the_relative_split_counts_beside_other_fields():
-    """--fields num_splits,transposed_scores: the split counts x0.5, x2 and 1 of the heuristic's, then the other
-    score layout (session 9 found the relative spec split into characters, every split count dropped)."""
-    from mla_jax.pallas_mosaic_gpu import MosaicConfig
-    from parity.sweep import sweep_spec, variants
-
-    spec = sweep_spec("pallas_mosaic_gpu", ["num_splits", "transposed_scores"], {})
-    assert spec == {"num_splits": "x0.5,x2,=1", "transposed_scores": (True, False)}
-    labels = [label for label, _ in variants(MosaicConfig(num_splits=4, transposed_scores=True), spec)]
-    assert labels == ["heuristic", "num_splits=2", "num_splits=8", "num_splits=1", "transposed_scores=False"]
-    # from the heuristic's pick at H = 16 q_len 1 / 2 (transposed_pv needs transposed scores): the plain path
-    both = MosaicConfig(transposed_scores=True, transposed_pv=True)
-    assert list(variants(both, {"transposed_scores": (False,)}))[1] == ("transposed_scores=False", MosaicConfig())
-    narrowed = sweep_spec("pallas_mosaic_gpu", ["num_splits", "schedule"], {"schedule": "split"})
-    assert narrowed == {"schedule": ("split",), "num_splits": "x0.5,x2,=1"}
-
-
-def test_triton_sass_compiles_the_triton_kernel_for_sm90_here(capsys):
-    """python -m parity.triton_sass: lowered for an abstract H200, compiled by the installed Triton, and
-    its SASS counted: the fp8 tile is converted (F2F / F2FP), a 16-row tile runs mma.sync (HMMA)."""
-    pytest.importorskip("triton", reason="the triton package (installed with torch on Linux) is needed")
-    from parity import triton_sass
-
-    assert triton_sass.main(["--shape", "H16_B1_S1024_q1", "--fp8"]) == 0
-    out = capsys.readouterr().out
-    regs = int(re.search(r"registers (\d+)", out).group(1))
-    assert 0 < regs <= 255, out
-    counts = dict((op, int(n)) for op, n in re.findall(r"([A-Z][A-Z0-9]*) (\d+)", out.splitlines()[-1]))
-    assert counts.get("HMMA", 0) > 0, out  # a 16-row tile: mma.sync
-    assert any(op.startswith("F2F") for op in counts), out
-
-
 def test_timeline_summarizes_device_stream_events():
-    """parity.timeline: only the device planes' stream lines count; busy, span and per-call means in us."""
+    """parity.timing's trace: only the device planes' stream lines count; busy, span and per-call means in us."""
     from types import SimpleNamespace as NS
 
-    from parity.timeline import device_events, summarize
+    from parity.timing import device_events, summarize
 
     ev = lambda name, s, d: NS(name=name, start_ns=s, duration_ns=d)  # noqa: E731
     profile = NS(planes=[
@@ -551,20 +410,16 @@ def test_timeline_summarizes_device_stream_events():
 
 def test_timeline_traces_a_launch_with_its_host_window():
     """trace_launch on the CPU: no device events, but the LAUNCH annotation's window around run()."""
-    from parity import timeline
-
     calls = []
-    events, window = timeline.trace_launch(lambda: calls.append(1))
+    events, window = timing.trace_launch(lambda: calls.append(1))
     assert calls == [1] and events == []
     assert window is not None and window[1] >= window[0]
 
 
 def test_launch_timer_takes_the_slope_between_launch_lengths(monkeypatch):
     """The bench's time per call t(n) / n keeps what a launch costs once; the slope (t(2n) - t(n)) / n drops it."""
-    from parity import bench
-
     clock = [0.0]
-    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
 
     def launch(n):  # 0.5 ms per launch + 10 us per call
         def run():
@@ -572,17 +427,15 @@ def test_launch_timer_takes_the_slope_between_launch_lengths(monkeypatch):
 
         return run
 
-    per_call, slope = bench.LaunchTimer(launch(20), launch(40), 20).measure(3)
+    per_call, slope = timing.LaunchTimer(launch(20), launch(40), 20).measure(3)
     assert per_call == pytest.approx(1e-5 + 5e-4 / 20) and slope == pytest.approx(1e-5)
-    per_call, slope = bench.LaunchTimer(launch(20), launch(20), 20).measure(3)  # noise: no slope
+    per_call, slope = timing.LaunchTimer(launch(20), launch(20), 20).measure(3)  # noise: no slope
     assert per_call == pytest.approx(1e-5 + 5e-4 / 20) and math.isnan(slope)
 
 
 def test_trace_adds_the_device_span_and_its_geomean(monkeypatch):
-    """--trace: each row gets span / busy seconds per call from the traced launch (parity.timeline), each impl
+    """--trace: each row gets span / busy seconds per call from the traced launch (parity.timing), each impl
     its span ratio to the baseline, and the summary their geomean beside the host-timed one."""
-    from parity import timeline
-
     _fake_bench(monkeypatch, "torch.fa3", "jax.pallas_mosaic_gpu")
     spans = iter([12e3, 8e3])  # ns per launch of the traced events: FA3, then Mosaic
 
@@ -590,7 +443,7 @@ def test_trace_adds_the_device_span_and_its_geomean(monkeypatch):
         run()
         return [("k", 100.0, next(spans))], (0.0, 20e3)  # the launch's host window: 0.1 us lead
 
-    monkeypatch.setattr(timeline, "trace_launch", fake_trace)
+    monkeypatch.setattr(timing, "trace_launch", fake_trace)
     rows = bench.run_bench([Shape(16, 4, 1024)], ["torch.fa3", "jax.pallas_mosaic_gpu"], reps=1, trace=True,
                            log=lambda line: None)
     fa3, mo = rows
@@ -636,7 +489,7 @@ def test_graph_timer_keeps_what_the_graph_reads_alive(monkeypatch):
         calls.append(q)
 
     alive = weakref.ref(md)
-    time_n = bench._torch_graph_timer(fn, [1, 2, 3, 4])
+    time_n = timing._torch_graph_timer(fn, [1, 2, 3, 4])
     run = time_n(8)
     del fn, time_n, md
     gc.collect()
@@ -677,5 +530,37 @@ def test_bench_bad_arguments_fail_at_parse_time_naming_the_option(argv, names, c
 def test_median_seconds_refuses_no_reps():
     calls = []
     with pytest.raises(ValueError, match="reps=0"):
-        bench._median_seconds(lambda: calls.append(1), 0)
+        timing._median_seconds(lambda: calls.append(1), 0)
     assert not calls  # refused before the warm-up run
+
+
+def test_save_writes_the_baseline_of_its_grid_on_the_gpu_kind():
+    """--save: benchmarks/<gpu kind>/<grid>.json and .png, the kind from the device's name."""
+    assert bench.gpu_kind("NVIDIA H100 80GB HBM3") == "h100"
+    assert bench.gpu_kind("NVIDIA H200") == "h200"
+    assert bench.gpu_kind("NVIDIA GH200 480GB") == "gh200"
+    assert bench.gpu_kind("NVIDIA A100-SXM4-80GB") == "a100"
+    assert bench.gpu_kind("Some GPU") == "some-gpu"
+    assert bench.baseline_paths("benchmarks", "NVIDIA H200", "mosaic") == ("benchmarks/h200/mosaic.json",
+                                                                          "benchmarks/h200/mosaic.png")
+
+
+def test_save_takes_the_whole_grid_only(tmp_path, capsys):
+    """--save with --shard or --shapes is refused before anything runs (a part of a grid is no baseline)."""
+    from parity.__main__ import build_parser, main
+
+    args = build_parser().parse_args(["bench", "--grid", "smoke", "--save"])
+    assert args.save == bench.BASELINE_DIR == "benchmarks"
+    args = build_parser().parse_args(["bench", "--grid", "smoke", "--save", str(tmp_path)])
+    assert args.save == str(tmp_path)
+    assert main(["bench", "--grid", "smoke", "--save", str(tmp_path), "--shard", "0/2"]) == 2
+    assert "the whole grid" in capsys.readouterr().err
+    assert main(["bench", "--grid", "smoke", "--save", str(tmp_path / "a" / "b")]) == 2
+    assert "missing or not writable" in capsys.readouterr().err
+
+
+def test_write_json_replaces_the_file_whole(tmp_path):
+    path = tmp_path / "r.json"
+    path.write_text("old")
+    bench.write_json({"rows": [1]}, str(path))
+    assert json.loads(path.read_text()) == {"rows": [1]} and not (tmp_path / "r.json.tmp").exists()

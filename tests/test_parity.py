@@ -1,6 +1,5 @@
 """The parity harness: comparator, scenarios, runner and CLI."""
 
-import io
 import json
 import pathlib
 import sys
@@ -148,70 +147,25 @@ def test_bench_without_gpu_says_so(capsys):
 # ----------------------------------------------------------------------------- progress
 
 
-def test_progress_bar_line():
-    from parity.runner import format_progress
-
-    line = format_progress(9, 36, "heads_128 bfloat16 jax.pallas_triton", elapsed=30.0)
-    assert line.startswith("[######------------------]  9/36  25%  30 s, ~90 s left  heads_128 bfloat16")
-    assert format_progress(0, 36, "x", 0.0).startswith("[------------------------]  0/36   0%  0 s  x")
-    done = format_progress(36, 36, "", 12.0)
-    assert done == "[########################] 36/36 100%  12 s"  # no "left" once finished
-    assert len(format_progress(1, 3, "a very long item name " * 10, 1.0, width=60)) == 60
-    assert format_progress(5, 0, "", 1.0).startswith("[########################] 1/1")  # no division by zero
-
-
-class _Stream(io.StringIO):
-    def __init__(self, tty):
-        super().__init__()
-        self.tty = tty
-
-    def isatty(self):
-        return self.tty
-
-
-def _clock(times):
-    it = iter(times)
-    return lambda: next(it)
-
-
-def test_progress_on_a_terminal_redraws_one_line_and_clears_it(capsys):
+def test_progress_is_a_tqdm_bar_of_the_items_done(capsys):
+    """The CLI's progress: a tqdm bar on stderr that counts the items done and names the one running; report lines
+    go to stdout around it; --quiet shows nothing."""
     from parity.runner import Progress
 
-    err = _Stream(tty=True)
-    p = Progress(3, err, clock=_clock([0.0, 1.0, 2.0, 3.0, 4.0, 5.0]))
-    assert p.bar
+    p = Progress(3)
     p("a")
+    assert p.bar.n == 0 and "a" in p.bar.postfix
     p("b")
+    assert p.bar.n == 1 and "b" in p.bar.postfix
     p.log("a finished row")
     p("c")
     p.close()
-    text = err.getvalue()
-    assert "\n" not in text  # one line, redrawn in place
-    frames = [f for f in text.split("\r") if f.strip()]
-    assert frames[0].startswith("[------------------------] 0/3   0%  1 s  a")
-    assert frames[1].startswith("[########----------------] 1/3  33%  2 s, ~4 s left  b")
-    assert frames[2] == "[################--------] 2/3  67%  3 s, ~2 s left"  # redrawn under the logged row
-    assert frames[3] == "[################--------] 2/3  67%  4 s, ~2 s left  c"
-    assert text.endswith("\r") and text.rstrip("\r").endswith(" ")  # close() blanks the bar out
-    assert capsys.readouterr().out == "a finished row\n"  # report lines go to stdout
-
-
-def test_progress_elsewhere_prints_one_line_per_item():
-    from parity.runner import Progress
-
-    err = _Stream(tty=False)
-    p = Progress(12, err, clock=_clock([0.0, 0.4, 7.6]))
-    assert not p.bar
-    p("single_token bfloat16 torch.fa3")
-    p("single_token bfloat16 jax.pallas_triton")
-    p.close()
-    assert err.getvalue() == ("  [ 1/12] single_token bfloat16 torch.fa3 (0 s)\n"
-                              "  [ 2/12] single_token bfloat16 jax.pallas_triton (8 s)\n")
-    quiet = _Stream(tty=True)
-    q = Progress(2, quiet, enabled=False)
+    assert p.bar.n == 3
+    assert capsys.readouterr().out == "a finished row\n"
+    q = Progress(2, enabled=False)
     q("x")
     q.close()
-    assert quiet.getvalue() == ""
+    assert capsys.readouterr().err == ""
 
 
 def test_num_items_counts_the_non_baseline_impls():
@@ -223,9 +177,7 @@ def test_num_items_counts_the_non_baseline_impls():
 
 # ----------------------------------------------------------------------------- PNGs
 
-RESULTS = pathlib.Path(__file__).parent.parent / "parity" / "results"
-BENCH_JSON = RESULTS / "h200-bench-triton-2026-11-30.json"
-PARITY_JSON = RESULTS / "h200-parity-run1-strict-2026-11-30.json"
+BENCH_JSON = pathlib.Path(__file__).parent.parent / "benchmarks" / "h200" / "triton.json"  # the triton grid's baseline
 
 
 def _assert_png(path, min_bytes=20_000):
@@ -310,9 +262,11 @@ def test_speed_ratios_from_the_committed_bench():
 
 def test_plot_subcommand_draws_committed_results(tmp_path, capsys):
     pytest.importorskip("matplotlib", reason="the notebooks extra (matplotlib) is not installed")
-    roof, err = tmp_path / "roofline.png", tmp_path / "errors.png"
+    roof, err, report = tmp_path / "roofline.png", tmp_path / "errors.png", tmp_path / "report.json"
+    assert main(["--scenarios", "single_token", "--impls", "torch.reference,jax.xla", "--dtypes", "bfloat16",
+                 "--json", str(report), "--quiet"]) == 0
     assert main(["plot", str(BENCH_JSON), "--png", str(roof)]) == 0
-    assert main(["plot", str(PARITY_JSON), "--png", str(err)]) == 0
+    assert main(["plot", str(report), "--png", str(err)]) == 0
     out = capsys.readouterr().out
     assert f"wrote {roof} (roofline; ceilings anchors'" in out and f"wrote {err} (error distributions)" in out
     _assert_png(roof)
@@ -334,12 +288,12 @@ def test_plot_subcommand_refuses_what_it_cannot_draw(tmp_path, capsys):
 def test_bench_ceilings_refuse_cleanly_without_a_gpu(tmp_path, capsys):
     import torch
 
-    from parity import bench
+    from parity import timing
 
     if torch.cuda.is_available():
         pytest.skip("this checks the CPU-only refusal")
     with pytest.raises(RuntimeError, match="measure_ceilings needs a CUDA GPU"):
-        bench.measure_ceilings()
+        timing.measure_ceilings()
     png, js = tmp_path / "roofline.png", tmp_path / "bench.json"
     assert main(["bench", "--grid", "smoke", "--png", str(png), "--json", str(js)]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().out
