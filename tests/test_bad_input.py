@@ -167,7 +167,7 @@ def test_bad_configs_never_reach_an_entry_point(kwargs, exc):
 
 
 # ----------------------------------------------------------------------------------------
-# Holes found by the bad-input audit: values that used to wrap, overflow, broadcast or crash.
+# Values that a careless int32 cast, float parse or broadcast would wrap, overflow or crash on.
 # ----------------------------------------------------------------------------------------
 
 C16 = MLAConfig(num_heads=16, page_size=16, dtype="float32")
@@ -176,10 +176,10 @@ C16 = MLAConfig(num_heads=16, page_size=16, dtype="float32")
 @pytest.mark.parametrize(
     "block_table, num_blocks, match",
     [
-        ([[2**32 + 3]], 8, r"block_table\[0, 0\]=4294967299"),  # used to become block 3
+        ([[2**32 + 3]], 8, r"block_table\[0, 0\]=4294967299"),  # would wrap to block 3
         (np.array([[2**32 + 3]], np.int64), 8, r"block_table\[0, 0\]=4294967299"),
-        ([[2**31]], None, r"block_table\[0, 0\]=2147483648"),  # used to name -2147483648
-        (np.array([[2**63]], np.uint64), 8, r"block_table\[0, 0\]=9223372036854775808"),  # used to become 0
+        ([[2**31]], None, r"block_table\[0, 0\]=2147483648"),  # named as given, not wrapped to -2147483648
+        (np.array([[2**63]], np.uint64), 8, r"block_table\[0, 0\]=9223372036854775808"),  # would wrap to 0
         ([[2**64]], 8, r"block_table\[0, 0\]=18446744073709551616"),  # NumPy's object dtype
         ([[1], [5, -2**31 - 1]], None, r"block_table\[1, 1\]=-2147483649"),  # in a padding column too
     ],
@@ -271,7 +271,7 @@ def test_validate_shards_takes_every_interleaved_sharding(world_size):
 @pytest.mark.parametrize("world_size", [2, 3])
 @pytest.mark.parametrize("delta", [-2, -1, +1, +2])
 def test_validate_shards_rejects_lengths_off_the_interleaved_layout(world_size, delta):
-    """A shard cut short used to give a finite wrong answer; a shard too long read unfilled slots.
+    """A shard cut short would give a finite wrong answer; a shard too long would read unfilled slots.
     The stacked metadata does not carry the global length, so lengths that are the interleaved
     layout of another length (e.g. the last shard one shorter: a request one token shorter) are
     valid; every other change is named."""
@@ -292,7 +292,7 @@ def test_validate_shards_rejects_lengths_off_the_interleaved_layout(world_size, 
             sdcp.validate_shards(batch.config, md, world_size=world_size, num_blocks_local=shards.kv_cache.shape[1])
 
 
-def test_dcp_entry_points_reject_the_audit_repro_and_run_the_valid_sharding():
+def test_dcp_entry_points_reject_off_layout_shards_and_run_the_valid_sharding():
     batch, shards = _dcp_case(2, seq_lens=(8, 64, 200, 930))
     lens = np.asarray(shards.metadata.seq_lens)  # [[4, 32, 100, 465], [4, 32, 100, 465]]
     shrunk, longer = lens.copy(), lens.copy()

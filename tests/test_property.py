@@ -195,10 +195,10 @@ def test_fp8_cache_matches(d, dtype):
     check(*run_jax(b, "pallas_triton"), b, f"pallas_triton fp8 {dtype} {d}")
 
 
-# Unpadded head counts only: with heads the wrapper pads (1, 3 -> 8) the interpreted fp8 kernel deadlocked in ~2 of 3
-# runs on a 2-core CPU (session 34: every XLA CPU thread blocked in a barrier-wait callback, the warpgroup threads that
-# would arrive waiting for one; the interpreter's thread starvation, as session 2's hang; under `taskset -c 0` every
-# Mosaic interpret call hangs). The compiled kernel's padded heads are the GPU tests' fp8_padded_heads scenario.
+# Unpadded head counts only: with heads the wrapper pads (1, 3 -> 8) the interpreted fp8 kernel deadlocks in about 2
+# of 3 runs on a 2-core CPU (every XLA CPU thread blocks in a barrier-wait callback while the warpgroup threads that
+# would arrive wait for a thread: the interpreter's thread starvation; under `taskset -c 0` every Mosaic interpret
+# call hangs). Padded heads run in bf16 in tests/test_pallas_mosaic_gpu.py (its heads20 cases).
 MOSAIC_FP8_HEADS = (16, 8)
 
 
