@@ -730,18 +730,6 @@ def test_gpu_fa3_tuple_q_is_the_same_call():
 
 
 @pytest.mark.gpu
-def test_gpu_a_read_nan_does_show():
-    """The NaN checks have teeth on FA3 too: poison one slot that request 0 reads."""
-    _require_fa3()
-    batch = make_batch(SCENARIOS["spec_decode"], "bfloat16", page_tail="finite")
-    q, kv = _torch_batch(batch, "cuda")
-    kv[int(batch.metadata.block_table[0, 0]), 0] = float("nan")
-    out, _ = mla_torch.mla_decode(q, kv, batch.metadata, batch.config, impl="fa3")
-    q0 = batch.scenario.query_lens[0]
-    assert torch.isnan(out[:q0]).all() and torch.isfinite(out[q0:]).all()
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("name", ["decode_mixed_lengths", "spec_decode", "page_size_16", "heads_128",
                                   "heads_128_spec"])
 def test_gpu_fa3_bounded_splits(name):
