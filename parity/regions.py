@@ -113,14 +113,13 @@ def profile(shape, sets: dict, space: int, out_dir: str, fp8: bool = False) -> d
         raise RuntimeError(f"the profiler wrote no trace under {out_dir}")
     with open(files[-1]) as f:
         trace = json.load(f)
-    warpgroups = 2 + int(tuning.memory_warpgroup)  # the kernel's per block
+    warpgroups = 2  # the kernel's per block
     return {"shape": shape.name, "tuning": dataclasses.asdict(tuning), "fp8": fp8, "profile_space": space,
             "roles": summarize(trace, warpgroups)}
 
 
 def format_row(row: dict) -> str:
-    lines = [f"{row['shape']} ({'fp8, ' if row['fp8'] else ''}schedule={row['tuning']['schedule']}, "
-             f"profile_space={row['profile_space']})"]
+    lines = [f"{row['shape']} ({'fp8, ' if row['fp8'] else ''}profile_space={row['profile_space']})"]
     for role, r in row["roles"].items():
         lines.append(f"  {role}: {r['traces']} traces, span {r['span_us']:.1f} us")
         for name, g in r["regions"].items():

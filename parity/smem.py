@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     p.add_argument("--page-size", type=int, default=64)
     p.add_argument("--fp8", action="store_true", help="an fp8_e4m3 cache")
     p.add_argument("--set", default="", help="MosaicConfig fields replaced in the heuristic's pick, e.g. "
-                                             "p_in_kv=True,max_concurrent_steps=1")
+                                             "transposed_scores=True,transposed_pv=True")
     args = p.parse_args(argv)
     sets = parse_sets(args.set)
     nbytes, tuning = kernel_smem_bytes(args.heads, args.q_len, args.page_size, args.fp8, sets)

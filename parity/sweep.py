@@ -40,17 +40,10 @@ SHAPES = [
 VARIANTS = {
     "pallas_triton": dict(block_kv=(16, 32, 64, 128), num_warps=(4, 8), num_stages=(1, 2, 3, 4), num_splits="x0.5,x2",
                           block_h=(32, 64), block_q=(1, 2)),
-    "pallas_mosaic_gpu": dict(schedule=("flashmla", "split"), memory_warpgroup=(True, False), max_concurrent_steps=(1,),
-                              num_splits="x0.5,x2,=1", transposed_scores=(True, False), pdl=(True, False),
-                              p_in_kv=(True, False), dequant_layout=("wgmma", "wgmma_8bit"),
-                              fused_dequant=(True, False), fused_group=(1, 2, 4),
-                              overlap_dequant=(True, False), overlap_wait=(True, False),
+    "pallas_mosaic_gpu": dict(num_splits="x0.5,x2,=1", transposed_scores=(True, False),
                               transposed_pv=(True, False), heads_fastest=(True, False),
-                              kv_halves=(True, False), qk_registers=(True, False),
-                              sums_at_end=(True, False), qk_permuted=(True, False), pv_registers=(True, False),
-                              pv_wait=(1, 2, 4, 8), zero_tail=(True,),
-                              load_ahead=(True, False), lazy_max=(True, False), q_in_kernel=(True, False),
-                              pair_ring=(True, False)),
+                              kv_halves=(True, False), pv_registers=(True, False),
+                              pv_wait=(1, 2, 4, 8), q_in_kernel=(True, False), pair_ring=(True, False)),
 }
 
 

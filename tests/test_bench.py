@@ -317,18 +317,18 @@ def test_profile_set_replaces_fields_of_the_heuristic(capsys, monkeypatch):
     from parity.scenarios import Scenario, make_batch
 
     with pytest.raises(SystemExit):
-        profile.main(["--impl", "torch.fa3", "--shape", "H16_B1_S1024_q1", "--set", "lazy_max=True"])
+        profile.main(["--impl", "torch.fa3", "--shape", "H16_B1_S1024_q1", "--set", "pv_wait=1"])
     assert "--set applies to the jax.pallas_* impls" in capsys.readouterr().err
     batch = make_batch(Scenario("p", seq_lens=(4096, 4096), query_lens=(2, 2), num_heads=16), "bfloat16")
     inp = types.SimpleNamespace(config=batch.config, metadata=batch.metadata)
     seen = {}
     monkeypatch.setattr(bench, "_jax_kernel", lambda impl, tuning, fp8: seen.update(impl=impl, tuning=tuning, fp8=fp8))
-    profile._with_tuning("jax.pallas_mosaic_gpu.fp8", inp, {"lazy_max": True})
+    profile._with_tuning("jax.pallas_mosaic_gpu.fp8", inp, {"pv_wait": 1})
     md = batch.metadata
     base = pallas_mosaic_gpu.heuristic_config(batch.config.replace(kv_cache_dtype="fp8_e4m3"), md.num_decode_tokens,
                                               md.max_blocks, num_reqs=md.num_reqs, max_query_len=md.max_query_len)
-    assert not base.lazy_max
-    assert seen == dict(impl="pallas_mosaic_gpu", tuning=dataclasses.replace(base, lazy_max=True), fp8=True)
+    assert base.pv_wait != 1
+    assert seen == dict(impl="pallas_mosaic_gpu", tuning=dataclasses.replace(base, pv_wait=1), fp8=True)
     with pytest.raises(ValueError, match="no field nope"):
         profile._with_tuning("jax.pallas_mosaic_gpu", inp, {"nope": 1})
 
@@ -484,8 +484,8 @@ def test_sweep_refuses_unknown_fields_and_shapes(capsys):
         main(["--impl", "pallas_mosaic_gpu", "--fields", "none", "--rounds", "0"])
     assert "--rounds must be >= 1, got 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # a value the field does not take
-        main(["--impl", "pallas_mosaic_gpu", "--fields", "schedule=pingpong"])
-    assert "schedule=pingpong is not one of schedule's values" in capsys.readouterr().err
+        main(["--impl", "pallas_mosaic_gpu", "--fields", "pv_wait=3"])
+    assert "pv_wait=3 is not one of pv_wait's values" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # relative values (x2, =1) cannot be narrowed
         main(["--impl", "pallas_mosaic_gpu", "--fields", "num_splits=2"])
     assert "num_splits=2 is not one of" in capsys.readouterr().err
@@ -504,8 +504,8 @@ def test_sweep_times_the_relative_split_counts_beside_other_fields():
     # from the heuristic's pick at H = 16 q_len 1 / 2 (transposed_pv needs transposed scores): the plain path
     both = MosaicConfig(transposed_scores=True, transposed_pv=True)
     assert list(variants(both, {"transposed_scores": (False,)}))[1] == ("transposed_scores=False", MosaicConfig())
-    narrowed = sweep_spec("pallas_mosaic_gpu", ["num_splits", "schedule"], {"schedule": "split"})
-    assert narrowed == {"schedule": ("split",), "num_splits": "x0.5,x2,=1"}
+    narrowed = sweep_spec("pallas_mosaic_gpu", ["num_splits", "pv_wait"], {"pv_wait": "1"})
+    assert narrowed == {"pv_wait": (1,), "num_splits": "x0.5,x2,=1"}
 
 
 def test_triton_sass_compiles_the_triton_kernel_for_sm90_here(capsys):

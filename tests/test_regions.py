@@ -46,8 +46,8 @@ def test_summarize_by_warpgroup_index():
 
 
 def test_parse_sets():
-    assert regions.parse_sets("p_in_kv=True,num_splits=2,schedule=split,pdl=False") == {
-        "p_in_kv": True, "num_splits": 2, "schedule": "split", "pdl": False}
+    assert regions.parse_sets("kv_halves=True,num_splits=2,pv_wait=1,pair_ring=False") == {
+        "kv_halves": True, "num_splits": 2, "pv_wait": 1, "pair_ring": False}
     with pytest.raises(ValueError, match="'num_splits'"):
         regions.parse_sets("num_splits")
 
