@@ -499,41 +499,58 @@ def _convert_q_in_place(ref, first: int, count: int, permute: bool):
                 item(local)
 
 
+LAUNCH_ORDERS = ("requests_first", "heads_first")
+TRANSPOSES = ("none", "scores", "scores_and_pv")
+
+
 @dataclasses.dataclass(frozen=True)
 class MosaicConfig:
-    """Tuning of the Mosaic GPU kernel (heuristic_config picks it)."""
+    """Tuning of the Mosaic GPU kernel; heuristic_config picks it, and a field has no effect where its path cannot
+    run (the wrapper decides which paths run for the problem: _plan)."""
 
     num_splits: int = 1
-    transposed_scores: bool = False
-    transposed_pv: bool = False
-    heads_fastest: bool = False
-    kv_halves: bool = False
-    pv_registers: bool = False
-    pv_wait: int = 4
+    """KV splits a request's keys are cut into (flash-decoding); above 1 a combine kernel merges fp32 partials."""
+    launch_order: str = "requests_first"
+    """The grid's fastest axis: "heads_first" launches a request's head tiles together so the second reads each KV
+    step from L2 (1.06-1.11x at H = 128); "requests_first" the requests."""
+    transpose: str = "none"
+    """The tile's layout where it uses at most 32 of its 64 rows: "scores" computes S^T = K Q^T (4x less tensor work
+    at 16 rows), "scores_and_pv" also O^T = V^T P^T (1.03-1.13x over "scores" at 16 and 32 rows)."""
+    warpgroup_halves: bool = False
+    """(fp8, "scores_and_pv" at 16 or 32 rows) each compute warpgroup runs whole steps on its own half of the
+    split's KV steps, two step chains a CTA (1.19x at H = 16, q_len 1)."""
+    v_from_ring: bool = False
+    """(with warpgroup_halves, compiled) P @ V's V^T loaded from the fp8 ring into registers, no f16 copy of V,
+    which frees a second ring slot a warpgroup (1.07x where a split has 32 steps or more)."""
+    pv_in_flight: int = 4
+    """(with v_from_ring) P @ V chunks left running as the next is issued (1 at 32 rows, where registers bind)."""
     q_in_kernel: bool = False
-    pair_ring: bool = False
+    """(fp8 with a bf16 q, compiled) q converted to f16 inside the kernel rather than by an XLA op before it."""
+    ring_pairs: bool = False
+    """(with v_from_ring, pages of a multiple of 16 tokens) the fp8 ring holds two tokens a row, so each TMA moves
+    whole 128-byte lines (1.01-1.02x at 16 rows on the H100)."""
 
     def __post_init__(self):
-        for name in ("num_splits", "pv_wait"):
+        for name in ("num_splits", "pv_in_flight"):
             x = getattr(self, name)
             if isinstance(x, bool) or not isinstance(x, int):
                 raise ValueError(f"{name} must be an int, got {name}={x!r}")
-        for name in ("transposed_scores", "transposed_pv", "heads_fastest", "kv_halves", "pv_registers",
-                     "q_in_kernel", "pair_ring"):
+        for name in ("warpgroup_halves", "v_from_ring", "q_in_kernel", "ring_pairs"):
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
-        if self.kv_halves and not self.transposed_pv:
-            raise ValueError(f"kv_halves=True needs transposed_pv=True (it runs where the scores and P @ V are "
-                             f"transposed), got transposed_pv={self.transposed_pv}")
-        if self.transposed_pv and not self.transposed_scores:
-            raise ValueError("transposed_pv=True needs transposed_scores=True (P^T is the transposed scores' P), "
-                             f"got transposed_scores={self.transposed_scores}")
+        if self.launch_order not in LAUNCH_ORDERS:
+            raise ValueError(f"launch_order must be one of {LAUNCH_ORDERS}, got launch_order={self.launch_order!r}")
+        if self.transpose not in TRANSPOSES:
+            raise ValueError(f"transpose must be one of {TRANSPOSES}, got transpose={self.transpose!r}")
         if self.num_splits < 1:
             raise ValueError(f"num_splits must be >= 1, got num_splits={self.num_splits}")
-        if not 1 <= self.pv_wait <= KV_LORA_RANK // 64:
-            raise ValueError(f"pv_wait must be in [1, {KV_LORA_RANK // 64}] (P @ V chunks in flight), got "
-                             f"pv_wait={self.pv_wait}")
+        if not 1 <= self.pv_in_flight <= KV_LORA_RANK // 64:
+            raise ValueError(f"pv_in_flight must be in [1, {KV_LORA_RANK // 64}] (P @ V chunks), got "
+                             f"pv_in_flight={self.pv_in_flight}")
+        if self.warpgroup_halves and self.transpose != "scores_and_pv":
+            raise ValueError(f"warpgroup_halves=True runs where the scores and P @ V are transposed: it needs "
+                             f"transpose='scores_and_pv', got transpose={self.transpose!r}")
 
 
 def _tile_geometry(num_heads: int) -> tuple[int, int, int]:
@@ -658,10 +675,12 @@ def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_re
     # session 36's (1.04x, 1.02x); at 32 rows 0.93x (H16 B64 S4096 q2, 86.0 -> 92.8: more spills), so not there.
     # Not yet timed on the H200.
     pair_ring = pv_registers and rows == TRANSPOSED_PV_ROWS[0] and pair_ring_fits(config.page_size)
+    transposed_scores = rows <= TRANSPOSED_MAX_ROWS or transposed_pv
     return MosaicConfig(num_splits=num_splits,
-                        transposed_scores=rows <= TRANSPOSED_MAX_ROWS or transposed_pv, transposed_pv=transposed_pv,
-                        heads_fastest=heads_fastest, kv_halves=kv_halves, pv_registers=pv_registers, pv_wait=pv_wait,
-                        pair_ring=pair_ring, q_in_kernel=fp8 and num_tokens <= Q_IN_KERNEL_MAX_TOKENS)
+                        launch_order="heads_first" if heads_fastest else "requests_first",
+                        transpose="scores_and_pv" if transposed_pv else "scores" if transposed_scores else "none",
+                        warpgroup_halves=kv_halves, v_from_ring=pv_registers, pv_in_flight=pv_wait,
+                        ring_pairs=pair_ring, q_in_kernel=fp8 and num_tokens <= Q_IN_KERNEL_MAX_TOKENS)
 
 
 def tma_windows(shape) -> list[tuple[tuple[int, int], ...]]:
@@ -2021,9 +2040,10 @@ def _kv_halves_runs(tuning: MosaicConfig, fp8: bool, num_heads: int, max_query_l
     cache, transposed_pv at 16 or 32 rows (at 32 only where pv_registers runs, compiled: V's f16 copies do not fit
     beside q's 32 rows; interpret mode, with no shared-memory limit, runs it with the copies)."""
     _, hp, tpt = _tile_geometry(num_heads)
-    score_rows = hp * min(tpt, max(1, max_query_len)) if tuning.transposed_scores else BLOCK_H
-    kv_halves = (tuning.kv_halves and fp8 and tuning.transposed_pv and score_rows in TRANSPOSED_PV_ROWS
-                 and (score_rows == TRANSPOSED_PV_ROWS[0] or interpret or tuning.pv_registers))
+    score_rows = hp * min(tpt, max(1, max_query_len)) if tuning.transpose != "none" else BLOCK_H
+    kv_halves = (tuning.warpgroup_halves and fp8 and tuning.transpose == "scores_and_pv"
+                 and score_rows in TRANSPOSED_PV_ROWS
+                 and (score_rows == TRANSPOSED_PV_ROWS[0] or interpret or tuning.v_from_ring))
     return bool(kv_halves), score_rows
 
 
@@ -2055,8 +2075,9 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     num_splits = tuning.num_splits
     if metadata.max_num_splits > 0:
         num_splits = min(num_splits, metadata.max_num_splits)
-    if tuning.heads_fastest and num_reqs * q_tiles > MAX_GRID_YZ:
-        raise NotImplementedError(f"heads_fastest=True puts the requests x query tiles on CUDA's z axis (at most "
+    heads_fastest = tuning.launch_order == "heads_first"
+    if heads_fastest and num_reqs * q_tiles > MAX_GRID_YZ:
+        raise NotImplementedError(f"launch_order='heads_first' puts the requests x query tiles on CUDA's z axis (at most "
                                   f"{MAX_GRID_YZ}), got {num_reqs} x {q_tiles} = {num_reqs * q_tiles}")
 
     # transposed scores: the tile's rows in use (hp heads x the tokens a tile can hold), when fewer than 64
@@ -2072,9 +2093,9 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     # (interpret mode runs kv_halves's registers path unpermuted, with V's f16 copies: the interpreter has no rule for
     # inline_mgpu, the registers' view, nor for a wgmma's left operand in registers)
     qk_permuted = kv_halves and not interpret
-    pv_registers = qk_permuted and tuning.pv_registers
+    pv_registers = qk_permuted and tuning.v_from_ring
     # (pair_ring: the cache two tokens a row, a free reshape; pages of a multiple of 16 rows, else the default ring)
-    pair_ring = pv_registers and tuning.pair_ring and pair_ring_fits(page_size)
+    pair_ring = pv_registers and tuning.ring_pairs and pair_ring_fits(page_size)
     if qk_permuted and not q_bits:  # (the scores' wgmmas see K's columns permuted: q's the same way; fused with q's
         # f16 conversion; q_bits: in the kernel's conversion)
         q = q[..., QK_PERM]
@@ -2083,8 +2104,9 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         heads=heads, hp=hp, num_h_tiles=num_h_tiles, q_tiles=q_tiles, num_reqs=num_reqs, num_splits=num_splits,
         bt_chunk=bt_chunk, scale_log2=config.softmax_scale * LOG2E,
         score_rows=score_rows if score_rows < BLOCK_H else 0, fp8=fp8, interpret=interpret,
-        transposed_pv=tuning.transposed_pv and score_rows in TRANSPOSED_PV_ROWS, heads_fastest=tuning.heads_fastest,
-        kv_halves=kv_halves, pv_registers=pv_registers, pv_wait=tuning.pv_wait, pair_ring=pair_ring, q_bits=q_bits,
+        transposed_pv=tuning.transpose == "scores_and_pv" and score_rows in TRANSPOSED_PV_ROWS,
+        heads_fastest=heads_fastest, kv_halves=kv_halves, pv_registers=pv_registers, pv_wait=tuning.pv_in_flight,
+        pair_ring=pair_ring, q_bits=q_bits,
     )
     if pair_ring:
         kv_cache = kv_cache.reshape(kv_cache.shape[0], page_size // 2, 2 * kv_cache.shape[2])

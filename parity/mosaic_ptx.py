@@ -9,11 +9,11 @@ kernel is never loaded. Needs, beside the project: the plugin (`pip install jax-
 jax-cuda13-pjrt, about 140 MB, no NVIDIA libraries; in a venv of its own, so that the tests' JAX sees no CUDA
 plugin), gcc, and a ptxas (the first on PATH, else under /usr/local/cuda*, else Triton's; the
 plugin picks the PTX ISA version that ptxas reads: CUDA 13's gives the GPU machine's PTX). Checked against the GPU
-machine: for the kernel source of session 30's first call (the heuristic at H16 B128 S16384 fp8) this gives the PTX
+machine: for one recorded kernel source (the heuristic at H16 B128 S16384 fp8) this gives the PTX
 that call dumped there, line for line but the debug locations, and CUDA 13.0's ptxas here the same report (240
 registers, no spills).
 
-    python -m parity.mosaic_ptx --shape H16_B128_S16384_q1 --fp8 --set lazy_max=True --out /tmp/ptx
+    python -m parity.mosaic_ptx --shape H16_B128_S16384_q1 --fp8 --set pv_in_flight=1 --out /tmp/ptx
     python -m parity.mosaic_ptx --grid fp8 --fp8
 
 writes <out>/<shape>[-fp8][-<set>].ptx.gz and .ptxas per kernel and prints ptxas's registers, spills and its

@@ -1,7 +1,7 @@
 """python -m parity.regions: where the Mosaic GPU kernel's steps go, per warpgroup, from the Mosaic GPU
 profiler (GPU only):
 
-    python -m parity.regions --shapes H128_B32_S4096_q2 --set p_in_kv=True --space 240 --json r.json
+    python -m parity.regions --shapes H16_B32_S16384_q1 --fp8 --space 240 --json r.json
 
 The kernel's phases are `jax.named_scope` regions (kv_wait, qk, p_free_wait, pv, p_ready_wait, deq_wait,
 dequant; mla_jax.pallas_mosaic_gpu's docstring). With `plgpu.CompilerParams(profile_space=..., profile_dir=...)`
@@ -14,7 +14,7 @@ Traces are grouped by warpgroup (the profiler numbers a block's warpgroups' trac
 id = 1 + warpgroup + warpgroups x block), and each region's mean is its own total over its own count, so
 warpgroups that record different numbers of steps (the buffer fills after fewer steps for a warpgroup with
 more regions a step) are not mixed. The shared memory the buffer takes must fit beside the kernel's (at H = 128 the q tile
-and two stages leave none: `--set p_in_kv=True` frees 7 KiB, ~240 ranges).
+and two stages leave none for it).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def summarize(trace: dict, warpgroups: int | None = None) -> dict:
 
 
 def parse_sets(text: str) -> dict:
-    """'p_in_kv=True,num_splits=2,schedule=split' -> {'p_in_kv': True, 'num_splits': 2, 'schedule': 'split'}."""
+    """'num_splits=2,transpose=scores' -> {'num_splits': 2, 'transpose': 'scores'}."""
     out = {}
     for item in filter(None, text.split(",")):
         field, sep, value = item.partition("=")
@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m parity.regions", description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", required=True, help="comma-separated shape names such as H128_B32_S4096_q2")
     p.add_argument("--set", dest="sets", type=parse_sets, default={},
-                   help="MosaicConfig fields replaced in the heuristic's pick, e.g. p_in_kv=True,num_splits=2")
+                   help="MosaicConfig fields replaced in the heuristic's pick, e.g. transpose=scores,num_splits=2")
     p.add_argument("--space", type=int, default=240, help="profile_space: ranges a warpgroup (default 240)")
     p.add_argument("--fp8", action="store_true", help="on an fp8_e4m3 copy of the cache")
     p.add_argument("--json")

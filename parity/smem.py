@@ -3,7 +3,7 @@ counts it when it lowers the kernel for an H200 (on any machine: the lowering ne
 (232448 bytes) a Hopper block may opt into. A design aid (what a new buffer would leave), not a test.
 
   python -m parity.smem --heads 128
-  python -m parity.smem --heads 16 --fp8 --set transposed_scores=True,transposed_pv=True
+  python -m parity.smem --heads 16 --fp8 --set transpose=scores_and_pv
 
 The tuning is the heuristic's pick for the problem, with --set's fields replaced (as parity.sweep's --set).
 """
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     p.add_argument("--page-size", type=int, default=64)
     p.add_argument("--fp8", action="store_true", help="an fp8_e4m3 cache")
     p.add_argument("--set", default="", help="MosaicConfig fields replaced in the heuristic's pick, e.g. "
-                                             "transposed_scores=True,transposed_pv=True")
+                                             "transpose=scores_and_pv,num_splits=2")
     args = p.parse_args(argv)
     sets = parse_sets(args.set)
     nbytes, tuning = kernel_smem_bytes(args.heads, args.q_len, args.page_size, args.fp8, sets)

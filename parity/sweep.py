@@ -13,7 +13,7 @@ keeps the median of its R times (all R in the JSON as round_seconds): a slow spe
 GPU then falls on every variant alike instead of on whichever ran during it.
 
 --cooldown S: the GPU idles S seconds before each timing, so no variant is timed right after
-another one's (or FA3's) heat (the bench's --cooldown; session 13: the fp8 Mosaic kernel ran
+another one's (or FA3's) heat (the bench's --cooldown: the fp8 Mosaic kernel ran
 1.16x slower right after FA3's timing than after 3 s idle).
 """
 
@@ -40,10 +40,10 @@ SHAPES = [
 VARIANTS = {
     "pallas_triton": dict(block_kv=(16, 32, 64, 128), num_warps=(4, 8), num_stages=(1, 2, 3, 4), num_splits="x0.5,x2",
                           block_h=(32, 64), block_q=(1, 2)),
-    "pallas_mosaic_gpu": dict(num_splits="x0.5,x2,=1", transposed_scores=(True, False),
-                              transposed_pv=(True, False), heads_fastest=(True, False),
-                              kv_halves=(True, False), pv_registers=(True, False),
-                              pv_wait=(1, 2, 4, 8), q_in_kernel=(True, False), pair_ring=(True, False)),
+    "pallas_mosaic_gpu": dict(num_splits="x0.5,x2,=1", launch_order=("requests_first", "heads_first"),
+                              transpose=("none", "scores", "scores_and_pv"), warpgroup_halves=(True, False),
+                              v_from_ring=(True, False), pv_in_flight=(1, 2, 4, 8), q_in_kernel=(True, False),
+                              ring_pairs=(True, False)),
 }
 
 
@@ -89,7 +89,7 @@ def sweep_spec(impl: str, fields, narrowed: dict) -> dict:
 
 # A field that needs another: turning the other off turns it off too (transposed_scores=False with the heuristic's
 # transposed_pv is the plain path, not an invalid combination skipped).
-DEPENDENTS = {"transposed_scores": ("transposed_pv",)}
+DEPENDENTS = {"transpose": ("warpgroup_halves",)}
 
 
 def variants(base, spec: dict):
@@ -100,7 +100,7 @@ def variants(base, spec: dict):
             cur = getattr(base, field)
             values = [max(1, int(cur * float(v[1:]))) if v[0] == "x" else int(v[1:]) for v in values.split(",")]
         for v in values:
-            off = {d: False for d in DEPENDENTS.get(field, ()) if v is False and hasattr(base, d)}
+            off = {d: False for d in DEPENDENTS.get(field, ()) if v in (False, "none", "scores") and hasattr(base, d)}
             try:
                 t = dataclasses.replace(base, **{field: v}, **off)
             except ValueError:  # an invalid combination for this shape

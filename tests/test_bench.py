@@ -317,18 +317,18 @@ def test_profile_set_replaces_fields_of_the_heuristic(capsys, monkeypatch):
     from parity.scenarios import Scenario, make_batch
 
     with pytest.raises(SystemExit):
-        profile.main(["--impl", "torch.fa3", "--shape", "H16_B1_S1024_q1", "--set", "pv_wait=1"])
+        profile.main(["--impl", "torch.fa3", "--shape", "H16_B1_S1024_q1", "--set", "pv_in_flight=1"])
     assert "--set applies to the jax.pallas_* impls" in capsys.readouterr().err
     batch = make_batch(Scenario("p", seq_lens=(4096, 4096), query_lens=(2, 2), num_heads=16), "bfloat16")
     inp = types.SimpleNamespace(config=batch.config, metadata=batch.metadata)
     seen = {}
     monkeypatch.setattr(bench, "_jax_kernel", lambda impl, tuning, fp8: seen.update(impl=impl, tuning=tuning, fp8=fp8))
-    profile._with_tuning("jax.pallas_mosaic_gpu.fp8", inp, {"pv_wait": 1})
+    profile._with_tuning("jax.pallas_mosaic_gpu.fp8", inp, {"pv_in_flight": 1})
     md = batch.metadata
     base = pallas_mosaic_gpu.heuristic_config(batch.config.replace(kv_cache_dtype="fp8_e4m3"), md.num_decode_tokens,
                                               md.max_blocks, num_reqs=md.num_reqs, max_query_len=md.max_query_len)
-    assert base.pv_wait != 1
-    assert seen == dict(impl="pallas_mosaic_gpu", tuning=dataclasses.replace(base, pv_wait=1), fp8=True)
+    assert base.pv_in_flight != 1
+    assert seen == dict(impl="pallas_mosaic_gpu", tuning=dataclasses.replace(base, pv_in_flight=1), fp8=True)
     with pytest.raises(ValueError, match="no field nope"):
         profile._with_tuning("jax.pallas_mosaic_gpu", inp, {"nope": 1})
 
@@ -400,8 +400,8 @@ def test_cooldown_is_seconds_at_least_zero():
 
 
 def test_cooldown_idles_before_each_rows_timed_launches(monkeypatch):
-    """--cooldown S: every row's timed launches come S seconds of idle after whatever ran before (session 13:
-    right after FA3's timing the fp8 Mosaic kernel ran 1.16x slower than after 3 s idle); off, nothing sleeps."""
+    """--cooldown S: every row's timed launches come S seconds of idle after whatever ran before (right
+    after FA3's timing the fp8 Mosaic kernel ran 1.16x slower than after 3 s idle); off, nothing sleeps."""
     _fake_bench(monkeypatch, "torch.fa3", "jax.pallas_mosaic_gpu")
     events = []
     monkeypatch.setattr(bench.time, "sleep", lambda s: events.append(("sleep", s)))
@@ -484,28 +484,28 @@ def test_sweep_refuses_unknown_fields_and_shapes(capsys):
         main(["--impl", "pallas_mosaic_gpu", "--fields", "none", "--rounds", "0"])
     assert "--rounds must be >= 1, got 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # a value the field does not take
-        main(["--impl", "pallas_mosaic_gpu", "--fields", "pv_wait=3"])
-    assert "pv_wait=3 is not one of pv_wait's values" in capsys.readouterr().err
+        main(["--impl", "pallas_mosaic_gpu", "--fields", "pv_in_flight=3"])
+    assert "pv_in_flight=3 is not one of pv_in_flight's values" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # relative values (x2, =1) cannot be narrowed
         main(["--impl", "pallas_mosaic_gpu", "--fields", "num_splits=2"])
     assert "num_splits=2 is not one of" in capsys.readouterr().err
 
 
 def test_sweep_times_the_relative_split_counts_beside_other_fields():
-    """--fields num_splits,transposed_scores: the split counts x0.5, x2 and 1 of the heuristic's, then the other
-    score layout (session 9 found the relative spec split into characters, every split count dropped)."""
+    """--fields num_splits,transpose: the split counts x0.5, x2 and 1 of the heuristic's, then the other layouts."""
     from mla_jax.pallas_mosaic_gpu import MosaicConfig
     from parity.sweep import sweep_spec, variants
 
-    spec = sweep_spec("pallas_mosaic_gpu", ["num_splits", "transposed_scores"], {})
-    assert spec == {"num_splits": "x0.5,x2,=1", "transposed_scores": (True, False)}
-    labels = [label for label, _ in variants(MosaicConfig(num_splits=4, transposed_scores=True), spec)]
-    assert labels == ["heuristic", "num_splits=2", "num_splits=8", "num_splits=1", "transposed_scores=False"]
-    # from the heuristic's pick at H = 16 q_len 1 / 2 (transposed_pv needs transposed scores): the plain path
-    both = MosaicConfig(transposed_scores=True, transposed_pv=True)
-    assert list(variants(both, {"transposed_scores": (False,)}))[1] == ("transposed_scores=False", MosaicConfig())
-    narrowed = sweep_spec("pallas_mosaic_gpu", ["num_splits", "pv_wait"], {"pv_wait": "1"})
-    assert narrowed == {"pv_wait": (1,), "num_splits": "x0.5,x2,=1"}
+    spec = sweep_spec("pallas_mosaic_gpu", ["num_splits", "transpose"], {})
+    assert spec == {"num_splits": "x0.5,x2,=1", "transpose": ("none", "scores", "scores_and_pv")}
+    labels = [label for label, _ in variants(MosaicConfig(num_splits=4, transpose="scores"), spec)]
+    assert labels == ["heuristic", "num_splits=2", "num_splits=8", "num_splits=1", "transpose=none",
+                      "transpose=scores_and_pv"]
+    # from the fp8 heuristic's pick at H = 16 q_len 1 (warpgroup_halves needs both transposed): the plain path
+    both = MosaicConfig(transpose="scores_and_pv", warpgroup_halves=True)
+    assert list(variants(both, {"transpose": ("none",)}))[1] == ("transpose=none", MosaicConfig())
+    narrowed = sweep_spec("pallas_mosaic_gpu", ["num_splits", "pv_in_flight"], {"pv_in_flight": "1"})
+    assert narrowed == {"pv_in_flight": (1,), "num_splits": "x0.5,x2,=1"}
 
 
 def test_triton_sass_compiles_the_triton_kernel_for_sm90_here(capsys):

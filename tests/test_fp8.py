@@ -268,43 +268,43 @@ def test_fa3_still_refuses_fp8_with_the_seed_message():
 # transposed scores with 3 splits, H = 128 at page 64 in fp16 (two head tiles a token)
 MOSAIC_FP8_CASES = [
     ("spec_decode_page_16", "bfloat16", None),
-    ("spec_decode_page_16", "bfloat16", dict(num_splits=3, transposed_scores=True)),
+    ("spec_decode_page_16", "bfloat16", dict(num_splits=3, transpose="scores")),
     ("heads_128", "float16", dict(num_splits=2)),
     ("contiguous_blocks", "bfloat16", dict(num_splits=2)),
     # the next step converted under this one's P @ V (transposed scores of at most 32 rows): H = 16 at q_len 1 (16
     # rows) in fp16, with 4 splits, at q_len 2 (32 rows); H = 8 (8 rows)
-    ("page_size_16", "float16", dict(transposed_scores=True)),
-    ("decode_mixed_lengths", "bfloat16", dict(num_splits=4, transposed_scores=True)),
-    ("contiguous_blocks", "bfloat16", dict(transposed_scores=True)),
-    ("decode_q2_page_32", "float16", dict(num_splits=2, transposed_scores=True)),
-    ("heads_8_page_8", "bfloat16", dict(transposed_scores=True)),
-    ("heads_8_page_8", "bfloat16", dict(num_splits=2, transposed_scores=True)),
+    ("page_size_16", "float16", dict(transpose="scores")),
+    ("decode_mixed_lengths", "bfloat16", dict(num_splits=4, transpose="scores")),
+    ("contiguous_blocks", "bfloat16", dict(transpose="scores")),
+    ("decode_q2_page_32", "float16", dict(num_splits=2, transpose="scores")),
+    ("heads_8_page_8", "bfloat16", dict(transpose="scores")),
+    ("heads_8_page_8", "bfloat16", dict(num_splits=2, transpose="scores")),
     # P @ V transposed too (transposed_pv): 16 rows with splits, 32 rows
-    ("page_size_16", "float16", dict(num_splits=2, transposed_scores=True, transposed_pv=True)),
-    ("decode_q2_page_32", "bfloat16", dict(transposed_scores=True, transposed_pv=True)),
+    ("page_size_16", "float16", dict(num_splits=2, transpose="scores_and_pv")),
+    ("decode_q2_page_32", "bfloat16", dict(transpose="scores_and_pv")),
     # the heuristic's pick at H = 8, q_len 2 (16 rows)
     ("heads_8_q2", "bfloat16", None),
     # each warpgroup its own half of a split's steps (kv_halves): 16 rows at page 16 with 2 splits, pages of 64
     # (one step a page) with 3 splits (a warpgroup with no step where a split has one), page 8 at H = 8 with q_len 2
     # (16 rows, two tokens: causal masks), one split in fp16, pages of two steps, and each warpgroup's block table
     # past its first chunk (page 8, one split: warpgroup 0 crosses from chunk 0 to 1, warpgroup 1 from 1 to 2)
-    ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True)),
-    ("decode_mixed_lengths", "float16", dict(num_splits=3, transposed_scores=True, transposed_pv=True, kv_halves=True)),
-    ("heads_8_q2", "bfloat16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True)),
-    ("contiguous_blocks", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True)),
-    ("page_128", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True)),
-    ("long_page_8", "bfloat16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True)),
+    ("page_size_16", "bfloat16", dict(num_splits=2, transpose="scores_and_pv", warpgroup_halves=True)),
+    ("decode_mixed_lengths", "float16", dict(num_splits=3, transpose="scores_and_pv", warpgroup_halves=True)),
+    ("heads_8_q2", "bfloat16", dict(transpose="scores_and_pv", warpgroup_halves=True)),
+    ("contiguous_blocks", "float16", dict(transpose="scores_and_pv", warpgroup_halves=True)),
+    ("page_128", "bfloat16", dict(num_splits=2, transpose="scores_and_pv", warpgroup_halves=True)),
+    ("long_page_8", "bfloat16", dict(transpose="scores_and_pv", warpgroup_halves=True)),
     # P @ V's left operand from the fp8 slot too, two slots a warpgroup (pv_registers; compiled only: interpret mode
     # runs V's f16 copies): 2 splits at page 16, pages of two steps
-    ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True, pv_registers=True)),
-    ("page_128", "float16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True, pv_registers=True)),
+    ("page_size_16", "bfloat16", dict(num_splits=2, transpose="scores_and_pv", warpgroup_halves=True, v_from_ring=True)),
+    ("page_128", "float16", dict(num_splits=2, transpose="scores_and_pv", warpgroup_halves=True, v_from_ring=True)),
     # kv_halves at 32 rows (H = 16 at q_len 2, H = 32 at q_len 1, H = 8 at q_len 4), where it needs pv_registers
     # (interpret mode: V's copies): 2 splits at page 32 (a q_len-1 request beside q_len-2 ones), block tables past a
     # chunk at page 16 in fp16, H = 32 with 3 splits, H = 8 with four tokens a tile (2 splits)
-    ("decode_q2_page_32", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True, pv_registers=True, pv_wait=1)),
-    ("long_q2_page_16", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, pv_registers=True, pv_wait=2)),
-    ("heads_32", "bfloat16", dict(num_splits=3, transposed_scores=True, transposed_pv=True, kv_halves=True, pv_registers=True)),
-    ("heads_8_q4", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True, pv_registers=True, pv_wait=1)),
+    ("decode_q2_page_32", "bfloat16", dict(num_splits=2, transpose="scores_and_pv", warpgroup_halves=True, v_from_ring=True, pv_in_flight=1)),
+    ("long_q2_page_16", "float16", dict(transpose="scores_and_pv", warpgroup_halves=True, v_from_ring=True, pv_in_flight=2)),
+    ("heads_32", "bfloat16", dict(num_splits=3, transpose="scores_and_pv", warpgroup_halves=True, v_from_ring=True)),
+    ("heads_8_q4", "bfloat16", dict(num_splits=2, transpose="scores_and_pv", warpgroup_halves=True, v_from_ring=True, pv_in_flight=1)),
     # the default fp8 path at H = 128 with a bf16 q, 2 splits
     ("heads_128", "bfloat16", dict(num_splits=2)),
 ]
@@ -345,9 +345,9 @@ def test_mosaic_gpu_fp8_no_data_races_and_through_the_api():
 
     params = pallas_mosaic_gpu.plgpu.InterpretGPUParams(detect_races=True)
     for name, tuning in [("spec_decode_page_16", dict(num_splits=2)),
-                         ("page_size_16", dict(num_splits=2, transposed_scores=True)),
-                         ("page_size_16", dict(num_splits=2, transposed_scores=True, transposed_pv=True,
-                                               kv_halves=True))]:
+                         ("page_size_16", dict(num_splits=2, transpose="scores")),
+                         ("page_size_16", dict(num_splits=2, transpose="scores_and_pv",
+                                               warpgroup_halves=True))]:
         _mosaic_fp8(name, "bfloat16", tuning, interpret=params)
         assert not ipc.get_races().races_found, (name, tuning)
     # through mla_jax.mla_decode, k_scale traced under jit. A bf16 q is converted to f16 inside the same CPU
@@ -402,7 +402,7 @@ def _check_fp8_nan_in_one_head(interpret, **extra):
     batch, k_scale, ref_out, ref_lse = fp8_batch_and_reference("page_size_16", "bfloat16")
     q, kv, md = jax_inputs(batch, "bfloat16")
     q = q.at[0, 3, 0].set(jnp.nan)
-    tuning = pallas_mosaic_gpu.MosaicConfig(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
+    tuning = pallas_mosaic_gpu.MosaicConfig(num_splits=2, transpose="scores_and_pv", warpgroup_halves=True,
                                             **extra)
     out, lse = pallas_mosaic_gpu.mla_decode(q, None, kv, md, batch.config, tuning=tuning, interpret=interpret,
                                             k_scale=k_scale)
@@ -429,28 +429,28 @@ def test_mosaic_gpu_fp8_kv_halves_nan_in_one_head_compiled():
 @pytest.mark.gpu
 def test_mosaic_gpu_fp8_pv_registers_nan_in_one_head_compiled():
     _skip_without_hopper()
-    _check_fp8_nan_in_one_head(interpret=False, pv_registers=True)
+    _check_fp8_nan_in_one_head(interpret=False, v_from_ring=True)
 
 
 @pytest.mark.parametrize("num_heads,tuning", [(16, None), (128, dict(num_splits=2)),
                                               (16, dict(num_splits=1)),
-                                              (16, dict(num_splits=1, transposed_scores=True)),
-                                              (16, dict(num_splits=2, transposed_scores=True)),
-                                              (16, dict(num_splits=2, transposed_scores=True, transposed_pv=True)),
+                                              (16, dict(num_splits=1, transpose="scores")),
+                                              (16, dict(num_splits=2, transpose="scores")),
+                                              (16, dict(num_splits=2, transpose="scores_and_pv")),
                                               # (kv_halves at H = 8: 16 rows at q_len 2, where it runs)
-                                              (8, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
-                                                       kv_halves=True)),
-                                              (8, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
-                                                       kv_halves=True, pv_registers=True)),
+                                              (8, dict(num_splits=2, transpose="scores_and_pv",
+                                                       warpgroup_halves=True)),
+                                              (8, dict(num_splits=2, transpose="scores_and_pv",
+                                                       warpgroup_halves=True, v_from_ring=True)),
                                               # (kv_halves at 32 rows: H = 16 at q_len 2, with pv_registers; one
                                               # split: the bf16 stage)
-                                              (16, dict(num_splits=1, transposed_scores=True, transposed_pv=True,
-                                                        kv_halves=True, pv_registers=True, pv_wait=1)),
+                                              (16, dict(num_splits=1, transpose="scores_and_pv",
+                                                        warpgroup_halves=True, v_from_ring=True, pv_in_flight=1)),
                                               # (H = 128 with one split: the final stage in the output's dtype)
                                               (128, dict(num_splits=1)),
                                               # (H = 64: the plain scores' 64-row tile, a head a row)
                                               (64, dict(num_splits=2)),
-                                              (8, None), (8, dict(num_splits=2, transposed_scores=True))])
+                                              (8, None), (8, dict(num_splits=2, transpose="scores"))])
 def test_mosaic_gpu_fp8_lowers_for_cuda(num_heads, tuning):
     """The fp8 ring (8 x 64 tiles, 64-byte swizzle), its WGMMA-layout loads and the conversion lower for CUDA."""
     from mla_jax import pallas_mosaic_gpu
@@ -478,7 +478,7 @@ def _skip_without_hopper():
 
 # the heuristic's kv_halves path (pv_registers) at splits of one step or none (warpgroup 1 idle), without and with
 # q_in_kernel
-KV_HALVES_ONE_STEP = dict(num_splits=16, transposed_scores=True, transposed_pv=True, kv_halves=True, pv_registers=True)
+KV_HALVES_ONE_STEP = dict(num_splits=16, transpose="scores_and_pv", warpgroup_halves=True, v_from_ring=True)
 COMPILED_FP8_CASES = (MOSAIC_FP8_CASES
                       + [("decode_mixed_lengths", "bfloat16", None), ("heads_128_spec", "bfloat16", None),
                          ("decode_mixed_lengths", "bfloat16", KV_HALVES_ONE_STEP),
@@ -495,17 +495,17 @@ def test_mosaic_gpu_fp8_compiled(name, dtype, tuning):
 
 
 @pytest.mark.parametrize("fields, match", [
-    (dict(kv_halves=1), "kv_halves=1"),
-    (dict(kv_halves=True), "kv_halves=True needs .*transposed_pv=False"),
-    (dict(pv_registers=1), "pv_registers=1"),
-    (dict(pv_wait=0), "pv_wait=0"),
-    (dict(pv_wait=9), "pv_wait=9"),
-    (dict(pv_wait=True), "pv_wait=True"),
+    (dict(warpgroup_halves=1), "warpgroup_halves=1"),
+    (dict(warpgroup_halves=True), "warpgroup_halves=True .* got transpose='none'"),
+    (dict(v_from_ring=1), "v_from_ring=1"),
+    (dict(pv_in_flight=0), "pv_in_flight=0"),
+    (dict(pv_in_flight=9), "pv_in_flight=9"),
+    (dict(pv_in_flight=True), "pv_in_flight=True"),
 ])
 def test_kv_halves_config_is_validated(fields, match):
     from mla_jax.pallas_mosaic_gpu import MosaicConfig
 
-    assert MosaicConfig().kv_halves is False
+    assert MosaicConfig().warpgroup_halves is False
     with pytest.raises(ValueError, match=match):
         MosaicConfig(**fields)
 
@@ -590,8 +590,8 @@ def test_kv_halves_has_no_effect_where_it_does_not_apply():
     q = jnp.asarray(batch.q, jnp.float16)
     kv = jnp.asarray(batch.kv_cache, jnp.float16)
     md = mla_jax.to_jax_metadata(batch.metadata)
-    base = dict(num_splits=2, transposed_scores=True, transposed_pv=True)
-    runs = [mg.mla_decode(q, None, kv, md, batch.config, tuning=mg.MosaicConfig(**base, kv_halves=h), interpret=True)
+    base = dict(num_splits=2, transpose="scores_and_pv")
+    runs = [mg.mla_decode(q, None, kv, md, batch.config, tuning=mg.MosaicConfig(**base, warpgroup_halves=h), interpret=True)
             for h in (False, True)]
     for a, b in zip(*runs):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
@@ -619,7 +619,7 @@ def _assert_bitwise(name, dtype, tunings):
 KV_HALVES_BITWISE_SCENARIOS = (("page_size_16", "bfloat16", dict(num_splits=2)), ("heads_8_q2", "bfloat16", {}),
                                ("long_page_8", "bfloat16", {}), ("page_128", "float16", dict(num_splits=2)))
 # the heuristic's kv_halves path without pv_registers
-QK_PERMUTED_TUNING = dict(transposed_scores=True, transposed_pv=True, kv_halves=True)
+QK_PERMUTED_TUNING = dict(transpose="scores_and_pv", warpgroup_halves=True)
 
 
 @pytest.mark.gpu
@@ -632,7 +632,7 @@ def test_mosaic_gpu_fp8_pv_registers_is_bitwise_qk_permuted():
     base = QK_PERMUTED_TUNING
     for name, dtype, extra in KV_HALVES_BITWISE_SCENARIOS:
         t = dict(base, **extra)
-        _assert_bitwise(name, dtype, [t] + [dict(t, pv_registers=True, pv_wait=d) for d in (1, 2, 4, 8)])
+        _assert_bitwise(name, dtype, [t] + [dict(t, v_from_ring=True, pv_in_flight=d) for d in (1, 2, 4, 8)])
 
 
 def _assert_option_bitwise_16_and_32_rows(base: dict, option: dict):
@@ -640,7 +640,7 @@ def _assert_option_bitwise_16_and_32_rows(base: dict, option: dict):
     16 at q_len 2 with a q_len-1 request, 2 splits; H = 8 at q_len 4; one P @ V chunk in flight there)."""
     for name, dtype, extra in KV_HALVES_BITWISE_SCENARIOS + (("decode_q2_page_32", "bfloat16", dict(num_splits=2)),
                                                              ("heads_8_q4", "bfloat16", dict(num_splits=2))):
-        t = dict(base, **extra, pv_wait=1 if name in ("decode_q2_page_32", "heads_8_q4") else 4)
+        t = dict(base, **extra, pv_in_flight=1 if name in ("decode_q2_page_32", "heads_8_q4") else 4)
         _assert_bitwise(name, dtype, [t, dict(t, **option)])
 
 
@@ -653,10 +653,10 @@ def test_mosaic_gpu_fp8_q_in_kernel_is_bitwise():
     (An fp16 q, in two of the scenarios, has nothing to convert: the option does not run there.)"""
     _skip_without_hopper()
     option = dict(q_in_kernel=True)
-    _assert_option_bitwise_16_and_32_rows(dict(QK_PERMUTED_TUNING, pv_registers=True), option)
+    _assert_option_bitwise_16_and_32_rows(dict(QK_PERMUTED_TUNING, v_from_ring=True), option)
     for name, dtype, t in (("page_size_16", "bfloat16", dict(QK_PERMUTED_TUNING, num_splits=2)),
-                           ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True)),
-                           ("decode_q2_page_32", "bfloat16", dict(num_splits=2, transposed_scores=True)),
+                           ("page_size_16", "bfloat16", dict(num_splits=2, transpose="scores")),
+                           ("decode_q2_page_32", "bfloat16", dict(num_splits=2, transpose="scores")),
                            ("heads_128", "bfloat16", dict(num_splits=2)),
                            ("heads_128_spec", "bfloat16", dict(num_splits=1))):
         _assert_bitwise(name, dtype, [t, dict(t, **option)])
@@ -671,12 +671,12 @@ def test_mosaic_gpu_fp8_pair_ring_is_bitwise():
     8: the default ring) and at 32 rows; at pages of 64 (a page a step); and with q_in_kernel, as the heuristic picks
     it beside pv_registers at up to Q_IN_KERNEL_MAX_TOKENS tokens (q converted in its own shared memory tile)."""
     _skip_without_hopper()
-    base = dict(QK_PERMUTED_TUNING, pv_registers=True)
-    _assert_option_bitwise_16_and_32_rows(base, dict(pair_ring=True))
+    base = dict(QK_PERMUTED_TUNING, v_from_ring=True)
+    _assert_option_bitwise_16_and_32_rows(base, dict(ring_pairs=True))
     for name, dtype, extra in (("contiguous_blocks", "bfloat16", {}),
                                ("page_size_16", "bfloat16", dict(num_splits=2, q_in_kernel=True))):
         t = dict(base, **extra)
-        _assert_bitwise(name, dtype, [t, dict(t, pair_ring=True)])
+        _assert_bitwise(name, dtype, [t, dict(t, ring_pairs=True)])
 
 
 def _pair_slot_image() -> np.ndarray:
@@ -779,25 +779,25 @@ def test_pair_ring_lowers_where_pv_registers_runs():
     changed = 0
     for problem in kernel_hash.PROBLEMS:
         base = kernel_hash.problem_tuning(problem)
-        [plain] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, pair_ring=False))
-        [text] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, pair_ring=True))
-        runs = base.pv_registers
+        [plain] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, ring_pairs=False))
+        [text] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, ring_pairs=True))
+        runs = base.v_from_ring
         assert (text != plain) == runs, problem
         changed += runs
     assert changed >= 3
     kw = dict(FP8_BUILD_KW, score_rows=16, transposed_pv=True, kv_halves=True)
     with pytest.raises(ValueError, match="pair_ring .* pv_registers=False"):
         mg._build_kernel(pair_ring=True, **kw)
-    with pytest.raises(ValueError, match="pair_ring must be a bool"):
-        mg.MosaicConfig(pair_ring=1)
+    with pytest.raises(ValueError, match="ring_pairs must be a bool"):
+        mg.MosaicConfig(ring_pairs=1)
     # (a page of 8 rows: 4 pair rows, half a tile: the builder refuses it, the wrapper runs the default ring there)
     with pytest.raises(ValueError, match="pair_ring .* page_size=8"):
         mg._build_kernel(**dict(kw, page_size=8, pv_registers=True, pair_ring=True))
     problem = kernel_hash.PROBLEMS[0]
     base = kernel_hash.problem_tuning(problem, page=8)
-    assert base.pv_registers
+    assert base.v_from_ring
     texts = lambda t: [text for text, _ in kernel_hash.lowered_modules(problem, tuning=t, page=8)]
-    assert texts(dataclasses.replace(base, pair_ring=True)) == texts(dataclasses.replace(base, pair_ring=False))
+    assert texts(dataclasses.replace(base, ring_pairs=True)) == texts(dataclasses.replace(base, ring_pairs=False))
 
 
 def _q_tile_offsets(rows: int) -> np.ndarray:
@@ -892,7 +892,7 @@ def test_q_in_kernel_lowers_and_skips_the_wrappers_conversion():
             continue
         _, score_rows = mg._kv_halves_runs(base, True, heads, q_len, False)
         rows = score_rows if score_rows < 64 else 64
-        wgs = 2 if base.kv_halves else 1
+        wgs = 2 if base.warpgroup_halves else 1
         items = rows * mg.Q_GROUPS // wgs
         assert text.count("cvt.rn.f16x2.f32") == 8 * -(-items // 128) * wgs, problem
 
@@ -1081,7 +1081,7 @@ def test_fp8_heuristic_tiles_run_compiled(num_heads, batch_invariant, dtype):
 
 def test_kernel_hash_sees_the_tuning():
     """parity.kernel_hash's module text (lowered for an abstract H200, no GPU): the same twice in one process, the
-    same for the heuristic's tuning passed in, another with another tuning (pv_wait=1); the fp8 kernel's wgmmas in
+    same for the heuristic's tuning passed in, another with another tuning (pv_in_flight=1); the fp8 kernel's wgmmas in
     f16 (its scores M = 64 keys, N = 16 rows), none on e4m3 operands."""
     import dataclasses
     import re
@@ -1092,9 +1092,9 @@ def test_kernel_hash_sees_the_tuning():
     heuristic = kernel_hash.module_texts(problem)
     assert len(heuristic) == 1 and heuristic == kernel_hash.module_texts(problem)
     base = kernel_hash.problem_tuning(problem)
-    assert base.pv_registers and base.pv_wait != 1
+    assert base.v_from_ring and base.pv_in_flight != 1
     assert kernel_hash.module_texts(problem, tuning=base) == heuristic
-    assert kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, pv_wait=1)) != heuristic
+    assert kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, pv_in_flight=1)) != heuristic
     assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n16k16\.f32\.f16\.f16", heuristic[0])
     assert not re.search(r"wgmma\.mma_async[.\w]*\.e4m3", heuristic[0])
 

@@ -25,7 +25,7 @@ ptxas info    : Used 255 registers, used 16 barriers, 144 bytes cumulative stack
 
 
 def test_report_reads_the_gpu_machines_ptxas():
-    """Session 30's ptxas report from the GPU machine (the heuristic at H16 B128 S16384 fp8)."""
+    """A recorded ptxas report from the GPU machine (the heuristic at H16 B128 S16384 fp8)."""
     with open(S30A) as f:
         got = mosaic_ptx.report(f.read())
     assert (got["registers"], got["stack"], got["spill_stores"], got["spill_loads"]) == (240, 0, 0, 0)

@@ -66,32 +66,32 @@ CASES = [
     # up to 3 (48 rows) with several pages a step, H=8 (8 rows) at page 8, H=32 q_len 2 (64 rows: the plain
     # path), padded heads (20 -> 32 x 1 token), fp16
     (Scenario("tscores_decode_split3", seq_lens=(1, 65, 200, 70), query_lens=(1, 1, 1, 1), page_size=64), "bfloat16",
-     MosaicConfig(num_splits=3, transposed_scores=True)),
+     MosaicConfig(num_splits=3, transpose="scores")),
     (Scenario("tscores_spec_p16", seq_lens=(8, 100, 200), query_lens=(3, 1, 2), page_size=16), "float16",
-     MosaicConfig(num_splits=2, transposed_scores=True)),
+     MosaicConfig(num_splits=2, transpose="scores")),
     (Scenario("tscores_h8_p8", seq_lens=(30, 110), query_lens=(1, 1), num_heads=8, page_size=8), "bfloat16",
-     MosaicConfig(num_splits=1, transposed_scores=True)),
+     MosaicConfig(num_splits=1, transpose="scores")),
     (Scenario("tscores_h32_q2_full_tile", seq_lens=(40, 130), query_lens=(2, 1), num_heads=32, page_size=32),
-     "bfloat16", MosaicConfig(num_splits=2, transposed_scores=True)),
+     "bfloat16", MosaicConfig(num_splits=2, transpose="scores")),
     (Scenario("tscores_heads20", seq_lens=(150, 9), query_lens=(1, 1), num_heads=20, page_size=32),
-     "bfloat16", MosaicConfig(transposed_scores=True)),
-    # P @ V transposed too (transposed_pv: O^T = V^T P^T, transposed back once per tile): H=16 q_len 1 (16 rows)
+     "bfloat16", MosaicConfig(transpose="scores")),
+    # P @ V transposed too (transpose="scores_and_pv": O^T = V^T P^T, transposed back once per tile): H=16 q_len 1 (16 rows)
     # with splits (fp32 partials), q_len 2 (32 rows) at page 16 in fp16, padded heads; q_len 3 (48
     # rows: no effect, the untransposed P @ V)
     (Scenario("tpv_decode_split3", seq_lens=(1, 65, 200, 70), query_lens=(1, 1, 1, 1), page_size=64), "bfloat16",
-     MosaicConfig(num_splits=3, transposed_scores=True, transposed_pv=True)),
+     MosaicConfig(num_splits=3, transpose="scores_and_pv")),
     (Scenario("tpv_q2_p16", seq_lens=(8, 100, 200), query_lens=(2, 1, 2), page_size=16), "float16",
-     MosaicConfig(num_splits=1, transposed_scores=True, transposed_pv=True)),
+     MosaicConfig(num_splits=1, transpose="scores_and_pv")),
     (Scenario("tpv_heads20", seq_lens=(150, 9), query_lens=(1, 1), num_heads=20, page_size=32),
-     "bfloat16", MosaicConfig(transposed_scores=True, transposed_pv=True)),
+     "bfloat16", MosaicConfig(transpose="scores_and_pv")),
     (Scenario("tpv_q3_no_effect", seq_lens=(8, 100), query_lens=(3, 1), page_size=16), "bfloat16",
-     MosaicConfig(num_splits=2, transposed_scores=True, transposed_pv=True)),
+     MosaicConfig(num_splits=2, transpose="scores_and_pv")),
     # H=8 (8 tokens a tile), where the heuristic picks both transposed too: q_len 2 (16 rows) at page 8 with
     # splits, q_len 4 (32 rows) with a shorter request
     (Scenario("tpv_h8_q2_p8", seq_lens=(30, 110), query_lens=(2, 2), num_heads=8, page_size=8), "bfloat16",
-     MosaicConfig(num_splits=2, transposed_scores=True, transposed_pv=True)),
+     MosaicConfig(num_splits=2, transpose="scores_and_pv")),
     (Scenario("tpv_h8_q4_p32", seq_lens=(70, 140), query_lens=(4, 3), num_heads=8, page_size=32), "float16",
-     MosaicConfig(num_splits=1, transposed_scores=True, transposed_pv=True)),
+     MosaicConfig(num_splits=1, transpose="scores_and_pv")),
 ]
 
 
@@ -100,7 +100,7 @@ def _run(batch, dtype, tuning, interpret):
     return mgpu_mla.mla_decode(q_nope, q_pe, kv, md, batch.config, tuning=tuning, interpret=interpret)
 
 
-# A NaN in one head's q, at 16 rows (H = 16, q_len 1) and 32 (q_len 2 beside q_len 1), with transposed_pv (its
+# A NaN in one head's q, at 16 rows (H = 16, q_len 1) and 32 (q_len 2 beside q_len 1), with P @ V transposed (its
 # transpose back multiplies by an identity, where 0 x NaN would spread the NaN to every row) and without
 NAN_HEAD_CASES = [(Scenario("nan_head_q1", seq_lens=(40, 130), query_lens=(1, 1), page_size=16), tpv)
                   for tpv in (True, False)] + [
@@ -112,9 +112,9 @@ HEADS_FASTEST = Scenario("heads_fastest_h128", seq_lens=(33, 97, 520), query_len
                          page_size=64)
 
 
-# the grid variant: heads_fastest reorders the grid only (a request's head tiles launched together)
-GRID_VARIANTS = [dict(heads_fastest=True)]
-GRID_VARIANT_IDS = ["heads_fastest"]
+# the grid variant: launch_order="heads_first" reorders the grid only (a request's head tiles launched together)
+GRID_VARIANTS = [dict(launch_order="heads_first")]
+GRID_VARIANT_IDS = ["heads_first"]
 
 
 def _check_variant_is_the_default_bitwise(variant, interpret, page_size=64, base=None, scenario=HEADS_FASTEST):
@@ -135,7 +135,7 @@ def _check_nan_in_one_head(scenario, transposed_pv, interpret):
     batch, ref_out, ref_lse = batch_and_reference(scenario, "bfloat16")
     q_nope, q_pe, kv, md = device_inputs(batch, "bfloat16")
     q_nope = q_nope.at[0, 3, 0].set(jnp.nan)
-    tuning = MosaicConfig(num_splits=2, transposed_scores=True, transposed_pv=transposed_pv)
+    tuning = MosaicConfig(num_splits=2, transpose="scores_and_pv" if transposed_pv else "scores")
     out, lse = mgpu_mla.mla_decode(q_nope, q_pe, kv, md, batch.config, tuning=tuning, interpret=interpret)
     out, lse = np.asarray(out.astype(jnp.float32)), np.asarray(lse)
     assert np.isnan(out[0, 3]).all() and np.isnan(lse[0, 3])
@@ -163,12 +163,12 @@ class TestInterpret:
     def test_grid_variant_is_the_default_bitwise(self, variant):
         _check_variant_is_the_default_bitwise(variant, interpret=True)
 
-    def test_heads_fastest_says_when_the_requests_overflow_the_z_axis(self, monkeypatch):
+    def test_heads_first_says_when_the_requests_overflow_the_z_axis(self, monkeypatch):
         monkeypatch.setattr(mgpu_mla, "MAX_GRID_YZ", 2)
         scenario = Scenario("z_axis", seq_lens=(5, 9, 17), query_lens=(1, 1, 1), page_size=16)
         batch, _, _ = batch_and_reference(scenario, "bfloat16")
         with pytest.raises(NotImplementedError, match=r"CUDA's z axis \(at most 2\), got 3 x 1 = 3"):
-            _run(batch, "bfloat16", MosaicConfig(heads_fastest=True), interpret=True)
+            _run(batch, "bfloat16", MosaicConfig(launch_order="heads_first"), interpret=True)
 
     def test_deterministic_and_split_invariant(self):
         """Same inputs twice: bitwise-identical out and lse. Split counts agree to rounding."""
@@ -182,9 +182,9 @@ class TestInterpret:
         assert_matches(o3, l3, ref_out, ref_lse, "bfloat16", "num_splits=1")
         assert np.abs(np.asarray(l3) - l1).max() < 1e-4
 
-    @pytest.mark.parametrize("variant", [{}, dict(transposed_scores=True),
-                                         dict(transposed_scores=True, transposed_pv=True)],
-                             ids=["plain", "transposed_scores", "transposed_pv"])
+    @pytest.mark.parametrize("variant", [{}, dict(transpose="scores"),
+                                         dict(transpose="scores_and_pv")],
+                             ids=["plain", "scores", "scores_and_pv"])
     def test_no_data_races(self, variant):
         """The interpreter's race detector: the producer (warpgroup 1), the KV ring, P and the hand-offs are
         ordered by their barriers."""
@@ -233,14 +233,14 @@ class TestGPULowering:
             (32, 64, MosaicConfig(num_splits=1)),
             (16, 16, MosaicConfig(num_splits=2)),
             (8, 128, MosaicConfig(num_splits=3)),
-            (16, 16, MosaicConfig(num_splits=2, transposed_scores=True)),
-            (8, 64, MosaicConfig(num_splits=1, transposed_scores=True)),
-            (32, 128, MosaicConfig(num_splits=3, transposed_scores=True)),
-            (16, 16, MosaicConfig(num_splits=2, transposed_scores=True, transposed_pv=True)),
-            (16, 64, MosaicConfig(num_splits=1, transposed_scores=True, transposed_pv=True)),
-            (8, 8, MosaicConfig(num_splits=2, transposed_scores=True, transposed_pv=True)),
-            (128, 64, MosaicConfig(num_splits=2, heads_fastest=True)),
-            (16, 16, MosaicConfig(num_splits=1, transposed_scores=True, transposed_pv=True, heads_fastest=True)),
+            (16, 16, MosaicConfig(num_splits=2, transpose="scores")),
+            (8, 64, MosaicConfig(num_splits=1, transpose="scores")),
+            (32, 128, MosaicConfig(num_splits=3, transpose="scores")),
+            (16, 16, MosaicConfig(num_splits=2, transpose="scores_and_pv")),
+            (16, 64, MosaicConfig(num_splits=1, transpose="scores_and_pv")),
+            (8, 8, MosaicConfig(num_splits=2, transpose="scores_and_pv")),
+            (128, 64, MosaicConfig(num_splits=2, launch_order="heads_first")),
+            (16, 16, MosaicConfig(num_splits=1, transpose="scores_and_pv", launch_order="heads_first")),
         ],
     )
     def test_lowers_for_cuda(self, num_heads, page_size, tuning):
@@ -275,10 +275,16 @@ class TestConfig:
         [
             (dict(num_splits=0), "num_splits=0"),
             (dict(num_splits=2.0), "num_splits=2.0"),
-            (dict(transposed_scores=1), "transposed_scores=1"),
-            (dict(transposed_pv=True), "transposed_scores=False"),
-            (dict(transposed_pv=1, transposed_scores=True), "transposed_pv=1"),
-            (dict(heads_fastest=1), "heads_fastest=1"),
+            (dict(transpose=True), "transpose=True"),
+            (dict(transpose="pv"), "transpose='pv'"),
+            (dict(launch_order="heads"), "launch_order='heads'"),
+            (dict(warpgroup_halves=1), "warpgroup_halves=1"),
+            (dict(warpgroup_halves=True, transpose="scores"), "transpose='scores'"),
+            (dict(v_from_ring=1), "v_from_ring=1"),
+            (dict(pv_in_flight=0), "pv_in_flight=0"),
+            (dict(pv_in_flight=9), "pv_in_flight=9"),
+            (dict(pv_in_flight=True), "pv_in_flight=True"),
+            (dict(ring_pairs="yes"), "ring_pairs='yes'"),
             (dict(q_in_kernel=1), "q_in_kernel=1"),
         ],
     )
@@ -286,7 +292,9 @@ class TestConfig:
         with pytest.raises(ValueError, match=needle.replace(".", r"\.")):
             MosaicConfig(**kwargs)
 
-    @pytest.mark.parametrize("field", ["block_kv", "max_concurrent_steps", "memory_warpgroup", "schedule", "pdl"])
+    @pytest.mark.parametrize("field", ["block_kv", "max_concurrent_steps", "memory_warpgroup", "schedule", "pdl",
+                                       "transposed_scores", "transposed_pv", "heads_fastest", "kv_halves",
+                                       "pv_registers", "pv_wait", "pair_ring", "lazy_max", "p_in_kv"])
     def test_removed_options_are_unknown_fields(self, field):
         """Options the heuristic never picks are not fields: passing one is a TypeError naming it."""
         with pytest.raises(TypeError, match=f"unexpected keyword argument '{field}'"):
@@ -309,47 +317,46 @@ class TestConfig:
         assert heuristic_config(MLAConfig(num_heads=128), num_tokens=8, max_blocks=64).num_splits == 8
         # transposed scores where a tile uses at most 16 of its 64 rows (H = 16 at q_len 1), or 32 (q_len 2), with
         # P @ V transposed too at 16 and 32 rows
-        assert big.transposed_scores and big.transposed_pv and not h128.transposed_scores and not h128.transposed_pv
+        assert big.transpose == "scores_and_pv" and h128.transpose == "none"
         h16 = MLAConfig(num_heads=16)
         for q_len in (1, 2):
             t = heuristic_config(h16, num_tokens=8 * q_len, max_blocks=4, num_reqs=8, max_query_len=q_len)
-            assert t.transposed_scores and t.transposed_pv, q_len
+            assert t.transpose == "scores_and_pv", q_len
         for q_len in (3, 4, 8):
             t = heuristic_config(h16, num_tokens=8 * q_len, max_blocks=4, num_reqs=8, max_query_len=q_len)
-            assert not t.transposed_scores and not t.transposed_pv, q_len
+            assert t.transpose == "none", q_len
         # H = 8: 8 rows at q_len 1 (transposed scores, P @ V not: 8 rows is not one of TRANSPOSED_PV_ROWS), 16 at
         # q_len 2 (both), 24 at q_len 3 (neither), 32 at q_len 4 (both)
         h8 = MLAConfig(num_heads=8)
         picks = [heuristic_config(h8, num_tokens=8 * q, max_blocks=4, num_reqs=8, max_query_len=q) for q in (1, 2, 3, 4)]
-        assert [(t.transposed_scores, t.transposed_pv) for t in picks] == [(True, False), (True, True), (False, False),
-                                                                          (True, True)]
+        assert [t.transpose for t in picks] == ["scores", "scores_and_pv", "none", "scores_and_pv"]
         # an fp8 cache: both transposed at 16 rows, at 32 only with kv_halves (below, long splits; the plain, fused
         # path was faster at 32 rows without it)
         fp8 = MLAConfig(num_heads=16, kv_cache_dtype="fp8_e4m3")
         picks = [heuristic_config(fp8, num_tokens=8 * q, max_blocks=4, num_reqs=8, max_query_len=q) for q in (1, 2)]
-        assert [(t.transposed_scores, t.transposed_pv) for t in picks] == [(True, True), (False, False)]
+        assert [t.transpose for t in picks] == ["scores_and_pv", "none"]
         # and each warpgroup its half of a split's steps at 16 rows (kv_halves: H = 16 at q_len 1, H = 8 at q_len 2)
         # where a split has two steps or more (B1 S1024: 16 splits of one step, the one-chain path)
         long = [heuristic_config(fp8, num_tokens=8 * q, max_blocks=64, num_reqs=8, max_query_len=q) for q in (1, 2)]
-        assert [t.kv_halves for t in long] == [True, False] and not any(t.kv_halves for t in picks)  # (4 steps)
+        assert [t.warpgroup_halves for t in long] == [True, False] and not any(t.warpgroup_halves for t in picks)  # (4 steps)
         fp8_h8 = MLAConfig(num_heads=8, kv_cache_dtype="fp8_e4m3")
-        assert heuristic_config(fp8_h8, num_tokens=16, max_blocks=64, num_reqs=8, max_query_len=2).kv_halves
-        assert not any(heuristic_config(c, num_tokens=8, max_blocks=64, num_reqs=8, max_query_len=1).kv_halves
+        assert heuristic_config(fp8_h8, num_tokens=16, max_blocks=64, num_reqs=8, max_query_len=2).warpgroup_halves
+        assert not any(heuristic_config(c, num_tokens=8, max_blocks=64, num_reqs=8, max_query_len=1).warpgroup_halves
                        for c in (h16, MLAConfig(num_heads=128, kv_cache_dtype="fp8_e4m3")))
         for b, s, halves in [(1, 1024, False), (8, 4096, True), (128, 16384, True)]:
             t = heuristic_config(fp8, num_tokens=b, max_blocks=s // 64, num_reqs=b, max_query_len=1)
-            assert t.kv_halves is halves and (-(-(s // 64) // t.num_splits) >= 2) is halves, (b, s, t)
+            assert t.warpgroup_halves is halves and (-(-(s // 64) // t.num_splits) >= 2) is halves, (b, s, t)
             # (and P @ V's left operand from the fp8 slot where a split has 32 steps or more: B128 S16384, not B8
             # S4096's 4)
-            assert t.pv_registers is (halves and -(-(s // 64) // t.num_splits) >= 32), (b, s, t)
-            assert t.pv_wait == 4
-            assert t.pair_ring is t.pv_registers, (b, s, t)  # (and the cache two tokens a row in the ring, 16 rows)
+            assert t.v_from_ring is (halves and -(-(s // 64) // t.num_splits) >= 32), (b, s, t)
+            assert t.pv_in_flight == 4
+            assert t.ring_pairs is t.v_from_ring, (b, s, t)  # (and the cache two tokens a row in the ring, 16 rows)
         b32 = heuristic_config(fp8, num_tokens=32, max_blocks=256, num_reqs=32, max_query_len=1)
-        assert b32.kv_halves and b32.pv_registers and -(-256 // b32.num_splits) >= 32, b32
-        assert b32.pair_ring
+        assert b32.warpgroup_halves and b32.v_from_ring and -(-256 // b32.num_splits) >= 32, b32
+        assert b32.ring_pairs
         # pair_ring needs pages of a multiple of 16 rows (two tokens a row, whole 8-row tiles): not at page size 8
         assert not heuristic_config(fp8.replace(page_size=8), num_tokens=32, max_blocks=2048, num_reqs=32,
-                                    max_query_len=1).pair_ring
+                                    max_query_len=1).ring_pairs
         # kv_halves at 32 rows (H = 16 at q_len 2, H = 32 at q_len 1) where a split has 32 steps or more, always
         # with pv_registers (V's copies do not fit) and one P @ V chunk in flight: B64 S4096 and B128 S16384, not
         # B8 S4096 (4 steps a split); everything transposed there, nothing on the one-chain path
@@ -357,29 +364,29 @@ class TestConfig:
         for c, q in [(fp8, 2), (fp8_c32, 1)]:
             for b, s, halves in [(8, 4096, False), (64, 4096, True), (128, 16384, True)]:
                 t = heuristic_config(c, num_tokens=b * q, max_blocks=s // 64, num_reqs=b, max_query_len=q)
-                assert t.kv_halves is halves and (-(-(s // 64) // t.num_splits) >= 32) is halves, (c, b, s, t)
-                assert t.transposed_scores is t.transposed_pv is t.pv_registers is halves, (b, s, t)
-                assert t.pv_wait == (1 if halves else 4), (b, s, t)
-                assert not t.pair_ring, (b, s, t)  # (at 32 rows 0.93x: more spills)
+                assert t.warpgroup_halves is halves and (-(-(s // 64) // t.num_splits) >= 32) is halves, (c, b, s, t)
+                assert (t.transpose == "scores_and_pv") is t.v_from_ring is halves, (b, s, t)
+                assert t.pv_in_flight == (1 if halves else 4), (b, s, t)
+                assert not t.ring_pairs, (b, s, t)  # (at 32 rows 0.93x: more spills)
         fp8_h32 = heuristic_config(MLAConfig(num_heads=32, kv_cache_dtype="fp8_e4m3"), num_tokens=4, max_blocks=4)
-        assert not fp8_h32.transposed_scores and not fp8_h32.transposed_pv
+        assert fp8_h32.transpose == "none"
         # without max_query_len: one token a request (tokens <= requests) or not
-        assert heuristic_config(h16, num_tokens=8, max_blocks=4, num_reqs=8).transposed_scores
-        assert not heuristic_config(h16, num_tokens=16, max_blocks=4, num_reqs=8).transposed_scores
+        assert heuristic_config(h16, num_tokens=8, max_blocks=4, num_reqs=8).transpose != "none"
+        assert heuristic_config(h16, num_tokens=16, max_blocks=4, num_reqs=8).transpose == "none"
         # H = 32 at q_len 1: 32 rows, both transposed (the tile of H = 16 at q_len 2); H = 64: the plain path
         h32 = heuristic_config(MLAConfig(num_heads=32), num_tokens=4, max_blocks=4)
-        assert h32.transposed_scores and h32.transposed_pv
-        assert not heuristic_config(MLAConfig(num_heads=64), num_tokens=4, max_blocks=4).transposed_scores
+        assert h32.transpose == "scores_and_pv"
+        assert heuristic_config(MLAConfig(num_heads=64), num_tokens=4, max_blocks=4).transpose == "none"
         # a request's head tiles launched together wherever there are several, and the requests x query tiles fit
         # CUDA's z axis
-        assert h128.heads_fastest and not big.heads_fastest and not h32.heads_fastest
+        assert [t.launch_order for t in (h128, big, h32)] == ["heads_first", "requests_first", "requests_first"]
         h128_cfg = MLAConfig(num_heads=128)
         z = mgpu_mla.MAX_GRID_YZ
-        assert heuristic_config(h128_cfg, num_tokens=z, max_blocks=4, num_reqs=z, max_query_len=1).heads_fastest
-        assert not heuristic_config(h128_cfg, num_tokens=z + 1, max_blocks=4, num_reqs=z + 1,
-                                    max_query_len=1).heads_fastest
-        assert not heuristic_config(h128_cfg, num_tokens=z, max_blocks=4, num_reqs=z // 2 + 1,
-                                    max_query_len=2).heads_fastest
+        order = lambda tokens, reqs, q_len: heuristic_config(h128_cfg, num_tokens=tokens, max_blocks=4, num_reqs=reqs,
+                                                             max_query_len=q_len).launch_order
+        assert order(z, z, 1) == "heads_first"
+        assert order(z + 1, z + 1, 1) == "requests_first"
+        assert order(z, z // 2 + 1, 2) == "requests_first"
 
     def test_metadata_caps_splits(self):
         scenario = Scenario("cap", seq_lens=(150,), query_lens=(1,), page_size=16)
@@ -475,9 +482,9 @@ class TestGPU:
         out, lse = _run(batch, dtype, tuning, interpret=False)
         assert_matches(out, lse, ref_out, ref_lse, dtype, f"{scenario.name} {tuning}")
 
-    @pytest.mark.parametrize("variant", [dict(transposed_scores=True),
-                                         dict(transposed_scores=True, transposed_pv=True)],
-                             ids=["transposed_scores", "transposed_pv"])
+    @pytest.mark.parametrize("variant", [dict(transpose="scores"),
+                                         dict(transpose="scores_and_pv")],
+                             ids=["scores", "scores_and_pv"])
     @pytest.mark.parametrize("name", sorted(SCENARIOS))
     def test_scenario_other_layouts(self, name, variant):
         scenario = SCENARIOS[name]
@@ -498,7 +505,7 @@ class TestGPU:
     def test_grid_variant_is_the_default_bitwise(self, variant, page_size):
         _check_variant_is_the_default_bitwise(variant, interpret=False, page_size=page_size)
 
-    @pytest.mark.parametrize("variant", [{}, dict(transposed_scores=True)], ids=["plain", "transposed_scores"])
+    @pytest.mark.parametrize("variant", [{}, dict(transpose="scores")], ids=["plain", "scores"])
     def test_deterministic(self, variant):
         batch, _, _ = batch_and_reference(SCENARIOS["spec_decode"], "bfloat16")
         tuning = MosaicConfig(num_splits=3, **variant)

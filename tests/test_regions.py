@@ -46,8 +46,8 @@ def test_summarize_by_warpgroup_index():
 
 
 def test_parse_sets():
-    assert regions.parse_sets("kv_halves=True,num_splits=2,pv_wait=1,pair_ring=False") == {
-        "kv_halves": True, "num_splits": 2, "pv_wait": 1, "pair_ring": False}
+    assert regions.parse_sets("warpgroup_halves=True,num_splits=2,pv_in_flight=1,ring_pairs=False") == {
+        "warpgroup_halves": True, "num_splits": 2, "pv_in_flight": 1, "ring_pairs": False}
     with pytest.raises(ValueError, match="'num_splits'"):
         regions.parse_sets("num_splits")
 

@@ -15,8 +15,8 @@ def test_fp8_leaves_room_at_16_heads():
     """The fp8 layout at H = 16, q_len 1 (transposed scores and P @ V, the overlapped conversion): under the limit,
     and larger than the 16-bit one at the same tuning (the fp8 ring beside the f16 buffers)."""
     fp8, tuning = smem.kernel_smem_bytes(16, fp8=True)
-    assert tuning.transposed_scores and tuning.transposed_pv
-    bf16, _ = smem.kernel_smem_bytes(16, sets={"transposed_scores": True, "transposed_pv": True})
+    assert tuning.transpose == "scores_and_pv"
+    bf16, _ = smem.kernel_smem_bytes(16, sets={"transpose": "scores_and_pv"})
     assert bf16 < fp8 <= smem.SMEM_OPTIN_BYTES
 
 
