@@ -139,8 +139,6 @@ NUM_COMPUTE_WGS = 2
 V_HALF = KV_LORA_RANK // NUM_COMPUTE_WGS  # 256 latent columns per compute warpgroup
 INFO_WORDS = 32  # per-tile int32 metadata row (TMA copies must be multiples of 128 bytes)
 TMA_MAX_BOX = 256  # a TMA box's elements along each dimension (cuTensorMapEncodeTiled's limit)
-SMEM_LIMIT_BYTES = 227 * 1024  # Hopper opt-in shared memory per CTA
-SMEM_ALIGNMENT = 1024  # Mosaic GPU aligns each scratch allocation to 1 KiB
 NUM_SMS_H200 = 132
 MAX_GRID_YZ = 65535  # CUDA grid: y and z at most 65535 blocks (x: 2^31 - 1)
 MASK_VALUE = -1e30  # finite: a fully masked row stays NaN-free
@@ -148,9 +146,11 @@ REDUCTION_SCRATCH_BYTES = 1024  # transposed scores: the column max / sum across
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 SUPPORTED_DTYPES = ("bfloat16", "float16")
-SCHEDULES = ("split", "flashmla")
-DEQUANT_LAYOUTS = ("wgmma", "wgmma_8bit")
-FUSED_GROUPS = (1, 2, 4)  # MosaicConfig.fused_group: V-half chunks converted between two fences
+BLOCK_KV = 64  # KV tokens a pipeline step: two 32-row score tiles
+STAGES = 2  # the KV ring's slots: q (72 KiB) and 2 stages (144 KiB) fill the 227 KiB
+BT_CHUNK = 224  # block-table entries staged in shared memory at a time (a multiple of 32)
+# fp8 with plain scores: warpgroup 0's V-half chunks converted between two fences (fused into its scores)
+FUSED_GROUP = 4
 # MosaicConfig.overlap_dequant: the most rows of a tile in use (transposed scores) for which the two f16 copies of
 # V's first half fit in shared memory beside q (32 rows: 36 KiB), the fp8 ring (72), V (3 x 32) and the rope (8)
 OVERLAP_MAX_ROWS = 32
@@ -182,10 +182,6 @@ QK_PERM_64 = QK_PERM[:64]  # a 64-column chunk's
 PV_PERM_16 = tuple(2 * (r % 8) + r // 8 for r in range(16))
 PV_PERM = np.array([16 * b + PV_PERM_16[r] for b in range(KV_LORA_RANK // 16) for r in range(16)])
 PV_UNPERM = np.argsort(PV_PERM)  # out[..., PV_UNPERM]: the kernel's output columns back in order
-
-
-def _is_pow2(x: int) -> bool:
-    return x >= 1 and (x & (x - 1)) == 0
 
 
 def _rewrap_8bit_as_wgmma(fa):
@@ -395,41 +391,6 @@ def _convert_vt_word(regs, half: int, mm: int, word):
             llvm.extractvalue(i32, pair, [h]), ir.VectorType.get((2,), f16))
 
 
-# (MosaicConfig.lazy_max) log2 units: a step keeps the running column max while none of its scores passes it by more
-# (P up to 2^8, in f16's range: FA4's conditional rescaling)
-LAZY_MAX_SLACK = 8.0
-# (lazy_max) the warpgroup's OR of a flag a thread, on the warpgroup's own named barrier ($2) of 128 threads
-_BAR_RED_OR_PTX = "{ .reg .pred p, q; setp.ne.b32 p, $1, 0; bar.red.or.pred q, $2, 128, p; selp.b32 $0, 1, 0, q; }"
-
-
-def _lazy_col_max(s, m, over, scratch):
-    """(lazy_max; inside inline Mosaic GPU) the running column max after a step: m [n] (the column layout) as it
-    was, unless a score of the step's s [64, n] (WGMMA layout) passes it by more than LAZY_MAX_SLACK (over: those
-    flags, int32, the same layout), which one bar.red.or asks of the whole warpgroup; then max(m, s's column max)
-    through `scratch`, as the exact softmax takes it (col_reduce's reduction)."""
-    i32 = ir.IntegerType.get_signless(32)
-    flag = None
-    for reg in over.registers.flat:
-        x = vector.reduction(i32, vector.CombiningKind.OR, reg) if isinstance(reg.type, ir.VectorType) else reg
-        flag = x if flag is None else arith.ori(flag, x)
-    any_over = llvm.inline_asm(i32, [flag, mgpu.utils.warpgroup_barrier_idx(sync=False)], _BAR_RED_OR_PTX, "=r,r,r",
-                               has_side_effects=True)
-    regs = list(m.registers.flat)
-    branch = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ne, any_over, arith.constant(i32, 0)), [r.type for r in regs],
-                      has_else=True)
-    with ir.InsertionPoint(branch.then_block):
-        exact = m.max(s.reduce("max", 0, scratch=scratch))
-        if exact.layout != m.layout:
-            raise NotImplementedError(f"the column max's layout {exact.layout} is not the running max's {m.layout}")
-        scf.yield_(list(exact.registers.flat))
-    with ir.InsertionPoint(branch.else_block):
-        scf.yield_(regs)
-    out = np.empty(m.registers.shape, dtype=object)
-    for i, r in enumerate(branch.results):
-        out.flat[i] = r
-    return mgpu.FragmentedArray(_registers=out, _layout=m.layout, _is_signed=m.is_signed)
-
-
 def _convert_vt_fp8(words_fa):
     """(load_ahead; inside inline Mosaic GPU) _load_vt_fp8_words's words -> V^T [64 columns, 64 keys] float16 in the
     WGMMA layout, as _load_vt_fp8 converts them."""
@@ -437,24 +398,6 @@ def _convert_vt_fp8(words_fa):
     for i, reg in enumerate(words_fa.registers.flat):
         half, mm = divmod(i, 4)
         _convert_vt_word(regs, half, mm, mgpu.utils.bitcast(reg, ir.IntegerType.get_signless(32)))
-    return mgpu.FragmentedArray(_registers=regs, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
-
-
-def _load_vt_fp8(ref):
-    """(pv_registers; inside inline Mosaic GPU) ref: a [64 keys, 64 columns] chunk of an fp8 ring slot, the tiled
-    memref [8, 1, 8, 64] (rows of 64 bytes, 64-byte swizzle) -> V^T [64 columns, 64 keys] float16 in the WGMMA
-    layout, P @ V's left operand, its rows permuted by PV_PERM_16 within each 16: per warp (16 columns) two
-    ldmatrix.x4.trans of 16-bit values (32 keys each), then per register a prmt and two cvt.rn.f16x2.e4m3x2.
-    Register [0, j, 0, 0, h, ...] of the WGMMA layout holds row 16 warp + 8 h + g, keys 8 j + 2 t, + 1 (g = lane
-    // 4, t = lane % 4); ldmatrix.trans gives lane (g, t) of matrix m the 16-bit value g (fp8 columns 2 g, 2 g + 1)
-    of its lines (keys) 2 t and 2 t + 1."""
-    i32 = ir.IntegerType.get_signless(32)
-    c, ptr, base, strides = _vt_fp8_address(ref)
-    regs = np.empty(mgpu.WGMMA_LAYOUT.registers_shape((64, 64)), dtype=object)
-    for half in range(2):  # keys [32 half, 32 half + 32): 8-row tiles 4 half .. 4 half + 3
-        words = _vt_fp8_ldmatrix(c, ptr, base, 4 * strides[0], half)
-        for mm in range(4):
-            _convert_vt_word(regs, half, mm, llvm.extractvalue(i32, words, [mm]))
     return mgpu.FragmentedArray(_registers=regs, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
 
 
@@ -556,398 +499,58 @@ def _convert_q_in_place(ref, first: int, count: int, permute: bool):
                 item(local)
 
 
+LAUNCH_ORDERS = ("requests_first", "heads_first")
+TRANSPOSES = ("none", "scores", "scores_and_pv")
+
+
 @dataclasses.dataclass(frozen=True)
 class MosaicConfig:
-    """Tuning of the Mosaic GPU kernel.
+    """Tuning of the Mosaic GPU kernel; heuristic_config picks it, and a field has no effect where its path cannot
+    run (the wrapper decides which paths run for the problem: _plan)."""
 
-    block_kv: KV tokens per pipeline step (64). Pages larger than block_kv are
-        fetched in block_kv-row pieces; smaller pages (8, 16, 32) several per step.
-    num_splits: split-KV factor (flash-decoding); 1 writes the output directly.
-    max_concurrent_steps: SMEM stages of the KV ring (the memory warpgroup runs
-        up to this many steps ahead). Q (72 KiB) + 2 stages (144 KiB) fill the 227 KiB.
-    block_h: rows of a query tile (the wgmma M dimension); only 64.
-    bt_chunk: block-table entries staged in SMEM at a time (multiple of 32).
-    memory_warpgroup: a third warpgroup issues the TMAs (warp specialization). Its 128 threads
-        cap every thread at 168 registers (65536 / 384), and the compute warpgroups (a 64 x 256
-        fp32 accumulator each) spilled there on the H200 (ptxas: 252 bytes spill stores); False:
-        compute warpgroup 0 issues them between its steps, and 256 threads may use 255 registers.
-    schedule: how the two compute warpgroups share a step. "split": each computes the scores of
-        half the step's tokens (wgmma N = 32), they exchange row maxima, and each does P @ V for
-        its 256 output columns (two barriers a step, in lock-step). "flashmla": FlashMLA's split,
-        warpgroup 0 computes all the scores (N = 64) and the softmax, warpgroup 1 only its P @ V
-        half and the TMAs, so its P @ V overlaps warpgroup 0's next scores; 128-byte swizzle. The
-        default ("flashmla"): 1.09-1.31x faster than "split" on 4 of 5 H200 shapes (session 3).
-        memory_warpgroup=True needs schedule="split".
-    transposed_scores: warpgroup 0 computes the scores transposed, S^T = K Q^T (wgmma M = the 64 keys
-        of a step, N = the rows of the query tile in use: 16 at H = 16 and q_len 1), instead of
-        S = Q K^T with all 64 tile rows, of which a q_len-1 tile at H = 16 uses 16 (4x less tensor
-        work for the scores there); the softmax then runs down the columns (cross-warp reductions),
-        and P is stored transposed for the P @ V, which is unchanged. No effect where every row of
-        the tile is in use (H >= 64, or q_len >= 64 / H). Needs schedule="flashmla". heuristic_config
-        turns it on where a tile uses at most 16 rows (TRANSPOSED_MAX_ROWS; H = 16 at q_len 1): 1.04-1.16x
-        faster than the plain scores on four H = 16, q_len 1 shapes of the H200 (S = 4096 and 16384, B = 8
-        to 128; three interleaved rounds, session 5), but 1.04-1.12x slower with 32 rows (H = 16, q_len 2,
-        four shapes) and 1.35x slower with 48 (q_len 3, B64 S4096) in session 9's rounds.
-    p_in_kv: ("flashmla", plain scores, bf16/fp16 cache; opt-in: 0.4-5% slower on five H = 128 shapes of the
-        H200, session 7, and 1.04-1.05x on three on heads_fastest, session 16; it makes room for the profiler's
-        buffer) P of a step is stored into that step's 64
-        rope columns in its KV slot, which only warpgroup 0's scores read and which stay free until both
-        P @ V halves release the slot: no separate P buffer (7 KiB less shared memory) and no wait for
-        warpgroup 1 to release P before the next P is written (`p_free`); the rescale factor and the
-        hand-off barrier are per slot instead. The same math (no effect on the results).
-    dequant_layout: (fp8 cache) the register layout of the fp8 -> f16 dequantization's shared-memory reads and
-        writes: "wgmma_8bit" (the default since session 8), each thread 4 fp8 values a load (32-bit loads,
-        64-bit stores); "wgmma", 2 a load (16-bit loads, 32-bit stores: session 6's v9e), twice the
-        shared-memory instructions for the same conversions. On the H200 (parity.sweep, 3 interleaved
-        rounds) "wgmma_8bit" was 1.01-1.06x faster on four large shapes (H = 16 and 128) and 0.5 us slower
-        at H = 16, B = 1, S = 1024 (12.6 vs 12.1 us). No effect on the results (both exact), none without fp8.
-    fused_dequant: (fp8 cache) True (the default since session 9): warpgroup 0 dequantizes its columns of a
-        step (the 64 rope columns and its P @ V half) at the start of that step's scores in 64-column chunks,
-        issuing their wgmmas right after storing them (the rope chunk first and alone, then the V half's
-        chunks `fused_group` at a time), so the tensor cores run the scores while it converts the next
-        chunks; then it waits for warpgroup 1's half and issues the rest. False (session 8's
-        default): warpgroup 0 dequantizes its columns of the next step after its P @ V, then computes the
-        scores once the whole step is there, so the conversion and the scores run in series on its chain. On
-        the H200 (parity.sweep, 3 interleaved rounds) True was 1.04-1.06x faster on three large shapes (H = 16
-        and 128) and even at H = 16 with q_len 2 and at B = 1. The same math with the scores summed chunk by
-        chunk in another order (not bitwise False's). None without fp8.
-    fused_group: (fp8 with fused_dequant) how many of warpgroup 0's 4 V-half chunks it converts between two
-        fences (`commit_smem`) and their wgmmas: 4 (the default since session 9) fences once for the half (2
-        fences a step with the rope chunk, which always goes alone and first), 2 after every second (3 a step),
-        1 after every chunk (5 a step: session 9's first fused_dequant). 2 is the default since session 11: on the
-        H200 (parity.sweep, 3 interleaved rounds, session 10) 2 was 1.01-1.12x faster than 4 on four shapes (H16
-        B128 S16384, H16 B32 S16384, H16 B64 S4096 q_len 2, H128 B64 S16384); 1 was 1.005-1.02x slower than 4 on
-        three of them and 1.10x faster at H16 B32 S16384 (session 10; session 9, two rounds: 4 1.13x and 1.08x
-        faster than 1 on two shapes). The same math for every value (the same chunk order); none without fp8.
-    overlap_dequant: (fp8 cache, transposed scores with at most OVERLAP_MAX_ROWS rows in use: H = 16 at q_len 1 and
-        2, H = 8 up to q_len 4; elsewhere no effect) the next step's conversion runs under this step's P @ V: V's
-        first half has two f16 buffers (by step parity), its second half and the rope one each. Each warpgroup
-        issues its P @ V of step k and, while the wgmma runs, converts its part of step k + 1's rope and first V
-        half (warpgroup 0 the rope and two chunks, 1 two chunks); once warpgroup 1's P @ V of step k is done
-        (`p_free`), each converts two chunks of V's second half of step k + 1, and the scores of step k + 1 wait
-        only for that (`deq_ready`). fused_dequant and fused_group have no effect under it. The same math as
-        fused_dequant=False (the scores of a step summed over the whole head dim in order), bitwise equal to it on
-        the H200. The default since session 11: on the H200 (parity.sweep, 3 interleaved rounds) 1.12x faster than
-        fused_dequant at H16 B128 S16384 and 1.11x at H16 B32 S16384, equal at H16 B8 S4096 and B1 S1024 (session
-        11's first split, warpgroup 0 converting 7 chunks a step and warpgroup 1 2, was only 1.06x faster).
-    overlap_wait: (with overlap_dequant, where it applies; elsewhere no effect) warpgroup 1
-        converts V's first half of step k + 1 while it waits for P of step k (its buffer is free once `deq_ready` of
-        step k completes: warpgroup 0 arrives there after its P @ V of step k - 1), and warpgroup 0 only the rope
-        under its P @ V: in session 11's region profile warpgroup 0's 3 chunks under its P @ V took ~0.9 us (longer
-        than the wgmma) while warpgroup 1 waited 1.8 us a step for P. Both warpgroups then wait on `deq_ready`. The
-        same math as overlap_dequant alone. The default since session 12: on the H200 (parity.sweep, 3 interleaved
-        rounds) 1.07x faster than overlap_dequant alone at H16 B128 S16384 q_len 1 (711.2 -> 667.4 us), 1.03x at H16
-        B32 S16384, equal at B8 S4096 and B1 S1024; with transposed_pv 1.05x (663.0 -> 628.8 us) and 1.05x at B32.
-    transposed_pv: (needs transposed_scores; where 16 or 32 rows of the tile are in use, TRANSPOSED_PV_ROWS: H = 16
-        at q_len 1 or 2; elsewhere no effect; the heuristic's pick there) P @ V transposed as well, O^T
-        = V^T P^T: each warpgroup's [256 columns, rows in use] accumulator from 4 wgmmas of M = 64 (V^T a transposed
-        operand from shared memory, N = the rows in use), instead of [64 rows, 256] with the rows past those in use
-        padding (4x the tensor work at H = 16, q_len 1). The output is transposed back once per tile by the tensor
-        cores: O^T is split into two bf16 parts (hi + lo, ~16 bits) and multiplied by an identity. The same online
-        softmax; results within ~1e-5 of the untransposed path (not bitwise). On the H200 (parity.sweep, 3
-        interleaved rounds, session 12), against transposed scores alone: bf16 1.05x faster at H16 B128 S16384 q_len
-        1 (594.3 -> 567.5 us, 4.26 TB/s), 1.03x at B32 S16384, 1.04x at B8 S4096; q_len 2 1.08x (673.4 -> 620.8 us),
-        1.13x at B64 S16384, 1.10x at B64 S4096; fp8 (with the overlap) 1.13x and 1.14x at q_len 1 (B128, B32
-        S16384), 1.13x and 1.10x at q_len 2 (B128 S16384, B64 S4096).
-    heads_fastest: (the heuristic's pick wherever there are several head tiles) the grid's fastest axis (CUDA's x, the launch order) is the head tile
-        instead of the request: the head tiles of a request (2 at H = 128, q_len 1; 4 at q_len 2) launch one after
-        another, so they run in the same wave and read each KV step at about the same time, where the second read
-        can hit L2 (FA3's order: its m-blocks are the fastest axis). With requests first (the default), at H = 128 and
-        more CTAs than SMs a request's second head tile runs a wave after its first and reads the KV from HBM
-        again; session 13 read the large H = 128 rows of issue #5's grid as (head tiles x KV bytes) / time = 3.8-4.2
-        TB/s, the copy ceiling, where FA3's same figure is 4.3-4.8. No effect on the results (bitwise). The
-        requests x query tiles then go on CUDA's z axis: at most 65535. On the H200 (parity.sweep, 3 rounds, 2 s idle
-        before each timing, session 14) 1.06-1.11x faster on five H = 128 shapes, the one-wave B64 S16384 q_len 1
-        (600.4 -> 563.0 us) and the split-KV B8 S16384 (83.0 -> 77.7) included: adjacent CTAs share more than the
-        wave; over issue #5's 31 H = 128 rows 1.058x faster than session 7's run (0.96-1.17x).
-    kv_halves: (fp8 cache, transposed scores and P @ V of 16 rows: H = 16 at q_len 1, H = 8 at q_len 2; or of 32 rows,
-        H = 16 at q_len 2, H = 32 at q_len 1, with pv_registers (V's f16 copies do not fit beside q's 32 rows;
-        interpret mode runs it with them); elsewhere no effect) each compute warpgroup runs a whole step on its own,
-        on its own half of the CTA's KV steps (warpgroup 0 the first half, 1 the second): its own fp8 ring slot and
-        TMAs, its own f16 copy of V (the scores' rope columns converted in registers as the wgmma's left operand, no
-        f16 copy), its own column softmax, P and [512, 16] (or [512, 32]) O^T accumulator; the two partials (max, sum,
-        O^T) are merged through shared memory at the end, as split-KV's combine merges splits. Two step chains in
-        flight a CTA where "flashmla" runs one (warpgroup 0's scores and softmax, then both P @ V halves), so each
-        conversion runs beside the other warpgroup's wgmmas and softmax: at H = 16 the fp8 step is chain bound
-        (2.5-2.7 us against the 1.14 us its bytes take at the copy ceiling, NOTES_pallas_mosaic_gpu.md "Where fp8
-        stands"). Each slot is refilled as soon as its warpgroup has converted it. Not bitwise the default (the two
-        halves are summed in another order). The cross-warp column reductions run through a scratch of each
-        warpgroup's own (Pallas's reductions share one). The heuristic's pick where it runs and a split has two steps
-        or more, since session 20: on the H200 (parity.sweep, 3 rounds, 1 s idle) 1.19x faster than kv_halves=False at
-        H16 B128 S16384 (610.9 -> 514.4 us) and 1.20x at B32 S16384 (169.1 -> 141.4), 1.07x at B8 S4096 (21.6 ->
-        20.1), 1.03x slower at B1 S1024 (12.6 -> 13.0: 16 splits of one step, warpgroup 1 idle); 215 registers, no
-        spills (its first build, with the V chunks' conversion unrolled and constant buffer addresses, 255 with 820
-        bytes of spills, was 1.07-1.13x slower). At 32 rows (O^T [512, 32]: 128 registers a thread; 255 in all,
-        pv_wait 1 spilling 444 bytes) the heuristic's pick where a split has at least PV_REGISTERS_MIN_STEPS steps,
-        since session 26: on the H200 (parity.sweep, 3 rounds, 1 s idle, each sweep with FA3 beside it) 1.58x faster
-        than the one-chain path at H16 B128 S16384 q2 (739.1 -> 467.3 us), 1.20x at H32 B64 S4096 q1 (107.0 -> 89.1),
-        1.06x at H16 B64 S4096 q2 (107.6 -> 101.7; 32 steps a split), 1.09-1.44x slower at 16 steps a split and
-        1.30-1.58x at 4 and 8.
-    qk_registers: (kv_halves only; elsewhere no effect) every left operand of a step's scores S^T = K Q^T comes from
-        registers: each 64-column chunk of V is loaded from the fp8 slot in the WGMMA layout, converted, stored to V's
-        f16 copy (P @ V's operand) and handed to its scores' wgmma as it is. The scores then read no f16 copy back
-        from shared memory (64 KiB a step a warpgroup less), where the kv_halves step is bound by shared memory's
-        traffic (NOTES_pallas_mosaic_gpu.md, session 21). The same products in the same order as kv_halves's
-        (compiled: bitwise). A wgmma reads its left operand's registers while it runs, so each chunk's wgmma is
-        waited for (wgmma_wait(1)) before its registers take the chunk after next. The heuristic's pick wherever
-        kv_halves runs, since session 21: on the H200 (parity.sweep, 3 rounds, 1 s idle) 1.20x faster than kv_halves
-        alone at H16 B128 S16384 (513.1 -> 426.7 us) and 1.17x at B32 S16384 (140.9 -> 120.3); 192 registers, no
-        spills.
-    sums_at_end: (kv_halves only; elsewhere no effect) each warpgroup keeps its softmax sums
-        as a [64, 16] array, l = l * alpha + P element-wise (8 FMAs a thread a step), and reduces it down its columns
-        across its 4 warps once, after its last step, rather than at every step: a step's cross-warp reduction of the
-        sums (8 shuffles, two stores and loads through shared memory, 2 warpgroup barriers) is gone. The sums are
-        added in another order (not bitwise kv_halves's). The heuristic's pick wherever kv_halves runs, since session
-        22: on the H200 (parity.sweep, 3 rounds, 1 s idle) 1.05x faster than qk_registers alone at H16 B128 S16384
-        (432.2 -> 409.8 us), 1.06x at B32 S16384 (120.3 -> 113.1), 1.02x at B8 S4096 (19.1 -> 18.7); 201 registers
-        (193 without), no spills.
-    qk_permuted: (opt-in; with qk_registers, elsewhere no effect) each 64-column chunk of the fp8 slot (and the
-        rope's) is loaded 4 values a thread (the WGMMA_8BIT layout: two ldmatrix.x4 a chunk, where the WGMMA
-        layout takes 16 two-byte loads, each half a 128-byte wavefront), converted, stored to V's f16 copy in that
-        layout (its columns in order), and handed to the scores' wgmma as the WGMMA layout's registers without
-        moving them (_rewrap_8bit_as_wgmma): the wgmma then sees each 16 columns of the chunk permuted (QK_PERM),
-        so q's 576 columns are permuted the same way before the kernel (with the f16 conversion of a bf16 q: one
-        XLA fusion). The same products; a wgmma sums them in another order (not bitwise qk_registers). Compiled
-        only: interpret mode runs qk_registers's path (the interpreter has no rule for inline_mgpu: ValueError,
-        session 41); QK_PERM is checked against jax's layouts on the CPU and the kernel compiled on the H200. The
-        heuristic's pick wherever kv_halves runs, since session 23: on the H200 (parity.sweep, 3 rounds, 1 s idle)
-        1.06x faster than qk_registers with sums_at_end at H16 B128 S16384 (400.9 -> 376.7 us, 3.22 TB/s of fp8
-        bytes), 1.05x at B32 S16384 (113.3 -> 108.3), 1.01x at B8 S4096 (18.6 -> 18.4); 196 registers, no spills;
-        the PTX's 192 ld.shared.b16 gone (ldmatrix 50 -> 74).
-    pv_registers: (with qk_permuted, elsewhere no effect; compiled only) P @ V's left operand V^T comes
-        from registers too, loaded from the fp8 slot by ldmatrix.trans (_load_vt_fp8: two fp8 columns a 16-bit
-        value), converted and masked there: no f16 copy of V (64 KiB of stores and 64 KiB of the wgmmas' reads a
-        step a warpgroup, session 21's count of the binding traffic, against 36 KiB more of loads), and the 128 KiB
-        of the copies free for a second ring slot a warpgroup (its step k + 2 refilled after step k's P @ V has
-        loaded the slot). The wgmma sees V's columns permuted within each 16 (PV_PERM), so O^T's rows are: the
-        output's columns are put back in order (PV_UNPERM) by the split-KV combine's gather (mla_jax.combine's
-        col_order, since session 27) or, with one split, by a gather of their own. The same products in the
-        same order as qk_permuted's. In interpret mode qk_registers's path. The heuristic's pick where kv_halves
-        runs and a split has at least PV_REGISTERS_MIN_STEPS steps, since session 25: on the H200 (parity.sweep, 3
-        rounds, 1 s idle, with pv_wait=4) 1.07x faster than qk_permuted at H16 B128 S16384 (387.7 -> 362.5 us),
-        1.01x at B32 S16384 (107.1 -> 106.1), 1.12x slower at B8 S4096 (18.2 -> 20.3, 4 steps a split). Each fp8
-        value is converted twice (the scores' K, this V^T): the warps' instruction issue binds
-        (NOTES_pallas_mosaic_gpu.md, session 25).
-    pv_wait: (pv_registers only) P @ V chunks left in flight after each chunk's wgmma is issued (wgmma_wait's
-        argument; each chunk's left operand in its own registers, its 8 wgmmas unrolled); 8: none awaited before the
-        step's end. 4 the default: on the H200 (session 25, 3 rounds) 1 / 2 / 4 / 8 took 389.1 / 389.6 / 374.5 /
-        382.8 us at H16 B128 S16384 (202 / 223 / 254 / 255 registers, 8 spilling 8 bytes), 109.3 / 109.0 / 108.6 /
-        107.1 at B32 S16384. The heuristic takes 1 at 32 rows: on the H200 (session 26, 3 rounds) 1 / 2 / 4 / 8 took
-        102.7 / 114.3 / 116.7 / 119.4 us at H16 B64 S4096 q2 (255 registers; 1 spilling 444 bytes, 2 968, 4 none).
-    zero_tail: (kv_halves only; elsewhere no effect) a masked step (the one that runs past kv_len) first zeroes its
-        ring slot's rows from kv_len on in shared memory (the fp8 bytes: a load, select and store of its 9 chunks,
-        then a warpgroup barrier), and then converts the slot as an unmasked step does: no select on the keys in
-        K's or V^T's registers (only the scores' mask stays). Session 27 (ncu, one call): the 32-row kernel took
-        73.2 us at H32 B64 S4096 q_len 1 (no masked step) and 82.1 at S4095 (one), 81.8 at H16 B64 S4096 q_len 2;
-        16 rows at H16 B128 S16384 347.6, S16383 349.7. The same values in the same order (bitwise zero_tail=False,
-        compiled). The heuristic's pick with pv_registers, since session 27: on the H200 (parity.sweep, 3 rounds, 1 s
-        idle) 1.11x faster at H32 B64 S4095 q1 (103.3 -> 93.2 us), 1.10x at H16 B64 S4096 q2 (102.0 -> 92.6), 1.03x
-        at H32 B64 S4096 q1 (89.9 -> 86.9, no masked step: the kernel's registers), 1.00x at H16 B128 S16383;
-        without pv_registers 1.02x slower at H16 B8 S4095 (18.9 -> 19.3).
-    load_ahead: (qk_permuted only; elsewhere no effect) each 64-column chunk's shared-memory loads are issued a chunk
-        ahead of its conversion: the scores' K chunks (the rope's and chunk 0's first, then chunk c + 1's before chunk
-        c is converted) and, with pv_registers, P @ V's V^T words (_load_vt_fp8_words; chunk 0's before the softmax,
-        chunk c + 1's before chunk c's conversion), P's buffer index then read once a step, not a chunk. Session 30's
-        ncu profile of the 16-row step (H16 B128 S16384, parity/NOTES_pallas_mosaic_gpu.md): issue slots 40% busy, no
-        pipe above 41%, a quarter of the warps' stall samples on the first use of a just-loaded chunk (short
-        scoreboard), with two warps a scheduler to hide it. The same values in the same order (bitwise the default,
-        compiled). The heuristic's pick with pv_registers since session 30: on the H200 (parity.sweep, 3 rounds, 1 s
-        idle) 1.13x faster at H16 B128 S16384 (386.0 -> 341.1 us, 3.55 TB/s of fp8 bytes), 1.10x at B32 S16384
-        (106.2 -> 96.9), 1.10x at H16 B64 S4096 q2 (84.8 -> 76.9; 32 rows). Without pv_registers (V's f16 copies,
-        splits of fewer than 32 steps) assembled by ptxas on the CPU (session 37, parity.mosaic_ptx: 206 registers,
-        no spill at H16 B128 S16384), not yet run on a GPU or timed. Compiled only, as qk_permuted.
-    lazy_max: (kv_halves only, elsewhere no effect; opt-in, session 32) FA4's conditional rescaling in each step's
-        softmax: the running column max is kept while no score of the step passes it by more than LAZY_MAX_SLACK (8
-        in log2 units: P <= 2^8, in f16's range), the question asked of the whole warpgroup by one `bar.red.or`
-        (_lazy_col_max); only then the exact column max (the warps' exchange through shared memory: 3 shuffle
-        rounds, a store, a load, two warpgroup barriers) and alpha's rescale. The first step always takes it (the max
-        is -inf). The same sums at other scales: not bitwise the default, within its tolerances (the reference's
-        checks; its compiled tests passed, session 33). For the latency-bound 16-row step (session 30's ncu), where
-        the exchange sits between the scores and P @ V on each warpgroup's chain. On the H200 (parity.sweep, 3
-        rounds): 1.04x at H16 B128 S16384, 0.98x at B32 S16384, 1.03x at H16 B64 S4096 q2 (session 33), 0.92x at H16
-        B1 S1024, 0.98x at H128 B1 S1024 (session 35): not the heuristic's.
-    q_in_kernel: (an fp8 cache with a bf16 q, compiled; elsewhere no effect: an f16 q needs no conversion, interpret
-        mode converts in the wrapper) q's f16 conversion inside the kernel: its TMA writes q's bf16 bits into q's tile
-        (a bfloat16 view of the same bytes), and the warpgroups that read q (both with kv_halves, each half the tile's
-        rows; else warpgroup 0) convert it in place (_convert_q_in_place: per 16 columns of a row, two 16-byte loads, 8
-        cvt.rn.f16x2.f32, two stores; qk_permuted's column order, QK_PERM, in the same stores), then fence and
-        (kv_halves) meet at `sync_a` before their first wgmma. Without it q goes through an XLA fusion before the kernel
-        (the f16 conversion, and qk_permuted's gather): a kernel of its own in every fp8 call, which the bf16 path does
-        not have (session 27's ncu count at H16 B64 S4096 q_len 2: q's conversion and the output's gather ~8 us cold,
-        ~2-4 warm, of ~92). The same conversion (round to nearest even, beyond 65504 inf): bitwise the default for every
-        finite q (compiled, session 35, on every path it runs). On the H200 (parity.sweep, 3 rounds, session 35): 1.05x
-        faster at H16 B1 S1024 (12.06 -> 11.45 us), 1.02x at H128 B1 S1024 (14.98 -> 14.74), 1.01x at H16 B32 S16384
-        (95.7 -> 94.5), even at H16 B64 S4096 q2 (75.7), 0.97x at H16 B128 S16384 (335.3 -> 345.1; its rounds 335-347
-        against 337-353: within the card's spread). The heuristic's where the batch has at most Q_IN_KERNEL_MAX_TOKENS
-        query tokens (the XLA kernel it saves is a larger share of a small call).
-    pair_ring: (where load_ahead runs with pv_registers, pages of a multiple of 16 rows; compiled; elsewhere no
-        effect; session 36; the heuristic's at 16 rows since session 42) the fp8 cache seen two tokens a row
-        ([N, P / 2, 1152], a free reshape), the ring's slot 32 pair rows in 8 x 128 tiles with a 128-byte swizzle
-        (PAIR_TILES): each step's TMA brings whole 128-byte lines from rows 1152 bytes apart, the bf16 ring's boxes
-        and pitch at half the rows (the default's 64-byte box rows take half lines). The scores' K chunks, V^T and
-        zero_tail's zeroing read and write the slot by the kernel's own ldmatrix / stmatrix addresses (_pair_offset:
-        token 2 p + h's column c at pair row p, column 576 h + c; no bank conflict), each chunk's tokens in their
-        order: the same sums in the same order, bitwise the default (compiled, on an H100, session 36). On the H100
-        (parity.sweep, 3 rounds, session 36) 1.04x at H16 B128 S16384, 1.02x at B32 S16384, 0.93x at H16 B64 S4096
-        q2 (ptxas: 572 bytes of spill against the default's 436), 1.00x at H32 B64 S4096; session 42 (the same sweep,
-        H100) 1.02x / 1.01x / 0.93x at the first three; with q_in_kernel and split-KV at page size 16 bitwise too
-        (compiled, H100, session 42); not yet timed on the H200.
-    pdl: programmatic dependent launch. Every warpgroup first waits for the kernels before it in
-        the stream to finish and flush their memory (`griddepcontrol.wait`, before any access to
-        global memory), then lets the next kernel launch (`griddepcontrol.launch_dependents`); the
-        kernel is marked as using PDL, so XLA may launch it while the kernel before it is still
-        running (with `--xla_gpu_enable_pdl=true`), hiding the launch and the CTAs' set-up. No
-        effect on the results; none in interpret mode.
-
-    Removed in session 29, each measured slower than the default on the H200 and never the heuristic's pick (their code,
-    docs and timings: `git show d67a20e:mla_jax/pallas_mosaic_gpu.py`; parity/NOTES_pallas_mosaic_gpu.md):
-    schedule="three_wg" (1.05-1.30x slower, sessions 4 and 16), schedule="seesaw" (1.23-1.38x, session 7), l2_prefetch
-    (1.01-1.10x slower, sessions 18 and 22), late_row_sums (1.01-1.07x, session 19), pv_in_flight (1.22x, session 22),
-    wg0_share (1.04-1.09x, session 26), pv_copy_chunks (1.01-1.06x, session 26).
-    Built and removed in session 30 (`git show ef2dcba`), on the H200 at H16 B128 S16384 / B32 S16384 / H16 B64 S4096
-    q2: lazy_rescale (O^T's rescale in a branch taken only where alpha is not 1; 1.007x, 1.00x, 0.98x) and
-    pv_int_chunks=n (n of P @ V's V^T chunks converted by Marlin's integer form, 2^-8 of the values; bitwise; 2 / 3 /
-    4 chunks 1.01-1.07x slower): the 16-row step is latency-bound, not issue-bound (session 30's ncu profile).
-    Built in session 31 and removed after session 33's timing (`git show ee67c96:mla_jax/pallas_mosaic_gpu.py`):
-    interleave_steps (each unmasked step's P @ V interleaved chunk by chunk with the next step's scores, the ring's
-    slots refilled and awaited chunk by chunk; bitwise the default): on the H200 (parity.sweep, 3 rounds) at H16 B128
-    S16384 / B32 S16384 / H16 B64 S4096 q2 0.87x, 0.82x, 0.63x the heuristic's speed.
-    Built and removed in session 35 (`git show 11dcae4:mla_jax/pallas_mosaic_gpu.py`): prefetch_lines (on the kv_halves
-    path each ring TMA preceded by an L2 prefetch of the same step through the cache's flat view, 128-byte rows;
-    bitwise): on the H200 (parity.sweep, 3 rounds) 0.95x, 0.95x, 0.97x at the same three rows, though its probe
-    (parity.tma_probe's fp8_64_pf0) had taken in 5% more than the ring's 64-byte boxes alone.
-    Built in sessions 28-29 and removed in session 37 (`git show cb27ac9:mla_jax/pallas_mosaic_gpu.py`): qk_fp8 (the
-    scores on the e4m3 tensor cores, q in e4m3 parts; fails the lse tolerance on the H200, session 29: 2.6e-3 to
-    8.5e-3 absolute against 2e-3, Hopper's e4m3 accumulation) and qk_fp8_one_acc (an accumulator a part; fails alike).
-    Built in sessions 15-17 and removed in session 37 (`git show baa9ec8:mla_jax/pallas_mosaic_gpu.py`), on the H200
-    at H = 128: deferred_pv (warpgroup 1's P @ V of a step under warpgroup 0's softmax of the next, the ring's slots
-    filled and awaited in two column parts, [0, 256) refilled by warpgroup 0 and [256, 576) by warpgroup 1; 1.01-1.15x
-    slower in three versions, sessions 15-16), split_ring (that two-part ring without the deferral; 1.03-1.11x slower,
-    session 16) and part_wait (the two parts refilled at once by warpgroup 1; neutral to 1.04x slower, session 17).
-    Built in session 10 and removed in session 38 (`git show 0e8195f:mla_jax/pallas_mosaic_gpu.py`): fp8_convert="bits"
-    (e4m3 -> f16 by integer arithmetic, Marlin's fast FP8 -> FP16: prmt, shift, lop3 and an f16x2 multiplication by
-    2^8, on the integer and FMA pipes) and "mixed" (cvt for the even chunks, bits for the odd), both exact, bitwise
-    "cvt". On the H200 (parity.sweep, 3 rounds) "bits" was 1.13-1.15x slower on four shapes (session 10) and "mixed"
-    1.01-1.04x (sessions 10-11); on pv_registers's V^T loads 1.20x and 1.10x slower at H16 B128 S16384 (session 25): the
-    warps' instruction issue binds, not the conversion pipe.
-    Built in session 14 and removed in session 39 (`git show eedef41:mla_jax/pallas_mosaic_gpu.py`): kv_multicast (a
-    request's two head tiles as one 2-CTA cluster, each KV step loaded once, each CTA's TMA half multicast to both;
-    bitwise the default grid): on the H200 (parity.sweep, 3 rounds, on top of heads_fastest) 0.98-1.02x on five H =
-    128 rows: with the head tiles together the second read already hits L2, and the step is compute-bound.
-    Built in session 35 and removed in session 42 (`git show 9280851:mla_jax/pallas_mosaic_gpu.py`): wide_ring (the
-    fp8 ring slot's 512 latent columns in 8 x 128 tiles, 128-byte swizzle, beside a slot of the rope columns: the
-    latent in 128-byte box rows, its descriptor rounded down to the cache's first 512 columns by round_down_tiling, a
-    shim over Pallas's transform mapping, now parity.tma_probe's _round_down_tiling for its fp8_128r; odd tokens' rows
-    start mid-line; bitwise the default, compiled, H100, session 36): on the H100 (parity.sweep, 3 rounds) 1.02x at
-    H16 B128 S16384, 1.01x at B32 S16384, 0.97x at H16 B64 S4096 q2 (session 36); 1.01x (439.9 -> 435.0 us), 1.00x
-    (120.9 -> 121.0), 0.95x (86.0 -> 90.4) at the same rows (session 42), against pair_ring's 1.02x (430.0), 1.01x
-    (119.9), 0.93x (92.8): never the heuristic's pick (pair_ring's whole 128-byte lines are, at 16 rows); never timed
-    on the H200.
-    """
-
-    block_kv: int = 64
     num_splits: int = 1
-    max_concurrent_steps: int = 2
-    block_h: int = BLOCK_H
-    bt_chunk: int = 224
-    memory_warpgroup: bool = False
-    schedule: str = "flashmla"
-    transposed_scores: bool = False
-    p_in_kv: bool = False
-    dequant_layout: str = "wgmma_8bit"
-    fused_dequant: bool = True
-    fused_group: int = 2
-    overlap_dequant: bool = True
-    overlap_wait: bool = True
-    transposed_pv: bool = False
-    heads_fastest: bool = False
-    kv_halves: bool = False
-    qk_registers: bool = False
-    sums_at_end: bool = False
-    qk_permuted: bool = False
-    pv_registers: bool = False
-    pv_wait: int = 4
-    zero_tail: bool = False
-    load_ahead: bool = False
-    lazy_max: bool = False
+    """KV splits a request's keys are cut into (flash-decoding); above 1 a combine kernel merges fp32 partials."""
+    launch_order: str = "requests_first"
+    """The grid's fastest axis: "heads_first" launches a request's head tiles together so the second reads each KV
+    step from L2 (1.06-1.11x at H = 128); "requests_first" the requests."""
+    transpose: str = "none"
+    """The tile's layout where it uses at most 32 of its 64 rows: "scores" computes S^T = K Q^T (4x less tensor work
+    at 16 rows), "scores_and_pv" also O^T = V^T P^T (1.03-1.13x over "scores" at 16 and 32 rows)."""
+    warpgroup_halves: bool = False
+    """(fp8, "scores_and_pv" at 16 or 32 rows) each compute warpgroup runs whole steps on its own half of the
+    split's KV steps, two step chains a CTA (1.19x at H = 16, q_len 1)."""
+    v_from_ring: bool = False
+    """(with warpgroup_halves, compiled) P @ V's V^T loaded from the fp8 ring into registers, no f16 copy of V,
+    which frees a second ring slot a warpgroup (1.07x where a split has 32 steps or more)."""
+    pv_in_flight: int = 4
+    """(with v_from_ring) P @ V chunks left running as the next is issued (1 at 32 rows, where registers bind)."""
     q_in_kernel: bool = False
-    pair_ring: bool = False
-    pdl: bool = False
+    """(fp8 with a bf16 q, compiled) q converted to f16 inside the kernel rather than by an XLA op before it."""
+    ring_pairs: bool = False
+    """(with v_from_ring, pages of a multiple of 16 tokens) the fp8 ring holds two tokens a row, so each TMA moves
+    whole 128-byte lines (1.01-1.02x at 16 rows on the H100)."""
 
     def __post_init__(self):
-        for name in ("block_kv", "num_splits", "max_concurrent_steps", "block_h", "bt_chunk", "pv_wait"):
+        for name in ("num_splits", "pv_in_flight"):
             x = getattr(self, name)
             if isinstance(x, bool) or not isinstance(x, int):
                 raise ValueError(f"{name} must be an int, got {name}={x!r}")
-        for name in ("memory_warpgroup", "pdl", "transposed_scores", "p_in_kv", "fused_dequant", "overlap_dequant",
-                     "overlap_wait", "transposed_pv", "heads_fastest", "kv_halves", "qk_registers",
-                     "sums_at_end", "qk_permuted", "pv_registers", "zero_tail", "load_ahead", "lazy_max", "q_in_kernel",
-                     "pair_ring"):
+        for name in ("warpgroup_halves", "v_from_ring", "q_in_kernel", "ring_pairs"):
             x = getattr(self, name)
             if not isinstance(x, bool):
                 raise ValueError(f"{name} must be a bool, got {name}={x!r}")
-        block_kv, num_splits = self.block_kv, self.num_splits
-        max_concurrent_steps, block_h, bt_chunk = self.max_concurrent_steps, self.block_h, self.bt_chunk
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {SCHEDULES}, got schedule={self.schedule!r}")
-        if self.schedule != "split" and self.memory_warpgroup is True:
-            raise ValueError(f"schedule={self.schedule!r} has a compute warpgroup issue the TMAs: it needs "
-                             f"memory_warpgroup=False, got memory_warpgroup=True")
-        if self.transposed_scores and self.schedule != "flashmla":
-            raise ValueError(f"transposed_scores=True needs schedule='flashmla', got schedule={self.schedule!r}")
-        if self.kv_halves and (self.schedule != "flashmla" or not self.transposed_pv or max_concurrent_steps != 2):
-            raise ValueError(f"kv_halves=True needs schedule='flashmla' with transposed_pv=True (it runs where the "
-                             f"scores and P @ V are transposed) and 2 stages (a ring slot a warpgroup), got "
-                             f"schedule={self.schedule!r}, transposed_pv={self.transposed_pv}, {max_concurrent_steps=}")
-        if self.dequant_layout not in DEQUANT_LAYOUTS:
-            raise ValueError(f"dequant_layout must be one of {DEQUANT_LAYOUTS}, got dequant_layout={self.dequant_layout!r}")
-        if isinstance(self.fused_group, bool) or self.fused_group not in FUSED_GROUPS:
-            raise ValueError(f"fused_group must be one of {FUSED_GROUPS}, got fused_group={self.fused_group!r}")
-        if self.transposed_pv and not self.transposed_scores:
-            raise ValueError("transposed_pv=True needs transposed_scores=True (P^T is the transposed scores' P), "
-                             f"got transposed_scores={self.transposed_scores}")
-        if self.p_in_kv and (self.schedule != "flashmla" or self.transposed_scores):
-            raise ValueError(f"p_in_kv=True needs schedule='flashmla' with plain scores, got "
-                             f"schedule={self.schedule!r}, transposed_scores={self.transposed_scores}")
-        if block_kv != 64:
-            # 64 = two 32-row score tiles, one per compute warpgroup. (32 would need
-            # a zero-fill of 16-row V tiles, which the WGMMA register layout cannot hold.)
-            raise ValueError(f"block_kv must be 64, got {block_kv=}")
-        if num_splits < 1:
-            raise ValueError(f"num_splits must be >= 1, got {num_splits=}")
-        if max_concurrent_steps < 1:
-            raise ValueError(f"max_concurrent_steps must be >= 1, got {max_concurrent_steps=}")
-        if block_h != BLOCK_H:
-            raise ValueError(f"block_h must be {BLOCK_H} (the wgmma M dimension), got {block_h=}")
-        if bt_chunk < 32 or bt_chunk % 32:
-            raise ValueError(f"bt_chunk must be a positive multiple of 32, got {bt_chunk=}")
-        if not 1 <= self.pv_wait <= KV_LORA_RANK // 64:
-            raise ValueError(f"pv_wait must be in [1, {KV_LORA_RANK // 64}] (P @ V chunks in flight), got "
-                             f"pv_wait={self.pv_wait}")
-        smem = self.smem_bytes()
-        if smem > SMEM_LIMIT_BYTES:
-            raise ValueError(
-                f"config needs {smem} bytes of shared memory > {SMEM_LIMIT_BYTES} (Hopper's 227 KiB): "
-                f"{block_kv=}, {max_concurrent_steps=}, {bt_chunk=}; use at most 2 stages"
-            )
-
-    def smem_bytes(self, dtype_bytes: int = 2) -> int:
-        """Shared memory the kernel allocates (each allocation rounded up to 1 KiB, as Mosaic GPU does).
-        With transposed_scores the q tile holds only the rows in use (at most 32) and the cross-warp
-        reductions take REDUCTION_SCRATCH_BYTES: less than this, the full tile's need."""
-
-        def alloc(n):
-            return -(-n // SMEM_ALIGNMENT) * SMEM_ALIGNMENT
-
-        q = alloc(BLOCK_H * HEAD_DIM * dtype_bytes)
-        kv = alloc(self.max_concurrent_steps * self.block_kv * HEAD_DIM * dtype_bytes)
-        p = alloc(4) if self.p_in_kv else alloc(BLOCK_H * self.block_kv * dtype_bytes)  # (p_in_kv: a placeholder)
-        f32_misc = alloc((4 if self.p_in_kv else NUM_COMPUTE_WGS) * BLOCK_H * 4)
-        i32_misc = alloc((INFO_WORDS + self.bt_chunk) * 4)
-        # q, info, bt; kv_ready, kv_consumed (p_in_kv: and p_ready) a slot; sync_a, sync_b
-        per_slot = 2 + int(self.p_in_kv)
-        barriers = 8 * (3 + per_slot * self.max_concurrent_steps + 2)
-        return q + kv + p + f32_misc + i32_misc + barriers
+        if self.launch_order not in LAUNCH_ORDERS:
+            raise ValueError(f"launch_order must be one of {LAUNCH_ORDERS}, got launch_order={self.launch_order!r}")
+        if self.transpose not in TRANSPOSES:
+            raise ValueError(f"transpose must be one of {TRANSPOSES}, got transpose={self.transpose!r}")
+        if self.num_splits < 1:
+            raise ValueError(f"num_splits must be >= 1, got num_splits={self.num_splits}")
+        if not 1 <= self.pv_in_flight <= KV_LORA_RANK // 64:
+            raise ValueError(f"pv_in_flight must be in [1, {KV_LORA_RANK // 64}] (P @ V chunks), got "
+                             f"pv_in_flight={self.pv_in_flight}")
+        if self.warpgroup_halves and self.transpose != "scores_and_pv":
+            raise ValueError(f"warpgroup_halves=True runs where the scores and P @ V are transposed: it needs "
+                             f"transpose='scores_and_pv', got transpose={self.transpose!r}")
 
 
 def _tile_geometry(num_heads: int) -> tuple[int, int, int]:
@@ -1001,8 +604,7 @@ def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_re
     q_tiles = None if max_query_len is None else -(-max(1, max_query_len) // tpt)  # query tiles a request
     tiles = _num_tiles_bound(num_tokens, num_reqs, tpt) if q_tiles is None else num_reqs * q_tiles
     ctas = tiles * (heads // hp)
-    block_kv = 64
-    max_steps = max(1, -(-max_blocks * config.page_size // block_kv))
+    max_steps = max(1, -(-max_blocks * config.page_size // BLOCK_KV))
 
     def cost(s):
         waves = -(-ctas * s // num_sms)
@@ -1054,7 +656,6 @@ def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_re
     # B32 S4096 q2 (198.0 -> 195.0), 1.02x at B8 S4096 (40.5 -> 39.8), and at H = 16, q_len 2 (32 rows) 1.025x at
     # B128 S16384 (749.3 -> 731.2), 1.005x at B64 S4096 (107.5 -> 107.0). (Session 10 had 2 ahead, before the later
     # changes of the fused path.)
-    fused_group = 4 if fp8 else 2
     # With kv_halves, P @ V's left operand from the fp8 slot (pv_registers, 4 chunks in flight) where a split has at
     # least PV_REGISTERS_MIN_STEPS steps: on the H200 (parity.sweep, 3 rounds, 1 s idle, session 25) 1.07x faster at
     # H16 B128 S16384 (387.7 -> 362.5 us), 1.01x at B32 S16384 (107.1 -> 106.1; 64 steps a split), 1.12x slower at
@@ -1074,12 +675,12 @@ def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_re
     # session 36's (1.04x, 1.02x); at 32 rows 0.93x (H16 B64 S4096 q2, 86.0 -> 92.8: more spills), so not there.
     # Not yet timed on the H200.
     pair_ring = pv_registers and rows == TRANSPOSED_PV_ROWS[0] and pair_ring_fits(config.page_size)
-    return MosaicConfig(block_kv=block_kv, num_splits=num_splits, max_concurrent_steps=2, fused_group=fused_group,
-                        transposed_scores=rows <= TRANSPOSED_MAX_ROWS or transposed_pv, transposed_pv=transposed_pv,
-                        heads_fastest=heads_fastest, kv_halves=kv_halves, qk_registers=kv_halves,
-                        sums_at_end=kv_halves, qk_permuted=kv_halves, pv_registers=pv_registers, pv_wait=pv_wait,
-                        zero_tail=pv_registers, load_ahead=pv_registers, pair_ring=pair_ring,
-                        q_in_kernel=fp8 and num_tokens <= Q_IN_KERNEL_MAX_TOKENS)
+    transposed_scores = rows <= TRANSPOSED_MAX_ROWS or transposed_pv
+    return MosaicConfig(num_splits=num_splits,
+                        launch_order="heads_first" if heads_fastest else "requests_first",
+                        transpose="scores_and_pv" if transposed_pv else "scores" if transposed_scores else "none",
+                        warpgroup_halves=kv_halves, v_from_ring=pv_registers, pv_in_flight=pv_wait,
+                        ring_pairs=pair_ring, q_in_kernel=fp8 and num_tokens <= Q_IN_KERNEL_MAX_TOKENS)
 
 
 def tma_windows(shape) -> list[tuple[tuple[int, int], ...]]:
@@ -1156,14 +757,9 @@ def unsupported_reason(config: MLAConfig, device=None) -> str | None:
 
 
 def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int, num_h_tiles: int, q_tiles: int,
-                  num_reqs: int, num_splits: int, block_kv: int, stages: int, bt_chunk: int, scale_log2: float,
-                  memory_wg: bool, schedule: str, score_rows: int = 0, pdl: bool = False, fp8: bool = False,
-                  p_in_kv: bool = False, dequant_layout: str = "wgmma", fused_dequant: bool = False,
-                  fused_group: int = 1, overlap_dequant: bool = False,
-                  overlap_wait: bool = False, transposed_pv: bool = False, heads_fastest: bool = False,
-                  kv_halves: bool = False, qk_registers: bool = False,
-                  sums_at_end: bool = False, qk_permuted: bool = False, pv_registers: bool = False, pv_wait: int = 4,
-                  zero_tail: bool = False, load_ahead: bool = False, q_bits: bool = False, lazy_max: bool = False,
+                  num_reqs: int, num_splits: int, bt_chunk: int, scale_log2: float, score_rows: int = 0,
+                  fp8: bool = False, transposed_pv: bool = False, heads_fastest: bool = False,
+                  kv_halves: bool = False, pv_registers: bool = False, pv_wait: int = 4, q_bits: bool = False,
                   pair_ring: bool = False, out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others).
 
@@ -1171,37 +767,30 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     tile the fastest): CTA (hb, split, g) takes request g // q_tiles,
     its query tokens [lt * tpt, lt * tpt + tpt) for lt = g % q_tiles (none: the CTA returns), heads
     [hb * 64, hb * 64 + 64) (or all `heads` x tpt tokens when heads < 64), and its split of the KV.
-    score_rows > 0 (a multiple of hp below 64; "flashmla" only): the tile's rows in use, whose scores
+    score_rows > 0 (a multiple of hp below 64): the tile's rows in use, whose scores
     warpgroup 0 computes transposed (MosaicConfig.transposed_scores); q holds only those rows.
-    pdl: programmatic dependent launch (MosaicConfig.pdl).
-    kv_halves: MosaicConfig's (an fp8 cache, transposed_pv at 16 rows, 2 stages: a ring slot a warpgroup;
-    compute_tile_halves).
-    qk_registers: MosaicConfig's (kv_halves only: the scores' left operands from registers).
-    sums_at_end: MosaicConfig's (kv_halves only: the softmax sums reduced across warps once, at the end).
-    qk_permuted: MosaicConfig's (with qk_registers only: q's columns permuted by QK_PERM, the caller's).
-    pv_registers: MosaicConfig's (with qk_permuted only: P @ V's left operand from the fp8 slot, a ring of two slots a
-    warpgroup; the output's columns permuted by PV_PERM, the caller undoes it). pv_wait, zero_tail: MosaicConfig's
-    (zero_tail kv_halves only).
-    lazy_max: MosaicConfig's (kv_halves only).
-    pair_ring: MosaicConfig's (with load_ahead and pv_registers, compiled; pages of a multiple of 16 rows): kv_cache
+    kv_halves: MosaicConfig's (an fp8 cache, transposed_pv at 16 or 32 rows: a ring slot a warpgroup;
+    compute_tile_halves), with the scores' left operands from registers, the sums reduced once at the end and
+    (compiled) q's columns permuted by QK_PERM, the caller's.
+    pv_registers: MosaicConfig's (with kv_halves, compiled: P @ V's left operand from the fp8 slot, a ring of two
+    slots a warpgroup, each chunk's loads a chunk ahead, the masked step's slot tail zeroed in shared memory; the
+    output's columns permuted by PV_PERM, the caller undoes it). pv_wait: MosaicConfig's.
+    pair_ring: MosaicConfig's (with pv_registers, compiled; pages of a multiple of 16 rows): kv_cache
     comes as [N, P / 2, 1152].
     q_bits: (MosaicConfig.q_in_kernel: an fp8 cache, compiled) q [T, heads, 576] is bfloat16, unpermuted: its TMA
-    writes a bfloat16 view of q's tile, which the warpgroups reading q convert to f16 in place (qk_permuted: in
+    writes a bfloat16 view of q's tile, which the warpgroups reading q convert to f16 in place (kv_halves: in
     QK_PERM's column order) before their first wgmma.
-    p_in_kv, dequant_layout, fused_dequant, fused_group, overlap_dequant, overlap_wait, transposed_pv:
-    MosaicConfig's (all but transposed_pv fp8 only;
-    overlap_dequant needs transposed scores of at most OVERLAP_MAX_ROWS rows, and then fused_dequant is ignored;
-    transposed_pv transposed scores of TRANSPOSED_PV_ROWS rows).
-    fp8 ("flashmla" only): the cache is float8_e4m3fn; the TMAs fill a ring of fp8 steps, and each compute
-    warpgroup dequantizes its own columns of the next step into one `dtype` buffer after its P @ V of the
-    current one (`deq_ready`); the per-tensor k_scale (info word 3, float32 bits) scales the scores and the
+    fp8: the cache is float8_e4m3fn; the TMAs fill a ring of fp8 steps, and the compute warpgroups convert them to
+    `dtype` (plain scores: warpgroup 0 fused into its scores, FUSED_GROUP chunks between two fences, warpgroup 1
+    its half after its P @ V; transposed scores of at most OVERLAP_MAX_ROWS rows: the next step under this step's
+    P @ V). The per-tensor k_scale (info word 3, float32 bits) scales the scores and the
     output. `dtype` (q, the wgmma operands) is then float16: e4m3 -> f16 is one exact conversion per two
     values. out_dtype: the final output's dtype (default `dtype`).
     """
     if fp8 and dtype != jnp.float16:
         raise ValueError(f"an fp8 cache runs the wgmmas in float16, got dtype={jnp.dtype(dtype).name}")
     out_dtype = dtype if out_dtype is None else out_dtype
-    half = block_kv // 2  # KV rows of a step whose scores one compute warpgroup computes
+    block_kv, stages = BLOCK_KV, STAGES
     tpt = BLOCK_H // hp  # query tokens per tile
     if page_size >= block_kv:
         pages_per_step, steps_per_page = 1, page_size // block_kv
@@ -1210,58 +799,37 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     if bt_chunk % pages_per_step:
         raise ValueError(f"bt_chunk={bt_chunk} must be a multiple of pages_per_step={pages_per_step}")
     split_out = num_splits > 1
-    flashmla = schedule == "flashmla"
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule=}")
-    if score_rows and (not flashmla or score_rows % hp or not 0 < score_rows < BLOCK_H):
-        raise ValueError(f"score_rows={score_rows} needs schedule='flashmla' and a multiple of {hp=} below {BLOCK_H}")
-    if p_in_kv and (not flashmla or score_rows or fp8):
-        raise ValueError(f"p_in_kv needs schedule='flashmla', plain scores and a 16-bit cache, got {schedule=}, "
-                         f"{score_rows=}, {fp8=}")
-    if overlap_dequant and not (fp8 and flashmla and 0 < score_rows <= OVERLAP_MAX_ROWS):
-        raise ValueError(f"overlap_dequant needs an fp8 cache, schedule='flashmla' and transposed scores of at most "
-                         f"{OVERLAP_MAX_ROWS} rows, got {fp8=}, {schedule=}, {score_rows=}")
-    if transposed_pv and not (flashmla and score_rows in TRANSPOSED_PV_ROWS):
-        raise ValueError(f"transposed_pv needs schedule='flashmla' and transposed scores of {TRANSPOSED_PV_ROWS} rows, "
-                         f"got {schedule=}, {score_rows=}")
-    if kv_halves and not (fp8 and transposed_pv and score_rows in TRANSPOSED_PV_ROWS and stages == 2
-                          and not memory_wg):
-        raise ValueError(f"kv_halves needs an fp8 cache, transposed_pv at {TRANSPOSED_PV_ROWS} rows and 2 stages, "
-                         f"without a memory warpgroup, got {fp8=}, {transposed_pv=}, {score_rows=}, {stages=}, "
-                         f"{memory_wg=}")
+    if score_rows and (score_rows % hp or not 0 < score_rows < BLOCK_H):
+        raise ValueError(f"score_rows={score_rows} needs a multiple of {hp=} below {BLOCK_H}")
+    if transposed_pv and score_rows not in TRANSPOSED_PV_ROWS:
+        raise ValueError(f"transposed_pv needs transposed scores of {TRANSPOSED_PV_ROWS} rows, got {score_rows=}")
+    if kv_halves and not (fp8 and transposed_pv and score_rows in TRANSPOSED_PV_ROWS):
+        raise ValueError(f"kv_halves needs an fp8 cache and transposed_pv at {TRANSPOSED_PV_ROWS} rows, "
+                         f"got {fp8=}, {transposed_pv=}, {score_rows=}")
     if kv_halves and score_rows > TRANSPOSED_PV_ROWS[0] and not (pv_registers or interpret):
         raise ValueError(f"kv_halves at {score_rows} rows fits shared memory only without V's f16 copies: it needs "
                          f"pv_registers=True (or interpret mode), got {pv_registers=}")
-    if zero_tail and not kv_halves:
-        raise ValueError(f"zero_tail zeroes a kv_halves slot's tail: it needs kv_halves=True, got {kv_halves=}")
-    if pair_ring and not (load_ahead and pv_registers and not interpret and pair_ring_fits(page_size)):
-        raise ValueError(f"pair_ring reads the scores' K chunks on load_ahead's path and V^T by pv_registers's "
-                         f"ldmatrix (compiled) from slots of pair rows, a page a multiple of 8 of them: it needs "
-                         f"load_ahead=True, pv_registers=True, interpret=False and a page_size multiple of 16, got "
-                         f"{load_ahead=}, {pv_registers=}, {interpret=}, {page_size=}")
-    if load_ahead and not (qk_permuted and not interpret):
-        raise ValueError(f"load_ahead loads qk_permuted's chunks (and pv_registers's) a chunk ahead (compiled): it "
-                         f"needs qk_permuted=True and interpret=False, got {qk_permuted=}, {interpret=}")
-    if qk_registers and not kv_halves:
-        raise ValueError(f"qk_registers runs inside kv_halves's step: it needs kv_halves=True, got {kv_halves=}")
-    if sums_at_end and not kv_halves:
-        raise ValueError(f"sums_at_end keeps kv_halves's column sums: it needs kv_halves=True, got {kv_halves=}")
-    if qk_permuted and not qk_registers:
-        raise ValueError(f"qk_permuted loads qk_registers's left operands: it needs qk_registers=True, got "
-                         f"{qk_registers=}")
-    if pv_registers and not (qk_permuted and not interpret):
-        raise ValueError(f"pv_registers loads P @ V's left operand beside qk_permuted's (compiled): it needs "
-                         f"qk_permuted=True and interpret=False, got {qk_permuted=}, {interpret=}")
-    if q_bits and not (fp8 and flashmla and not memory_wg and not interpret):
-        raise ValueError(f"q_bits (q_in_kernel) converts a bf16 q beside an fp8 cache in the flashmla schedule "
-                         f"(compiled), got {fp8=}, {schedule=}, {memory_wg=}, {interpret=}")
-    if kv_halves:
-        overlap_dequant = fused_dequant = False  # (each warpgroup converts its own steps: compute_tile_halves)
-    if overlap_dequant:
-        fused_dequant = False  # (the scores of a step wait for its whole f16 copy, converted during the last step)
+    if pv_registers and not (kv_halves and not interpret):
+        raise ValueError(f"pv_registers loads P @ V's left operand beside kv_halves's permuted chunks (compiled): it "
+                         f"needs kv_halves=True and interpret=False, got {kv_halves=}, {interpret=}")
+    if pair_ring and not (pv_registers and pair_ring_fits(page_size)):
+        raise ValueError(f"pair_ring reads the scores' K chunks and V^T by pv_registers's ldmatrix (compiled) from "
+                         f"slots of pair rows, a page a multiple of 8 of them: it needs pv_registers=True and a "
+                         f"page_size multiple of 16, got {pv_registers=}, {page_size=}")
+    if q_bits and not (fp8 and not interpret):
+        raise ValueError(f"q_bits (q_in_kernel) converts a bf16 q beside an fp8 cache (compiled), got {fp8=}, "
+                         f"{interpret=}")
+    # kv_halves: the scores' left operands from registers, viewed permuted (compiled: the interpreter has no rule
+    # for inline_mgpu nor for a wgmma's left operand in registers); pv_registers: the loads a chunk ahead
+    qk_permuted = kv_halves and not interpret
+    load_ahead = zero_tail = pv_registers
+    # fp8 without kv_halves: the next step converted under this step's P @ V (transposed scores of at most
+    # OVERLAP_MAX_ROWS rows), else warpgroup 0's columns converted inside the scores (fused)
+    overlap_dequant = fp8 and not kv_halves and 0 < score_rows <= OVERLAP_MAX_ROWS
+    fused_dequant = fp8 and not kv_halves and not overlap_dequant
     q_rows = score_rows or BLOCK_H  # rows of q in SMEM
     q_toks = q_rows // hp  # tokens of q loaded per tile
-    producer_wg = 1 if flashmla else 0  # (FlashMLA: warpgroup 1 has the lighter step)
+    producer_wg = 1  # (FlashMLA: warpgroup 1 has the lighter step)
 
     def body(q_ref, kv_ref, sched_ref, out_ref, lse_ref,
              q_kv_or_stage, p_smem, x_smem, i_smem,
@@ -1295,14 +863,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             (deq_ready,) = extra_barriers
         else:
             (q_smem, kv_smem), stage = q_kv_or_stage
-        if p_in_kv:
-            # p_ready per slot: warpgroup 0 can run one step ahead of warpgroup 1's wait (nothing makes it
-            # wait for P's release), never two (step k + 2 reuses the slot of step k, released after the
-            # P @ V of step k)
-            p_ready_slot, *extra_barriers = extra_barriers
-        if pdl and not interpret:  # (the interpreter runs kernels in order: nothing to wait for)
-            plgpu.griddepcontrol_wait()  # the kernels before this one are done: their writes are visible
-            plgpu.griddepcontrol_launch_dependents()
         hb = lax.axis_index("h")
         split = lax.axis_index("split")
         g = lax.axis_index("tile")
@@ -1310,7 +870,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         req = lax.div(g, jnp.int32(q_tiles))
         lt = lax.rem(g, jnp.int32(q_tiles))
         info_smem = i_smem.at[pl.ds(0, INFO_WORDS)]
-        sums_row = stages if p_in_kv else 1  # ("flashmla") the row of x_smem with warpgroup 0's row sums
+        sums_row = 1  # the row of x_smem with warpgroup 0's row sums
 
         def tile_info():
             """(first token, tokens in the tile, first position, KV length seen, last page, step range)."""
@@ -1378,8 +938,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             """The fp8 cache's per-tensor scale, float32 bits in info word 3 (after tile_info's wait)."""
             return lax.bitcast_convert_type(info_smem[3], jnp.float32)
 
-        # the registers' layout of an fp8 chunk: WGMMA (2 fp8 values a thread and load) or WGMMA_8BIT (4)
-        deq_layout = plgpu.Layout.WGMMA_8BIT if dequant_layout == "wgmma_8bit" else plgpu.Layout.WGMMA
+        # the registers' layout of an fp8 chunk: WGMMA_8BIT (4 fp8 values a thread and load)
+        deq_layout = plgpu.Layout.WGMMA_8BIT
 
         def rows_below(valid, layout=None):
             """[block_kv, 64] in `layout` (default deq_layout): row < valid (the rows of a step kept by its
@@ -1447,11 +1007,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             kv_pos = plgpu.broadcasted_iota(jnp.int32, s.shape, key_ax, layout=plgpu.Layout.WGMMA) + first_key
             visible = ((kv_pos - first_pos) * hp <= row) & (kv_pos < kv_len)
             return jnp.where(visible, s * scale, MASK_VALUE)
-
-        def p_in_slot(slot):
-            """The 64 rope columns of KV slot `slot` (P's tiles and swizzle), where p_in_kv keeps
-            P of the slot's step: only the scores read them, and the slot is refilled only after its P @ V."""
-            return kv_smem.at[slot, :, pl.ds(KV_LORA_RANK, QK_ROPE_HEAD_DIM)]
 
         # ---------------------------------------------------------------- the producer
         def load_info():
@@ -1530,42 +1085,18 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             def _drain(i):
                 plgpu.barrier_wait(kv_consumed.at[lax.rem(i, jnp.int32(stages))])
 
-        if memory_wg:
-            @pl.when(wg == NUM_COMPUTE_WGS)
-            def _memory_wg():
-                plgpu.set_max_registers(40, action="decrease")
-                load_info()
-                first_tok, ntok, _, _, last_page, begin, end = tile_info()
-
-                @pl.when(ntok > 0)
-                def _():
-                    load_q(first_tok)
-                    n = end - begin
-
-                    @pl.loop(0, n)
-                    def _step(i):
-                        @pl.when(i >= stages)
-                        def _():
-                            plgpu.barrier_wait(kv_consumed.at[lax.rem(i, jnp.int32(stages))])
-
-                        issue_step(i, begin, last_page)
-
-                    drain(n)
-
         # ---------------------------------------------------------------- compute warpgroups
         def compute_wg(w: int):  # w is static: all SMEM slices below are static
-            if memory_wg:
-                plgpu.set_max_registers(232, action="increase")
-            if not memory_wg and w == producer_wg:
+            if w == producer_wg:
                 load_info()
             first_tok, ntok, first_pos, kv_len, last_page, begin, end = tile_info()
 
             @pl.when(ntok > 0)
             def _():
-                producer = not memory_wg and w == producer_wg
+                producer = w == producer_wg
                 n = end - begin
                 if producer:
-                    # This compute warpgroup is also the producer (0 for "split", 1 for "flashmla"): the
+                    # This compute warpgroup (1) is also the producer: the
                     # query tile and the first `stages` steps now, then step
                     # k + stages once the P @ V warpgroups released step k's slot (kv_consumed).
                     load_q(first_tok)
@@ -1583,93 +1114,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         plgpu.barrier_wait(kv_consumed.at[lax.rem(k - begin, jnp.int32(stages))])
                         issue_step(i, begin, last_page)
 
-                tile = compute_tile_flashmla if flashmla else compute_tile
-                tile(w, first_tok, ntok, first_pos, kv_len, begin, end, refill if producer else None)
+                compute_tile_flashmla(w, first_tok, ntok, first_pos, kv_len, begin, end, refill if producer else None)
                 if producer:
                     drain(n)
-
-        def compute_tile(w, first_tok, ntok, first_pos, kv_len, begin, end, refill):
-            plgpu.barrier_wait(q_bar)
-            v_cols = pl.ds(w * V_HALF, V_HALF)
-
-            m_i = plgpu.layout_cast(jnp.full((BLOCK_H,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
-            l_i = plgpu.layout_cast(jnp.full((BLOCK_H,), 0.0, jnp.float32), plgpu.Layout.WGMMA.reduce(1))
-            acc = plgpu.layout_cast(jnp.full((BLOCK_H, V_HALF), 0.0, jnp.float32), plgpu.Layout.WGMMA)
-
-            def issue_qk(s_ref, k):
-                """Waits step k's KV and issues S = Q @ K^T of this warpgroup's half (async wgmma)."""
-                slot = lax.rem(k - begin, jnp.int32(stages))
-                plgpu.barrier_wait(kv_ready.at[slot])
-                plgpu.wgmma(s_ref, q_smem, kv_smem.at[slot, pl.ds(w * half, half)].transpose((1, 0)))
-
-            def softmax_pv(k, s, carry, masked: bool):
-                """Step k given its raw scores s: (mask,) online softmax, P @ V, release the slot."""
-                acc, m_i, l_i = carry
-                slot = lax.rem(k - begin, jnp.int32(stages))
-                kv_start = k * block_kv
-                if masked:  # this warpgroup's keys begin at kv_start + w * half
-                    s = mask_scores(s, kv_start + w * half, first_pos, kv_len, scale_log2)
-                else:
-                    s = s * scale_log2
-
-                # Row max shared by the two compute warpgroups.
-                m_own = s.max(axis=1)
-                x_smem[w] = m_own
-                plgpu.barrier_arrive(sync_a)
-                plgpu.barrier_wait(sync_a)
-                m_other = plgpu.load(x_smem.at[1 - w], layout=plgpu.Layout.WGMMA.reduce(1))
-                m_new = jnp.maximum(m_i, jnp.maximum(m_own, m_other))
-                alpha = jnp.exp2(m_i - m_new)
-                p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
-                l_i = l_i * alpha + p.sum(axis=1)
-                acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-                p_smem[w] = p.astype(dtype)
-
-                # The step that runs past kv_len (the last of the tile, always a masked one):
-                # zero this warpgroup's V half of the invalid rows (their cache slots may hold
-                # NaN; 0 * NaN = NaN). Both warpgroups finished reading K of this slot before sync_a.
-                if masked:
-                    zero_v_tail(slot, kv_start, kv_len, w * V_HALF, V_HALF)
-
-                plgpu.commit_smem()
-                plgpu.barrier_arrive(sync_b)
-                plgpu.barrier_wait(sync_b)
-
-                def pv(acc_ref):
-                    for h in range(NUM_COMPUTE_WGS):
-                        plgpu.wgmma(acc_ref, p_smem.at[h], kv_smem.at[slot, pl.ds(h * half, half), v_cols])
-
-                acc = accumulate(acc, pv)
-                plgpu.barrier_arrive(kv_consumed.at[slot])
-                return acc, m_new, l_i
-
-            s_acc = plgpu.ACC((BLOCK_H, half), jnp.float32)
-
-            def kv_step(k, carry, masked):
-                def qk(s_ref):
-                    issue_qk(s_ref, k)
-                    return s_ref[...]
-
-                carry = softmax_pv(k, pl.run_scoped(qk, s_acc), carry, masked)
-                if refill is not None:
-                    refill(k)
-                return carry
-
-            # Steps whose every position is visible to every row (all <= first_pos, the tile's
-            # first token) skip the mask: no iota / compare / select registers in the main loop.
-            mid = jnp.clip(lax.div(first_pos + 1, jnp.int32(block_kv)), begin, end)
-            carry = lax.fori_loop(begin, mid, functools.partial(kv_step, masked=False), (acc, m_i, l_i))
-            acc, m_i, l_i = lax.fori_loop(mid, end, functools.partial(kv_step, masked=True), carry)
-
-            # Row sums: each warpgroup summed its own columns.
-            x_smem[w] = l_i
-            plgpu.barrier_arrive(sync_a)
-            plgpu.barrier_wait(sync_a)
-            l_tot = l_i + plgpu.load(x_smem.at[1 - w], layout=plgpu.Layout.WGMMA.reduce(1))
-            plgpu.barrier_arrive(sync_b)
-            plgpu.barrier_wait(sync_b)  # both read x_smem before it is reused for lse
-            lse = (m_i + jnp.log(l_tot) * (1.0 / LN2)) * LN2 if w == 0 else None
-            finish(w, acc, l_tot, lse, first_tok, ntok)
 
         def compute_tile_flashmla(w, first_tok, ntok, first_pos, kv_len, begin, end, refill):
             """FlashMLA's split of a step ("flashmla").
@@ -1706,24 +1153,15 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             def rescale(acc, f):
                 return acc * lax.broadcast_in_dim(f, acc.shape, [acc_ax])
 
-            def p_ref(slot):
-                """Where P of the step in `slot` is: the slot's rope columns (p_in_kv), else the P buffer."""
-                return p_in_slot(slot) if p_in_kv else p_smem
-
-            # (p_in_kv) the row of x_smem holding the rescale factor of the step in `slot` (the row sums': sums_row)
-            alpha_row = (lambda slot: slot) if p_in_kv else (lambda slot: 0)
-
             def pv(acc, half, slot):
                 v_cols = pl.ds(half * V_HALF, V_HALF)
                 v = kv_tile(slot).at[:, v_cols]
-                return accumulate(acc, lambda acc_ref: pv_wgmma(acc_ref, v, p_ref(slot)))
+                return accumulate(acc, lambda acc_ref: pv_wgmma(acc_ref, v))
 
-            # (overlap_dequant) the chunks of the next step each warpgroup converts: under its own P @ V of this
-            # step the rope and V's first half (warpgroup 0 three chunks, 1 two), then V's second half (two chunks
-            # each) once warpgroup 1's P @ V is done
-            ov_early = [0, 1, KV_LORA_RANK // 64] if w == 0 else [2, 3]
-            if overlap_wait:  # warpgroup 1 converts the whole first half before P, warpgroup 0 the rope only
-                ov_early = [KV_LORA_RANK // 64] if w == 0 else [0, 1, 2, 3]
+            # (overlap_dequant) the chunks of the next step each warpgroup converts: warpgroup 1 V's first half
+            # while it waits for P, warpgroup 0 the rope under its own P @ V of this step, then V's second half (two
+            # chunks each) once warpgroup 1's P @ V is done
+            ov_early = [KV_LORA_RANK // 64] if w == 0 else [0, 1, 2, 3]
             ov_late = [4, 5] if w == 0 else [6, 7]
 
             def overlap_release(k, chunks, wait: bool):
@@ -1815,9 +1253,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                             plgpu.barrier_wait(kv_ready.at[slot])
                         with jax.named_scope("dequant"):
                             keep = rows_below(kv_len - kv_start) if masked else None
-                            chunks = fused_chunks(0)  # the rope chunk alone, then the V half fused_group at a time
-                            groups = [chunks[:1]] + [chunks[i:i + fused_group]
-                                                     for i in range(1, len(chunks), fused_group)]
+                            chunks = fused_chunks(0)  # the rope chunk alone, then the V half FUSED_GROUP at a time
+                            groups = [chunks[:1]] + [chunks[i:i + FUSED_GROUP]
+                                                     for i in range(1, len(chunks), FUSED_GROUP)]
                             for group in groups:
                                 for c in group:
                                     convert_chunk(slot, c, keep)
@@ -1845,7 +1283,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                     l_i = l_i * alpha + p.sum(axis=key_ax)
 
-                    if not p_in_kv and not overlap_dequant:  # (overlap_dequant: awaited after step k - 1)
+                    if not overlap_dequant:  # (overlap_dequant: awaited after step k - 1)
                         @pl.when(k > begin)
                         @jax.named_scope("p_free_wait")
                         def _():
@@ -1855,9 +1293,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         p_t[...] = p.astype(dtype)
                         x_smem.at[0, pl.ds(0, n)][...] = alpha
                     else:
-                        # (p_in_kv: the slot's rope columns; this step's scores, their only reader, are done)
-                        p_ref(slot)[...] = p.astype(dtype)
-                        x_smem[alpha_row(slot)] = alpha
+                        p_smem[...] = p.astype(dtype)
+                        x_smem[0] = alpha
                     if masked and not fp8:  # (fp8: dequantize zeroed them)
                         # The step past kv_len: zero V's invalid rows (all 512 columns) before any
                         # P @ V reads them (their slots may hold NaN; 0 * NaN = NaN). The scores of
@@ -1865,7 +1302,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                         zero_v_tail(slot, kv_start, kv_len, 0, KV_LORA_RANK)
 
                     plgpu.commit_smem()  # (a warpgroup barrier too: alpha may be read back below)
-                    plgpu.barrier_arrive(p_ready_slot.at[slot] if p_in_kv else sync_a)  # p_ready
+                    plgpu.barrier_arrive(sync_a)  # p_ready
                     # its own P @ V half; P from SMEM here too (the interpreter's wgmma takes SMEM left operands only)
                     acc = rescale(acc, load_vec(0) if tr and not transposed_pv else alpha)
                     if overlap_dequant:
@@ -1880,12 +1317,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     else:
                         with jax.named_scope("pv"):
                             acc = pv(acc, 0, slot)
-                    if fp8:  # the next step, this warpgroup's columns (its P @ V of this one is done;
-                        # fused_dequant: converted in the next step's scores, the slot released there;
-                        # overlap_dequant: converted above)
-                        if not (fused_dequant or overlap_dequant):
-                            pl.when(k + 1 < end)(lambda: dequantize(0, k + 1, begin, kv_len))
-                    else:
+                    if not fp8:  # (fp8: the slot is released where it is converted)
                         plgpu.barrier_arrive(kv_consumed.at[slot])
                     return acc, m_new, l_i
 
@@ -1894,8 +1326,8 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 carry = lax.fori_loop(begin, mid, functools.partial(step, masked=False), (acc, m_i, l_i))
                 acc, m_i, l_i = lax.fori_loop(mid, end, functools.partial(step, masked=True), carry)
 
-                # Hand the row sums over once the P @ V warpgroups are done with the last alpha (p_in_kv:
-                # warpgroup 1 says so once, after its last step; else its last p_free).
+                # Hand the row sums over once the P @ V warpgroups are done with the last alpha (warpgroup 1's last
+                # p_free).
                 @pl.when(end > begin)
                 def _():
                     plgpu.barrier_wait(sync_b)
@@ -1914,22 +1346,21 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                 def step(k, acc):
                     slot = lax.rem(k - begin, jnp.int32(stages))
-                    if overlap_dequant and overlap_wait:
+                    if overlap_dequant:
                         # step k's copy is whole: warpgroup 0 is past its P @ V of step k - 1, so V's first half of
                         # step k + 1 (that P @ V's buffer) converts while P of step k is computed
                         with jax.named_scope("kv_wait"):
                             plgpu.barrier_wait(deq_ready)
                         pl.when(k + 1 < end)(lambda: overlap_convert(k + 1, begin, kv_len, ov_early))
                     with jax.named_scope("p_ready_wait"):
-                        plgpu.barrier_wait(p_ready_slot.at[slot] if p_in_kv else sync_a)  # p_ready
-                    acc = rescale(acc, load_vec(alpha_row(slot)))
+                        plgpu.barrier_wait(sync_a)  # p_ready
+                    acc = rescale(acc, load_vec(0))
                     with jax.named_scope("pv"):
-                        if overlap_dequant:  # (overlap_wait: the first half converted above)
-                            acc = overlap_pv(acc, k, 1, [] if overlap_wait else ov_early)
+                        if overlap_dequant:  # (the first half converted above)
+                            acc = overlap_pv(acc, k, 1, [])
                         else:
                             acc = pv(acc, half, slot)
-                    if not p_in_kv:  # (p_in_kv: P lives in the slot, released below)
-                        plgpu.barrier_arrive(sync_b)  # p_free
+                    plgpu.barrier_arrive(sync_b)  # p_free
                     if overlap_dequant:  # V's second half of step k + 1 (warpgroup 0 converts the other two chunks)
                         pl.when(k + 1 < end)(lambda: overlap_release(k + 1, ov_late, wait=False))  # (awaited before)
                         return acc
@@ -1942,8 +1373,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                     return acc
 
                 acc = lax.fori_loop(begin, end, step, zeros_acc())
-                if p_in_kv:  # done with the last alpha: warpgroup 0 may write the row sums
-                    pl.when(end > begin)(lambda: plgpu.barrier_arrive(sync_b))
                 plgpu.barrier_wait(sync_a)
                 finish(half, acc, load_vec(sums_row), None, first_tok, ntok)
 
@@ -2053,23 +1482,6 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
             return reduce(x, red_smem.at[w])
 
-        def lazy_col_max(s, m_i, w: int):
-            """(lazy_max) The running column max m_i [n] after a step's scores s [64, n]: m_i itself unless a score
-            passes it by more than LAZY_MAX_SLACK (one bar.red.or on warpgroup w's barrier), else the exact max (as
-            col_reduce's), so exp2(s - max) stays <= 2^8 and the common step skips the warps' exchange."""
-            over = s > lax.broadcast_in_dim(m_i + LAZY_MAX_SLACK, s.shape, [1])
-            if interpret:  # (the interpreter has no rule for inline Mosaic GPU)
-                return lax.cond(jnp.any(over), lambda: jnp.maximum(m_i, s.max(axis=0)), lambda: m_i)
-            wg = plgpu.Layout.WGMMA
-
-            @plgpu.inline_mgpu(arg_types=(wg, wg.reduce(0), wg, plgpu.RefType()),
-                               return_type=plgpu.ShapeDtypeStruct(m_i.shape, jnp.float32, layout=wg.reduce(0)))
-            def lazy(ctx, fa, m, flags, scratch):
-                del ctx
-                return _lazy_col_max(fa, m, flags, scratch)
-
-            return lazy(s, m_i, over.astype(jnp.int32), red_smem.at[w])
-
         def half_slot(w: int, k):
             """(kv_halves) Warpgroup w's ring slot of step k: w (pv_registers: 2 w + k % 2, two a warpgroup)."""
             return 2 * w + lax.rem(k, jnp.int32(2)) if pv_registers else w
@@ -2175,14 +1587,11 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             def softmax_store(s, m_i, l_i):
                 """A step's online softmax down the columns of its scaled (and masked) scores s [64, n]: (alpha, the
                 new column max, the sums), P^T stored into this warpgroup's P buffer and fenced for its P @ V
-                (lazy_max: the column max kept while no score passes it by more than LAZY_MAX_SLACK; alpha then 1)."""
-                m_new = lazy_col_max(s, m_i, w) if lazy_max else jnp.maximum(m_i, col_reduce(s, "max", w))
+                (the sums kept [64, n], reduced down their columns after the last step)."""
+                m_new = jnp.maximum(m_i, col_reduce(s, "max", w))
                 alpha = jnp.exp2(m_i - m_new)
                 p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
-                if sums_at_end:  # (the [64, n] sums, reduced down their columns after the last step)
-                    l_i = l_i * lax.broadcast_in_dim(alpha, p.shape, [1]) + p
-                else:
-                    l_i = l_i * alpha + col_reduce(p, "add", w)
+                l_i = l_i * lax.broadcast_in_dim(alpha, p.shape, [1]) + p
                 # (this warpgroup's P @ V of the step before, P's reader, is done)
                 store_tiled(p_w(), p.astype(dtype), wg_layout, transforms, transpose=True)
                 plgpu.commit_smem()
@@ -2198,12 +1607,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 if masked and zero_tail:
                     zero_rows_past(slot, kv_len - kv_start)
                     masked_keys = False
-                if qk_registers:
-                    s = scores_from_registers(k, slot, kv_start, masked_keys)
-                else:
-                    s = scores_from_copy(k, kv_start, masked_keys)
+                s = scores_from_registers(k, slot, kv_start, masked_keys)
                 # (load_ahead: P @ V's first V^T chunk loaded before the softmax, converted after it)
-                words0 = load_vt_words(slot, 0) if load_ahead and pv_registers else None
+                words0 = load_vt_words(slot, 0) if pv_registers else None
                 if masked:
                     s = mask_scores(s, kv_start, first_pos, kv_len, scale, row_ax=1, key_ax=0)
                 else:
@@ -2212,7 +1618,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                 def pv(acc_ref):  # 8 wgmmas (commit groups), V's columns [64 c, 64 c + 64) the c-th's
                     if pv_registers:
-                        pv_from_slot(acc_ref, k, slot, kv_start, masked_keys, words0)
+                        pv_from_slot(acc_ref, k, slot, words0)
                         return
                     pv_from_copy(acc_ref, KV_LORA_RANK // 64)
 
@@ -2318,37 +1724,19 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
 
                 return convert(words)
 
-            def pv_from_slot(acc_ref, k, slot, kv_start, masked: bool, words0=None):
+            def pv_from_slot(acc_ref, k, slot, words0):
                 """(pv_registers) O^T += V^T P^T, 8 wgmmas of M = 64 (O^T's rows permuted by PV_PERM), each left
-                operand loaded from the fp8 slot (_load_vt_fp8), its keys past kv_len 0 on the masked step, at most
+                operand loaded from the fp8 slot (its tail past kv_len zeroed there on the masked step), at most
                 pv_wait of them left running as the next is issued (8: all, one wait after); then the slot, read,
-                is refilled with step k + 2. load_ahead: chunk c + 1's words are loaded before chunk c is converted
-                (chunk 0's, words0, before the softmax), and P's buffer index read once a step."""
-                keep = (plgpu.broadcasted_iota(jnp.int32, (64, block_kv), 1, layout=wg_layout) < kv_len - kv_start
-                        if masked else None)
-
-                def load_vt(ref):
-                    @plgpu.inline_mgpu(arg_types=(plgpu.RefType(FP8_RING_TILES),),
-                                       return_type=plgpu.ShapeDtypeStruct((64, block_kv), dtype, layout=wg_layout))
-                    def load(ctx, r):
-                        del ctx
-                        return _load_vt_fp8(r)
-
-                    return load(ref)
-
-                p_ref = p_w() if load_ahead else None
+                is refilled with step k + 2. Chunk c + 1's words are loaded before chunk c is converted (chunk 0's,
+                words0, before the softmax), and P's buffer index read once a step."""
+                p_ref = p_w()
                 words = words0
                 for c in range(KV_LORA_RANK // 64):
-                    if load_ahead:
-                        nxt = load_vt_words(slot, c + 1) if c + 1 < KV_LORA_RANK // 64 else None
-                        vt = convert_vt(words)
-                        words = nxt
-                    else:
-                        vt = load_vt(kv_smem.at[slot, :, pl.ds(c * 64, 64)])
-                    if keep is not None:
-                        vt = jnp.where(keep, vt, jnp.zeros_like(vt))
-                    p_t = (p_ref if load_ahead else p_w()).transpose((1, 0))
-                    plgpu.wgmma(acc_ref.at[pl.ds(c * 64, 64)], vt, p_t)
+                    nxt = load_vt_words(slot, c + 1) if c + 1 < KV_LORA_RANK // 64 else None
+                    vt = convert_vt(words)
+                    words = nxt
+                    plgpu.wgmma(acc_ref.at[pl.ds(c * 64, 64)], vt, p_ref.transpose((1, 0)))
                     if pv_wait < KV_LORA_RANK // 64:  # (at most pv_wait chunks' wgmmas left running)
                         plgpu.wgmma_wait(pv_wait)
                 plgpu.commit_smem()  # the slot's reads done before its refill
@@ -2454,46 +1842,14 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 s, rope = pl.run_scoped(qk, plgpu.ACC((block_kv, n), jnp.float32))
                 return scores_rope_ref(s, rope) if interpret else s
 
-            def convert_v_copy(slot, keep):
-                """V's 8 chunks of the fp8 slot -> this warpgroup's f16 copy of V, rows where `keep` (rows_below) is
-                False 0: a loop, not unrolled (unrolled, the chunks' loads are hoisted together and their registers
-                spill)."""
-                @pl.loop(0, KV_LORA_RANK // 64)
-                def _(c):
-                    convert_chunk(slot, c, keep, v_w().at[:, pl.ds(pl.multiple_of(c * 64, 64), 64)])
-
-            def scores_from_copy(k, kv_start, masked: bool):
-                """S^T = K Q^T, K's first 512 columns from V's f16 copy (converted first, 8 chunks), the rope's
-                from registers; the slot refilled once converted."""
-                with jax.named_scope("dequant"):
-                    # (the step past kv_len: its rows from kv_len on become 0; their cache slots may hold NaN)
-                    keep = rows_below(kv_len - kv_start) if masked else None
-                    convert_v_copy(w, keep)  # (this warpgroup's P @ V of step k - 1 is done: V's copy is free)
-                    rope = rope_rows(w, kv_start, masked)
-                    plgpu.commit_smem()  # V's copy visible to the wgmmas; the slot's reads done before its refill
-                pl.when(k + 1 < e)(lambda: issue_half_step(w, k + 1, k, last_page))
-
-                def qk(s_ref):
-                    rope_scores(s_ref, rope)
-                    for c in range(KV_LORA_RANK // 64):
-                        plgpu.wgmma(s_ref, v_w().at[:, pl.ds(c * 64, 64)],
-                                    q_smem.at[:, pl.ds(c * 64, 64)].transpose((1, 0)))
-                    return s_ref[...]
-
-                with jax.named_scope("qk"):
-                    s = pl.run_scoped(qk, plgpu.ACC((block_kv, n), jnp.float32))
-                return scores_rope_ref(s, rope) if interpret else s
-
             col_layout = wg_layout.reduce(0)
             carry = (plgpu.layout_cast(jnp.full((KV_LORA_RANK, n), 0.0, jnp.float32), wg_layout),
                      plgpu.layout_cast(jnp.full((n,), -jnp.inf, jnp.float32), col_layout),
-                     plgpu.layout_cast(jnp.full((block_kv, n) if sums_at_end else (n,), 0.0, jnp.float32),
-                                       wg_layout if sums_at_end else col_layout))
+                     plgpu.layout_cast(jnp.full((block_kv, n), 0.0, jnp.float32), wg_layout))
             mid = jnp.clip(lax.div(first_pos + 1, jnp.int32(block_kv)), b, e)  # steps before it skip the mask
             carry = lax.fori_loop(b, mid, functools.partial(step, masked=False), carry)
             acc, m_i, l_i = lax.fori_loop(mid, e, functools.partial(step, masked=True), carry)
-            if sums_at_end:
-                l_i = col_reduce(l_i, "add", w)
+            l_i = col_reduce(l_i, "add", w)
 
             # The merge. m_smem aliases q, the ring and V's copies (and the stage, written after m_smem's reads):
             # both warpgroups first finish their steps.
@@ -2524,10 +1880,9 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         for w in range(NUM_COMPUTE_WGS):
             pl.when(wg == w)(functools.partial(compute_wg_halves if kv_halves else compute_wg, w))
 
-    # wgmma needs one swizzle for both operands. Split schedule: a P half is `half` columns
-    # wide, so every wgmma operand (Q, the KV ring, P) is tiled (8, half) with a (half * 2)-byte
-    # swizzle (64 bytes for block_kv=64). FlashMLA schedule: P is [64, block_kv], 128 bytes.
-    p_cols = block_kv if flashmla else half
+    # wgmma needs one swizzle for both operands: P is [64, block_kv], so every operand (Q, the KV ring, P) is tiled
+    # (8, 64) with a 128-byte swizzle.
+    p_cols = block_kv
     transforms = (plgpu.TilingTransform((8, p_cols)), plgpu.SwizzleTransform(p_cols * 2))
     stage_dtype = jnp.float32 if split_out else out_dtype
     stage_cols = 128 // jnp.dtype(stage_dtype).itemsize  # one 128-byte swizzle row
@@ -2612,25 +1967,22 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), stage_dtype, transforms=stage_transforms),
                 *q_view,
             ),
-            # P (split: the two halves; p_in_kv: in the KV slots, a 1-element placeholder here)
-            plgpu.SMEM((1,), jnp.float32) if p_in_kv else
-            plgpu.SMEM((BLOCK_H, block_kv) if flashmla else (NUM_COMPUTE_WGS, BLOCK_H, half), dtype,
+            # P
+            plgpu.SMEM((BLOCK_H, block_kv), dtype,
                        transforms=transforms),
-            # row max / row sum exchange, lse (p_in_kv: the rescale factor per slot, then the row sums)
-            plgpu.SMEM((stages + 1 if p_in_kv else NUM_COMPUTE_WGS, BLOCK_H), jnp.float32),
+            # the rescale factor, the row sums, lse
+            plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H), jnp.float32),
             plgpu.SMEM((INFO_WORDS + bt_chunk,), jnp.int32),  # request info + a block-table chunk
             plgpu.Barrier(num_arrivals=q_toks),  # q_bar: one TMA per token of the tile (one for H >= 64)
             plgpu.Barrier(),  # info_bar
             plgpu.Barrier(),  # bt_bar
             plgpu.Barrier(num_arrivals=pages_per_step, num_barriers=stages),  # kv_ready
             plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS, num_barriers=stages),  # kv_consumed
-            plgpu.Barrier(num_arrivals=1 if flashmla else NUM_COMPUTE_WGS),  # sync_a (FlashMLA: p_ready)
-            plgpu.Barrier(num_arrivals=1 if flashmla else NUM_COMPUTE_WGS),  # sync_b (FlashMLA: p_free)
+            plgpu.Barrier(num_arrivals=1),  # sync_a (p_ready)
+            plgpu.Barrier(num_arrivals=1),  # sync_b (p_free)
         ]
     if fp8 and not kv_halves:
         scratch.append(plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS))  # deq_ready: both column sets dequantized
-    if p_in_kv:
-        scratch.append(plgpu.Barrier(num_arrivals=1, num_barriers=stages))  # p_ready per slot
     num_ctas_tiles = num_reqs * q_tiles
     # the body finds its CTA by axis name; the last axis is CUDA's x, the launch order's fastest
     axes = (("h", num_h_tiles), ("split", num_splits), ("tile", num_ctas_tiles))
@@ -2646,7 +1998,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         scratch_types=scratch,
         grid=grid,
         grid_names=grid_names,
-        num_threads=NUM_COMPUTE_WGS + int(memory_wg),
+        num_threads=NUM_COMPUTE_WGS,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True,
                                              reduction_scratch_bytes=(REDUCTION_SCRATCH_BYTES
@@ -2688,31 +2040,22 @@ def _kv_halves_runs(tuning: MosaicConfig, fp8: bool, num_heads: int, max_query_l
     cache, transposed_pv at 16 or 32 rows (at 32 only where pv_registers runs, compiled: V's f16 copies do not fit
     beside q's 32 rows; interpret mode, with no shared-memory limit, runs it with the copies)."""
     _, hp, tpt = _tile_geometry(num_heads)
-    score_rows = hp * min(tpt, max(1, max_query_len)) if tuning.transposed_scores else BLOCK_H
-    pv_registers_asked = tuning.pv_registers and tuning.qk_registers and tuning.qk_permuted
-    kv_halves = (tuning.kv_halves and fp8 and tuning.transposed_pv and score_rows in TRANSPOSED_PV_ROWS
-                 and (score_rows == TRANSPOSED_PV_ROWS[0] or interpret
-                      or pv_registers_asked))
+    score_rows = hp * min(tpt, max(1, max_query_len)) if tuning.transpose != "none" else BLOCK_H
+    kv_halves = (tuning.warpgroup_halves and fp8 and tuning.transpose == "scores_and_pv"
+                 and score_rows in TRANSPOSED_PV_ROWS
+                 and (score_rows == TRANSPOSED_PV_ROWS[0] or interpret or tuning.v_from_ring))
     return bool(kv_halves), score_rows
 
 
 def _q_in_kernel_runs(tuning: MosaicConfig, fp8: bool, q_dtype, interpret: bool) -> bool:
-    """Where MosaicConfig.q_in_kernel runs: an fp8 cache and a bf16 q, compiled, the flashmla schedule (the fp8
-    kernel's)."""
-    return bool(fp8 and tuning.q_in_kernel and jnp.dtype(q_dtype) == jnp.bfloat16 and not interpret
-                and tuning.schedule == "flashmla" and not tuning.memory_warpgroup)
+    """Where MosaicConfig.q_in_kernel runs: an fp8 cache and a bf16 q, compiled."""
+    return bool(fp8 and tuning.q_in_kernel and jnp.dtype(q_dtype) == jnp.bfloat16 and not interpret)
 
 
 def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfig, tuning: MosaicConfig,
                 interpret: bool, out_dtype=None):
     num_tokens, num_heads, _ = q.shape
     fp8 = config.is_fp8_kv_cache
-    if fp8 and (tuning.schedule != "flashmla" or tuning.memory_warpgroup):
-        raise NotImplementedError(f"an fp8 cache runs the flashmla schedule only, got schedule={tuning.schedule!r}, "
-                                  f"memory_warpgroup={tuning.memory_warpgroup}")
-    if fp8 and tuning.p_in_kv:
-        raise NotImplementedError("p_in_kv=True needs a 16-bit cache (fp8: P would share the dequantized step "
-                                  "that the next step's dequantization overwrites), got kv_cache_dtype='fp8_e4m3'")
     out_dtype = q.dtype if out_dtype is None else out_dtype  # (fp8: q is f16 here, the output q's dtype)
     # (q_in_kernel: a bf16 q reaches the fp8 kernel as it is, converted inside)
     q_bits = fp8 and q.dtype == jnp.bfloat16
@@ -2726,56 +2069,44 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     num_h_tiles = heads // hp
     num_reqs = metadata.seq_lens.shape[0]
     q_tiles = -(-max(1, metadata.max_query_len) // tpt)
-    block_kv = tuning.block_kv
+    block_kv = BLOCK_KV
     if not supported_page_size(page_size, block_kv):
         raise NotImplementedError(f"page_size={page_size} is not supported with block_kv={block_kv}")
     num_splits = tuning.num_splits
     if metadata.max_num_splits > 0:
         num_splits = min(num_splits, metadata.max_num_splits)
-    if tuning.heads_fastest and num_reqs * q_tiles > MAX_GRID_YZ:
-        raise NotImplementedError(f"heads_fastest=True puts the requests x query tiles on CUDA's z axis (at most "
+    heads_fastest = tuning.launch_order == "heads_first"
+    if heads_fastest and num_reqs * q_tiles > MAX_GRID_YZ:
+        raise NotImplementedError(f"launch_order='heads_first' puts the requests x query tiles on CUDA's z axis (at most "
                                   f"{MAX_GRID_YZ}), got {num_reqs} x {q_tiles} = {num_reqs * q_tiles}")
 
     # transposed scores: the tile's rows in use (hp heads x the tokens a tile can hold), when fewer than 64
     kv_halves, score_rows = _kv_halves_runs(tuning, fp8, num_heads, metadata.max_query_len, interpret)
     pages_per_step = max(1, block_kv // page_size)
-    bt_chunk = tuning.bt_chunk
+    bt_chunk = BT_CHUNK
     # kv_halves where it applies (_kv_halves_runs): two block-table chunk buffers (a warpgroup each) of at most
     # KV_HALVES_BT_CHUNK entries, within the shared memory left
     if kv_halves:
         bt_chunk = min(bt_chunk, KV_HALVES_BT_CHUNK)
     bt_chunk -= bt_chunk % pages_per_step
     width = -(-metadata.block_table.shape[1] // bt_chunk) * bt_chunk
-    # (interpret mode runs qk_registers's path: the interpreter has no rule for inline_mgpu, the registers' view
-    # (as_operand), nor for a wgmma's left operand in registers. Session 41 checked this; the CPU hang first given
-    # as the reason was most likely session 40's CPU-pool starvation, mla_jax._cpu_pool)
-    qk_permuted = kv_halves and tuning.qk_registers and tuning.qk_permuted and not interpret
-    pv_registers = qk_permuted and tuning.pv_registers
-    load_ahead = qk_permuted and tuning.load_ahead
+    # (interpret mode runs kv_halves's registers path unpermuted, with V's f16 copies: the interpreter has no rule for
+    # inline_mgpu, the registers' view, nor for a wgmma's left operand in registers)
+    qk_permuted = kv_halves and not interpret
+    pv_registers = qk_permuted and tuning.v_from_ring
     # (pair_ring: the cache two tokens a row, a free reshape; pages of a multiple of 16 rows, else the default ring)
-    pair_ring = pv_registers and load_ahead and tuning.pair_ring and pair_ring_fits(page_size)
+    pair_ring = pv_registers and tuning.ring_pairs and pair_ring_fits(page_size)
     if qk_permuted and not q_bits:  # (the scores' wgmmas see K's columns permuted: q's the same way; fused with q's
         # f16 conversion; q_bits: in the kernel's conversion)
         q = q[..., QK_PERM]
     kernel = _build_kernel(
         dtype=jnp.float16 if q_bits else q.dtype, out_dtype=out_dtype, page_size=page_size, num_tokens=num_tokens,
-        heads=heads, hp=hp, num_h_tiles=num_h_tiles, q_tiles=q_tiles, num_reqs=num_reqs, num_splits=num_splits, block_kv=block_kv,
-        stages=tuning.max_concurrent_steps, bt_chunk=bt_chunk, scale_log2=config.softmax_scale * LOG2E,
-        memory_wg=tuning.memory_warpgroup, schedule=tuning.schedule,
-        score_rows=score_rows if score_rows < BLOCK_H else 0, pdl=tuning.pdl, fp8=fp8, p_in_kv=tuning.p_in_kv,
-        dequant_layout=tuning.dequant_layout, fused_dequant=fp8 and tuning.fused_dequant,
-        fused_group=tuning.fused_group, interpret=interpret,
-        overlap_dequant=fp8 and tuning.overlap_dequant and 0 < score_rows <= OVERLAP_MAX_ROWS,
-        overlap_wait=tuning.overlap_wait,
-        transposed_pv=tuning.transposed_pv and score_rows in TRANSPOSED_PV_ROWS, heads_fastest=tuning.heads_fastest,
-        kv_halves=kv_halves, qk_registers=kv_halves and tuning.qk_registers,
-        sums_at_end=kv_halves and tuning.sums_at_end,
-        qk_permuted=qk_permuted, pv_registers=pv_registers, pv_wait=tuning.pv_wait,
-        zero_tail=kv_halves and tuning.zero_tail,
-        load_ahead=load_ahead,
-        lazy_max=kv_halves and tuning.lazy_max,
-        pair_ring=pair_ring,
-        q_bits=q_bits,
+        heads=heads, hp=hp, num_h_tiles=num_h_tiles, q_tiles=q_tiles, num_reqs=num_reqs, num_splits=num_splits,
+        bt_chunk=bt_chunk, scale_log2=config.softmax_scale * LOG2E,
+        score_rows=score_rows if score_rows < BLOCK_H else 0, fp8=fp8, interpret=interpret,
+        transposed_pv=tuning.transpose == "scores_and_pv" and score_rows in TRANSPOSED_PV_ROWS,
+        heads_fastest=heads_fastest, kv_halves=kv_halves, pv_registers=pv_registers, pv_wait=tuning.pv_in_flight,
+        pair_ring=pair_ring, q_bits=q_bits,
     )
     if pair_ring:
         kv_cache = kv_cache.reshape(kv_cache.shape[0], page_size // 2, 2 * kv_cache.shape[2])

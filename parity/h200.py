@@ -52,9 +52,9 @@ def heuristic_tuning(mod, config, metadata, overrides=None):
 # (heads, batch, seq_len, q_len, fp8): bench shapes, lowered on abstract inputs (no arrays made) with the heuristic's
 # tuning, pages of 64
 PROBLEMS = (
-    (16, 128, 16384, 1, True),  # 16 rows: kv_halves with pv_registers and zero_tail
-    (16, 8, 4096, 1, True),  # 16 rows, short splits: kv_halves without pv_registers
-    (16, 64, 4096, 2, True),  # 32 rows: kv_halves with pv_registers
+    (16, 128, 16384, 1, True),  # 16 rows: warpgroup_halves with v_from_ring
+    (16, 8, 4096, 1, True),  # 16 rows, short splits: warpgroup_halves alone
+    (16, 64, 4096, 2, True),  # 32 rows: warpgroup_halves with v_from_ring
     (32, 64, 4096, 1, True),  # 32 rows, H = 32
     (16, 1, 1024, 1, True),  # B = 1: splits of one step (the one-chain path)
     (128, 64, 4096, 1, True),  # 64 rows: the fused conversion

@@ -265,133 +265,46 @@ def test_fa3_still_refuses_fp8_with_the_seed_message():
 # ----------------------------------------------------------------------------- Mosaic GPU
 
 # (scenario, dtype, tuning): H = 16 with up to 8 query tokens at page 16 (the heuristic's pick: plain scores),
-# transposed scores with 3 splits, H = 128 at page 64 in fp16 (two head tiles a token), one stage
+# transposed scores with 3 splits, H = 128 at page 64 in fp16 (two head tiles a token)
 MOSAIC_FP8_CASES = [
     ("spec_decode_page_16", "bfloat16", None),
-    ("spec_decode_page_16", "bfloat16", dict(num_splits=3, transposed_scores=True)),
+    ("spec_decode_page_16", "bfloat16", dict(num_splits=3, transpose="scores")),
     ("heads_128", "float16", dict(num_splits=2)),
-    ("contiguous_blocks", "bfloat16", dict(num_splits=2, max_concurrent_steps=1)),
-    # the dequantization's 2-values-a-thread layout (the default is 4): H=16 transposed with splits, H=128 in fp16
-    ("spec_decode_page_16", "bfloat16", dict(num_splits=3, transposed_scores=True, dequant_layout="wgmma")),
-    ("heads_128", "float16", dict(num_splits=2, dequant_layout="wgmma")),
-    # warpgroup 0 converting its columns before the scores (fused_dequant=False; the default converts them inside
-    # the scores): H=16 transposed with splits, H=128 plain in fp16, one stage
-    ("spec_decode_page_16", "bfloat16", dict(num_splits=3, transposed_scores=True, fused_dequant=False)),
-    ("heads_128", "float16", dict(num_splits=2, fused_dequant=False)),
-    ("contiguous_blocks", "bfloat16", dict(num_splits=2, max_concurrent_steps=1, fused_dequant=False)),
-    # warpgroup 0's V-half chunks converted four and one between fences (fused_group; the default is two)
-    ("spec_decode_page_16", "bfloat16", dict(num_splits=3, transposed_scores=True, fused_group=4)),
-    ("heads_128", "float16", dict(num_splits=2, fused_group=1)),
-    # the next step converted under this one's P @ V (overlap_dequant, the default), without overlap_wait (the
-    # default since session 12): H = 16 at q_len 1 (16 rows) in fp16, with 4 splits, with one stage, at q_len 2 (32
-    # rows); H = 128 (plain scores: no effect, the fused path); and without it at 16 rows (the fused conversion)
-    ("page_size_16", "float16", dict(transposed_scores=True, overlap_dequant=True, overlap_wait=False)),
-    ("decode_mixed_lengths", "bfloat16", dict(num_splits=4, transposed_scores=True, overlap_dequant=True,
-                                              overlap_wait=False)),
-    ("contiguous_blocks", "bfloat16", dict(max_concurrent_steps=1, transposed_scores=True, overlap_dequant=True,
-                                           overlap_wait=False)),
-    ("decode_q2_page_32", "bfloat16", dict(num_splits=2, transposed_scores=True, overlap_dequant=True,
-                                           overlap_wait=False)),
-    ("heads_128", "float16", dict(num_splits=2, overlap_dequant=True)),
-    ("page_size_16", "float16", dict(num_splits=2, transposed_scores=True, overlap_dequant=False)),
-    # warpgroup 1 converting V's first half of the next step while it waits for P (overlap_wait): 16 rows with 4
-    # splits, one stage, 32 rows
-    ("decode_mixed_lengths", "bfloat16", dict(num_splits=4, transposed_scores=True, overlap_wait=True)),
-    ("contiguous_blocks", "bfloat16", dict(max_concurrent_steps=1, transposed_scores=True, overlap_wait=True)),
-    ("decode_q2_page_32", "float16", dict(num_splits=2, transposed_scores=True, overlap_wait=True)),
-    ("heads_8_page_8", "bfloat16", dict(transposed_scores=True)),
-    ("heads_8_page_8", "bfloat16", dict(num_splits=2, transposed_scores=True, overlap_wait=True)),
-    # P @ V transposed too (transposed_pv): with the overlap (16 rows, splits), with overlap_wait (32 rows), with the
-    # fused conversion (one stage)
-    ("page_size_16", "float16", dict(num_splits=2, transposed_scores=True, transposed_pv=True)),
-    ("decode_q2_page_32", "bfloat16", dict(transposed_scores=True, transposed_pv=True, overlap_wait=True)),
-    ("contiguous_blocks", "bfloat16", dict(max_concurrent_steps=1, transposed_scores=True, transposed_pv=True,
-                                           overlap_dequant=False)),
-    # the heuristic's pick at H = 8, q_len 2 (16 rows: both transposed, the overlap with overlap_wait)
+    ("contiguous_blocks", "bfloat16", dict(num_splits=2)),
+    # the next step converted under this one's P @ V (transposed scores of at most 32 rows): H = 16 at q_len 1 (16
+    # rows) in fp16, with 4 splits, at q_len 2 (32 rows); H = 8 (8 rows)
+    ("page_size_16", "float16", dict(transpose="scores")),
+    ("decode_mixed_lengths", "bfloat16", dict(num_splits=4, transpose="scores")),
+    ("contiguous_blocks", "bfloat16", dict(transpose="scores")),
+    ("decode_q2_page_32", "float16", dict(num_splits=2, transpose="scores")),
+    ("heads_8_page_8", "bfloat16", dict(transpose="scores")),
+    ("heads_8_page_8", "bfloat16", dict(num_splits=2, transpose="scores")),
+    # P @ V transposed too (transposed_pv): 16 rows with splits, 32 rows
+    ("page_size_16", "float16", dict(num_splits=2, transpose="scores_and_pv")),
+    ("decode_q2_page_32", "bfloat16", dict(transpose="scores_and_pv")),
+    # the heuristic's pick at H = 8, q_len 2 (16 rows)
     ("heads_8_q2", "bfloat16", None),
     # each warpgroup its own half of a split's steps (kv_halves): 16 rows at page 16 with 2 splits, pages of 64
     # (one step a page) with 3 splits (a warpgroup with no step where a split has one), page 8 at H = 8 with q_len 2
     # (16 rows, two tokens: causal masks), one split in fp16, pages of two steps, and each warpgroup's block table
     # past its first chunk (page 8, one split: warpgroup 0 crosses from chunk 0 to 1, warpgroup 1 from 1 to 2)
-    ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True)),
-    ("decode_mixed_lengths", "float16", dict(num_splits=3, transposed_scores=True, transposed_pv=True,
-                                             kv_halves=True)),
-    ("heads_8_q2", "bfloat16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True)),
-    ("contiguous_blocks", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True)),
-    ("page_128", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True)),
-    ("long_page_8", "bfloat16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True)),
-    # kv_halves with the scores' left operands from registers (qk_registers): 2 splits at page 16, H = 8 q_len 2
-    # (causal masks in the step past kv_len), pages of two steps in fp16
-    ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
-                                      qk_registers=True)),
-    ("heads_8_q2", "bfloat16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True)),
-    ("contiguous_blocks", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True,
-                                          qk_registers=True)),
-    # the softmax sums reduced across warps once, after the last step (sums_at_end): with qk_registers at pages of 16
-    # (2 splits), H = 8 q_len 2 (masks), block tables past a chunk; with kv_halves alone at pages of two steps
-    ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
-                                      qk_registers=True, sums_at_end=True)),
-    ("heads_8_q2", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
-                                   sums_at_end=True)),
-    ("long_page_8", "bfloat16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
-                                     sums_at_end=True)),
-    ("page_128", "float16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
-                                 sums_at_end=True)),
-    # the scores' left operands loaded 4 values a thread, their columns permuted and q's with them (qk_permuted):
-    # 2 splits at page 16 with sums_at_end, H = 8 q_len 2 (masks), block tables past a chunk in fp16
-    ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
-                                      qk_registers=True, sums_at_end=True, qk_permuted=True)),
-    ("heads_8_q2", "bfloat16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
-                                    qk_permuted=True)),
-    ("long_page_8", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
-                                    sums_at_end=True, qk_permuted=True)),
-    # P @ V's left operand from the fp8 slot too, two slots a warpgroup (pv_registers; compiled only): 2 splits at
-    # page 16, H = 8 q_len 2 (masks), block tables past a chunk, pages of two steps with 2 splits
-    ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
-                                      qk_registers=True, sums_at_end=True, qk_permuted=True, pv_registers=True)),
-    ("heads_8_q2", "bfloat16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
-                                    sums_at_end=True, qk_permuted=True, pv_registers=True)),
-    ("long_page_8", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
-                                    sums_at_end=True, qk_permuted=True, pv_registers=True)),
-    ("page_128", "float16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
-                                 qk_registers=True, sums_at_end=True, qk_permuted=True, pv_registers=True)),
+    ("page_size_16", "bfloat16", dict(num_splits=2, transpose="scores_and_pv", warpgroup_halves=True)),
+    ("decode_mixed_lengths", "float16", dict(num_splits=3, transpose="scores_and_pv", warpgroup_halves=True)),
+    ("heads_8_q2", "bfloat16", dict(transpose="scores_and_pv", warpgroup_halves=True)),
+    ("contiguous_blocks", "float16", dict(transpose="scores_and_pv", warpgroup_halves=True)),
+    ("page_128", "bfloat16", dict(num_splits=2, transpose="scores_and_pv", warpgroup_halves=True)),
+    ("long_page_8", "bfloat16", dict(transpose="scores_and_pv", warpgroup_halves=True)),
+    # P @ V's left operand from the fp8 slot too, two slots a warpgroup (pv_registers; compiled only: interpret mode
+    # runs V's f16 copies): 2 splits at page 16, pages of two steps
+    ("page_size_16", "bfloat16", dict(num_splits=2, transpose="scores_and_pv", warpgroup_halves=True, v_from_ring=True)),
+    ("page_128", "float16", dict(num_splits=2, transpose="scores_and_pv", warpgroup_halves=True, v_from_ring=True)),
     # kv_halves at 32 rows (H = 16 at q_len 2, H = 32 at q_len 1, H = 8 at q_len 4), where it needs pv_registers
     # (interpret mode: V's copies): 2 splits at page 32 (a q_len-1 request beside q_len-2 ones), block tables past a
     # chunk at page 16 in fp16, H = 32 with 3 splits, H = 8 with four tokens a tile (2 splits)
-    ("decode_q2_page_32", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
-                                           qk_registers=True, sums_at_end=True, qk_permuted=True, pv_registers=True,
-                                           pv_wait=1)),
-    ("long_q2_page_16", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True,
-                                        qk_registers=True, sums_at_end=True, qk_permuted=True, pv_registers=True,
-                                        pv_wait=2)),
-    ("heads_32", "bfloat16", dict(num_splits=3, transposed_scores=True, transposed_pv=True, kv_halves=True,
-                                  qk_registers=True, sums_at_end=True, qk_permuted=True, pv_registers=True)),
-    ("heads_8_q4", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
-                                    qk_registers=True, sums_at_end=True, qk_permuted=True, pv_registers=True,
-                                    pv_wait=1)),
-    # zero_tail: the masked step zeroes its slot's rows past kv_len (NaN in the tests' tails) and converts it
-    # unmasked: H = 8 at q_len 2 (16 rows, causal masks), block tables past a chunk at page 8, 32 rows with a q_len-1
-    # request beside q_len-2 ones (2 splits at page 32)
-    ("heads_8_q2", "bfloat16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
-                                    sums_at_end=True, qk_permuted=True, pv_registers=True, zero_tail=True)),
-    ("long_page_8", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
-                                    sums_at_end=True, qk_permuted=True, pv_registers=True, zero_tail=True)),
-    ("decode_q2_page_32", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
-                                           qk_registers=True, sums_at_end=True, qk_permuted=True, pv_registers=True,
-                                           pv_wait=1, zero_tail=True)),
-    # lazy_max: the column max kept while no score passes it by 2^8 (one bar.red.or a step): 16 rows with causal
-    # masks and zero_tail, block tables past a chunk at page 8 in fp16, 32 rows beside a q_len-1 request (2 splits)
-    ("heads_8_q2", "bfloat16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
-                                    sums_at_end=True, qk_permuted=True, pv_registers=True, zero_tail=True,
-                                    lazy_max=True)),
-    ("long_page_8", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
-                                    sums_at_end=True, qk_permuted=True, pv_registers=True, lazy_max=True)),
-    ("decode_q2_page_32", "bfloat16", dict(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
-                                           qk_registers=True, sums_at_end=True, qk_permuted=True, pv_registers=True,
-                                           pv_wait=1, zero_tail=True, lazy_max=True)),
-    # (and the sums reduced a step, without sums_at_end: l rescaled by alpha, 1 on a kept step)
-    ("heads_8_q2", "float16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
-                                   qk_permuted=True, lazy_max=True)),
+    ("decode_q2_page_32", "bfloat16", dict(num_splits=2, transpose="scores_and_pv", warpgroup_halves=True, v_from_ring=True, pv_in_flight=1)),
+    ("long_q2_page_16", "float16", dict(transpose="scores_and_pv", warpgroup_halves=True, v_from_ring=True, pv_in_flight=2)),
+    ("heads_32", "bfloat16", dict(num_splits=3, transpose="scores_and_pv", warpgroup_halves=True, v_from_ring=True)),
+    ("heads_8_q4", "bfloat16", dict(num_splits=2, transpose="scores_and_pv", warpgroup_halves=True, v_from_ring=True, pv_in_flight=1)),
     # the default fp8 path at H = 128 with a bf16 q, 2 splits
     ("heads_128", "bfloat16", dict(num_splits=2)),
 ]
@@ -432,21 +345,13 @@ def test_mosaic_gpu_fp8_no_data_races_and_through_the_api():
 
     params = pallas_mosaic_gpu.plgpu.InterpretGPUParams(detect_races=True)
     for name, tuning in [("spec_decode_page_16", dict(num_splits=2)),
-                         ("spec_decode_page_16", dict(num_splits=2, fused_dequant=False)),
-                         ("spec_decode_page_16", dict(num_splits=2, fused_group=1)),
-                         ("page_size_16", dict(num_splits=2, transposed_scores=True, overlap_wait=False)),
-                         ("page_size_16", dict(num_splits=2, transposed_scores=True, overlap_wait=True)),
-                         ("page_size_16", dict(num_splits=2, transposed_scores=True, transposed_pv=True,
-                                               kv_halves=True)),
-                         ("page_size_16", dict(num_splits=2, transposed_scores=True, transposed_pv=True,
-                                               kv_halves=True, qk_registers=True)),
-                         ("page_size_16", dict(num_splits=2, transposed_scores=True, transposed_pv=True,
-                                               kv_halves=True, qk_registers=True, sums_at_end=True))]:
+                         ("page_size_16", dict(num_splits=2, transpose="scores")),
+                         ("page_size_16", dict(num_splits=2, transpose="scores_and_pv",
+                                               warpgroup_halves=True))]:
         _mosaic_fp8(name, "bfloat16", tuning, interpret=params)
         assert not ipc.get_races().races_found, (name, tuning)
     # through mla_jax.mla_decode, k_scale traced under jit. A bf16 q is converted to f16 inside the same CPU
-    # computation as the interpreted kernel. On a small CPU pool that could deadlock before session 40's fix
-    # (mla_jax._cpu_pool), so until session 41 this test took an f16 q only.
+    # computation as the interpreted kernel (on a small CPU pool that needs mla_jax._cpu_pool's threads).
     for dtype in ("bfloat16", "float16"):
         batch, k_scale, ref_out, ref_lse = fp8_batch_and_reference("single_token", dtype)
         q, kv, md = jax_inputs(batch, dtype)
@@ -459,8 +364,7 @@ def test_mosaic_gpu_fp8_no_data_races_and_through_the_api():
 
 def test_auto_picks_the_mosaic_kernel_for_fp8_on_hopper():
     """On Hopper, impl="auto" picks the Mosaic kernel for an fp8 cache (its compiled tests pass on the H200; it is
-    1.9x faster than the Triton kernel's fp8 path there, parity/results/h200-bench-fp8-mosaic-v9e-2026-12-01.json).
-    Other schedules refuse fp8."""
+    1.9x faster than the Triton kernel's fp8 path there)."""
     import types
 
     from mla_jax import pallas_mosaic_gpu
@@ -471,9 +375,6 @@ def test_auto_picks_the_mosaic_kernel_for_fp8_on_hopper():
     assert pallas_mosaic_gpu.unsupported_reason(batch.config, hopper) is None
     impl, skipped = mla_jax.select_impl(batch.config, hopper)
     assert impl == "pallas_mosaic_gpu" and not skipped
-    with pytest.raises(NotImplementedError, match="schedule='split'"):
-        pallas_mosaic_gpu.mla_decode(q, None, kv, md, batch.config, interpret=True, k_scale=k_scale,
-                                     tuning=pallas_mosaic_gpu.MosaicConfig(schedule="split"))
 
 
 def test_mosaic_gpu_fp8_q_beyond_f16_is_not_silently_clamped():
@@ -495,13 +396,13 @@ def test_mosaic_gpu_fp8_q_beyond_f16_is_not_silently_clamped():
 def _check_fp8_nan_in_one_head(interpret, **extra):
     """kv_halves merges its two warpgroups' partials column by column: a NaN in token 0's head 3 of q makes that
     head's output and lse NaN and leaves every other head and token right (within the fp8 tolerances). extra:
-    more MosaicConfig fields (lazy_max: the NaN column never passes its max, the others do)."""
+    more MosaicConfig fields."""
     from mla_jax import pallas_mosaic_gpu
 
     batch, k_scale, ref_out, ref_lse = fp8_batch_and_reference("page_size_16", "bfloat16")
     q, kv, md = jax_inputs(batch, "bfloat16")
     q = q.at[0, 3, 0].set(jnp.nan)
-    tuning = pallas_mosaic_gpu.MosaicConfig(num_splits=2, transposed_scores=True, transposed_pv=True, kv_halves=True,
+    tuning = pallas_mosaic_gpu.MosaicConfig(num_splits=2, transpose="scores_and_pv", warpgroup_halves=True,
                                             **extra)
     out, lse = pallas_mosaic_gpu.mla_decode(q, None, kv, md, batch.config, tuning=tuning, interpret=interpret,
                                             k_scale=k_scale)
@@ -519,11 +420,6 @@ def test_mosaic_gpu_fp8_kv_halves_nan_in_one_head_stays_in_that_head():
     _check_fp8_nan_in_one_head(interpret=True)
 
 
-def test_mosaic_gpu_fp8_lazy_max_nan_in_one_head_stays_in_that_head():
-    pytest.importorskip("absl", reason="Mosaic GPU interpret mode needs absl-py")
-    _check_fp8_nan_in_one_head(interpret=True, qk_registers=True, sums_at_end=True, lazy_max=True)
-
-
 @pytest.mark.gpu
 def test_mosaic_gpu_fp8_kv_halves_nan_in_one_head_compiled():
     _skip_without_hopper()
@@ -531,53 +427,30 @@ def test_mosaic_gpu_fp8_kv_halves_nan_in_one_head_compiled():
 
 
 @pytest.mark.gpu
-def test_mosaic_gpu_fp8_lazy_max_nan_in_one_head_compiled():
+def test_mosaic_gpu_fp8_pv_registers_nan_in_one_head_compiled():
     _skip_without_hopper()
-    _check_fp8_nan_in_one_head(interpret=False, qk_registers=True, sums_at_end=True, qk_permuted=True,
-                               pv_registers=True, zero_tail=True, load_ahead=True, lazy_max=True)
+    _check_fp8_nan_in_one_head(interpret=False, v_from_ring=True)
 
 
-@pytest.mark.parametrize("num_heads,tuning", [(16, None), (128, dict(num_splits=2, pdl=True)),
-                                              (16, dict(num_splits=1, dequant_layout="wgmma")),
-                                              (128, dict(num_splits=2, dequant_layout="wgmma")),
-                                              (16, dict(num_splits=1, fused_dequant=False)),
-                                              (128, dict(num_splits=2, fused_dequant=False)),
-                                              (16, dict(num_splits=1, fused_group=4)),
-                                              (128, dict(num_splits=2, fused_group=1)),
-                                              (16, dict(num_splits=1, transposed_scores=True, overlap_wait=False)),
-                                              (16, dict(num_splits=2, transposed_scores=True, overlap_wait=False)),
-                                              (16, dict(num_splits=2, transposed_scores=True, overlap_wait=True)),
-                                              (16, dict(num_splits=2, transposed_scores=True, transposed_pv=True)),
+@pytest.mark.parametrize("num_heads,tuning", [(16, None), (128, dict(num_splits=2)),
+                                              (16, dict(num_splits=1)),
+                                              (16, dict(num_splits=1, transpose="scores")),
+                                              (16, dict(num_splits=2, transpose="scores")),
+                                              (16, dict(num_splits=2, transpose="scores_and_pv")),
                                               # (kv_halves at H = 8: 16 rows at q_len 2, where it runs)
-                                              (8, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
-                                                       kv_halves=True)),
-                                              (8, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
-                                                       kv_halves=True, qk_registers=True)),
-                                              (8, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
-                                                       kv_halves=True, qk_registers=True, sums_at_end=True,
-                                                       qk_permuted=True)),
-                                              (8, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
-                                                       kv_halves=True, qk_registers=True, sums_at_end=True,
-                                                       qk_permuted=True, pv_registers=True)),
+                                              (8, dict(num_splits=2, transpose="scores_and_pv",
+                                                       warpgroup_halves=True)),
+                                              (8, dict(num_splits=2, transpose="scores_and_pv",
+                                                       warpgroup_halves=True, v_from_ring=True)),
                                               # (kv_halves at 32 rows: H = 16 at q_len 2, with pv_registers; one
                                               # split: the bf16 stage)
-                                              (16, dict(num_splits=1, transposed_scores=True, transposed_pv=True,
-                                                        kv_halves=True, qk_registers=True, sums_at_end=True,
-                                                        qk_permuted=True, pv_registers=True, pv_wait=1)),
-                                              # (zero_tail: the masked step's slot rows zeroed, 16 and 32 rows)
-                                              (8, dict(num_splits=2, transposed_scores=True, transposed_pv=True,
-                                                       kv_halves=True, qk_registers=True, sums_at_end=True,
-                                                       qk_permuted=True, pv_registers=True, zero_tail=True)),
-                                              (16, dict(num_splits=1, transposed_scores=True, transposed_pv=True,
-                                                        kv_halves=True, qk_registers=True, sums_at_end=True,
-                                                        qk_permuted=True, pv_registers=True, pv_wait=1,
-                                                        zero_tail=True)),
+                                              (16, dict(num_splits=1, transpose="scores_and_pv",
+                                                        warpgroup_halves=True, v_from_ring=True, pv_in_flight=1)),
                                               # (H = 128 with one split: the final stage in the output's dtype)
                                               (128, dict(num_splits=1)),
                                               # (H = 64: the plain scores' 64-row tile, a head a row)
                                               (64, dict(num_splits=2)),
-                                              (8, None), (8, dict(num_splits=2, transposed_scores=True,
-                                                                  overlap_wait=True))])
+                                              (8, None), (8, dict(num_splits=2, transpose="scores"))])
 def test_mosaic_gpu_fp8_lowers_for_cuda(num_heads, tuning):
     """The fp8 ring (8 x 64 tiles, 64-byte swizzle), its WGMMA-layout loads and the conversion lower for CUDA."""
     from mla_jax import pallas_mosaic_gpu
@@ -603,10 +476,9 @@ def _skip_without_hopper():
         pytest.skip(reason)
 
 
-# the heuristic's kv_halves path (pv_registers, zero_tail, load_ahead) at splits of one step or none (warpgroup 1 idle:
-# the B = 1 sweep of parity/sessions/next-session-first-call.sh, part 5), without and with q_in_kernel
-KV_HALVES_ONE_STEP = dict(num_splits=16, transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
-                          sums_at_end=True, qk_permuted=True, pv_registers=True, zero_tail=True, load_ahead=True)
+# the heuristic's kv_halves path (pv_registers) at splits of one step or none (warpgroup 1 idle), without and with
+# q_in_kernel
+KV_HALVES_ONE_STEP = dict(num_splits=16, transpose="scores_and_pv", warpgroup_halves=True, v_from_ring=True)
 COMPILED_FP8_CASES = (MOSAIC_FP8_CASES
                       + [("decode_mixed_lengths", "bfloat16", None), ("heads_128_spec", "bfloat16", None),
                          ("decode_mixed_lengths", "bfloat16", KV_HALVES_ONE_STEP),
@@ -622,73 +494,44 @@ def test_mosaic_gpu_fp8_compiled(name, dtype, tuning):
     _mosaic_fp8(name, dtype, tuning, interpret=False)
 
 
-def test_fp8_dequant_config_is_validated():
-    from mla_jax.pallas_mosaic_gpu import MosaicConfig
-
-    with pytest.raises(ValueError, match="overlap_dequant=1"):
-        MosaicConfig(overlap_dequant=1)
-    with pytest.raises(ValueError, match="overlap_wait='yes'"):
-        MosaicConfig(overlap_wait="yes")
-    assert MosaicConfig().overlap_wait is True
-    assert MosaicConfig().fused_group == 2 and MosaicConfig().overlap_dequant is True
-
-
 @pytest.mark.parametrize("fields, match", [
-    (dict(kv_halves=1), "kv_halves=1"),
-    (dict(kv_halves=True), "kv_halves=True needs .*transposed_pv=False"),
-    (dict(kv_halves=True, transposed_scores=True, transposed_pv=True, max_concurrent_steps=1),
-     "max_concurrent_steps=1"),
-    (dict(kv_halves=True, schedule="split"), "schedule='split'"),
-    (dict(qk_registers=1), "qk_registers=1"),
-    (dict(sums_at_end="yes"), "sums_at_end='yes'"),
-    (dict(qk_permuted="on"), "qk_permuted='on'"),
-    (dict(pv_registers=1), "pv_registers=1"),
-    (dict(pv_wait=0), "pv_wait=0"),
-    (dict(pv_wait=9), "pv_wait=9"),
-    (dict(pv_wait=True), "pv_wait=True"),
+    (dict(warpgroup_halves=1), "warpgroup_halves=1"),
+    (dict(warpgroup_halves=True), "warpgroup_halves=True .* got transpose='none'"),
+    (dict(v_from_ring=1), "v_from_ring=1"),
+    (dict(pv_in_flight=0), "pv_in_flight=0"),
+    (dict(pv_in_flight=9), "pv_in_flight=9"),
+    (dict(pv_in_flight=True), "pv_in_flight=True"),
 ])
 def test_kv_halves_config_is_validated(fields, match):
     from mla_jax.pallas_mosaic_gpu import MosaicConfig
 
-    assert MosaicConfig().kv_halves is False
+    assert MosaicConfig().warpgroup_halves is False
     with pytest.raises(ValueError, match=match):
         MosaicConfig(**fields)
 
 
 # _build_kernel's arguments for an fp8 kernel at H = 16 (the kernel-builder tests below vary them)
 FP8_BUILD_KW = dict(dtype=jnp.float16, page_size=64, num_tokens=4, heads=16, hp=16, num_h_tiles=1, q_tiles=1,
-                    num_reqs=4, num_splits=1, block_kv=64, stages=2, bt_chunk=224, scale_log2=1.0, memory_wg=False,
-                    schedule="flashmla", fp8=True)
+                    num_reqs=4, num_splits=1, bt_chunk=224, scale_log2=1.0, fp8=True)
 
 
-def test_qk_registers_needs_kv_halves_in_the_kernel_builder():
-    """MosaicConfig(qk_registers=True), sums_at_end and zero_tail have no effect where kv_halves does not run (the
-    wrapper passes them only with kv_halves); the kernel builder itself refuses each without kv_halves, naming the
-    value; likewise qk_permuted without qk_registers, pv_registers without its loads and kv_halves at 32 rows without
-    pv_registers."""
+def test_kv_halves_paths_are_checked_in_the_kernel_builder():
+    """The kernel builder refuses pv_registers without kv_halves or in interpret mode, and kv_halves at 32 rows
+    without pv_registers (V's f16 copies do not fit; interpret mode runs them), naming the value."""
     from mla_jax import pallas_mosaic_gpu
 
     kw = dict(FP8_BUILD_KW, bt_chunk=96, score_rows=16, transposed_pv=True)
-    for opt in ("qk_registers", "sums_at_end", "zero_tail"):
-        with pytest.raises(ValueError, match="kv_halves=False"):
-            pallas_mosaic_gpu._build_kernel(**{opt: True}, **kw)
-        pallas_mosaic_gpu._build_kernel(**{opt: True}, kv_halves=True, **kw)
-    with pytest.raises(ValueError, match="qk_registers=False"):  # (qk_permuted loads qk_registers's operands)
-        pallas_mosaic_gpu._build_kernel(qk_permuted=True, kv_halves=True, **kw)
-    pallas_mosaic_gpu._build_kernel(qk_permuted=True, kv_halves=True, qk_registers=True, **kw)
-    # (pv_registers loads beside qk_permuted's, compiled only)
-    full = dict(kw, kv_halves=True, qk_registers=True, sums_at_end=True)
-    with pytest.raises(ValueError, match="qk_permuted=False"):
-        pallas_mosaic_gpu._build_kernel(pv_registers=True, **full)
+    with pytest.raises(ValueError, match="kv_halves=False"):
+        pallas_mosaic_gpu._build_kernel(pv_registers=True, **kw)
     with pytest.raises(ValueError, match="interpret=True"):
-        pallas_mosaic_gpu._build_kernel(pv_registers=True, qk_permuted=True, interpret=True, **full)
-    pallas_mosaic_gpu._build_kernel(pv_registers=True, qk_permuted=True, **full)
-    # at 32 rows V's f16 copies do not fit: compiled, kv_halves needs pv_registers there
-    full32 = dict(full, score_rows=32)
+        pallas_mosaic_gpu._build_kernel(pv_registers=True, kv_halves=True, interpret=True, **kw)
+    pallas_mosaic_gpu._build_kernel(pv_registers=True, kv_halves=True, **kw)
+    pallas_mosaic_gpu._build_kernel(kv_halves=True, **kw)
+    full32 = dict(kw, kv_halves=True, score_rows=32)
     with pytest.raises(ValueError, match="kv_halves at 32 rows .* got pv_registers=False"):
-        pallas_mosaic_gpu._build_kernel(qk_permuted=True, **full32)
+        pallas_mosaic_gpu._build_kernel(**full32)
     pallas_mosaic_gpu._build_kernel(interpret=True, **full32)  # (interpret mode: with the copies)
-    pallas_mosaic_gpu._build_kernel(pv_registers=True, qk_permuted=True, **full32)
+    pallas_mosaic_gpu._build_kernel(pv_registers=True, **full32)
 
 
 def _layout_columns(layout, shape=(64, 64)):
@@ -747,8 +590,8 @@ def test_kv_halves_has_no_effect_where_it_does_not_apply():
     q = jnp.asarray(batch.q, jnp.float16)
     kv = jnp.asarray(batch.kv_cache, jnp.float16)
     md = mla_jax.to_jax_metadata(batch.metadata)
-    base = dict(num_splits=2, transposed_scores=True, transposed_pv=True)
-    runs = [mg.mla_decode(q, None, kv, md, batch.config, tuning=mg.MosaicConfig(**base, kv_halves=h), interpret=True)
+    base = dict(num_splits=2, transpose="scores_and_pv")
+    runs = [mg.mla_decode(q, None, kv, md, batch.config, tuning=mg.MosaicConfig(**base, warpgroup_halves=h), interpret=True)
             for h in (False, True)]
     for a, b in zip(*runs):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
@@ -771,50 +614,25 @@ def _assert_bitwise(name, dtype, tunings):
         np.testing.assert_array_equal(lse_a.view(np.uint32), lse_b.view(np.uint32), err_msg=f"{name} {t}")
 
 
-@pytest.mark.gpu
-def test_mosaic_gpu_fp8_overlap_dequant_is_bitwise_unfused():
-    """overlap_dequant issues a step's scores as 9 wgmmas of K = 64 over the head dim in order, fused_dequant=False
-    as one of K = 576, which Mosaic GPU emits as the same 36 wgmma instructions of K = 16 in the same order, and
-    its P @ V halves read the same values: the same out and lse bit for bit on the GPU. (Not in interpret mode: its
-    wgmma is one matmul, so 9 of K = 64 round differently from one of K = 576.)"""
-    _skip_without_hopper()
-    base = dict(num_splits=2, transposed_scores=True)
-    for name in ("page_size_16", "decode_q2_page_32"):
-        _assert_bitwise(name, "bfloat16", [dict(base, fused_dequant=False, overlap_dequant=False),
-                                           dict(base, overlap_wait=False), dict(base, overlap_wait=True)])
-
-
-@pytest.mark.gpu
-def test_mosaic_gpu_fp8_qk_registers_is_bitwise_kv_halves():
-    """qk_registers hands each converted V chunk to its scores' wgmma from registers where kv_halves reads the same
-    values back from V's f16 copy: the same wgmmas in the same order, the same out and lse bit for bit compiled
-    (2 splits at page 16; H = 8 at q_len 2, causal masks in the last step)."""
-    _skip_without_hopper()
-    base = dict(transposed_scores=True, transposed_pv=True, kv_halves=True)
-    for name, extra in (("page_size_16", dict(num_splits=2)), ("heads_8_q2", {})):
-        _assert_bitwise(name, "bfloat16", [dict(base, **extra), dict(base, **extra, qk_registers=True)])
-
-
 # the kv_halves bitwise tests' scenarios (name, dtype, tuning fields): 2 splits at page 16; H = 8 at q_len 2, masks;
 # block tables past a chunk at page 8; pages of two steps in fp16
 KV_HALVES_BITWISE_SCENARIOS = (("page_size_16", "bfloat16", dict(num_splits=2)), ("heads_8_q2", "bfloat16", {}),
                                ("long_page_8", "bfloat16", {}), ("page_128", "float16", dict(num_splits=2)))
-# the heuristic's kv_halves path since session 23 (qk_permuted), before pv_registers
-QK_PERMUTED_TUNING = dict(transposed_scores=True, transposed_pv=True, kv_halves=True, qk_registers=True,
-                          sums_at_end=True, qk_permuted=True)
+# the heuristic's kv_halves path without pv_registers
+QK_PERMUTED_TUNING = dict(transpose="scores_and_pv", warpgroup_halves=True)
 
 
 @pytest.mark.gpu
 def test_mosaic_gpu_fp8_pv_registers_is_bitwise_qk_permuted():
     """pv_registers loads P @ V's left operand from the fp8 slot (V^T by ldmatrix.trans, its rows permuted, the
-    output's columns put back by the wrapper) where qk_permuted reads V's f16 copy: the same products in the same
-    order, the same out and lse bit for bit compiled (2 splits at page 16; H = 8 at q_len 2, masks; block tables
+    output's columns put back by the wrapper; the masked step's tail zeroed in the slot; each chunk's loads a chunk
+    ahead) where kv_halves alone reads V's f16 copy: the same products in the same order, the same out and lse bit for bit compiled (2 splits at page 16; H = 8 at q_len 2, masks; block tables
     past a chunk at page 8; pages of two steps in fp16), however many chunks it leaves in flight (pv_wait)."""
     _skip_without_hopper()
     base = QK_PERMUTED_TUNING
     for name, dtype, extra in KV_HALVES_BITWISE_SCENARIOS:
         t = dict(base, **extra)
-        _assert_bitwise(name, dtype, [t] + [dict(t, pv_registers=True, pv_wait=d) for d in (1, 2, 4, 8)])
+        _assert_bitwise(name, dtype, [t] + [dict(t, v_from_ring=True, pv_in_flight=d) for d in (1, 2, 4, 8)])
 
 
 def _assert_option_bitwise_16_and_32_rows(base: dict, option: dict):
@@ -822,90 +640,23 @@ def _assert_option_bitwise_16_and_32_rows(base: dict, option: dict):
     16 at q_len 2 with a q_len-1 request, 2 splits; H = 8 at q_len 4; one P @ V chunk in flight there)."""
     for name, dtype, extra in KV_HALVES_BITWISE_SCENARIOS + (("decode_q2_page_32", "bfloat16", dict(num_splits=2)),
                                                              ("heads_8_q4", "bfloat16", dict(num_splits=2))):
-        t = dict(base, **extra, pv_wait=1 if name in ("decode_q2_page_32", "heads_8_q4") else 4)
+        t = dict(base, **extra, pv_in_flight=1 if name in ("decode_q2_page_32", "heads_8_q4") else 4)
         _assert_bitwise(name, dtype, [t, dict(t, **option)])
-
-
-@pytest.mark.gpu
-def test_mosaic_gpu_fp8_zero_tail_is_bitwise():
-    """zero_tail zeroes the masked step's slot rows past kv_len in shared memory (fp8 zeros) where the default
-    selects 0 for them after their conversion (f16 zeros): the same values in the same order, the same out and lse
-    bit for bit compiled, on the bitwise test's 4 scenarios (16 rows, pv_registers) and at 32 rows (H = 16 at q_len 2
-    with a q_len-1 request, 2 splits; H = 8 at q_len 4)."""
-    _skip_without_hopper()
-    _assert_option_bitwise_16_and_32_rows(dict(QK_PERMUTED_TUNING, pv_registers=True), dict(zero_tail=True))
-
-
-@pytest.mark.gpu
-def test_mosaic_gpu_fp8_load_ahead_is_bitwise():
-    """load_ahead issues each chunk's shared-memory loads a chunk ahead of its conversion (the scores' K chunks and
-    P @ V's V^T words; the first V^T chunk before the softmax) and reads P's buffer index once a step: the same
-    values converted and multiplied in the same order, the same out and lse bit for bit compiled, on the bitwise
-    test's 4 scenarios (16 rows, with zero_tail) and at 32 rows (H = 16 at q_len 2 with a q_len-1 request, 2 splits;
-    H = 8 at q_len 4); and without pv_registers (the K chunks only, V's f16 copies) on two."""
-    _skip_without_hopper()
-    _assert_option_bitwise_16_and_32_rows(dict(QK_PERMUTED_TUNING, pv_registers=True, zero_tail=True),
-                                          dict(load_ahead=True))
-    # without pv_registers (V's f16 copies: the scores' chunks loaded ahead only), 16 rows
-    for name, dtype, extra in KV_HALVES_BITWISE_SCENARIOS[:2]:
-        t = dict(QK_PERMUTED_TUNING, **extra)
-        _assert_bitwise(name, dtype, [t, dict(t, load_ahead=True)])
-
-
-def test_load_ahead_lowers_and_needs_qk_permuted():
-    """load_ahead (an abstract H200, no GPU), the heuristic's pick with pv_registers since session 30, changes the 16-
-    and 32-row kernels (the loads moved ahead), not their conversions' count, and the 16-row kernel without
-    pv_registers (the scores' chunks only); the kernel builder refuses it without qk_permuted."""
-    import dataclasses
-
-    from mla_jax import pallas_mosaic_gpu as mg
-    from parity import kernel_hash
-
-    for heads, q_len in ((16, 1), (16, 2)):
-        problem = (heads, 64, 4096, q_len, True)
-        base = kernel_hash.problem_tuning(problem)
-        assert base.pv_registers and base.load_ahead
-        [plain] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, load_ahead=False))
-        [ahead] = kernel_hash.module_texts(problem, tuning=base)
-        assert ahead != plain
-        assert ahead.count("cvt.rn.f16x2.e4m3x2") == plain.count("cvt.rn.f16x2.e4m3x2")
-    kw = dict(FP8_BUILD_KW, bt_chunk=96, score_rows=16, transposed_pv=True, kv_halves=True, qk_registers=True)
-    with pytest.raises(ValueError, match="load_ahead .* qk_permuted=False"):
-        mg._build_kernel(load_ahead=True, **kw)
-    with pytest.raises(ValueError, match="load_ahead .* interpret=True"):
-        mg._build_kernel(load_ahead=True, qk_permuted=True, interpret=True, **kw)
-    mg._build_kernel(load_ahead=True, qk_permuted=True, **kw)  # (without pv_registers: K's chunks only)
-    mg._build_kernel(load_ahead=True, qk_permuted=True, pv_registers=True, **kw)
-    # the heuristic's B8 S4096 kernel (4 steps a split: no pv_registers) changes with load_ahead too (its K loop),
-    # with no V^T words loaded (P @ V reads V's f16 copy there): as many transposed ldmatrix as without
-    problem = (16, 8, 4096, 1, True)
-    base = mg.heuristic_config(MLAConfig(num_heads=16, page_size=64, dtype="bfloat16", kv_cache_dtype="fp8_e4m3"),
-                               8, 64, 8, max_query_len=1)
-    assert base.qk_permuted and not base.pv_registers and not base.load_ahead
-    [plain] = kernel_hash.module_texts(problem, tuning=base)
-    [ahead] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, load_ahead=True))
-    assert ahead != plain
-    trans = lambda text: text.count("layout = <col>, shape = <m = 8, n = 8>")
-    assert trans(ahead) == trans(plain)
 
 
 @pytest.mark.gpu
 def test_mosaic_gpu_fp8_q_in_kernel_is_bitwise():
     """q_in_kernel converts a bf16 q to f16 inside the kernel (in place in shared memory after its TMA; with
-    qk_permuted in QK_PERM's column order) where the default converts it in an XLA fusion before the kernel: the same
+    kv_halves in QK_PERM's column order) where the default converts it in an XLA fusion before the kernel: the same
     rounding, the same out and lse bit for bit compiled. On the heuristic's kv_halves path (16 rows on the bitwise
-    test's 4 scenarios, 32 rows on two), kv_halves without pv_registers (V's f16 copies) and without qk_permuted (q
-    unpermuted), the one-chain transposed path (warpgroup 0 alone converts) and the plain 64-row scores (H = 128).
+    test's 4 scenarios, 32 rows on two), kv_halves without pv_registers (V's f16 copies), the one-chain transposed path (warpgroup 0 alone converts) and the plain 64-row scores (H = 128).
     (An fp16 q, in two of the scenarios, has nothing to convert: the option does not run there.)"""
     _skip_without_hopper()
     option = dict(q_in_kernel=True)
-    _assert_option_bitwise_16_and_32_rows(dict(QK_PERMUTED_TUNING, pv_registers=True, zero_tail=True,
-                                               load_ahead=True), option)
+    _assert_option_bitwise_16_and_32_rows(dict(QK_PERMUTED_TUNING, v_from_ring=True), option)
     for name, dtype, t in (("page_size_16", "bfloat16", dict(QK_PERMUTED_TUNING, num_splits=2)),
-                           ("heads_8_q2", "bfloat16", dict(transposed_scores=True, transposed_pv=True, kv_halves=True,
-                                                           qk_registers=True)),
-                           ("page_size_16", "bfloat16", dict(num_splits=2, transposed_scores=True)),
-                           ("decode_q2_page_32", "bfloat16", dict(num_splits=2, transposed_scores=True)),
+                           ("page_size_16", "bfloat16", dict(num_splits=2, transpose="scores")),
+                           ("decode_q2_page_32", "bfloat16", dict(num_splits=2, transpose="scores")),
                            ("heads_128", "bfloat16", dict(num_splits=2)),
                            ("heads_128_spec", "bfloat16", dict(num_splits=1))):
         _assert_bitwise(name, dtype, [t, dict(t, **option)])
@@ -914,21 +665,18 @@ def test_mosaic_gpu_fp8_q_in_kernel_is_bitwise():
 @pytest.mark.gpu
 def test_mosaic_gpu_fp8_pair_ring_is_bitwise():
     """pair_ring holds each step as 32 rows of two tokens (the cache reshaped to [N, P / 2, 1152], 8 x 128 tiles,
-    128-byte swizzle) and reads the scores' K chunks, V^T and zero_tail's rows by its own ldmatrix / stmatrix
+    128-byte swizzle) and reads the scores' K chunks, V^T and the masked step's tail by its own ldmatrix / stmatrix
     addresses, each chunk's tokens in their order: the same values in the same order, the same out and lse bit for
     bit compiled, on the bitwise test's 4 scenarios (pages of 16 and 128: several pages a step, two steps a page; of
-    8: the default ring) and at 32 rows; with zero_tail and without (the converted values selected); at pages of
-    64 (a page a step: the bench's; added after session 36's run of this test); and with q_in_kernel, as the
-    heuristic picks it beside pv_registers at up to Q_IN_KERNEL_MAX_TOKENS tokens (q converted in its own shared
-    memory tile, the ring's slots unchanged; added in session 41, before a GPU ran it)."""
+    8: the default ring) and at 32 rows; at pages of 64 (a page a step); and with q_in_kernel, as the heuristic picks
+    it beside pv_registers at up to Q_IN_KERNEL_MAX_TOKENS tokens (q converted in its own shared memory tile)."""
     _skip_without_hopper()
-    base = dict(QK_PERMUTED_TUNING, pv_registers=True, load_ahead=True)
-    _assert_option_bitwise_16_and_32_rows(dict(base, zero_tail=True), dict(pair_ring=True))
-    for name, dtype, extra in (KV_HALVES_BITWISE_SCENARIOS[:1] + KV_HALVES_BITWISE_SCENARIOS[3:]
-                               + (("contiguous_blocks", "bfloat16", dict(zero_tail=True)),
-                                  ("page_size_16", "bfloat16", dict(num_splits=2, zero_tail=True, q_in_kernel=True)))):
+    base = dict(QK_PERMUTED_TUNING, v_from_ring=True)
+    _assert_option_bitwise_16_and_32_rows(base, dict(ring_pairs=True))
+    for name, dtype, extra in (("contiguous_blocks", "bfloat16", {}),
+                               ("page_size_16", "bfloat16", dict(num_splits=2, q_in_kernel=True))):
         t = dict(base, **extra)
-        _assert_bitwise(name, dtype, [t, dict(t, pair_ring=True)])
+        _assert_bitwise(name, dtype, [t, dict(t, ring_pairs=True)])
 
 
 def _pair_slot_image() -> np.ndarray:
@@ -1018,39 +766,38 @@ def test_vt_lane_offsets_address_the_chunk_rows():
             np.testing.assert_array_equal(img[a:a + 16], key * 1000 + 16 * w + np.arange(16), err_msg=f"{tid=} {half=}")
 
 
-def test_pair_ring_lowers_where_load_ahead_runs():
-    """pair_ring (an abstract H200) lowers on parity.kernel_hash's problems: where pv_registers and load_ahead run (the
-    16- and 32-row fp8 kernels) the module with it differs from the one without; elsewhere (B8: load_ahead off; H =
-    128; a 16-bit cache) both are the default's. The kernel builder refuses it without load_ahead or at pages of 8
-    rows (where the wrapper runs the default ring), and the config a non-bool."""
+def test_pair_ring_lowers_where_pv_registers_runs():
+    """pair_ring (an abstract H200) lowers on parity.h200's problems: where pv_registers runs (the 16- and
+    32-row fp8 kernels) the module with it differs from the one without; elsewhere (B8: pv_registers off; H = 128; a
+    16-bit cache) both are the default's. The kernel builder refuses it without pv_registers or at pages of 8 rows
+    (where the wrapper runs the default ring), and the config a non-bool."""
     import dataclasses
 
     from mla_jax import pallas_mosaic_gpu as mg
-    from parity import kernel_hash
+    from parity import h200 as kernel_hash
 
     changed = 0
     for problem in kernel_hash.PROBLEMS:
         base = kernel_hash.problem_tuning(problem)
-        [plain] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, pair_ring=False))
-        [text] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, pair_ring=True))
-        runs = base.pv_registers and base.load_ahead
+        [plain] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, ring_pairs=False))
+        [text] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, ring_pairs=True))
+        runs = base.v_from_ring
         assert (text != plain) == runs, problem
         changed += runs
     assert changed >= 3
-    kw = dict(FP8_BUILD_KW, score_rows=16, transposed_pv=True, kv_halves=True, qk_registers=True, qk_permuted=True,
-              pv_registers=True, zero_tail=True)
-    with pytest.raises(ValueError, match="pair_ring .* load_ahead=False"):
+    kw = dict(FP8_BUILD_KW, score_rows=16, transposed_pv=True, kv_halves=True)
+    with pytest.raises(ValueError, match="pair_ring .* pv_registers=False"):
         mg._build_kernel(pair_ring=True, **kw)
-    with pytest.raises(ValueError, match="pair_ring must be a bool"):
-        mg.MosaicConfig(pair_ring=1)
+    with pytest.raises(ValueError, match="ring_pairs must be a bool"):
+        mg.MosaicConfig(ring_pairs=1)
     # (a page of 8 rows: 4 pair rows, half a tile: the builder refuses it, the wrapper runs the default ring there)
     with pytest.raises(ValueError, match="pair_ring .* page_size=8"):
-        mg._build_kernel(**dict(kw, page_size=8, load_ahead=True, pair_ring=True))
+        mg._build_kernel(**dict(kw, page_size=8, pv_registers=True, pair_ring=True))
     problem = kernel_hash.PROBLEMS[0]
     base = kernel_hash.problem_tuning(problem, page=8)
-    assert base.pv_registers and base.load_ahead
+    assert base.v_from_ring
     texts = lambda t: [text for text, _ in kernel_hash.lowered_modules(problem, tuning=t, page=8)]
-    assert texts(dataclasses.replace(base, pair_ring=True)) == texts(dataclasses.replace(base, pair_ring=False))
+    assert texts(dataclasses.replace(base, ring_pairs=True)) == texts(dataclasses.replace(base, ring_pairs=False))
 
 
 def _q_tile_offsets(rows: int) -> np.ndarray:
@@ -1133,7 +880,7 @@ def test_q_in_kernel_lowers_and_skips_the_wrappers_conversion():
     import re
 
     from mla_jax import pallas_mosaic_gpu as mg
-    from parity import kernel_hash
+    from parity import h200 as kernel_hash
 
     for problem in kernel_hash.PROBLEMS:
         heads, batch, seq_len, q_len, fp8 = problem
@@ -1145,7 +892,7 @@ def test_q_in_kernel_lowers_and_skips_the_wrappers_conversion():
             continue
         _, score_rows = mg._kv_halves_runs(base, True, heads, q_len, False)
         rows = score_rows if score_rows < 64 else 64
-        wgs = 2 if base.kv_halves else 1
+        wgs = 2 if base.warpgroup_halves else 1
         items = rows * mg.Q_GROUPS // wgs
         assert text.count("cvt.rn.f16x2.f32") == 8 * -(-items // 128) * wgs, problem
 
@@ -1193,18 +940,6 @@ def test_pv_perm_is_ldmatrix_trans_seen_as_wgmma():
     assert sorted(mg.PV_PERM) == list(range(512))
     x = np.arange(512)
     np.testing.assert_array_equal(x[mg.PV_PERM][mg.PV_UNPERM], x)
-
-
-def test_mosaic_gpu_overlap_dequant_is_refused_where_it_does_not_fit():
-    """The kernel builder refuses overlap_dequant beyond 32 rows of transposed scores (its SMEM would not fit);
-    the wrapper applies it only where it fits."""
-    from mla_jax import pallas_mosaic_gpu
-
-    kw = dict(FP8_BUILD_KW, overlap_dequant=True)
-    with pytest.raises(ValueError, match="score_rows=48"):
-        pallas_mosaic_gpu._build_kernel(score_rows=48, **kw)
-    with pytest.raises(ValueError, match="score_rows=0"):
-        pallas_mosaic_gpu._build_kernel(score_rows=0, **kw)
 
 
 def test_triton_unsupported_reason_for_fp8_devices():
@@ -1344,103 +1079,22 @@ def test_fp8_heuristic_tiles_run_compiled(num_heads, batch_invariant, dtype):
     assert bf16.block_h == min(max(num_heads, 16), 64)
 
 
-def test_kernel_hash_sees_the_tuning():
-    """parity.kernel_hash's module text (lowered for an abstract H200, no GPU): the same twice in one process, the
-    same for the heuristic's tuning passed in, another with another tuning (pv_wait=1); the fp8 kernel's wgmmas in
+def test_lowered_fp8_kernel_follows_the_tuning():
+    """parity.h200's module text (lowered for an abstract H200, no GPU): the same twice in one process, the
+    same for the heuristic's tuning passed in, another with another tuning (pv_in_flight=1); the fp8 kernel's wgmmas in
     f16 (its scores M = 64 keys, N = 16 rows), none on e4m3 operands."""
     import dataclasses
     import re
 
-    from parity import kernel_hash
+    from parity import h200 as kernel_hash
 
     problem = (16, 128, 16384, 1, True)
     heuristic = kernel_hash.module_texts(problem)
     assert len(heuristic) == 1 and heuristic == kernel_hash.module_texts(problem)
     base = kernel_hash.problem_tuning(problem)
-    assert base.pv_registers and base.pv_wait != 1
+    assert base.v_from_ring and base.pv_in_flight != 1
     assert kernel_hash.module_texts(problem, tuning=base) == heuristic
-    assert kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, pv_wait=1)) != heuristic
+    assert kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, pv_in_flight=1)) != heuristic
     assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n16k16\.f32\.f16\.f16", heuristic[0])
     assert not re.search(r"wgmma\.mma_async[.\w]*\.e4m3", heuristic[0])
 
-
-def test_kernel_hash_cli(tmp_path, monkeypatch, capsys):
-    """`python -m parity.kernel_hash --json F`: one hash per problem; --against a revision git does not know is refused."""
-    import json
-
-    from parity import kernel_hash
-
-    monkeypatch.setattr(kernel_hash, "PROBLEMS", ((16, 2, 300, 1, True),))
-    assert kernel_hash.main(["--json", str(tmp_path / "h.json")]) == 0
-    h = json.loads((tmp_path / "h.json").read_text())
-    assert list(h) == ["H16_B2_S300_q1_fp8"] and len(h["H16_B2_S300_q1_fp8"]) == 64
-    assert "H16_B2_S300_q1_fp8" in capsys.readouterr().out
-    with pytest.raises(SystemExit):
-        kernel_hash.main(["--against", "no-such-revision-xyz"])
-
-
-def _lazy_max_jump(interpret: bool):
-    """lazy_max keeps each column's max while no score passes it by more than LAZY_MAX_SLACK: two keys of request 0
-    whose scores jump past it (at positions 200 and 900 of 1030: after the first step of each warpgroup's half of
-    the steps) make those steps take the exact max; the rest keep it. Against the reference on the same cache, and
-    not bitwise the default's output (which it would be if every step took the exact max)."""
-    import dataclasses
-
-    from mla_jax import pallas_mosaic_gpu as mg
-
-    batch, k_scale = make_fp8_batch(FP8_SCENARIOS["long_page_8"], "bfloat16")
-    kv, P, q0 = batch.kv_cache.copy(), batch.config.page_size, batch.q[0, 0]
-    for pos in (200, 900):  # (112 is an e4m3 value: the key aligned with token 0's head 0)
-        kv[batch.metadata.block_table[0][pos // P], pos % P] = np.sign(q0).astype(np.float32) * 112.0
-    batch = dataclasses.replace(batch, kv_cache=kv)
-    # (the premise: each jump passes by more than the slack, in log2 units, the running max of its warpgroup's steps
-    # before it: warpgroup 1's from step ceil(17 / 2) = 9, key 576, on)
-    rows = np.stack([kv[batch.metadata.block_table[0][t // P], t % P] for t in range(1030)]).astype(np.float64)
-    s = rows @ q0.astype(np.float64) * k_scale * batch.config.softmax_scale / math.log(2)
-    for pos, start in ((200, 0), (900, 576)):
-        assert s[pos] > s[start:pos].max() + mg.LAZY_MAX_SLACK, pos
-    ref_out, ref_lse = fp8_reference(batch, k_scale)
-    q, kv_j, md = jax_inputs(batch, "bfloat16")
-    tuning = dict(QK_PERMUTED_TUNING)
-    if not interpret:
-        tuning.update(pv_registers=True, zero_tail=True, load_ahead=True)
-    outs = {}
-    for lazy in (True, False):
-        outs[lazy] = mg.mla_decode(q, None, kv_j, md, batch.config, tuning=mg.MosaicConfig(**tuning, lazy_max=lazy),
-                                   interpret=interpret, k_scale=k_scale)
-        assert_close(outs[lazy][0].astype(jnp.float32), outs[lazy][1], ref_out, ref_lse, "bfloat16",
-                     f"lazy_max={lazy} with jumps")
-    assert not np.array_equal(np.asarray(outs[True][0]), np.asarray(outs[False][0]))  # (the kept steps ran)
-
-
-def test_mosaic_gpu_fp8_lazy_max_jump():
-    pytest.importorskip("absl", reason="Mosaic GPU interpret mode needs absl-py")
-    _lazy_max_jump(interpret=True)
-
-
-@pytest.mark.gpu
-def test_mosaic_gpu_fp8_lazy_max_jump_compiled():
-    _skip_without_hopper()
-    _lazy_max_jump(interpret=False)
-
-
-def test_lazy_max_lowers_where_kv_halves_runs():
-    """lazy_max (an abstract H200, no GPU) puts one bar.red.or a step into the kv_halves kernels (16 and 32 rows, with
-    and without pv_registers) and leaves the others (H = 128: the plain scores; a bf16 cache) as they are; a value
-    that is not a bool is refused."""
-    import dataclasses
-
-    from parity import kernel_hash
-
-    for problem in kernel_hash.PROBLEMS:
-        base = kernel_hash.problem_tuning(problem)
-        [plain] = kernel_hash.module_texts(problem, tuning=base)
-        [lazy] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, lazy_max=True))
-        if base.kv_halves:
-            assert "bar.red.or.pred" in lazy and "bar.red.or.pred" not in plain, problem
-        else:
-            assert lazy == plain, problem
-    from mla_jax.pallas_mosaic_gpu import MosaicConfig
-
-    with pytest.raises(ValueError, match="lazy_max must be a bool"):
-        MosaicConfig(lazy_max=1)

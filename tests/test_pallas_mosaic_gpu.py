@@ -1,7 +1,7 @@
 """The Pallas Mosaic GPU (Hopper) paged-MLA kernel against the float64 reference.
 
 `TestInterpret` runs the kernel on the CPU in Mosaic GPU interpret mode (which
-simulates the three warpgroups, the TMA copies, SMEM and the barriers), on small
+simulates the two warpgroups, the TMA copies, SMEM and the barriers), on small
 shapes. `TestGPU` (marked `gpu`) runs every supported parity scenario compiled for
 the GPU. Cache slots that no request may read hold NaN (make_batch poisons them):
 any leak shows up as a NaN-position mismatch in the comparator.
@@ -33,93 +33,65 @@ pytest.importorskip("absl", reason="Mosaic GPU interpret mode needs absl-py")
 # query tokens packed into one 64-row tile (H=16: 4 tokens per tile) with bottom-right
 # causal masking, a request whose q_len spans two tiles (q_len 6 > 4), H=128 (two head
 # tiles per token), padded heads (H=20 -> 32), one and several KV splits (with empty
-# splits), a multi-step pipeline (more steps than stages), fp16, and a 1-stage ring.
+# splits), a multi-step pipeline (more steps than stages) and fp16.
 CASES = [
     (Scenario("p16_decode", seq_lens=(1, 17, 70), query_lens=(1, 1, 1), page_size=16), "bfloat16",
      MosaicConfig(num_splits=1)),
     (Scenario("p16_spec_split2", seq_lens=(8, 100, 200), query_lens=(3, 6, 2), page_size=16), "bfloat16",
-     MosaicConfig(num_splits=2, schedule="split")),
+     MosaicConfig(num_splits=2)),
     (Scenario("p64_spec", seq_lens=(40, 130, 300), query_lens=(2, 4, 1), page_size=64), "bfloat16",
      MosaicConfig(num_splits=1)),
     (Scenario("p64_split3", seq_lens=(1, 65, 200), query_lens=(1, 2, 1), page_size=64), "bfloat16",
      MosaicConfig(num_splits=3)),
     (Scenario("heads128_p16", seq_lens=(33, 97), query_lens=(1, 2), num_heads=128, page_size=16), "bfloat16",
-     MosaicConfig(num_splits=2, schedule="split")),
+     MosaicConfig(num_splits=2)),
     (Scenario("p128_fp16", seq_lens=(65, 200), query_lens=(2, 1), page_size=128), "float16",
      MosaicConfig(num_splits=2)),
     (Scenario("heads20_p32", seq_lens=(70, 5), query_lens=(5, 1), num_heads=20, page_size=32), "bfloat16",
-     MosaicConfig(num_splits=1, schedule="split")),
+     MosaicConfig(num_splits=1)),
     (Scenario("p8_heads8_fp16", seq_lens=(30, 110), query_lens=(1, 3), num_heads=8, page_size=8), "float16",
      MosaicConfig(num_splits=2)),
-    (Scenario("one_stage", seq_lens=(150, 9), query_lens=(2, 1), page_size=32), "bfloat16",
-     MosaicConfig(max_concurrent_steps=1, num_splits=1, schedule="split")),
     (Scenario("unmasked_steps_split2", seq_lens=(300, 9, 64, 129), query_lens=(2, 1, 1, 3), page_size=16),
      "bfloat16", MosaicConfig(num_splits=2)),
     (Scenario("heads64_decode", seq_lens=(70, 130, 1), query_lens=(1, 1, 1), num_heads=64, page_size=64), "float16",
      MosaicConfig(num_splits=2)),
-    # FlashMLA's schedule, the default (warpgroup 0: all scores + softmax; warpgroup 1: its P @ V half
-    # + TMAs), named; the cases above without a schedule run it too, those with "split" the other one
-    (Scenario("flashmla_p16_spec", seq_lens=(8, 100, 200), query_lens=(3, 6, 2), page_size=16), "bfloat16",
-     MosaicConfig(schedule="flashmla", num_splits=2)),
-    (Scenario("flashmla_h128_p64", seq_lens=(33, 97, 520), query_lens=(1, 2, 1), num_heads=128, page_size=64),
-     "float16", MosaicConfig(schedule="flashmla", num_splits=3)),
-    (Scenario("flashmla_p8_h8", seq_lens=(30, 110), query_lens=(1, 3), num_heads=8, page_size=8), "bfloat16",
-     MosaicConfig(schedule="flashmla", num_splits=1)),
-    (Scenario("flashmla_one_stage", seq_lens=(150, 9), query_lens=(2, 1), page_size=32), "bfloat16",
-     MosaicConfig(schedule="flashmla", max_concurrent_steps=1)),
-    # padded heads (20 -> 32) with 4 splits, two of them empty for the short request: the case that hung the
-    # interpreter in about half the runs before v4 (session 2's notes); 19 of 19 runs completed after it
+    # padded heads (20 -> 32) with 4 splits, two of them empty for the short request
     (Scenario("heads20_p32_split4", seq_lens=(70, 5), query_lens=(5, 1), num_heads=20, page_size=32), "bfloat16",
      MosaicConfig(num_splits=4)),
-    # block tables longer than the staged chunk (bt_chunk=32 pages of 8): splits that begin past
+    # block tables longer than the staged chunk (BT_CHUNK = 224 pages of 8): splits that begin past
     # chunk 0 reload it at their first step, and steps that cross into the next chunk
-    (Scenario("bt_chunks_p8", seq_lens=(600, 70), query_lens=(1, 2), page_size=8), "bfloat16",
-     MosaicConfig(num_splits=3, bt_chunk=32)),
-    (Scenario("bt_chunks_p8_split_sched", seq_lens=(70, 600), query_lens=(3, 1), page_size=8), "float16",
-     MosaicConfig(num_splits=2, bt_chunk=32, schedule="split")),
+    (Scenario("bt_chunks_p8", seq_lens=(2000, 70), query_lens=(1, 2), page_size=8), "bfloat16",
+     MosaicConfig(num_splits=3)),
     # transposed scores (S^T = K Q^T over the tile's rows in use): H=16 q_len 1 (16 rows) with splits, q_len
     # up to 3 (48 rows) with several pages a step, H=8 (8 rows) at page 8, H=32 q_len 2 (64 rows: the plain
-    # path), padded heads (20 -> 32 x 1 token), fp16 and one stage
+    # path), padded heads (20 -> 32 x 1 token), fp16
     (Scenario("tscores_decode_split3", seq_lens=(1, 65, 200, 70), query_lens=(1, 1, 1, 1), page_size=64), "bfloat16",
-     MosaicConfig(num_splits=3, transposed_scores=True)),
+     MosaicConfig(num_splits=3, transpose="scores")),
     (Scenario("tscores_spec_p16", seq_lens=(8, 100, 200), query_lens=(3, 1, 2), page_size=16), "float16",
-     MosaicConfig(num_splits=2, transposed_scores=True)),
+     MosaicConfig(num_splits=2, transpose="scores")),
     (Scenario("tscores_h8_p8", seq_lens=(30, 110), query_lens=(1, 1), num_heads=8, page_size=8), "bfloat16",
-     MosaicConfig(num_splits=1, transposed_scores=True)),
+     MosaicConfig(num_splits=1, transpose="scores")),
     (Scenario("tscores_h32_q2_full_tile", seq_lens=(40, 130), query_lens=(2, 1), num_heads=32, page_size=32),
-     "bfloat16", MosaicConfig(num_splits=2, transposed_scores=True)),
-    (Scenario("tscores_heads20_one_stage", seq_lens=(150, 9), query_lens=(1, 1), num_heads=20, page_size=32),
-     "bfloat16", MosaicConfig(max_concurrent_steps=1, transposed_scores=True)),
-    # P @ V transposed too (transposed_pv: O^T = V^T P^T, transposed back once per tile): H=16 q_len 1 (16 rows)
-    # with splits (fp32 partials), q_len 2 (32 rows) at page 16 in fp16, one stage with padded heads; q_len 3 (48
+     "bfloat16", MosaicConfig(num_splits=2, transpose="scores")),
+    (Scenario("tscores_heads20", seq_lens=(150, 9), query_lens=(1, 1), num_heads=20, page_size=32),
+     "bfloat16", MosaicConfig(transpose="scores")),
+    # P @ V transposed too (transpose="scores_and_pv": O^T = V^T P^T, transposed back once per tile): H=16 q_len 1 (16 rows)
+    # with splits (fp32 partials), q_len 2 (32 rows) at page 16 in fp16, padded heads; q_len 3 (48
     # rows: no effect, the untransposed P @ V)
     (Scenario("tpv_decode_split3", seq_lens=(1, 65, 200, 70), query_lens=(1, 1, 1, 1), page_size=64), "bfloat16",
-     MosaicConfig(num_splits=3, transposed_scores=True, transposed_pv=True)),
+     MosaicConfig(num_splits=3, transpose="scores_and_pv")),
     (Scenario("tpv_q2_p16", seq_lens=(8, 100, 200), query_lens=(2, 1, 2), page_size=16), "float16",
-     MosaicConfig(num_splits=1, transposed_scores=True, transposed_pv=True)),
-    (Scenario("tpv_heads20_one_stage", seq_lens=(150, 9), query_lens=(1, 1), num_heads=20, page_size=32),
-     "bfloat16", MosaicConfig(max_concurrent_steps=1, transposed_scores=True, transposed_pv=True)),
+     MosaicConfig(num_splits=1, transpose="scores_and_pv")),
+    (Scenario("tpv_heads20", seq_lens=(150, 9), query_lens=(1, 1), num_heads=20, page_size=32),
+     "bfloat16", MosaicConfig(transpose="scores_and_pv")),
     (Scenario("tpv_q3_no_effect", seq_lens=(8, 100), query_lens=(3, 1), page_size=16), "bfloat16",
-     MosaicConfig(num_splits=2, transposed_scores=True, transposed_pv=True)),
+     MosaicConfig(num_splits=2, transpose="scores_and_pv")),
     # H=8 (8 tokens a tile), where the heuristic picks both transposed too: q_len 2 (16 rows) at page 8 with
     # splits, q_len 4 (32 rows) with a shorter request
     (Scenario("tpv_h8_q2_p8", seq_lens=(30, 110), query_lens=(2, 2), num_heads=8, page_size=8), "bfloat16",
-     MosaicConfig(num_splits=2, transposed_scores=True, transposed_pv=True)),
+     MosaicConfig(num_splits=2, transpose="scores_and_pv")),
     (Scenario("tpv_h8_q4_p32", seq_lens=(70, 140), query_lens=(4, 3), num_heads=8, page_size=32), "float16",
-     MosaicConfig(num_splits=1, transposed_scores=True, transposed_pv=True)),
-    # P in the KV slot's rope columns (p_in_kv): H=128 with splits and a masked tail, spec decode with several
-    # pages a step, one stage (slot 0 every step), fp16
-    (Scenario("p_in_kv_h128_p64", seq_lens=(33, 97, 520), query_lens=(1, 2, 1), num_heads=128, page_size=64),
-     "bfloat16", MosaicConfig(num_splits=3, p_in_kv=True)),
-    (Scenario("p_in_kv_spec_p16", seq_lens=(8, 100, 200), query_lens=(3, 6, 2), page_size=16), "float16",
-     MosaicConfig(num_splits=2, p_in_kv=True)),
-    (Scenario("p_in_kv_one_stage", seq_lens=(150, 9), query_lens=(2, 1), page_size=32), "bfloat16",
-     MosaicConfig(max_concurrent_steps=1, p_in_kv=True)),
-    # the warp-specialized variant (a third warpgroup issues the TMAs)
-    (Scenario("memory_wg_p16", seq_lens=(8, 300, 200), query_lens=(3, 6, 2), page_size=16), "bfloat16",
-     MosaicConfig(num_splits=2, memory_warpgroup=True, schedule="split")),
-    (Scenario("memory_wg_h128_p128", seq_lens=(65, 200), query_lens=(1, 1), num_heads=128, page_size=128), "float16",
-     MosaicConfig(num_splits=1, memory_warpgroup=True, schedule="split")),
+     MosaicConfig(num_splits=1, transpose="scores_and_pv")),
 ]
 
 
@@ -128,7 +100,7 @@ def _run(batch, dtype, tuning, interpret):
     return mgpu_mla.mla_decode(q_nope, q_pe, kv, md, batch.config, tuning=tuning, interpret=interpret)
 
 
-# A NaN in one head's q, at 16 rows (H = 16, q_len 1) and 32 (q_len 2 beside q_len 1), with transposed_pv (its
+# A NaN in one head's q, at 16 rows (H = 16, q_len 1) and 32 (q_len 2 beside q_len 1), with P @ V transposed (its
 # transpose back multiplies by an identity, where 0 x NaN would spread the NaN to every row) and without
 NAN_HEAD_CASES = [(Scenario("nan_head_q1", seq_lens=(40, 130), query_lens=(1, 1), page_size=16), tpv)
                   for tpv in (True, False)] + [
@@ -140,9 +112,9 @@ HEADS_FASTEST = Scenario("heads_fastest_h128", seq_lens=(33, 97, 520), query_len
                          page_size=64)
 
 
-# the grid variant: heads_fastest reorders the grid only (a request's head tiles launched together)
-GRID_VARIANTS = [dict(heads_fastest=True)]
-GRID_VARIANT_IDS = ["heads_fastest"]
+# the grid variant: launch_order="heads_first" reorders the grid only (a request's head tiles launched together)
+GRID_VARIANTS = [dict(launch_order="heads_first")]
+GRID_VARIANT_IDS = ["heads_first"]
 
 
 def _check_variant_is_the_default_bitwise(variant, interpret, page_size=64, base=None, scenario=HEADS_FASTEST):
@@ -163,7 +135,7 @@ def _check_nan_in_one_head(scenario, transposed_pv, interpret):
     batch, ref_out, ref_lse = batch_and_reference(scenario, "bfloat16")
     q_nope, q_pe, kv, md = device_inputs(batch, "bfloat16")
     q_nope = q_nope.at[0, 3, 0].set(jnp.nan)
-    tuning = MosaicConfig(num_splits=2, transposed_scores=True, transposed_pv=transposed_pv)
+    tuning = MosaicConfig(num_splits=2, transpose="scores_and_pv" if transposed_pv else "scores")
     out, lse = mgpu_mla.mla_decode(q_nope, q_pe, kv, md, batch.config, tuning=tuning, interpret=interpret)
     out, lse = np.asarray(out.astype(jnp.float32)), np.asarray(lse)
     assert np.isnan(out[0, 3]).all() and np.isnan(lse[0, 3])
@@ -191,12 +163,12 @@ class TestInterpret:
     def test_grid_variant_is_the_default_bitwise(self, variant):
         _check_variant_is_the_default_bitwise(variant, interpret=True)
 
-    def test_heads_fastest_says_when_the_requests_overflow_the_z_axis(self, monkeypatch):
+    def test_heads_first_says_when_the_requests_overflow_the_z_axis(self, monkeypatch):
         monkeypatch.setattr(mgpu_mla, "MAX_GRID_YZ", 2)
         scenario = Scenario("z_axis", seq_lens=(5, 9, 17), query_lens=(1, 1, 1), page_size=16)
         batch, _, _ = batch_and_reference(scenario, "bfloat16")
         with pytest.raises(NotImplementedError, match=r"CUDA's z axis \(at most 2\), got 3 x 1 = 3"):
-            _run(batch, "bfloat16", MosaicConfig(heads_fastest=True), interpret=True)
+            _run(batch, "bfloat16", MosaicConfig(launch_order="heads_first"), interpret=True)
 
     def test_deterministic_and_split_invariant(self):
         """Same inputs twice: bitwise-identical out and lse. Split counts agree to rounding."""
@@ -210,13 +182,12 @@ class TestInterpret:
         assert_matches(o3, l3, ref_out, ref_lse, "bfloat16", "num_splits=1")
         assert np.abs(np.asarray(l3) - l1).max() < 1e-4
 
-    @pytest.mark.parametrize("variant", [dict(schedule="split"), dict(memory_warpgroup=True, schedule="split"),
-                                         dict(schedule="flashmla"), dict(transposed_scores=True), dict(p_in_kv=True),
-                                         dict(transposed_scores=True, transposed_pv=True)],
-                             ids=["split", "memory_wg", "flashmla", "transposed_scores", "p_in_kv", "transposed_pv"])
+    @pytest.mark.parametrize("variant", [{}, dict(transpose="scores"),
+                                         dict(transpose="scores_and_pv")],
+                             ids=["plain", "scores", "scores_and_pv"])
     def test_no_data_races(self, variant):
-        """The interpreter's race detector: the producer (warpgroup 0, or the memory warpgroup),
-        the KV ring, P and the row-max exchange are ordered by their barriers."""
+        """The interpreter's race detector: the producer (warpgroup 1), the KV ring, P and the hand-offs are
+        ordered by their barriers."""
         scenario = Scenario("races", seq_lens=(150, 9), query_lens=(2, 1), page_size=16)
         batch, ref_out, ref_lse = batch_and_reference(scenario, "bfloat16")
         params = mgpu_mla.plgpu.InterpretGPUParams(detect_races=True)
@@ -258,28 +229,18 @@ class TestGPULowering:
             (128, 64, MosaicConfig(num_splits=2)),
             (16, 128, MosaicConfig(num_splits=3)),
             (8, 8, MosaicConfig(num_splits=2)),
-            (16, 32, MosaicConfig(max_concurrent_steps=1)),
             (128, 64, MosaicConfig(num_splits=1)),
             (32, 64, MosaicConfig(num_splits=1)),
-            (16, 16, MosaicConfig(num_splits=2, memory_warpgroup=True, schedule="split")),
-            (16, 16, MosaicConfig(num_splits=2, schedule="split")),
-            (128, 64, MosaicConfig(num_splits=3, schedule="split")),
-            (16, 16, MosaicConfig(num_splits=2, schedule="flashmla")),
-            (128, 64, MosaicConfig(num_splits=1, schedule="flashmla")),
-            (8, 128, MosaicConfig(num_splits=3, schedule="flashmla")),
-            (128, 64, MosaicConfig(num_splits=1, memory_warpgroup=True, schedule="split")),
-            (16, 16, MosaicConfig(num_splits=2, transposed_scores=True)),
-            (8, 64, MosaicConfig(num_splits=1, transposed_scores=True)),
-            (32, 128, MosaicConfig(num_splits=3, max_concurrent_steps=1, transposed_scores=True)),
-            (128, 64, MosaicConfig(num_splits=2, pdl=True)),
-            (16, 16, MosaicConfig(num_splits=1, pdl=True, transposed_scores=True)),
-            (128, 64, MosaicConfig(num_splits=2, p_in_kv=True)),
-            (16, 16, MosaicConfig(num_splits=1, max_concurrent_steps=1, p_in_kv=True)),
-            (16, 16, MosaicConfig(num_splits=2, transposed_scores=True, transposed_pv=True)),
-            (16, 64, MosaicConfig(num_splits=1, transposed_scores=True, transposed_pv=True)),
-            (8, 8, MosaicConfig(num_splits=2, transposed_scores=True, transposed_pv=True)),
-            (128, 64, MosaicConfig(num_splits=2, heads_fastest=True)),
-            (16, 16, MosaicConfig(num_splits=1, transposed_scores=True, transposed_pv=True, heads_fastest=True)),
+            (16, 16, MosaicConfig(num_splits=2)),
+            (8, 128, MosaicConfig(num_splits=3)),
+            (16, 16, MosaicConfig(num_splits=2, transpose="scores")),
+            (8, 64, MosaicConfig(num_splits=1, transpose="scores")),
+            (32, 128, MosaicConfig(num_splits=3, transpose="scores")),
+            (16, 16, MosaicConfig(num_splits=2, transpose="scores_and_pv")),
+            (16, 64, MosaicConfig(num_splits=1, transpose="scores_and_pv")),
+            (8, 8, MosaicConfig(num_splits=2, transpose="scores_and_pv")),
+            (128, 64, MosaicConfig(num_splits=2, launch_order="heads_first")),
+            (16, 16, MosaicConfig(num_splits=1, transpose="scores_and_pv", launch_order="heads_first")),
         ],
     )
     def test_lowers_for_cuda(self, num_heads, page_size, tuning):
@@ -293,8 +254,6 @@ class TestGPULowering:
         # an abstract H200: the split combine is a Pallas Triton kernel, whose lowering asks for a GPU
         text = lower_for_h200(f, *args).as_text()
         assert "mosaic_gpu" in text
-        # PDL: the kernel waits on the kernels before it and is marked for XLA's PDL launch, only when asked
-        assert ("griddepcontrol" in text) == ("mosaic_gpu.uses_pdl" in text) == tuning.pdl
         if tuning.num_splits > 1:
             assert "mla_combine_splits" in text  # the combine kernel, lowered to Triton
 
@@ -314,36 +273,18 @@ class TestConfig:
     @pytest.mark.parametrize(
         "kwargs,needle",
         [
-            (dict(block_kv=48), "block_kv=48"),
-            (dict(block_kv=32), "block_kv=32"),
-            (dict(block_kv=128), "block_kv=128"),
             (dict(num_splits=0), "num_splits=0"),
-            (dict(max_concurrent_steps=0), "max_concurrent_steps=0"),
-            (dict(block_h=128), "block_h=128"),
-            (dict(bt_chunk=40), "bt_chunk=40"),
             (dict(num_splits=2.0), "num_splits=2.0"),
-            (dict(memory_warpgroup=1), "memory_warpgroup=1"),
-            (dict(schedule="pingpong"), "schedule='pingpong'"),
-            (dict(schedule="flashmla", memory_warpgroup=True), "memory_warpgroup=True"),
-            # (removed in session 29: measured slower)
-            (dict(schedule="three_wg"), "got schedule='three_wg'"),
-            (dict(schedule="seesaw"), "schedule='seesaw'"),
-            (dict(max_concurrent_steps=3), "shared memory"),  # 3 x 72 KiB stages + Q do not fit
-            (dict(transposed_scores=1), "transposed_scores=1"),
-            (dict(pdl=1), "pdl=1"),
-            (dict(transposed_scores=True, schedule="split"), "schedule='split'"),
-            (dict(transposed_pv=True), "transposed_scores=False"),
-            (dict(transposed_pv=1, transposed_scores=True), "transposed_pv=1"),
-            (dict(p_in_kv=1), "p_in_kv=1"),
-            (dict(p_in_kv=True, schedule="split"), "schedule='split'"),
-            (dict(p_in_kv=True, transposed_scores=True), "transposed_scores=True"),
-            (dict(dequant_layout="wgmma8"), "dequant_layout='wgmma8'"),
-            (dict(fused_dequant=1), "fused_dequant=1"),
-            (dict(fused_group=3), "fused_group=3"),
-            (dict(fused_group=True), "fused_group=True"),
-            (dict(heads_fastest=1), "heads_fastest=1"),
-            (dict(zero_tail=1), "zero_tail=1"),
-            (dict(load_ahead=1), "load_ahead=1"),
+            (dict(transpose=True), "transpose=True"),
+            (dict(transpose="pv"), "transpose='pv'"),
+            (dict(launch_order="heads"), "launch_order='heads'"),
+            (dict(warpgroup_halves=1), "warpgroup_halves=1"),
+            (dict(warpgroup_halves=True, transpose="scores"), "transpose='scores'"),
+            (dict(v_from_ring=1), "v_from_ring=1"),
+            (dict(pv_in_flight=0), "pv_in_flight=0"),
+            (dict(pv_in_flight=9), "pv_in_flight=9"),
+            (dict(pv_in_flight=True), "pv_in_flight=True"),
+            (dict(ring_pairs="yes"), "ring_pairs='yes'"),
             (dict(q_in_kernel=1), "q_in_kernel=1"),
         ],
     )
@@ -351,22 +292,13 @@ class TestConfig:
         with pytest.raises(ValueError, match=needle.replace(".", r"\.")):
             MosaicConfig(**kwargs)
 
-    @pytest.mark.parametrize("field", ["l2_prefetch", "late_row_sums", "pv_in_flight", "wg0_share", "pv_copy_chunks",
-                                       "lazy_rescale", "pv_int_chunks", "interleave_steps", "prefetch_lines",
-                                       "qk_fp8", "qk_fp8_one_acc", "deferred_pv", "split_ring", "part_wait",
-                                       "fp8_convert", "kv_multicast", "wide_ring"])
+    @pytest.mark.parametrize("field", ["block_kv", "max_concurrent_steps", "memory_warpgroup", "schedule", "pdl",
+                                       "transposed_scores", "transposed_pv", "heads_fastest", "kv_halves",
+                                       "pv_registers", "pv_wait", "pair_ring", "lazy_max", "p_in_kv"])
     def test_removed_options_are_unknown_fields(self, field):
-        """The opt-ins removed since session 29 (measured slower or no faster, never the heuristic's; qk_fp8 and
-        qk_fp8_one_acc: outside the lse tolerance; wide_ring: outdone by pair_ring) are refused by name."""
+        """Options the heuristic never picks are not fields: passing one is a TypeError naming it."""
         with pytest.raises(TypeError, match=f"unexpected keyword argument '{field}'"):
             MosaicConfig(**{field: 1})
-
-    def test_valid_configs_fit_shared_memory(self):
-        for cfg in (MosaicConfig(), MosaicConfig(max_concurrent_steps=1), MosaicConfig(bt_chunk=32)):
-            assert cfg.smem_bytes() <= 227 * 1024
-        assert MosaicConfig().smem_bytes() > 220 * 1024  # Q + 2 stages nearly fill it
-        # P in the KV slots: the 8 KiB P buffer gone (a 1 KiB placeholder), one more 1 KiB row block
-        assert MosaicConfig().smem_bytes() - MosaicConfig(p_in_kv=True).smem_bytes() == 7 * 1024 - 16
 
     def test_heuristic(self):
         cfg = MLAConfig(num_heads=16, page_size=64)
@@ -379,62 +311,52 @@ class TestConfig:
         assert short.num_splits == 1
         assert heuristic_config(cfg, num_tokens=1, max_blocks=16).num_splits == 16  # S=1024: a step per split
         h128 = heuristic_config(MLAConfig(num_heads=128), num_tokens=64, max_blocks=256)
-        assert h128.num_splits == 1 and h128.smem_bytes() <= 227 * 1024  # 128 CTAs of 256 steps: one wave
+        assert h128.num_splits == 1  # 128 CTAs of 256 steps: one wave
         # B=8, H=128, S=4096: 16 CTAs x 8 splits of 8 steps is one full wave; 7 splits would leave
         # 10-step splits, 9 a second wave
         assert heuristic_config(MLAConfig(num_heads=128), num_tokens=8, max_blocks=64).num_splits == 8
         # transposed scores where a tile uses at most 16 of its 64 rows (H = 16 at q_len 1), or 32 (q_len 2), with
         # P @ V transposed too at 16 and 32 rows
-        assert big.transposed_scores and big.transposed_pv and not h128.transposed_scores and not h128.transposed_pv
+        assert big.transpose == "scores_and_pv" and h128.transpose == "none"
         h16 = MLAConfig(num_heads=16)
         for q_len in (1, 2):
             t = heuristic_config(h16, num_tokens=8 * q_len, max_blocks=4, num_reqs=8, max_query_len=q_len)
-            assert t.transposed_scores and t.transposed_pv, q_len
+            assert t.transpose == "scores_and_pv", q_len
         for q_len in (3, 4, 8):
             t = heuristic_config(h16, num_tokens=8 * q_len, max_blocks=4, num_reqs=8, max_query_len=q_len)
-            assert not t.transposed_scores and not t.transposed_pv, q_len
+            assert t.transpose == "none", q_len
         # H = 8: 8 rows at q_len 1 (transposed scores, P @ V not: 8 rows is not one of TRANSPOSED_PV_ROWS), 16 at
         # q_len 2 (both), 24 at q_len 3 (neither), 32 at q_len 4 (both)
         h8 = MLAConfig(num_heads=8)
         picks = [heuristic_config(h8, num_tokens=8 * q, max_blocks=4, num_reqs=8, max_query_len=q) for q in (1, 2, 3, 4)]
-        assert [(t.transposed_scores, t.transposed_pv) for t in picks] == [(True, False), (True, True), (False, False),
-                                                                          (True, True)]
+        assert [t.transpose for t in picks] == ["scores", "scores_and_pv", "none", "scores_and_pv"]
         # an fp8 cache: both transposed at 16 rows, at 32 only with kv_halves (below, long splits; the plain, fused
         # path was faster at 32 rows without it)
         fp8 = MLAConfig(num_heads=16, kv_cache_dtype="fp8_e4m3")
         picks = [heuristic_config(fp8, num_tokens=8 * q, max_blocks=4, num_reqs=8, max_query_len=q) for q in (1, 2)]
-        assert [(t.transposed_scores, t.transposed_pv) for t in picks] == [(True, True), (False, False)]
+        assert [t.transpose for t in picks] == ["scores_and_pv", "none"]
         # and each warpgroup its half of a split's steps at 16 rows (kv_halves: H = 16 at q_len 1, H = 8 at q_len 2)
         # where a split has two steps or more (B1 S1024: 16 splits of one step, the one-chain path)
         long = [heuristic_config(fp8, num_tokens=8 * q, max_blocks=64, num_reqs=8, max_query_len=q) for q in (1, 2)]
-        assert [t.kv_halves for t in long] == [True, False] and not any(t.kv_halves for t in picks)  # (4 steps)
+        assert [t.warpgroup_halves for t in long] == [True, False] and not any(t.warpgroup_halves for t in picks)  # (4 steps)
         fp8_h8 = MLAConfig(num_heads=8, kv_cache_dtype="fp8_e4m3")
-        assert heuristic_config(fp8_h8, num_tokens=16, max_blocks=64, num_reqs=8, max_query_len=2).kv_halves
-        assert not any(heuristic_config(c, num_tokens=8, max_blocks=64, num_reqs=8, max_query_len=1).kv_halves
+        assert heuristic_config(fp8_h8, num_tokens=16, max_blocks=64, num_reqs=8, max_query_len=2).warpgroup_halves
+        assert not any(heuristic_config(c, num_tokens=8, max_blocks=64, num_reqs=8, max_query_len=1).warpgroup_halves
                        for c in (h16, MLAConfig(num_heads=128, kv_cache_dtype="fp8_e4m3")))
-        # four V-half chunks between fences with an fp8 cache (fused_group), two (no effect) with bf16
-        c128 = MLAConfig(num_heads=128)
-        assert [heuristic_config(c, num_tokens=8, max_blocks=64, num_reqs=8, max_query_len=1).fused_group
-                for c in (c128.replace(kv_cache_dtype="fp8_e4m3"), c128, fp8, fp8_h8, h16)] == [4, 2, 4, 4, 2]
         for b, s, halves in [(1, 1024, False), (8, 4096, True), (128, 16384, True)]:
             t = heuristic_config(fp8, num_tokens=b, max_blocks=s // 64, num_reqs=b, max_query_len=1)
-            assert t.kv_halves is halves and (-(-(s // 64) // t.num_splits) >= 2) is halves, (b, s, t)
-            assert t.qk_registers is halves, (b, s, t)  # (with kv_halves, the scores' operands from registers)
-            assert t.sums_at_end is halves, (b, s, t)  # (and its softmax sums reduced across warps at the end)
-            assert t.qk_permuted is halves, (b, s, t)  # (and its fp8 chunks loaded by ldmatrix, q permuted)
+            assert t.warpgroup_halves is halves and (-(-(s // 64) // t.num_splits) >= 2) is halves, (b, s, t)
             # (and P @ V's left operand from the fp8 slot where a split has 32 steps or more: B128 S16384, not B8
             # S4096's 4)
-            assert t.pv_registers is (halves and -(-(s // 64) // t.num_splits) >= 32), (b, s, t)
-            assert t.pv_wait == 4
-            assert t.zero_tail is t.pv_registers, (b, s, t)  # (the masked step's slot tail zeroed with pv_registers)
-            assert t.load_ahead is t.pv_registers, (b, s, t)  # (and each chunk's loads a chunk ahead)
-            assert t.pair_ring is t.pv_registers, (b, s, t)  # (and the cache two tokens a row in the ring, 16 rows)
+            assert t.v_from_ring is (halves and -(-(s // 64) // t.num_splits) >= 32), (b, s, t)
+            assert t.pv_in_flight == 4
+            assert t.ring_pairs is t.v_from_ring, (b, s, t)  # (and the cache two tokens a row in the ring, 16 rows)
         b32 = heuristic_config(fp8, num_tokens=32, max_blocks=256, num_reqs=32, max_query_len=1)
-        assert b32.kv_halves and b32.pv_registers and -(-256 // b32.num_splits) >= 32, b32
-        assert b32.pair_ring
+        assert b32.warpgroup_halves and b32.v_from_ring and -(-256 // b32.num_splits) >= 32, b32
+        assert b32.ring_pairs
         # pair_ring needs pages of a multiple of 16 rows (two tokens a row, whole 8-row tiles): not at page size 8
         assert not heuristic_config(fp8.replace(page_size=8), num_tokens=32, max_blocks=2048, num_reqs=32,
-                                    max_query_len=1).pair_ring
+                                    max_query_len=1).ring_pairs
         # kv_halves at 32 rows (H = 16 at q_len 2, H = 32 at q_len 1) where a split has 32 steps or more, always
         # with pv_registers (V's copies do not fit) and one P @ V chunk in flight: B64 S4096 and B128 S16384, not
         # B8 S4096 (4 steps a split); everything transposed there, nothing on the one-chain path
@@ -442,31 +364,29 @@ class TestConfig:
         for c, q in [(fp8, 2), (fp8_c32, 1)]:
             for b, s, halves in [(8, 4096, False), (64, 4096, True), (128, 16384, True)]:
                 t = heuristic_config(c, num_tokens=b * q, max_blocks=s // 64, num_reqs=b, max_query_len=q)
-                assert t.kv_halves is halves and (-(-(s // 64) // t.num_splits) >= 32) is halves, (c, b, s, t)
-                assert t.transposed_scores is t.transposed_pv is t.pv_registers is t.qk_permuted is halves, (b, s, t)
-                assert t.pv_wait == (1 if halves else 4), (b, s, t)
-                assert t.zero_tail is halves, (b, s, t)
-                assert t.load_ahead is halves, (b, s, t)
-                assert not t.pair_ring, (b, s, t)  # (at 32 rows 0.93x: more spills)
+                assert t.warpgroup_halves is halves and (-(-(s // 64) // t.num_splits) >= 32) is halves, (c, b, s, t)
+                assert (t.transpose == "scores_and_pv") is t.v_from_ring is halves, (b, s, t)
+                assert t.pv_in_flight == (1 if halves else 4), (b, s, t)
+                assert not t.ring_pairs, (b, s, t)  # (at 32 rows 0.93x: more spills)
         fp8_h32 = heuristic_config(MLAConfig(num_heads=32, kv_cache_dtype="fp8_e4m3"), num_tokens=4, max_blocks=4)
-        assert not fp8_h32.transposed_scores and not fp8_h32.transposed_pv
+        assert fp8_h32.transpose == "none"
         # without max_query_len: one token a request (tokens <= requests) or not
-        assert heuristic_config(h16, num_tokens=8, max_blocks=4, num_reqs=8).transposed_scores
-        assert not heuristic_config(h16, num_tokens=16, max_blocks=4, num_reqs=8).transposed_scores
+        assert heuristic_config(h16, num_tokens=8, max_blocks=4, num_reqs=8).transpose != "none"
+        assert heuristic_config(h16, num_tokens=16, max_blocks=4, num_reqs=8).transpose == "none"
         # H = 32 at q_len 1: 32 rows, both transposed (the tile of H = 16 at q_len 2); H = 64: the plain path
         h32 = heuristic_config(MLAConfig(num_heads=32), num_tokens=4, max_blocks=4)
-        assert h32.transposed_scores and h32.transposed_pv
-        assert not heuristic_config(MLAConfig(num_heads=64), num_tokens=4, max_blocks=4).transposed_scores
+        assert h32.transpose == "scores_and_pv"
+        assert heuristic_config(MLAConfig(num_heads=64), num_tokens=4, max_blocks=4).transpose == "none"
         # a request's head tiles launched together wherever there are several, and the requests x query tiles fit
         # CUDA's z axis
-        assert h128.heads_fastest and not big.heads_fastest and not h32.heads_fastest
+        assert [t.launch_order for t in (h128, big, h32)] == ["heads_first", "requests_first", "requests_first"]
         h128_cfg = MLAConfig(num_heads=128)
         z = mgpu_mla.MAX_GRID_YZ
-        assert heuristic_config(h128_cfg, num_tokens=z, max_blocks=4, num_reqs=z, max_query_len=1).heads_fastest
-        assert not heuristic_config(h128_cfg, num_tokens=z + 1, max_blocks=4, num_reqs=z + 1,
-                                    max_query_len=1).heads_fastest
-        assert not heuristic_config(h128_cfg, num_tokens=z, max_blocks=4, num_reqs=z // 2 + 1,
-                                    max_query_len=2).heads_fastest
+        order = lambda tokens, reqs, q_len: heuristic_config(h128_cfg, num_tokens=tokens, max_blocks=4, num_reqs=reqs,
+                                                             max_query_len=q_len).launch_order
+        assert order(z, z, 1) == "heads_first"
+        assert order(z + 1, z + 1, 1) == "requests_first"
+        assert order(z, z // 2 + 1, 2) == "requests_first"
 
     def test_metadata_caps_splits(self):
         scenario = Scenario("cap", seq_lens=(150,), query_lens=(1,), page_size=16)
@@ -562,11 +482,11 @@ class TestGPU:
         out, lse = _run(batch, dtype, tuning, interpret=False)
         assert_matches(out, lse, ref_out, ref_lse, dtype, f"{scenario.name} {tuning}")
 
-    @pytest.mark.parametrize("variant", [dict(schedule="split"), dict(transposed_scores=True), dict(pdl=True),
-                                         dict(p_in_kv=True)],
-                             ids=["split", "transposed_scores", "pdl", "p_in_kv"])
+    @pytest.mark.parametrize("variant", [dict(transpose="scores"),
+                                         dict(transpose="scores_and_pv")],
+                             ids=["scores", "scores_and_pv"])
     @pytest.mark.parametrize("name", sorted(SCENARIOS))
-    def test_scenario_other_schedules(self, name, variant):
+    def test_scenario_other_layouts(self, name, variant):
         scenario = SCENARIOS[name]
         reason = unsupported_reason(scenario.config("bfloat16"))
         if reason is not None:
@@ -585,9 +505,7 @@ class TestGPU:
     def test_grid_variant_is_the_default_bitwise(self, variant, page_size):
         _check_variant_is_the_default_bitwise(variant, interpret=False, page_size=page_size)
 
-    @pytest.mark.parametrize("variant", [dict(schedule="split"), dict(schedule="flashmla"),
-                                         dict(transposed_scores=True), dict(pdl=True), dict(p_in_kv=True)],
-                             ids=["split", "flashmla", "transposed_scores", "pdl", "p_in_kv"])
+    @pytest.mark.parametrize("variant", [{}, dict(transpose="scores")], ids=["plain", "scores"])
     def test_deterministic(self, variant):
         batch, _, _ = batch_and_reference(SCENARIOS["spec_decode"], "bfloat16")
         tuning = MosaicConfig(num_splits=3, **variant)

@@ -19,7 +19,7 @@ plugin picks the PTX ISA version that ptxas reads: CUDA 13's gives the GPU machi
 machine: for the heuristic at H16 B128 S16384 fp8 this gives the PTX that the GPU machine dumps, line for line but the debug locations, and CUDA 13.0's ptxas here the same report (240
 registers, no spills).
 
-    python -m tools.mosaic_ptx --shape H16_B128_S16384_q1 --fp8 --set lazy_max=True --out /tmp/ptx
+    python -m tools.mosaic_ptx --shape H16_B128_S16384_q1 --fp8 --set pv_in_flight=1 --out /tmp/ptx
     python -m tools.mosaic_ptx --grid fp8 --fp8
 
 writes <out>/<shape>[-fp8][-<set>].ptx.gz and .ptxas per kernel and prints ptxas's registers, spills and its

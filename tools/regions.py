@@ -6,7 +6,7 @@ fields replaced) and prints each region's mean time and count per warpgroup. On 
 
 from __future__ import annotations
 
-DETAILS = """    python -m tools.regions --shapes H128_B32_S4096_q2 --set p_in_kv=True --space 240 --json r.json
+DETAILS = """    python -m tools.regions --shapes H128_B32_S4096_q2 --set num_splits=2 --space 240 --json r.json
 
 The kernel's phases are `jax.named_scope` regions (kv_wait, qk, p_free_wait, pv, p_ready_wait, deq_wait,
 dequant; mla_jax.pallas_mosaic_gpu's docstring). With `plgpu.CompilerParams(profile_space=..., profile_dir=...)`
@@ -19,7 +19,7 @@ Traces are grouped by warpgroup (the profiler numbers a block's warpgroups' trac
 id = 1 + warpgroup + warpgroups x block), and each region's mean is its own total over its own count, so
 warpgroups that record different numbers of steps (the buffer fills after fewer steps for a warpgroup with
 more regions a step) are not mixed. The shared memory the buffer takes must fit beside the kernel's (at H = 128 the q tile
-and two stages leave none: `--set p_in_kv=True` frees 7 KiB, ~240 ranges).
+and two stages leave none for it).
 """
 
 import argparse
@@ -71,7 +71,7 @@ def summarize(trace: dict, warpgroups: int | None = None) -> dict:
 
 
 def parse_sets(text: str) -> dict:
-    """'p_in_kv=True,num_splits=2,schedule=split' -> {'p_in_kv': True, 'num_splits': 2, 'schedule': 'split'}."""
+    """'num_splits=2,transpose=scores' -> {'num_splits': 2, 'transpose': 'scores'}."""
     out = {}
     for item in filter(None, text.split(",")):
         field, sep, value = item.partition("=")
@@ -116,14 +116,13 @@ def profile(shape, sets: dict, space: int, out_dir: str, fp8: bool = False) -> d
         raise RuntimeError(f"the profiler wrote no trace under {out_dir}")
     with open(files[-1]) as f:
         trace = json.load(f)
-    warpgroups = 2 + int(tuning.memory_warpgroup)  # the kernel's per block
+    warpgroups = 2  # the kernel's per block
     return {"shape": shape.name, "tuning": dataclasses.asdict(tuning), "fp8": fp8, "profile_space": space,
             "roles": summarize(trace, warpgroups)}
 
 
 def format_row(row: dict) -> str:
-    lines = [f"{row['shape']} ({'fp8, ' if row['fp8'] else ''}schedule={row['tuning']['schedule']}, "
-             f"profile_space={row['profile_space']})"]
+    lines = [f"{row['shape']} ({'fp8, ' if row['fp8'] else ''}profile_space={row['profile_space']})"]
     for role, r in row["roles"].items():
         lines.append(f"  {role}: {r['traces']} traces, span {r['span_us']:.1f} us")
         for name, g in r["regions"].items():
@@ -138,7 +137,7 @@ def main(argv=None) -> int:
                                 epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", required=True, help="comma-separated shape names such as H128_B32_S4096_q2")
     p.add_argument("--set", dest="sets", type=parse_sets, default={},
-                   help="MosaicConfig fields replaced in the heuristic's pick, e.g. p_in_kv=True,num_splits=2")
+                   help="MosaicConfig fields replaced in the heuristic's pick, e.g. transpose=scores,num_splits=2")
     p.add_argument("--space", type=int, default=240, help="profile_space: ranges a warpgroup (default 240)")
     p.add_argument("--fp8", action="store_true", help="on an fp8_e4m3 copy of the cache")
     p.add_argument("--json")

@@ -7,7 +7,7 @@ GPU's own count. A design aid, not a test. From the checkout's root: `python -m 
 from __future__ import annotations
 
 DETAILS = """  python -m tools.smem --heads 128
-  python -m tools.smem --heads 16 --fp8 --set transposed_scores=True,transposed_pv=True
+  python -m tools.smem --heads 16 --fp8 --set transpose=scores_and_pv
 
 The tuning is the heuristic's pick for the problem, with --set's fields replaced (as tools/sweep.py's --set).
 """
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     p.add_argument("--page-size", type=int, default=64)
     p.add_argument("--fp8", action="store_true", help="an fp8_e4m3 cache")
     p.add_argument("--set", default="", help="MosaicConfig fields replaced in the heuristic's pick, e.g. "
-                                             "p_in_kv=True,max_concurrent_steps=1")
+                                             "transpose=scores_and_pv,num_splits=2")
     args = p.parse_args(argv)
     sets = parse_sets(args.set)
     nbytes, tuning = kernel_smem_bytes(args.heads, args.q_len, args.page_size, args.fp8, sets)

@@ -45,22 +45,15 @@ SHAPES = [
 VARIANTS = {
     "pallas_triton": dict(block_kv=(16, 32, 64, 128), num_warps=(4, 8), num_stages=(1, 2, 3, 4), num_splits="x0.5,x2",
                           block_h=(32, 64), block_q=(1, 2)),
-    "pallas_mosaic_gpu": dict(schedule=("flashmla", "split"), memory_warpgroup=(True, False), max_concurrent_steps=(1,),
-                              num_splits="x0.5,x2,=1", transposed_scores=(True, False), pdl=(True, False),
-                              p_in_kv=(True, False), dequant_layout=("wgmma", "wgmma_8bit"),
-                              fused_dequant=(True, False), fused_group=(1, 2, 4),
-                              overlap_dequant=(True, False), overlap_wait=(True, False),
-                              transposed_pv=(True, False), heads_fastest=(True, False),
-                              kv_halves=(True, False), qk_registers=(True, False),
-                              sums_at_end=(True, False), qk_permuted=(True, False), pv_registers=(True, False),
-                              pv_wait=(1, 2, 4, 8), zero_tail=(True,),
-                              load_ahead=(True, False), lazy_max=(True, False), q_in_kernel=(True, False),
-                              pair_ring=(True, False)),
+    "pallas_mosaic_gpu": dict(num_splits="x0.5,x2,=1", launch_order=("requests_first", "heads_first"),
+                              transpose=("none", "scores", "scores_and_pv"), warpgroup_halves=(True, False),
+                              v_from_ring=(True, False), pv_in_flight=(1, 2, 4, 8), q_in_kernel=(True, False),
+                              ring_pairs=(True, False)),
 }
 
 
 def parse_overrides(text: str) -> dict:
-    """'num_warps=8,block_kv=64,pdl=True' -> {'num_warps': 8, 'block_kv': 64, 'pdl': True} (int or bool values)."""
+    """'num_warps=8,q_in_kernel=True' -> {'num_warps': 8, 'q_in_kernel': True} (int or bool values)."""
     out = {}
     for item in filter(None, text.split(",")):
         field, sep, value = item.partition("=")
@@ -80,9 +73,9 @@ def sweep_spec(impl: str, fields, narrowed: dict) -> dict:
             for f, v in VARIANTS[impl].items() if f in fields}
 
 
-# A field that needs another: turning the other off turns it off too (transposed_scores=False with the heuristic's
-# transposed_pv is the plain path, not an invalid combination skipped).
-DEPENDENTS = {"transposed_scores": ("transposed_pv",)}
+# A field that needs another: turning the other off turns it off too (transpose="none" with the heuristic's
+# warpgroup_halves is the plain path, not an invalid combination skipped).
+DEPENDENTS = {"transpose": ("warpgroup_halves",)}
 
 
 def variants(base, spec: dict):
@@ -93,7 +86,7 @@ def variants(base, spec: dict):
             cur = getattr(base, field)
             values = [max(1, int(cur * float(v[1:]))) if v[0] == "x" else int(v[1:]) for v in values.split(",")]
         for v in values:
-            off = {d: False for d in DEPENDENTS.get(field, ()) if v is False and hasattr(base, d)}
+            off = {d: False for d in DEPENDENTS.get(field, ()) if v in (False, "none", "scores") and hasattr(base, d)}
             try:
                 t = dataclasses.replace(base, **{field: v}, **off)
             except ValueError:  # an invalid combination for this shape

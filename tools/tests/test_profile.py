@@ -25,17 +25,17 @@ def test_profile_set_replaces_fields_of_the_heuristic(capsys, monkeypatch):
     from parity.scenarios import Scenario, make_batch
 
     with pytest.raises(SystemExit):
-        profile.main(["--impl", "torch.fa3", "--shape", "H16_B1_S1024_q1", "--set", "lazy_max=True"])
+        profile.main(["--impl", "torch.fa3", "--shape", "H16_B1_S1024_q1", "--set", "pv_in_flight=1"])
     assert "--set applies to the jax.pallas_* impls" in capsys.readouterr().err
     batch = make_batch(Scenario("p", seq_lens=(4096, 4096), query_lens=(2, 2), num_heads=16), "bfloat16")
     inp = types.SimpleNamespace(config=batch.config, metadata=batch.metadata)
     seen = {}
     monkeypatch.setattr(timing, "jax_kernel", lambda impl, tuning, fp8: seen.update(impl=impl, tuning=tuning, fp8=fp8))
-    profile._with_tuning("jax.pallas_mosaic_gpu.fp8", inp, {"lazy_max": True})
+    profile._with_tuning("jax.pallas_mosaic_gpu.fp8", inp, {"pv_in_flight": 1})
     md = batch.metadata
     base = pallas_mosaic_gpu.heuristic_config(batch.config.replace(kv_cache_dtype="fp8_e4m3"), md.num_decode_tokens,
                                               md.max_blocks, num_reqs=md.num_reqs, max_query_len=md.max_query_len)
-    assert not base.lazy_max
-    assert seen == dict(impl="pallas_mosaic_gpu", tuning=dataclasses.replace(base, lazy_max=True), fp8=True)
+    assert base.pv_in_flight != 1
+    assert seen == dict(impl="pallas_mosaic_gpu", tuning=dataclasses.replace(base, pv_in_flight=1), fp8=True)
     with pytest.raises(ValueError, match="no field nope"):
         profile._with_tuning("jax.pallas_mosaic_gpu", inp, {"nope": 1})

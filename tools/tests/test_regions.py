@@ -46,8 +46,8 @@ def test_summarize_by_warpgroup_index():
 
 
 def test_parse_sets():
-    assert regions.parse_sets("p_in_kv=True,num_splits=2,schedule=split,pdl=False") == {
-        "p_in_kv": True, "num_splits": 2, "schedule": "split", "pdl": False}
+    assert regions.parse_sets("warpgroup_halves=True,num_splits=2,pv_in_flight=1,ring_pairs=False") == {
+        "warpgroup_halves": True, "num_splits": 2, "pv_in_flight": 1, "ring_pairs": False}
     with pytest.raises(ValueError, match="'num_splits'"):
         regions.parse_sets("num_splits")
 

@@ -1,25 +1,22 @@
 """tools/smem.py (a design aid): Mosaic GPU's own count of the kernel's shared memory, lowered for an H200 on the CPU,
-equals MosaicConfig.smem_bytes (the estimate the config validates against) for the 16-bit cache's layouts."""
+stays within the 227 KiB a Hopper block may opt into for the kernel's layouts."""
 
 import pytest
 
 from tools import smem
 
 
-@pytest.mark.parametrize("sets", [{}, {"p_in_kv": True}, {"max_concurrent_steps": 1}],
-                         ids=["default", "p_in_kv", "one_stage"])
-def test_mosaic_count_is_the_config_estimate(sets):
-    nbytes, tuning = smem.kernel_smem_bytes(128, sets=sets)
-    assert nbytes == tuning.smem_bytes()
-    assert nbytes <= smem.SMEM_OPTIN_BYTES
+def test_the_bf16_kernel_fits():
+    nbytes, _ = smem.kernel_smem_bytes(128)
+    assert 220 * 1024 < nbytes <= smem.SMEM_OPTIN_BYTES  # q and 2 stages nearly fill it
 
 
 def test_fp8_leaves_room_at_16_heads():
     """The fp8 layout at H = 16, q_len 1 (transposed scores and P @ V, the overlapped conversion): under the limit,
     and larger than the 16-bit one at the same tuning (the fp8 ring beside the f16 buffers)."""
     fp8, tuning = smem.kernel_smem_bytes(16, fp8=True)
-    assert tuning.transposed_scores and tuning.transposed_pv
-    bf16, _ = smem.kernel_smem_bytes(16, sets={"transposed_scores": True, "transposed_pv": True})
+    assert tuning.transpose == "scores_and_pv"
+    bf16, _ = smem.kernel_smem_bytes(16, sets={"transpose": "scores_and_pv"})
     assert bf16 < fp8 <= smem.SMEM_OPTIN_BYTES
 
 

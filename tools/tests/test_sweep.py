@@ -31,8 +31,8 @@ def test_sweep_set_takes_field_int_pairs():
 
     assert parse_overrides("num_warps=8,block_kv=64") == {"num_warps": 8, "block_kv": 64}
     assert parse_overrides("") == {}
-    assert parse_overrides("overlap_dequant=True,pdl=False") == {"overlap_dequant": True, "pdl": False}
-    for bad in ("num_warps", "num_warps=eight", "=8", "pdl=true"):
+    assert parse_overrides("q_in_kernel=True,ring_pairs=False") == {"q_in_kernel": True, "ring_pairs": False}
+    for bad in ("num_warps", "num_warps=eight", "=8", "q_in_kernel=true"):
         with pytest.raises(ValueError, match=f"field=int \\(or True / False\\) pairs.*{bad!r}"):
             parse_overrides(bad)
 
@@ -62,25 +62,25 @@ def test_sweep_refuses_unknown_fields_and_shapes(capsys):
         main(["--impl", "pallas_mosaic_gpu", "--fields", "none", "--rounds", "0"])
     assert "--rounds must be >= 1, got 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # a value the field does not take
-        main(["--impl", "pallas_mosaic_gpu", "--fields", "schedule=pingpong"])
-    assert "schedule=pingpong is not one of schedule's values" in capsys.readouterr().err
+        main(["--impl", "pallas_mosaic_gpu", "--fields", "pv_in_flight=3"])
+    assert "pv_in_flight=3 is not one of pv_in_flight's values" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # relative values (x2, =1) cannot be narrowed
         main(["--impl", "pallas_mosaic_gpu", "--fields", "num_splits=2"])
     assert "num_splits=2 is not one of" in capsys.readouterr().err
 
 
 def test_sweep_times_the_relative_split_counts_beside_other_fields():
-    """--fields num_splits,transposed_scores: the split counts x0.5, x2 and 1 of the heuristic's, then the other
-    score layout (a relative spec is read whole, not split into characters)."""
+    """--fields num_splits,transpose: the split counts x0.5, x2 and 1 of the heuristic's, then the other layouts."""
     from mla_jax.pallas_mosaic_gpu import MosaicConfig
     from tools.sweep import sweep_spec, variants
 
-    spec = sweep_spec("pallas_mosaic_gpu", ["num_splits", "transposed_scores"], {})
-    assert spec == {"num_splits": "x0.5,x2,=1", "transposed_scores": (True, False)}
-    labels = [label for label, _ in variants(MosaicConfig(num_splits=4, transposed_scores=True), spec)]
-    assert labels == ["heuristic", "num_splits=2", "num_splits=8", "num_splits=1", "transposed_scores=False"]
-    # from the heuristic's pick at H = 16 q_len 1 / 2 (transposed_pv needs transposed scores): the plain path
-    both = MosaicConfig(transposed_scores=True, transposed_pv=True)
-    assert list(variants(both, {"transposed_scores": (False,)}))[1] == ("transposed_scores=False", MosaicConfig())
-    narrowed = sweep_spec("pallas_mosaic_gpu", ["num_splits", "schedule"], {"schedule": "split"})
-    assert narrowed == {"schedule": ("split",), "num_splits": "x0.5,x2,=1"}
+    spec = sweep_spec("pallas_mosaic_gpu", ["num_splits", "transpose"], {})
+    assert spec == {"num_splits": "x0.5,x2,=1", "transpose": ("none", "scores", "scores_and_pv")}
+    labels = [label for label, _ in variants(MosaicConfig(num_splits=4, transpose="scores"), spec)]
+    assert labels == ["heuristic", "num_splits=2", "num_splits=8", "num_splits=1", "transpose=none",
+                      "transpose=scores_and_pv"]
+    # from the fp8 heuristic's pick at H = 16 q_len 1 (warpgroup_halves needs both transposed): the plain path
+    both = MosaicConfig(transpose="scores_and_pv", warpgroup_halves=True)
+    assert list(variants(both, {"transpose": ("none",)}))[1] == ("transpose=none", MosaicConfig())
+    narrowed = sweep_spec("pallas_mosaic_gpu", ["num_splits", "pv_in_flight"], {"pv_in_flight": "1"})
+    assert narrowed == {"pv_in_flight": (1,), "num_splits": "x0.5,x2,=1"}
