@@ -286,41 +286,46 @@ def _q_in_kernel_runs(tuning: MosaicConfig, fp8: bool, q_dtype, interpret: bool)
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """The kernel's decided paths and geometry (make_plan): what _build_kernel builds, and the constants every
-    building block reads."""
+    building block reads. The path flags are MosaicConfig's where they run for the problem: kv_halves is
+    warpgroup_halves, pv_registers v_from_ring (with zero_tail and load_ahead), pv_wait pv_in_flight, pair_ring
+    ring_pairs, q_bits q_in_kernel, transposed_pv transpose="scores_and_pv" and score_rows > 0 a transposed layout."""
 
-    block_kv: object
-    bt_chunk: object
-    deq_layout: object
-    dtype: object
-    fp8: object
-    fused_dequant: object
-    hp: object
-    interpret: object
-    load_ahead: object
-    num_splits: object
-    num_tokens: object
-    overlap_dequant: object
-    page_size: object
-    pages_per_step: object
-    pair_ring: object
-    producer_wg: object
-    pv_registers: object
-    pv_wait: object
-    q_bits: object
-    q_rows: object
-    q_toks: object
-    qk_permuted: object
-    scale_log2: object
-    score_rows: object
-    split_out: object
-    stage_dtype: object
-    stages: object
-    steps_per_page: object
-    sums_row: object
-    tpt: object
-    transforms: object
-    transposed_pv: object
-    zero_tail: object
+    # the problem and the tile
+    dtype: object  # q's and the wgmma operands' dtype (float16 with an fp8 cache)
+    stage_dtype: object  # the output stage's dtype: float32 partials with split-KV, else the output's
+    page_size: int
+    num_tokens: int
+    num_splits: int
+    split_out: bool  # num_splits > 1: fp32 partials for mla_jax.combine
+    hp: int  # heads a tile row group (min(heads, 64))
+    tpt: int  # query tokens a tile
+    q_rows: int  # rows of q in shared memory (score_rows or 64)
+    q_toks: int  # tokens of q loaded a tile
+    scale_log2: float  # softmax_scale * log2(e)
+    interpret: bool
+    # the ring
+    block_kv: int
+    stages: int
+    bt_chunk: int
+    pages_per_step: int
+    steps_per_page: int
+    producer_wg: int  # the compute warpgroup that issues the TMAs
+    transforms: tuple  # q's, the ring's and P's tiling and swizzle
+    # the paths
+    score_rows: int  # the rows in use where the scores are transposed, else 0
+    transposed_pv: bool
+    fp8: bool
+    fused_dequant: bool  # fp8, plain scores: warpgroup 0 converts inside its scores
+    overlap_dequant: bool  # fp8, transposed scores: the next step converts under this step's P @ V
+    deq_layout: object  # the fp8 chunks' register layout (WGMMA_8BIT)
+    q_bits: bool
+    qk_permuted: bool
+    pv_registers: bool
+    zero_tail: bool
+    load_ahead: bool
+    pv_wait: int
+    pair_ring: bool
+    sums_row: int  # the row of x_smem with the row sums
 
 
 def make_plan(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int, num_h_tiles: int, q_tiles: int,

@@ -46,19 +46,16 @@ def compute_wg_halves(kc, w: int):
 
 
 def compute_tile_halves(kc, w, first_tok, ntok, first_pos, kv_len, b, e, last_page):
-    """(kv_halves) Warpgroup w runs steps [b, e) alone: per step it converts V (fp8 -> its f16 copy, 8 chunks)
-    and the rope columns (into registers), refills its ring slot with its next step at once, computes
-    S^T = K Q^T (9 wgmmas, the rope's left operand in registers), the softmax down the columns, P^T (its P
-    buffer) and O^T += V^T P^T ([512, n], 8 wgmmas of M = 64) (qk_registers: the scores' left operands from
-    registers as each chunk is converted, scores_from_registers). Then the two warpgroups merge their partials
-    (max m, sums l, O^T) through shared memory: each writes its max, sums and the O^T half the other one
-    writes out, and finishes its own half (`finish`, transposed_pv's)."""
+    """(kv_halves) Warpgroup w runs steps [b, e) alone: per step it converts each 64-column chunk of the fp8 slot in
+    registers, hands it to its scores' wgmma as it is (S^T = K Q^T, 9 wgmmas; V's f16 copy stored for P @ V unless
+    pv_registers) and refills its ring slot, then the softmax down the columns (the sums kept [64, n] and reduced
+    once at the end), P^T (its P buffer) and O^T += V^T P^T ([512, n], 8 wgmmas of M = 64). Then merge_halves."""
     block_kv, dtype, interpret, load_ahead = kc.plan.block_kv, kc.plan.dtype, kc.plan.interpret, kc.plan.load_ahead
     pair_ring, pv_registers, pv_wait = kc.plan.pair_ring, kc.plan.pv_registers, kc.plan.pv_wait
     q_bits, q_rows, qk_permuted, scale_log2 = kc.plan.q_bits, kc.plan.q_rows, kc.plan.qk_permuted, kc.plan.scale_log2
     score_rows, transforms, zero_tail = kc.plan.score_rows, kc.plan.transforms, kc.plan.zero_tail
     accumulate, info_smem, kv_ready, kv_smem, kv_v = kc.accumulate, kc.info_smem, kc.kv_ready, kc.kv_smem, kc.kv_v
-    m_smem, p_smem, q_bar, q_smem, sync_a, x_smem = kc.m_smem, kc.p_smem, kc.q_bar, kc.q_smem, kc.sync_a, kc.x_smem
+    p_smem, q_bar, q_smem, sync_a = kc.p_smem, kc.q_bar, kc.q_smem, kc.sync_a
     n = score_rows
     wg_layout = plgpu.Layout.WGMMA
 
@@ -262,7 +259,7 @@ def compute_tile_halves(kc, w, first_tok, ntok, first_pos, kv_len, b, e, last_pa
         return s + jnp.dot(rope.astype(jnp.float32), q_rope.T, precision=lax.Precision.HIGHEST)
 
     def scores_from_registers(k, slot, kv_start, masked: bool):
-        """(qk_registers) S^T = K Q^T with every left operand in registers: each 64-column chunk of V is
+        """S^T = K Q^T with every left operand in registers: each 64-column chunk of V is
         loaded from the fp8 slot in the WGMMA layout, converted, stored to V's f16 copy (for P @ V; not with
         pv_registers, whose P @ V loads V^T from the slot) and
         handed to its scores' wgmma as it is, so the scores never read the copy back from shared memory.

@@ -24,44 +24,51 @@ from mla_jax.pallas_mosaic_gpu.halves import compute_wg_halves
 @dataclasses.dataclass(frozen=True)
 class Ctx:
     """What the kernel's building blocks read at trace time: the decided plan, the CTA's grid indices, its
-    shared-memory buffers and barriers, and the refs in global memory."""
+    shared-memory buffers and barriers, and the refs in global memory (None where the path has none)."""
 
     plan: Plan
-    accumulate: object
-    bt_bar: object
-    bt_bar_wg1: object
-    deq_ready: object
-    deq_rope: object
+    # global memory: q [T, H, 576], the cache, the schedule array, out and lse
+    q_ref: object
+    kv_ref: object
+    sched_ref: object
+    out_ref: object
+    lse_ref: object
+    # the CTA: its head tile, split, request and query tile; its info row (a view of i_smem)
+    hb: object
+    split: object
+    req: object
+    lt: object
+    info_smem: object
+    # shared memory: q (q_bf16: its bfloat16 view), the ring, the f16 copies (deq_smem; deq_v and deq_rope with
+    # the overlap; kv_v on the halves path), P, the vectors (x_smem), info + block table (i_smem), the output stage,
+    # transposed P @ V's O^T parts and identity (t_smem, e_smem), the halves' partials (m_smem) and reductions
+    q_smem: object
+    q_bf16: object
+    kv_smem: object
     deq_smem: object
     deq_v: object
-    e_smem: object
-    hb: object
-    i_smem: object
-    info_bar: object
-    info_smem: object
-    kv_consumed: object
-    kv_ready: object
-    kv_ref: object
-    kv_smem: object
+    deq_rope: object
     kv_v: object
-    lse_ref: object
-    lt: object
-    m_smem: object
-    out_ref: object
     p_smem: object
-    q_bar: object
-    q_bf16: object
-    q_ref: object
-    q_smem: object
-    red_smem: object
-    req: object
-    sched_ref: object
-    split: object
-    stage: object
-    sync_a: object
-    sync_b: object
-    t_smem: object
     x_smem: object
+    i_smem: object
+    stage: object
+    t_smem: object
+    e_smem: object
+    m_smem: object
+    red_smem: object
+    # barriers
+    q_bar: object
+    info_bar: object
+    bt_bar: object
+    bt_bar_wg1: object
+    kv_ready: object
+    kv_consumed: object
+    sync_a: object  # p_ready on the one chain; the merge's hand-overs on the halves path
+    sync_b: object  # p_free
+    deq_ready: object
+    # acc + the wgmmas a function issues (accumulate_wgmma, interpret mode's form where it runs)
+    accumulate: object
 
 
 def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int, num_h_tiles: int, q_tiles: int,
