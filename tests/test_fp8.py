@@ -872,7 +872,7 @@ def test_q_in_kernel_addresses_convert_q_in_place(rows, wgs, permute):
 
 
 def test_q_in_kernel_lowers_and_skips_the_wrappers_conversion():
-    """q_in_kernel (an abstract H200, no GPU) lowers on the 6 fp8 problems of parity.kernel_hash, each with 8
+    """q_in_kernel (an abstract H200, no GPU) lowers on the 6 fp8 problems of parity.h200, each with 8
     cvt.rn.f16x2.f32 a thread and item (kv_halves: each warpgroup half the tile's rows; else warpgroup 0 all), and
     the jitted call then has no f16 conversion of q before the kernel (the default has one); where it does not run
     (a 16-bit cache, interpret mode) nothing changes; the kernel builder refuses it where it cannot run."""

@@ -162,7 +162,7 @@ def report(ptxas: str) -> dict:
 def ptx_for(problem, overrides: dict | None = None, page: int = 64, module=None) -> list[dict]:
     """Per Mosaic GPU kernel of one call on `problem` ((heads, batch, seq_len, q_len, fp8)) with the heuristic's
     tuning and `overrides`: {"ptx", "ptxas", **report(ptxas)}. module: the mla_jax.pallas_mosaic_gpu to lower
-    (default the package's; kernel_hash._load_module reads another file)."""
+    (default the package's)."""
     from parity.h200 import lowered_modules
 
     library = plugin_library()

@@ -1,0 +1,215 @@
+"""Paged MLA decode on Hopper: a Pallas Mosaic GPU (`plgpu`) kernel.
+
+Work split. One CTA takes one 64-row query tile (the wgmma M) x one KV split. For H < 64 a tile packs 64 // H
+consecutive query tokens of one request x H heads (row = token * H + head); for H >= 64 one token's heads fill
+H // 64 tiles; other head counts are padded to 8, 16, 32 or a multiple of 64. The grid is (head tile, split, request x
+query tile); its fastest axis (CUDA's x) is the requests, or with launch_order="heads_first" the head tiles, so a
+request's head tiles run together and the second reads each KV step from L2 (1.06-1.11x at H = 128). A CTA reads its
+request's (q_start, q_len, seq_len) and block table from one small int32 schedule array, TMA-loads its q rows from
+q [T, H, 576] and writes out [T, H, 512] and lse [T, H] per token. Each split takes a contiguous range of 64-token
+KV steps; with several splits the CTAs write fp32 partials and mla_jax.combine merges them (the split count comes from
+a cost model of the H200, heuristic_config). Rows see the request's KV with a bottom-right causal mask; steps every
+row sees entirely skip the mask; cache slots past a request's length may hold NaN and never reach the output.
+
+Warpgroups. Two compute warpgroups, each owning 256 of the 512 latent output columns (a 64 x 256 fp32 accumulator);
+warpgroup 1 also issues the TMAs into a two-stage ring (q and two 72 KiB stages fill the 227 KiB of shared memory).
+A third, memory warpgroup is not used: its threads would cap every thread at 168 registers, and the compute
+warpgroups spill there.
+
+Code paths (heuristic_config picks one per problem by the rows of a tile in use; make_plan decides what runs):
+* one chain, plain scores (one_chain.py; H >= 64, or more than 32 rows in use): warpgroup 0 computes S = Q K^T of a
+  step (wgmma N = 64), the online softmax (exp2, fp32) and P, and hands P and the rescale factor over; both do their
+  P @ V half, so warpgroup 1's P @ V of step k runs under warpgroup 0's scores of step k + 1 (FlashMLA's split,
+  1.09-1.31x faster than splitting each step's scores between the warpgroups).
+* one chain, transposed (transpose="scores" / "scores_and_pv"; at most 32 rows in use, e.g. H = 16 at q_len 1):
+  warpgroup 0 computes S^T = K Q^T over the rows in use only (4x less tensor work at 16 rows) and the softmax down
+  the columns; with "scores_and_pv" (16 and 32 rows) each warpgroup accumulates O^T = V^T P^T [256, rows] and
+  transposes it back once a tile by two wgmmas with an identity (1.03-1.13x over transposed scores alone).
+* fp8 cache (kv_cache_dtype="fp8_e4m3"): the TMAs fill a ring of fp8 steps (half the bytes), converted exactly to
+  f16 (one cvt a value pair) for f16 wgmmas; the per-tensor k_scale scales the scores and the output. On the one
+  chain with plain scores warpgroup 0 converts its columns inside its scores, four chunks between two fences
+  (1.04-1.06x over converting before them); with transposed scores the next step converts under this step's P @ V
+  (1.11-1.12x), warpgroup 1 taking V's first half while it waits for P (1.03-1.07x more).
+* warpgroup halves (halves.py; fp8, both transposed at 16 rows, or at 32 rows where a split has 32 steps or more):
+  each warpgroup runs whole steps alone on its own half of the split's steps, two step chains a CTA (1.19-1.20x at
+  H = 16, q_len 1); the scores' left operands come from registers as each chunk is converted (1.20x), viewed with q's
+  columns permuted (QK_PERM, 1.06x), the softmax sums reduced across warps once at the end (1.05x). With v_from_ring
+  (a split of 32 steps or more) P @ V's V^T is loaded from the ring into registers too (1.07x), the masked step's
+  tail zeroed in the ring (1.10-1.11x where a step is masked) and each chunk loaded a chunk ahead of its conversion
+  (1.10-1.13x); ring_pairs holds two tokens a ring row (1.01-1.02x at 16 rows).
+
+The phases of a step are `jax.named_scope` regions (kv_wait, qk, p_free_wait, pv, p_ready_wait, deq_wait, dequant,
+zero_tail): with the Mosaic GPU profiler on each warpgroup's time in them is traced; off, they cost nothing.
+Interpret mode (`interpret=True`) runs the same kernel on CPU through `plgpu.force_gpu_interpret_mode`; the paths
+that need inline Mosaic GPU (registers views, ldmatrix, in-kernel q conversion) run their shared-memory forms there.
+"""
+
+from __future__ import annotations
+
+import functools
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental.pallas import mosaic_gpu as plgpu
+from mla_jax.combine import combine
+from mla_jax.combine import combine_ref
+from mla_spec import DecodeMetadata
+from mla_spec import MLAConfig
+from mla_jax.pallas_mosaic_gpu.config import (
+    BLOCK_H, BLOCK_KV, BT_CHUNK, HEAD_DIM, INFO_WORDS, KV_HALVES_BT_CHUNK, LOG2E, MAX_GRID_YZ, MosaicConfig,
+    TRANSPOSED_PV_ROWS, _kv_halves_runs, _q_in_kernel_runs, _tile_geometry, heuristic_config, pair_ring_fits,
+    supported_page_size, unsupported_reason,
+)
+from mla_jax.pallas_mosaic_gpu.layouts import PV_UNPERM, QK_PERM
+from mla_jax.pallas_mosaic_gpu.kernel import _build_kernel
+
+
+def _sched(metadata: DecodeMetadata, width: int, k_scale=None):
+    """[R, INFO_WORDS + width] int32: per request (q_start, q_len, seq_len, k_scale's float32 bits
+    (fp8; else 0), 0 (fp8: the dequantized step's index, see kv_tile), 0...) then its block table,
+    padded with zeros to `width` columns (never read: pages past the last are clamped in the kernel).
+    One small XLA fusion."""
+    qsl = metadata.query_start_loc.astype(jnp.int32)
+    seq = metadata.seq_lens.astype(jnp.int32)
+    bt = metadata.block_table.astype(jnp.int32)
+    num_reqs = seq.shape[0]
+    info = jnp.zeros((num_reqs, INFO_WORDS), jnp.int32)
+    info = info.at[:, 0].set(qsl[:-1]).at[:, 1].set(qsl[1:] - qsl[:-1]).at[:, 2].set(seq)
+    if k_scale is not None:
+        info = info.at[:, 3].set(lax.bitcast_convert_type(jnp.asarray(k_scale, jnp.float32), jnp.int32))
+    return jnp.concatenate([info, jnp.pad(bt, ((0, 0), (0, width - bt.shape[1])))], axis=1)
+
+
+def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfig, tuning: MosaicConfig,
+                interpret: bool, out_dtype=None):
+    num_tokens, num_heads, _ = q.shape
+    fp8 = config.is_fp8_kv_cache
+    out_dtype = q.dtype if out_dtype is None else out_dtype  # (fp8: q is f16 here, the output q's dtype)
+    # (q_in_kernel: a bf16 q reaches the fp8 kernel as it is, converted inside)
+    q_bits = fp8 and q.dtype == jnp.bfloat16
+    if q_bits and not _q_in_kernel_runs(tuning, fp8, q.dtype, interpret):
+        raise ValueError(f"an fp8 cache runs the wgmmas in float16: a bf16 q is converted before the kernel unless "
+                         f"q_in_kernel runs (compiled), got q_in_kernel={tuning.q_in_kernel}, {interpret=}")
+    page_size = config.page_size
+    heads, hp, tpt = _tile_geometry(num_heads)
+    if heads != num_heads:
+        q = jnp.pad(q, ((0, 0), (0, heads - num_heads), (0, 0)))
+    num_h_tiles = heads // hp
+    num_reqs = metadata.seq_lens.shape[0]
+    q_tiles = -(-max(1, metadata.max_query_len) // tpt)
+    block_kv = BLOCK_KV
+    if not supported_page_size(page_size, block_kv):
+        raise NotImplementedError(f"page_size={page_size} is not supported with block_kv={block_kv}")
+    num_splits = tuning.num_splits
+    if metadata.max_num_splits > 0:
+        num_splits = min(num_splits, metadata.max_num_splits)
+    heads_fastest = tuning.launch_order == "heads_first"
+    if heads_fastest and num_reqs * q_tiles > MAX_GRID_YZ:
+        raise NotImplementedError(f"launch_order='heads_first' puts the requests x query tiles on CUDA's z axis "
+                                  f"(at most "
+                                  f"{MAX_GRID_YZ}), got {num_reqs} x {q_tiles} = {num_reqs * q_tiles}")
+
+    # transposed scores: the tile's rows in use (hp heads x the tokens a tile can hold), when fewer than 64
+    kv_halves, score_rows = _kv_halves_runs(tuning, fp8, num_heads, metadata.max_query_len, interpret)
+    pages_per_step = max(1, block_kv // page_size)
+    bt_chunk = BT_CHUNK
+    # kv_halves where it applies (_kv_halves_runs): two block-table chunk buffers (a warpgroup each) of at most
+    # KV_HALVES_BT_CHUNK entries, within the shared memory left
+    if kv_halves:
+        bt_chunk = min(bt_chunk, KV_HALVES_BT_CHUNK)
+    bt_chunk -= bt_chunk % pages_per_step
+    width = -(-metadata.block_table.shape[1] // bt_chunk) * bt_chunk
+    # (interpret mode runs kv_halves's registers path unpermuted, with V's f16 copies: the interpreter has no rule for
+    # inline_mgpu, the registers' view, nor for a wgmma's left operand in registers)
+    qk_permuted = kv_halves and not interpret
+    pv_registers = qk_permuted and tuning.v_from_ring
+    # (pair_ring: the cache two tokens a row, a free reshape; pages of a multiple of 16 rows, else the default ring)
+    pair_ring = pv_registers and tuning.ring_pairs and pair_ring_fits(page_size)
+    if qk_permuted and not q_bits:  # (the scores' wgmmas see K's columns permuted: q's the same way; fused with q's
+        # f16 conversion; q_bits: in the kernel's conversion)
+        q = q[..., QK_PERM]
+    kernel = _build_kernel(
+        dtype=jnp.float16 if q_bits else q.dtype, out_dtype=out_dtype, page_size=page_size, num_tokens=num_tokens,
+        heads=heads, hp=hp, num_h_tiles=num_h_tiles, q_tiles=q_tiles, num_reqs=num_reqs, num_splits=num_splits,
+        bt_chunk=bt_chunk, scale_log2=config.softmax_scale * LOG2E,
+        score_rows=score_rows if score_rows < BLOCK_H else 0, fp8=fp8, interpret=interpret,
+        transposed_pv=tuning.transpose == "scores_and_pv" and score_rows in TRANSPOSED_PV_ROWS,
+        heads_fastest=heads_fastest, kv_halves=kv_halves, pv_registers=pv_registers, pv_wait=tuning.pv_in_flight,
+        pair_ring=pair_ring, q_bits=q_bits,
+    )
+    if pair_ring:
+        kv_cache = kv_cache.reshape(kv_cache.shape[0], page_size // 2, 2 * kv_cache.shape[2])
+    out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
+    # (pv_registers) the kernel's output columns permuted by PV_PERM within each 16: put back by the combine's gather
+    # with split-KV, else by a gather of their own
+    order = jnp.asarray(PV_UNPERM, jnp.int32) if pv_registers else None
+    if num_splits > 1:
+        # split partials per token [S, T, heads, 512] -> out, lse: one Pallas Triton kernel on the GPU
+        # (mla_jax.combine); in Mosaic GPU interpret mode its jnp formula
+        out, lse = (combine_ref(out, lse, out_dtype, order) if interpret
+                    else combine(out, lse, out_dtype, col_order=order))
+    elif pv_registers:
+        out = out[..., order]
+    return out[:, :num_heads], lse[:, :num_heads]
+
+
+@functools.partial(jax.jit, static_argnames=("config", "tuning", "interpret", "out_dtype"))
+def _mla_decode_jit(q, kv_cache, k_scale, metadata, config, tuning, interpret, out_dtype=None):
+    if interpret:
+        # The context manager must be active while the kernel is traced (it sets a
+        # trace-context config); inside this jitted function it is.
+        params = interpret if isinstance(interpret, plgpu.InterpretGPUParams) else plgpu.InterpretGPUParams()
+        with plgpu.force_gpu_interpret_mode(params):
+            return _mla_decode(q, kv_cache, k_scale, metadata, config, tuning, True, out_dtype)
+    return _mla_decode(q, kv_cache, k_scale, metadata, config, tuning, False, out_dtype)
+
+
+def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConfig, *,
+               tuning: MosaicConfig | None = None, interpret=False, k_scale=1.0):
+    """Returns `(out [T, H, 512] in q's dtype, lse [T, H] float32)`.
+
+    q_nope [T, H, 512] and q_pe [T, H, 64]; or q_nope the packed q [T, H, 576] and q_pe None
+    (the kernel reads q [T, H, 576] by TMA: a packed q is not copied, a pair is concatenated).
+    `metadata` holds jnp int32 arrays (a pytree, see mla_jax.api). jit-compatible.
+    `interpret=True` (or a `plgpu.InterpretGPUParams`, e.g. with `detect_races=True`)
+    runs the kernel in Mosaic GPU interpret mode (CPU).
+    With kv_cache_dtype="fp8_e4m3" the cache is float8_e4m3fn and k_scale its per-tensor scale (real
+    value = fp8 value x k_scale; a float or a 0-d float32 array, traced under jit). The wgmmas then run
+    in f16: a bf16 q is converted (exact for |q| in [2^-14, 65504]; larger entries become inf and the
+    output NaN, never a silent clamp).
+    """
+    reason = unsupported_reason(config)
+    if reason is not None:
+        raise NotImplementedError(f"pallas_mosaic_gpu cannot run this problem: {reason}")
+    q = q_nope if q_pe is None else jnp.concatenate([q_nope, q_pe.astype(q_nope.dtype)], axis=-1)
+    if q.ndim != 3 or q.shape[-1] != HEAD_DIM:
+        raise ValueError(f"q must be [T, H, {HEAD_DIM}] (or q_nope, q_pe), got q.shape={tuple(q.shape)}")
+    if tuning is None:
+        tuning = heuristic_config(config, q.shape[0], metadata.max_blocks, metadata.num_reqs,
+                                  max_query_len=metadata.max_query_len)
+    elif not isinstance(tuning, MosaicConfig):
+        raise ValueError(f"tuning must be a MosaicConfig, got tuning={tuning!r}")
+    if not isinstance(interpret, plgpu.InterpretGPUParams):
+        interpret = bool(interpret)
+    out_dtype = None
+    fp8 = config.is_fp8_kv_cache
+    if fp8 and q.dtype != jnp.float16:
+        # The fp8 path runs its wgmmas in f16 (see _build_kernel): bf16 q converts exactly for |q| in
+        # [2^-14, 65504] (f16 has 3 more mantissa bits); larger values become inf (the output NaN). q_in_kernel: the
+        # same conversion inside the kernel.
+        out_dtype = jnp.dtype(q.dtype)
+        if not _q_in_kernel_runs(tuning, fp8, q.dtype, bool(interpret)):
+            q = q.astype(jnp.float16)
+    return _mla_decode_jit(q, kv_cache, jnp.asarray(k_scale, jnp.float32), metadata, config, tuning, interpret,
+                           out_dtype)
+
+__all__ = ["MosaicConfig", "heuristic_config", "mla_decode", "supported_page_size", "unsupported_reason"]
+
+# (the names the tests and tools read)
+from mla_jax.pallas_mosaic_gpu.config import MAX_SPLITS, TMA_MAX_BOX  # noqa: E402,F401
+from mla_jax.pallas_mosaic_gpu.layouts import (  # noqa: E402,F401
+    PV_PERM, PV_PERM_16, Q_GROUPS, Q_WORD_PERM, QK_PERM_64, _k_pair_lane_offset, _q_unit_offsets, _vt_lane_offset,
+    _vt_pair_lane_offset,
+)
+from mla_jax.pallas_mosaic_gpu.ring import prefetch_to_l2, tma_windows  # noqa: E402,F401
+from mla_jax.pallas_mosaic_gpu.softmax import accumulate_wgmma  # noqa: E402,F401
