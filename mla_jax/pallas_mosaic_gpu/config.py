@@ -12,56 +12,22 @@ from mla_spec import MLAConfig
 
 
 KV_LORA_RANK = 512
-
-
 QK_ROPE_HEAD_DIM = 64
-
-
 HEAD_DIM = KV_LORA_RANK + QK_ROPE_HEAD_DIM  # 576
-
-
 BLOCK_H = 64  # wgmma M
-
-
 NUM_COMPUTE_WGS = 2
-
-
 V_HALF = KV_LORA_RANK // NUM_COMPUTE_WGS  # 256 latent columns per compute warpgroup
-
-
 INFO_WORDS = 32  # per-tile int32 metadata row (TMA copies must be multiples of 128 bytes)
-
-
 TMA_MAX_BOX = 256  # a TMA box's elements along each dimension (cuTensorMapEncodeTiled's limit)
-
-
 NUM_SMS_H200 = 132
-
-
 MAX_GRID_YZ = 65535  # CUDA grid: y and z at most 65535 blocks (x: 2^31 - 1)
-
-
 MASK_VALUE = -1e30  # finite: a fully masked row stays NaN-free
-
-
 REDUCTION_SCRATCH_BYTES = 1024  # transposed scores: the column max / sum across the 4 warps of warpgroup 0
-
-
 LOG2E = math.log2(math.e)
-
-
 LN2 = math.log(2.0)
-
-
 SUPPORTED_DTYPES = ("bfloat16", "float16")
-
-
 BLOCK_KV = 64  # KV tokens a pipeline step: two 32-row score tiles
-
-
 STAGES = 2  # the KV ring's slots: q (72 KiB) and 2 stages (144 KiB) fill the 227 KiB
-
-
 BT_CHUNK = 224  # block-table entries staged in shared memory at a time (a multiple of 32)
 
 
@@ -91,8 +57,6 @@ def pair_ring_fits(page_size: int) -> bool:
 
 
 LAUNCH_ORDERS = ("requests_first", "heads_first")
-
-
 TRANSPOSES = ("none", "scores", "scores_and_pv")
 
 

@@ -34,11 +34,7 @@ FP8_RING_TILES = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(64))
 # QK_PERM_16[c % 16] + c - c % 16 (derived from jax 0.11.2's layouts, fragmented_array.py; checked in
 # tests/test_fp8.py)
 QK_PERM_16 = (0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15)
-
-
 QK_PERM = np.array([16 * b + QK_PERM_16[c] for b in range(HEAD_DIM // 16) for c in range(16)])  # q's 576 columns
-
-
 QK_PERM_64 = QK_PERM[:64]  # a 64-column chunk's
 
 
@@ -47,11 +43,7 @@ QK_PERM_64 = QK_PERM[:64]  # a 64-column chunk's
 # keys: row r of the WGMMA layout's 16 (g = r % 8) holds V's column PV_PERM_16[r] = 2 (r % 8) + r // 8, and O^T's
 # rows (the output's columns) come out permuted the same way, undone in the wrapper (PV_UNPERM)
 PV_PERM_16 = tuple(2 * (r % 8) + r // 8 for r in range(16))
-
-
 PV_PERM = np.array([16 * b + PV_PERM_16[r] for b in range(KV_LORA_RANK // 16) for r in range(16)])
-
-
 PV_UNPERM = np.argsort(PV_PERM)  # out[..., PV_UNPERM]: the kernel's output columns back in order
 
 
@@ -97,8 +89,6 @@ def _ldmatrix_x4(ptr, offset, layout):
 # default fp8 ring's 64-byte box rows take half lines). The kernel's own ldmatrix addresses read a chunk's tokens
 # in their order (the scores' K, V^T, the tail's zeroing), so every sum runs as the default's.
 PAIR_COLS = 2 * HEAD_DIM
-
-
 PAIR_TILES = (plgpu.TilingTransform((8, 128)), plgpu.SwizzleTransform(128))
 
 
@@ -187,8 +177,6 @@ def _store_k_pair_fp8(fa, ref, parity: int):
 # (q_in_kernel with qk_permuted) the 8 32-bit words (column pairs) of a 16-column group of q in QK_PERM_16's order:
 # word j of the permuted group is word Q_WORD_PERM[j] of q's
 Q_WORD_PERM = tuple(QK_PERM_16[2 * j] // 2 for j in range(8))
-
-
 Q_GROUPS = HEAD_DIM // 16  # a row of q: 36 groups of 16 columns (32 bytes, two 16-byte units)
 
 
