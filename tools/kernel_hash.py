@@ -4,12 +4,15 @@ Each problem of the grid (heads 8/16/32/64/128, q_len 1-4, pages of 8/16/32/64/1
 batch x length pairs that give both unsplit and split-KV launches) is lowered through the public
 `mla_jax.pallas_mosaic_gpu.mla_decode` with its default (heuristic) tuning, for an abstract H200. The Mosaic GPU
 module handed to XLA is printed without debug locations, so moving code between files or functions does not change
-it, and hashed. A refactor that must not change the kernels shows the same hash for every problem:
+it, and hashed. Beside it, `<problem>#xla` fingerprints the rest of the jitted call (the XLA ops around the kernel: padding,
+the schedule array, q's conversion and permutation, the combine's launch) as StableHLO text without debug locations
+and without the custom calls' payloads. A refactor that must not change the kernels or the work around them shows
+the same fingerprints for every problem:
 
   python tools/kernel_hash.py --json /tmp/after.json            # this checkout
   python tools/kernel_hash.py --compare /tmp/before.json /tmp/after.json
 
-To fingerprint another revision, run the same command inside a `git worktree` of it (the script uses only the
+To fingerprint another revision, make a `git worktree` of it and pass `--checkout PATH` (the script uses only the
 public API, so it runs against any revision that has `mla_decode(q, None, kv, metadata, config, k_scale=...)`).
 `--quick` lowers one problem of each kind (about 40) instead of the whole grid (1,200, ~15 minutes on one core).
 """
@@ -25,8 +28,10 @@ import os
 import re
 import sys
 
-# This checkout's packages first, ahead of any installed copy: the fingerprints are of the code beside this file.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# This checkout's packages first, ahead of any installed copy: by default the fingerprints are of the code beside
+# this file (--checkout names another).
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, _HERE)
 
 HEADS = (8, 16, 32, 64, 128)
 Q_LENS = (1, 2, 3, 4)
@@ -60,8 +65,9 @@ def abstract_h200():
         yield
 
 
-def module_texts(problem) -> list[str]:
-    """The Mosaic GPU modules (text without debug locations) of one mla_decode call on `problem`."""
+def lowered_texts(problem) -> tuple[list[str], str]:
+    """(the Mosaic GPU modules' text, the jitted call's StableHLO text), both without debug locations, of one
+    mla_decode call on `problem`; the StableHLO's custom calls keep their target, operands and types only."""
     import jax
     import jax.numpy as jnp
     from jax.experimental.mosaic.gpu import core as mgpu_core
@@ -99,29 +105,61 @@ def module_texts(problem) -> list[str]:
     mgpu_core._run_serde_pass = capture
     try:
         with abstract_h200():
-            jax.jit(fn).trace(q, kv, md, sds((), jnp.float32)).lower(lowering_platforms=("cuda",))
+            lowered = jax.jit(fn).trace(q, kv, md, sds((), jnp.float32)).lower(lowering_platforms=("cuda",))
     finally:
         mgpu_core._run_serde_pass = serde
-    return texts
+    return texts, _without_payloads(lowered.as_text(debug_info=False))
+
+
+def _without_payloads(hlo: str) -> str:
+    """StableHLO text with each custom call cut to its target, operands and types: the payloads (serialized kernels,
+    their hashes) carry source locations, and the kernels are fingerprinted on their own."""
+    out = []
+    for line in hlo.splitlines():
+        call = re.match(r"(.*?custom_call @\w+\(.*?\))", line)
+        if call:
+            types = line.rfind(" : (")
+            line = call.group(1) + (line[types:] if types > 0 else "")
+        out.append(line)
+    return "\n".join(out)
+
+
+def module_texts(problem) -> list[str]:
+    """The Mosaic GPU modules (text without debug locations) of one mla_decode call on `problem`."""
+    return lowered_texts(problem)[0]
+
+
+def fingerprints(problem) -> dict[str, str]:
+    """{name: sha256 of the kernels' text, name#xla: sha256 of the call's StableHLO around them} for `problem`."""
+    name = problem_name(problem)
+    try:
+        texts, hlo = lowered_texts(problem)
+    except (ValueError, NotImplementedError) as e:  # a problem the kernel refuses: its message is the fingerprint
+        return {name: f"refused: {type(e).__name__}: {e}"}
+    return {name: hashlib.sha256("\n".join(texts).encode()).hexdigest(),
+            f"{name}#xla": hashlib.sha256(hlo.encode()).hexdigest()}
 
 
 def fingerprint(problem) -> str:
-    try:
-        texts = module_texts(problem)
-    except (ValueError, NotImplementedError) as e:  # a problem the kernel refuses: its message is the fingerprint
-        return f"refused: {type(e).__name__}: {e}"
-    return hashlib.sha256("\n".join(texts).encode()).hexdigest()
+    """The kernels' fingerprint of `problem` (fingerprints' first entry)."""
+    return next(iter(fingerprints(problem).values()))
 
 
 def _shard(args):
-    index, count, quick = args
-    return {problem_name(p): fingerprint(p) for p in problems(quick)[index::count]}
+    index, count, quick, checkout = args
+    sys.path.insert(0, checkout)  # (a spawned worker: the packages of the checkout being fingerprinted)
+    out = {}
+    for p in problems(quick)[index::count]:
+        out.update(fingerprints(p))
+    return out
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", help="write {problem: fingerprint} here")
     p.add_argument("--quick", action="store_true", help="about 40 problems instead of the whole grid")
+    p.add_argument("--checkout", default=_HERE, help="fingerprint the packages of this checkout (default: the one "
+                   "holding this script), e.g. a `git worktree` of another revision")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes (default: the CPU count)")
     p.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), help="compare two --json files and exit")
     args = p.parse_args(argv)
@@ -143,14 +181,16 @@ def main(argv=None) -> int:
     ctx = multiprocessing.get_context("spawn")  # a fresh JAX per worker
     with ctx.Pool(jobs) as pool:
         result = {}
-        for part in pool.imap_unordered(_shard, [(i, jobs, args.quick) for i in range(jobs)]):
+        shards = [(i, jobs, args.quick, os.path.abspath(args.checkout)) for i in range(jobs)]
+        for part in pool.imap_unordered(_shard, shards):
             result.update(part)
     result = dict(sorted(result.items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
-    refused = sum(v.startswith("refused") for v in result.values())
-    print(f"{len(result)} problems lowered ({refused} refused by the kernel)")
+    kernels = {k: v for k, v in result.items() if not k.endswith("#xla")}
+    refused = sum(v.startswith("refused") for v in kernels.values())
+    print(f"{len(kernels)} problems lowered ({refused} refused by the kernel)")
     return 0
 
 

@@ -16,10 +16,17 @@ def test_the_grid_spans_heads_q_lens_pages_caches_and_batches():
     assert 30 < len(quick) < 60 and set(quick) <= set(problems)
 
 
-def test_a_fingerprint_is_the_same_twice_and_differs_between_problems():
-    a = kernel_hash.fingerprint((16, 2, 300, 1, 16, "fp8"))
-    assert len(a) == 64 and a == kernel_hash.fingerprint((16, 2, 300, 1, 16, "fp8"))
-    assert a != kernel_hash.fingerprint((16, 2, 300, 1, 16, "bf16"))
+def test_fingerprints_are_the_same_twice_and_differ_between_problems():
+    """The kernels' and the call's (StableHLO around them) fingerprints: stable in one process, different for another
+    cache dtype; the call's text keeps each custom call's target but none of its payload."""
+    fp8 = kernel_hash.fingerprints((16, 2, 300, 1, 16, "fp8"))
+    assert sorted(fp8) == ["H16_B2_S300_q1_p16_fp8", "H16_B2_S300_q1_p16_fp8#xla"]
+    assert all(len(v) == 64 for v in fp8.values())
+    assert fp8 == kernel_hash.fingerprints((16, 2, 300, 1, 16, "fp8"))
+    bf16 = kernel_hash.fingerprints((16, 2, 300, 1, 16, "bf16"))
+    assert set(bf16.values()).isdisjoint(fp8.values())
+    texts, hlo = kernel_hash.lowered_texts((16, 2, 300, 1, 16, "bf16"))
+    assert len(texts) == 1 and "custom_call @mosaic_gpu" in hlo and "kernel_hash =" not in hlo
 
 
 def test_compare_names_each_problem_that_differs(tmp_path, capsys):
