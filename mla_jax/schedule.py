@@ -1,0 +1,408 @@
+"""The split-KV work schedule of a ragged decode batch, computed on the device from the actual lengths.
+
+Model: FlashMLA's `get_mla_metadata` (a per-CTA table of begin/end (request, position) plus cumulative split
+counts per request). Here the schedule is computed with jnp from traced `seq_lens` and `query_lens` inside the
+jitted call, so a batch with new lengths reuses the compiled program: the shapes depend only on the number of
+requests R and the static arguments.
+
+Work units. Request r has n_r = ceil(seq_lens[r] / block_kv) steps of `block_kv` KV positions, 0 for padding
+(seq_len 0 or q_len 0). The steps of all requests, request after request, form one linear order; global step
+index g runs over [0, N), request r owning [N_r, N_r + n_r). A *part* (one CTA's work list: the kernel's grid has
+num_parts of them per head tile and query tile) covers a contiguous range [g_p, g_{p+1}) of that order. Its
+*pieces* are the maximal runs of its steps inside one request (and, in batch-invariant mode, inside one chunk of
+`chunk_steps` steps of that request). Each piece writes one partial (out normalized over its steps, lse) to its own
+*slot*; request r's pieces own consecutive slots [split_offsets[r], split_offsets[r + 1]), in step order, and the
+combine merges them by LSE.
+
+Cost. A piece costs its steps plus `fixed_overhead` (FlashMLA charges 5 blocks: loading q, the epilogue, the
+partial's write and its share of the combine). A request's cost on its own is W_r = n_r + O (0 for padding).
+
+Balanced mode (chunk_steps None). Lay the requests on a cost line, request r on [C_r, C_r + W_r): first its O
+overhead units, then step s at point C_r + O + s. Total W = sum W_r. Part p's cost interval is [x_p, x_{p+1}) with
+x_p = floor(p W / P), and the part takes exactly the steps whose point lies in its interval. Every step has one
+point in one interval, so every step of every request is covered exactly once, by construction. A cut x maps to the
+global step g(x) = N_r + clip(x - C_r - O, 0, n_r) of the request r whose interval holds x.
+
+    Balance bound: part p's real cost (its steps + O per piece) is len_p + a_p - b_p with len_p = x_{p+1} - x_p
+    in {floor(W/P), ceil(W/P)}, a_p in [0, O] the overhead of its first piece lying before x_p (O when that piece
+    continues a request, else the overhead units before the cut) and b_p in [0, O] the overhead units at its end
+    that belong to a request whose first step lies in the next part. So |cost_p - len_p| <= O, every part costs at
+    most ceil(W/P) + O (FlashMLA's payload bound: the makespan is within O of the ideal) and two parts differ by at
+    most 2 O + 1.
+
+    Slot bound: request r's pieces number 1 + (distinct cuts g_p strictly inside r's steps). There are P - 1
+    inner cuts, so the batch has at most R + P - 1 pieces: `num_slots = R + P - 1`, a static size.
+
+Batch-invariant mode (chunk_steps C). Request r is cut into pieces of C steps (the last one shorter) at multiples of
+C of its own steps, whatever else is in the batch; pieces are atomic units of cost (steps + O), laid on the cost
+line in order, and part p takes the pieces whose start lies in [x_p, x_{p+1}). A piece's partial therefore depends
+only on its request, and merging a request's slots in order is independent of the batch. Each part's cost is within
+C + O of len_p. Slot bound: sum_r ceil(n_r / C) <= R * ceil(max_steps / C) = `num_slots`, with `max_steps` static
+(ceil(max_seq_len / block_kv) of the bucket).
+
+Layout (what a kernel reads): `table` int32 [P, 8], one row per part, a few scalar loads per CTA:
+
+    0 BEGIN_REQ    request of the part's first step          (0 for an empty part)
+    1 BEGIN_STEP   that step's index inside its request       (0 for an empty part)
+    2 END_REQ      request of the part's last step (inclusive) (0 for an empty part)
+    3 END_STEP     one past the last step, inside END_REQ      (0 for an empty part)
+    4 FIRST_SLOT   slot of the part's first piece; later pieces take the next slots in order
+    5 NUM_PIECES   pieces (partials) the part writes
+    6 NUM_STEPS    steps the part covers (0: an empty part, which the CTA skips)
+    7 COST         NUM_STEPS + fixed_overhead * NUM_PIECES
+
+and `split_offsets` int32 [R + 1]: request r's slots are [split_offsets[r], split_offsets[r + 1]) (empty for
+padding); split_offsets[R] is the number of slots used (<= num_slots).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+BEGIN_REQ, BEGIN_STEP, END_REQ, END_STEP, FIRST_SLOT, NUM_PIECES, NUM_STEPS, COST = range(8)
+TABLE_COLUMNS = 8
+
+DEFAULT_BLOCK_KV = 64
+DEFAULT_FIXED_OVERHEAD = 5  # FlashMLA's fixed_overhead_num_blocks
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """A work schedule (see the module docstring). table [P, 8] and split_offsets [R + 1] are int32 leaves; the
+    ints are static: num_slots (the partial buffer's slot count), block_kv, fixed_overhead, chunk_steps (0 in
+    balanced mode)."""
+
+    table: Any
+    split_offsets: Any
+    num_slots: int
+    block_kv: int
+    fixed_overhead: int
+    chunk_steps: int = 0
+
+    @property
+    def num_parts(self) -> int:
+        return int(self.table.shape[0])
+
+    @property
+    def num_reqs(self) -> int:
+        return int(self.split_offsets.shape[0]) - 1
+
+
+jax.tree_util.register_dataclass(
+    Schedule,
+    data_fields=["table", "split_offsets"],
+    meta_fields=["num_slots", "block_kv", "fixed_overhead", "chunk_steps"],
+)
+
+
+def check_static_args(num_parts, block_kv, fixed_overhead, chunk_steps, max_steps) -> None:
+    """Raises ValueError naming the first bad static argument."""
+    for name, value, lo in (("num_parts", num_parts, 1), ("block_kv", block_kv, 1),
+                            ("fixed_overhead", fixed_overhead, 0)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
+            raise ValueError(f"{name} must be an int >= {lo}, got {name}={value!r}")
+    if block_kv & (block_kv - 1):
+        raise ValueError(f"block_kv must be a positive power of two, got block_kv={block_kv}")
+    if chunk_steps is None:
+        return
+    for name, value in (("chunk_steps", chunk_steps), ("max_steps", max_steps)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1 in batch-invariant mode, got {name}={value!r}")
+
+
+def num_slots_bound(num_reqs: int, num_parts: int, chunk_steps: int | None = None, max_steps: int = 0) -> int:
+    """The static slot count: R + P - 1 balanced, R * ceil(max_steps / chunk_steps) batch-invariant."""
+    if chunk_steps is None:
+        return num_reqs + num_parts - 1
+    return num_reqs * -(-max_steps // chunk_steps)
+
+
+def request_steps(seq_lens, query_lens, block_kv: int):
+    """n_r: ceil(seq_len / block_kv) steps per request, 0 for padding (seq_len 0 or q_len 0). int32 [R]."""
+    seq = jnp.asarray(seq_lens, jnp.int32)
+    live = (seq > 0) & (jnp.asarray(query_lens, jnp.int32) > 0)
+    return jnp.where(live, (seq + block_kv - 1) // block_kv, 0)
+
+
+def _exclusive_cumsum(x):
+    return jnp.concatenate([jnp.zeros((1,), x.dtype), jnp.cumsum(x)])
+
+
+def _balanced_cuts(n, num_parts: int, fixed_overhead: int):
+    """g [P + 1]: part p covers global steps [g_p, g_{p+1}) (the cost-line cut of the module docstring)."""
+    w = jnp.where(n > 0, n + fixed_overhead, 0)
+    c = _exclusive_cumsum(w)  # [R + 1]: request r on [c_r, c_{r+1})
+    n_start = _exclusive_cumsum(n)
+    total = c[-1]
+    p = jnp.arange(num_parts + 1, dtype=jnp.int32)
+    x = (p * total) // num_parts  # int32: total < 2**31 / P for any batch a bucket holds
+    r = jnp.minimum(jnp.searchsorted(c[1:], x, side="right"), n.shape[0] - 1)  # the request whose interval holds x
+    g = n_start[r] + jnp.clip(x - c[r] - fixed_overhead, 0, n[r])
+    return jnp.where(x >= total, n_start[-1], g).astype(jnp.int32)
+
+
+def _chunk_pieces(n, chunk_steps: int, num_slots: int):
+    """The batch-invariant pieces, one per slot k < num_slots: (request [S], first step [S], steps [S] (0 past the
+    last piece), split_offsets [R + 1])."""
+    per_req = (n + chunk_steps - 1) // chunk_steps
+    offsets = _exclusive_cumsum(per_req).astype(jnp.int32)
+    k = jnp.arange(num_slots, dtype=jnp.int32)
+    req = jnp.minimum(jnp.searchsorted(offsets[1:], k, side="right"), n.shape[0] - 1).astype(jnp.int32)
+    first = (k - offsets[req]) * chunk_steps
+    steps = jnp.where(k < offsets[-1], jnp.clip(n[req] - first, 0, chunk_steps), 0)
+    return req, first, steps, offsets
+
+
+def _invariant_cuts(n, num_parts: int, fixed_overhead: int, chunk_steps: int, num_slots: int):
+    """(g [P + 1], first piece of each part k [P + 1], split_offsets [R + 1]): part p takes pieces [k_p, k_{p+1}),
+    those whose start on the cost line lies in [x_p, x_{p+1})."""
+    req, first, steps, offsets = _chunk_pieces(n, chunk_steps, num_slots)
+    cost = jnp.where(steps > 0, steps + fixed_overhead, 0)
+    start = _exclusive_cumsum(cost)  # [S + 1]
+    total = start[-1]
+    p = jnp.arange(num_parts + 1, dtype=jnp.int32)
+    x = (p * total) // num_parts
+    used = offsets[-1]
+    kp = jnp.minimum(jnp.searchsorted(start[:-1], x, side="left"), used).astype(jnp.int32)
+    n_start = _exclusive_cumsum(n)
+    piece_g = n_start[req] + first  # global first step of each piece
+    g = jnp.where(kp < used, piece_g[jnp.minimum(kp, num_slots - 1)], n_start[-1])
+    return g.astype(jnp.int32), kp, offsets
+
+
+def _table(n, g, fixed_overhead: int, first_slot, num_pieces):
+    """The [P, 8] table from the cuts g [P + 1] and the per-part slot columns."""
+    n_start = _exclusive_cumsum(n)
+    num_reqs = n.shape[0]
+    begin, end = g[:-1], g[1:]
+    nonempty = end > begin
+    b_req = jnp.minimum(jnp.searchsorted(n_start[1:], begin, side="right"), num_reqs - 1)
+    e_req = jnp.minimum(jnp.searchsorted(n_start[1:], end - 1, side="right"), num_reqs - 1)
+    cols = [b_req, begin - n_start[b_req], e_req, end - n_start[e_req]]
+    cols = [jnp.where(nonempty, col, 0) for col in cols]
+    steps = end - begin
+    cols += [first_slot, num_pieces, steps, steps + fixed_overhead * num_pieces]
+    return jnp.stack([col.astype(jnp.int32) for col in cols], axis=1)
+
+
+def _balanced_slots(n, g):
+    """(first_slot [P], num_pieces [P], split_offsets [R + 1]) of the balanced schedule: a request's pieces are 1 +
+    its distinct inner cuts."""
+    n_start = _exclusive_cumsum(n)
+    inner = g[1:-1]
+    req = jnp.minimum(jnp.searchsorted(n_start[1:], inner, side="right"), n.shape[0] - 1)
+    distinct = inner != g[:-2]
+    is_inner = distinct & (inner > n_start[req]) & (inner < n_start[req] + n[req])
+    per_req = (n > 0).astype(jnp.int32) + jax.ops.segment_sum(is_inner.astype(jnp.int32), req,
+                                                              num_segments=n.shape[0])
+    offsets = _exclusive_cumsum(per_req).astype(jnp.int32)
+    live_before = _exclusive_cumsum((n > 0).astype(jnp.int32))  # live requests before r
+    begin, end = g[:-1], g[1:]
+    b_req = jnp.searchsorted(n_start[1:], begin, side="right")
+    e_req = jnp.searchsorted(n_start[1:], end - 1, side="right")
+    pieces = jnp.where(end > begin, live_before[jnp.minimum(e_req + 1, n.shape[0])] - live_before[b_req], 0)
+    first_slot = _exclusive_cumsum(pieces)[:-1]
+    return first_slot.astype(jnp.int32), pieces.astype(jnp.int32), offsets
+
+
+def mla_schedule(seq_lens, query_lens, *, num_parts: int, block_kv: int = DEFAULT_BLOCK_KV,
+                 fixed_overhead: int = DEFAULT_FIXED_OVERHEAD, chunk_steps: int | None = None,
+                 max_steps: int | None = None) -> Schedule:
+    """The schedule of a batch (seq_lens, query_lens: int32 [R], traced or concrete) over `num_parts` parts.
+
+    chunk_steps: None for the balanced schedule; an int for batch-invariant pieces of chunk_steps steps, which
+    needs max_steps (static: the bucket's ceil(max_seq_len / block_kv)) to size the slots. jnp only, jit-safe."""
+    check_static_args(num_parts, block_kv, fixed_overhead, chunk_steps, max_steps)
+    n = request_steps(seq_lens, query_lens, block_kv)
+    num_slots = num_slots_bound(n.shape[0], num_parts, chunk_steps, max_steps or 0)
+    if chunk_steps is None:
+        g = _balanced_cuts(n, num_parts, fixed_overhead)
+        first_slot, pieces, offsets = _balanced_slots(n, g)
+    else:
+        g, kp, offsets = _invariant_cuts(n, num_parts, fixed_overhead, chunk_steps, max(num_slots, 1))
+        first_slot, pieces = kp[:-1], kp[1:] - kp[:-1]
+    table = _table(n, g, fixed_overhead, first_slot, pieces)
+    return Schedule(table, offsets, max(num_slots, 1), block_kv, fixed_overhead, chunk_steps or 0)
+
+
+def schedule_for_metadata(metadata, *, num_parts: int, block_kv: int = DEFAULT_BLOCK_KV,
+                          fixed_overhead: int = DEFAULT_FIXED_OVERHEAD, chunk_steps: int | None = None) -> Schedule:
+    """mla_schedule of a DecodeMetadata's batch; max_steps from its static max_seq_len."""
+    qsl = jnp.asarray(metadata.query_start_loc, jnp.int32)
+    max_steps = -(-metadata.max_seq_len // block_kv)
+    return mla_schedule_jit(metadata.seq_lens, qsl[1:] - qsl[:-1], num_parts=num_parts, block_kv=block_kv,
+                        fixed_overhead=fixed_overhead, chunk_steps=chunk_steps, max_steps=max_steps)
+
+
+def reference_schedule(seq_lens, query_lens, *, num_parts: int, block_kv: int = DEFAULT_BLOCK_KV,
+                       fixed_overhead: int = DEFAULT_FIXED_OVERHEAD, chunk_steps: int | None = None,
+                       max_steps: int | None = None) -> Schedule:
+    """The same schedule by plain loops in NumPy (the tests' oracle): every step (or chunk) is placed on the cost
+    line one at a time and given to the part whose interval holds its point (chunk: its start)."""
+    check_static_args(num_parts, block_kv, fixed_overhead, chunk_steps, max_steps)
+    seq, qlen = np.asarray(seq_lens, np.int64), np.asarray(query_lens, np.int64)
+    n = [(-(-int(s) // block_kv) if s > 0 and q > 0 else 0) for s, q in zip(seq, qlen)]
+    num_pieces = sum((-(-x // chunk_steps) if chunk_steps else 1) for x in n if x)
+    total = sum(n) + fixed_overhead * num_pieces
+    cut = [p * total // num_parts for p in range(num_parts + 1)]
+    part_of = lambda point: max(p for p in range(num_parts) if cut[p] <= point)  # noqa: E731
+    units = []  # (part, request, first step, steps): steps, or whole chunks, in linear order
+    point = 0
+    for r, steps in enumerate(n):
+        if not steps:
+            continue
+        if chunk_steps is None:
+            point += fixed_overhead
+            for s in range(steps):
+                units.append((part_of(point), r, s, 1))
+                point += 1
+        else:
+            for s in range(0, steps, chunk_steps):
+                length = min(chunk_steps, steps - s)
+                units.append((part_of(point), r, s, length))
+                point += length + fixed_overhead
+    return _reference_tables(units, n, num_parts, block_kv, fixed_overhead, chunk_steps, max_steps)
+
+
+def _reference_tables(units, n, num_parts, block_kv, fixed_overhead, chunk_steps, max_steps) -> Schedule:
+    """Table and split offsets from the units in linear order: a new piece starts wherever the part, the request
+    or (batch-invariant) the chunk changes."""
+    table = np.zeros((num_parts, TABLE_COLUMNS), np.int32)
+    slots_of = [0] * len(n)
+    slot, prev = 0, None
+    for part, r, s, length in units:
+        chunk = s // chunk_steps if chunk_steps else 0
+        row = table[part]
+        if row[NUM_STEPS] == 0:
+            row[[BEGIN_REQ, BEGIN_STEP, FIRST_SLOT]] = r, s, slot
+        if (part, r, chunk) != prev:
+            row[NUM_PIECES] += 1
+            slots_of[r] += 1
+            slot += 1
+            prev = (part, r, chunk)
+        row[[END_REQ, END_STEP]] = r, s + length
+        row[NUM_STEPS] += length
+    first = 0
+    for row in table:  # an empty part's first slot: the slots used before it
+        if row[NUM_STEPS] == 0:
+            row[FIRST_SLOT] = first
+        first = row[FIRST_SLOT] + row[NUM_PIECES]
+    table[:, COST] = table[:, NUM_STEPS] + fixed_overhead * table[:, NUM_PIECES]
+    offsets = np.concatenate([[0], np.cumsum(slots_of)]).astype(np.int32)
+    num_slots = num_slots_bound(len(n), num_parts, chunk_steps, max_steps or 0)
+    return Schedule(table, offsets, max(num_slots, 1), block_kv, fixed_overhead, chunk_steps or 0)
+
+
+def pieces(schedule: Schedule, seq_lens, query_lens) -> list[list[tuple[int, int, int, int]]]:
+    """Each part's pieces as (request, step_begin, step_end, slot), walked from the table the way a CTA walks it:
+    requests BEGIN_REQ..END_REQ, skipping padding, each cut at multiples of chunk_steps in batch-invariant mode,
+    slots counted up from FIRST_SLOT."""
+    table = np.asarray(schedule.table)
+    n = np.asarray(request_steps(seq_lens, query_lens, schedule.block_kv))
+    out = []
+    for row in table:
+        items, slot = [], int(row[FIRST_SLOT])
+        if row[NUM_STEPS] > 0:
+            for r in range(int(row[BEGIN_REQ]), int(row[END_REQ]) + 1):
+                lo = int(row[BEGIN_STEP]) if r == row[BEGIN_REQ] else 0
+                hi = int(row[END_STEP]) if r == row[END_REQ] else int(n[r])
+                while lo < hi:
+                    c = schedule.chunk_steps
+                    stop = min(hi, (lo // c + 1) * c) if c else hi
+                    items.append((r, lo, stop, slot))
+                    slot, lo = slot + 1, stop
+        out.append(items)
+    return out
+
+
+def combine_slots(o_part, lse_part, split_offsets, query_start_loc, num_tokens: int, dtype):
+    """The ragged combine: token t of request r (its i-th) merges o_part[s, i] and lse_part[s, i] over r's slots
+    s in [split_offsets[r], split_offsets[r + 1]) by LSE. o_part [S, Q, H, L], lse_part [S, Q, H] float32 (Q: the
+    bucket's max q_len); slots outside the range are never read (they may hold NaN). Returns out [T, H, L] in dtype,
+    lse [T, H]; a request with no slots gives out 0, lse -inf."""
+    from mla_jax.combine import combine_ref
+
+    qsl = jnp.asarray(query_start_loc, jnp.int32)
+    offsets = jnp.asarray(split_offsets, jnp.int32)
+    t = jnp.arange(num_tokens, dtype=jnp.int32)
+    req = jnp.searchsorted(qsl[1:], t, side="right")
+    i = t - qsl[req]
+    s = jnp.arange(o_part.shape[0], dtype=jnp.int32)[:, None]
+    mine = (s >= offsets[req][None]) & (s < offsets[req + 1][None])  # [S, T]
+    lse = jnp.where(mine[..., None], lse_part[:, i], -jnp.inf)
+    out = jnp.where(mine[..., None, None], o_part[:, i], 0.0)
+    return combine_ref(out, lse, dtype)
+
+
+@jax.jit
+def _write_piece(parts, q_nope, q_pe, rows, piece, scale):
+    """Writes one piece's partial into parts = (o_part [S, Q, H, L], lse_part [S, Q, H]) at its slot, rows < q_len
+    only. q_nope, q_pe: [T + Q, H, *] float32 (padded by Q rows); rows [K, L + R] the request's cache rows, zero past
+    seq_len; piece: int32 (first token, q_len, seq_len, first position, end position, slot). The partial is out
+    normalized over the piece's positions and their lse (-inf, out 0 for a token that sees none of them)."""
+    o_part, lse_part = parts
+    start, q_len, seq_len, lo, hi, slot = (piece[k] for k in range(6))
+    num_q, lora = o_part.shape[1], o_part.shape[-1]
+    qn = jax.lax.dynamic_slice_in_dim(q_nope, start, num_q)
+    qp = jax.lax.dynamic_slice_in_dim(q_pe, start, num_q)
+    pos = jnp.arange(rows.shape[0])
+    inside = (pos >= lo) & (pos < hi)
+    q_pos = seq_len - q_len + jnp.arange(num_q)
+    visible = inside[None, :] & (pos[None, :] <= q_pos[:, None])  # [Q, K]
+    rows = jnp.where(inside[:, None], rows, 0.0)
+    s = jnp.einsum("qhl,kl->qhk", qn, rows[:, :lora], precision="highest")
+    s += jnp.einsum("qhr,kr->qhk", qp, rows[:, lora:], precision="highest")
+    s = jnp.where(visible[:, None, :], s * scale, -jnp.inf)
+    m = jnp.max(s, axis=-1, keepdims=True)
+    p = jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0.0))
+    denom = jnp.sum(p, axis=-1, keepdims=True)
+    out = jnp.einsum("qhk,kl->qhl", p / jnp.where(denom > 0, denom, 1.0), rows[:, :lora], precision="highest")
+    mine = jnp.arange(num_q) < q_len
+    o_part = o_part.at[slot].set(jnp.where(mine[:, None, None], out, o_part[slot]))
+    lse_part = lse_part.at[slot].set(jnp.where(mine[:, None], (m + jnp.log(denom))[..., 0], lse_part[slot]))
+    return o_part, lse_part
+
+
+@jax.jit(static_argnames=("page_size", "fp8"))
+def _request_rows(kv_cache, block_table_row, seq_len, k_scale, page_size: int, fp8: bool):
+    """Request r's cache rows [max_blocks * page_size, L + R] float32 (fp8: times k_scale), zero past seq_len (the
+    NaN there stays out of every product)."""
+    pos = jnp.arange(block_table_row.shape[0] * page_size)
+    rows = kv_cache[block_table_row[pos // page_size], pos % page_size].astype(jnp.float32)
+    rows = rows * k_scale if fp8 else rows
+    return jnp.where((pos < seq_len)[:, None], rows, 0.0)
+
+
+def decode_by_schedule(q, kv_cache, metadata, config, schedule: Schedule, k_scale=1.0):
+    """Split-KV decode that follows `schedule` (concrete, as are the metadata arrays): each piece of `pieces`
+    computes its partial over its steps with bottom-right causal masking (token i of a request with q_len Q, seq_len
+    S sees positions <= S - Q + i), writes it to its slot of a NaN-filled buffer [num_slots, max_query_len, H, L],
+    then `combine_slots` merges each request's slots. Returns out [T, H, L] in q's dtype, lse [T, H] float32.
+    The jnp reference beside the kernels that walk the schedule: one piece at a time, slow."""
+    from mla_jax.api import split_q
+
+    q_nope, q_pe = split_q(q, config)
+    dtype, num_q = q_nope.dtype, metadata.max_query_len
+    pad = lambda x: jnp.pad(jnp.asarray(x, jnp.float32), ((0, num_q), (0, 0), (0, 0)))  # noqa: E731
+    qsl, seq, bt = (np.asarray(x) for x in (metadata.query_start_loc, metadata.seq_lens, metadata.block_table))
+    shape = (schedule.num_slots, num_q, config.num_heads)
+    parts = (jnp.full(shape + (config.kv_lora_rank,), jnp.nan, jnp.float32), jnp.full(shape, jnp.nan, jnp.float32))
+    kv_cache, rows, q_nope, q_pe = jnp.asarray(kv_cache), {}, pad(q_nope), pad(q_pe)
+    for r, lo, hi, slot in (item for part in pieces(schedule, seq, qsl[1:] - qsl[:-1]) for item in part):
+        if r not in rows:
+            rows[r] = _request_rows(kv_cache, jnp.asarray(bt[r]), int(seq[r]), jnp.float32(k_scale),
+                                    config.page_size, config.is_fp8_kv_cache)
+        piece = [qsl[r], qsl[r + 1] - qsl[r], seq[r], lo * schedule.block_kv, hi * schedule.block_kv, slot]
+        parts = _write_piece(parts, q_nope, q_pe, rows[r], jnp.asarray(piece, jnp.int32),
+                             jnp.float32(config.softmax_scale))
+    return combine_slots(*parts, schedule.split_offsets, qsl, qsl[-1], dtype)
+
+
+mla_schedule_jit = jax.jit(
+    mla_schedule, static_argnames=("num_parts", "block_kv", "fixed_overhead", "chunk_steps", "max_steps"))
+"""mla_schedule compiled once per (R, static arguments): new lengths reuse it."""

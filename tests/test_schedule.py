@@ -1,0 +1,120 @@
+"""The split-KV work schedule (mla_jax.schedule), on the CPU: the jnp schedule against its NumPy loops, the
+properties it holds by construction, batch invariance of the chunked mode, one compile for new lengths, and the
+decode that walks it against the float64 reference."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mla_jax import schedule as S
+from mla_spec import reference
+from parity.scenarios import Scenario, make_batch
+
+R = 12  # every random batch is padded to R requests, so the jitted schedule compiles once per static arguments
+B = 16  # block_kv of the random batches: seq_len up to 40 blocks stays cheap for the loop oracle
+
+ADVERSARIAL = {
+    "all_padding": ([0, 0, 0], [1, 0, 1]),
+    "one_request": ([1000], [1]),
+    "one_step": ([1], [1]),
+    "huge_among_tiny": ([1] * 7 + [5000] + [3] * 4, [1] * 12),
+    "step_boundaries": ([B - 1, B, B + 1, 2 * B - 1, 2 * B, 2 * B + 1], [1, 2, 1, 3, 1, 1]),
+    "q_len_0_rows": ([100, 200, 300, 400], [0, 1, 0, 2]),
+    "padding_between": ([0, 50, 0, 0, 70, 0], [1, 1, 1, 0, 3, 1]),
+}
+
+
+MAX_STEPS = 320  # the bucket's ceil(max_seq_len / B): >= every batch's longest request here
+
+
+def _schedules(seq, qlen, num_parts, overhead=S.DEFAULT_FIXED_OVERHEAD, chunk=None, block=B, max_steps=MAX_STEPS):
+    """(jnp schedule, NumPy schedule) of a batch."""
+    kw = dict(num_parts=num_parts, block_kv=block, fixed_overhead=overhead, chunk_steps=chunk, max_steps=max_steps)
+    return (S.mla_schedule_jit(np.asarray(seq, np.int32), np.asarray(qlen, np.int32), **kw),
+            S.reference_schedule(seq, qlen, **kw))
+
+
+def _assert_same(got, want):
+    np.testing.assert_array_equal(np.asarray(got.table), want.table)
+    np.testing.assert_array_equal(np.asarray(got.split_offsets), want.split_offsets)
+    assert got.num_slots == want.num_slots
+
+
+def _steps(seq, qlen, block):
+    return [(-(-s // block) if s > 0 and q > 0 else 0) for s, q in zip(seq, qlen)]
+
+
+def check_properties(sched, seq, qlen):
+    """What the schedule guarantees by construction (see mla_jax.schedule's docstring for the bounds)."""
+    n, o, c = _steps(seq, qlen, sched.block_kv), sched.fixed_overhead, sched.chunk_steps
+    table, offsets = np.asarray(sched.table), np.asarray(sched.split_offsets)
+    walked = S.pieces(sched, seq, qlen)
+    covered = [np.zeros(k, int) for k in n]
+    slots_of = [[] for _ in n]
+    for part, items in zip(table, walked):
+        assert part[S.NUM_PIECES] == len(items) and part[S.NUM_STEPS] == sum(hi - lo for _, lo, hi, _ in items)
+        assert part[S.COST] == part[S.NUM_STEPS] + o * part[S.NUM_PIECES]
+        for (r0, _, hi0, s0), (r1, lo1, _, s1) in zip(items, items[1:]):  # in order, contiguous, slots counted up
+            assert s1 == s0 + 1 and ((r1 == r0 and lo1 == hi0) or (r1 > r0 and hi0 == n[r0] and lo1 == 0))
+        for r, lo, hi, slot in items:
+            assert 0 <= lo < hi <= n[r] and (not c or (lo // c == (hi - 1) // c and (lo % c == 0 or hi == n[r])))
+            covered[r][lo:hi] += 1
+            slots_of[r].append(slot)
+    assert all((cov == 1).all() for cov in covered), "a step covered twice or never"
+    for r, slots in enumerate(slots_of):  # a request's slots: consecutive, its own range, in step order
+        assert slots == list(range(offsets[r], offsets[r + 1]))
+    assert offsets[-1] <= sched.num_slots
+    assert sched.num_slots == (len(n) + sched.num_parts - 1 if not c else len(n) * -(-MAX_STEPS // c))
+    _check_balance(table[:, S.COST], n, o, c, sched.num_parts)
+
+
+def _check_balance(cost, n, o, c, num_parts):
+    """Part p's cost is within O (balanced) or C + O (batch-invariant) of its cost interval's length, floor or ceil
+    of W / P: two parts differ by at most 2 O + 1, resp. 2 (C + O) + 1; no part costs more than ceil(W/P) + O."""
+    pieces = sum((-(-k // c) if c else 1) for k in n if k)
+    total = sum(n) + o * pieces
+    slack = o if not c else c + o - 1
+    lo, hi = total // num_parts, -(-total // num_parts)
+    assert (cost >= lo - slack).all() and (cost <= hi + slack).all(), (cost, lo, hi, slack)
+    assert cost.max() - cost.min() <= 2 * slack + 1
+
+
+def _padded(seq, qlen):
+    """The batch padded with zero-work rows to R requests (one compile for all), a lone request left alone."""
+    if len(seq) == 1:
+        return list(seq), list(qlen)
+    return list(seq) + [0] * (R - len(seq)), list(qlen) + [1] * (R - len(qlen))
+
+
+@pytest.mark.parametrize("name", list(ADVERSARIAL))
+@pytest.mark.parametrize("num_parts", [1, 5, 64])
+@pytest.mark.parametrize("chunk", [None, 3])
+def test_adversarial_batches(name, num_parts, chunk):
+    seq, qlen = _padded(*ADVERSARIAL[name])
+    got, want = _schedules(seq, qlen, num_parts, chunk=chunk)
+    _assert_same(got, want)
+    check_properties(got, seq, qlen)
+
+
+@st.composite
+def batches(draw):
+    """A batch of R requests: lengths from tiny to long-tailed, a share of padding rows (seq 0 or q_len 0)."""
+    long = draw(st.integers(0, 40 * B))
+    seq = draw(st.lists(st.one_of(st.integers(0, 3 * B), st.integers(0, long), st.sampled_from([B - 1, B, B + 1])),
+                        min_size=R, max_size=R))
+    qlen = draw(st.lists(st.sampled_from([0, 1, 1, 1, 2, 3]), min_size=R, max_size=R))
+    return seq, qlen
+
+
+@settings(max_examples=60, deadline=None)
+@given(batch=batches(), num_parts=st.sampled_from([1, 3, 8, 132]), overhead=st.sampled_from([0, 5]),
+       chunk=st.sampled_from([None, None, 2, 5]))
+def test_random_batches(batch, num_parts, overhead, chunk):
+    seq, qlen = batch
+    got, want = _schedules(seq, qlen, num_parts, overhead, chunk)
+    _assert_same(got, want)
+    check_properties(got, seq, qlen)
