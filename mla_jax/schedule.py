@@ -320,6 +320,7 @@ def pieces(schedule: Schedule, seq_lens, query_lens) -> list[list[tuple[int, int
     return out
 
 
+@jax.jit(static_argnames=("num_tokens", "dtype"))
 def combine_slots(o_part, lse_part, split_offsets, query_start_loc, num_tokens: int, dtype):
     """The ragged combine: token t of request r (its i-th) merges o_part[s, i] and lse_part[s, i] over r's slots
     s in [split_offsets[r], split_offsets[r + 1]) by LSE. o_part [S, Q, H, L], lse_part [S, Q, H] float32 (Q: the
@@ -339,43 +340,60 @@ def combine_slots(o_part, lse_part, split_offsets, query_start_loc, num_tokens: 
     return combine_ref(out, lse, dtype)
 
 
-@jax.jit
-def _write_piece(parts, q_nope, q_pe, rows, piece, scale):
-    """Writes one piece's partial into parts = (o_part [S, Q, H, L], lse_part [S, Q, H]) at its slot, rows < q_len
-    only. q_nope, q_pe: [T + Q, H, *] float32 (padded by Q rows); rows [K, L + R] the request's cache rows, zero past
-    seq_len; piece: int32 (first token, q_len, seq_len, first position, end position, slot). The partial is out
-    normalized over the piece's positions and their lse (-inf, out 0 for a token that sees none of them)."""
-    o_part, lse_part = parts
-    start, q_len, seq_len, lo, hi, slot = (piece[k] for k in range(6))
-    num_q, lora = o_part.shape[1], o_part.shape[-1]
-    qn = jax.lax.dynamic_slice_in_dim(q_nope, start, num_q)
-    qp = jax.lax.dynamic_slice_in_dim(q_pe, start, num_q)
+def _piece_partial(q_nope, q_pe, rows, piece, scale):
+    """One piece's partial. q_nope, q_pe [Q, H, *] float32: the request's tokens (rows past q_len unused); rows
+    [K, L + R]: the request's cache rows, zero past seq_len; piece: int32 (request, first token, q_len, seq_len,
+    first position, end position, slot). Returns out [Q, H, L] normalized over the piece's positions and lse
+    [Q, H] (-inf, out 0 for a token that sees none of them: bottom-right causal, token i sees p <= S - Q + i)."""
+    q_len, seq_len, lo, hi = piece[2], piece[3], piece[4], piece[5]
+    num_q, lora = q_nope.shape[0], q_nope.shape[-1]
     pos = jnp.arange(rows.shape[0])
     inside = (pos >= lo) & (pos < hi)
     q_pos = seq_len - q_len + jnp.arange(num_q)
     visible = inside[None, :] & (pos[None, :] <= q_pos[:, None])  # [Q, K]
     rows = jnp.where(inside[:, None], rows, 0.0)
-    s = jnp.einsum("qhl,kl->qhk", qn, rows[:, :lora], precision="highest")
-    s += jnp.einsum("qhr,kr->qhk", qp, rows[:, lora:], precision="highest")
+    s = jnp.einsum("qhl,kl->qhk", q_nope, rows[:, :lora], precision="highest")
+    s += jnp.einsum("qhr,kr->qhk", q_pe, rows[:, lora:], precision="highest")
     s = jnp.where(visible[:, None, :], s * scale, -jnp.inf)
     m = jnp.max(s, axis=-1, keepdims=True)
     p = jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0.0))
     denom = jnp.sum(p, axis=-1, keepdims=True)
     out = jnp.einsum("qhk,kl->qhl", p / jnp.where(denom > 0, denom, 1.0), rows[:, :lora], precision="highest")
-    mine = jnp.arange(num_q) < q_len
-    o_part = o_part.at[slot].set(jnp.where(mine[:, None, None], out, o_part[slot]))
-    lse_part = lse_part.at[slot].set(jnp.where(mine[:, None], (m + jnp.log(denom))[..., 0], lse_part[slot]))
-    return o_part, lse_part
+    return out, (m + jnp.log(denom))[..., 0]
 
 
-@jax.jit(static_argnames=("page_size", "fp8"))
-def _request_rows(kv_cache, block_table_row, seq_len, k_scale, page_size: int, fp8: bool):
-    """Request r's cache rows [max_blocks * page_size, L + R] float32 (fp8: times k_scale), zero past seq_len (the
-    NaN there stays out of every product)."""
-    pos = jnp.arange(block_table_row.shape[0] * page_size)
-    rows = kv_cache[block_table_row[pos // page_size], pos % page_size].astype(jnp.float32)
+def _all_rows(kv_cache, block_table, seq_lens, k_scale, page_size: int, fp8: bool):
+    """Every request's cache rows [R, max_blocks * page_size, L + R] float32 (fp8: times k_scale), zero past its
+    seq_len (the NaN there stays out of every product)."""
+    pos = jnp.arange(block_table.shape[1] * page_size)
+    rows = kv_cache[block_table[:, pos // page_size], pos % page_size].astype(jnp.float32)
     rows = rows * k_scale if fp8 else rows
-    return jnp.where((pos < seq_len)[:, None], rows, 0.0)
+    return jnp.where((pos[None, :] < seq_lens[:, None])[..., None], rows, 0.0)
+
+
+@jax.jit(static_argnames=("num_slots", "num_q", "page_size", "fp8"))
+def _partials(q_nope, q_pe, kv_cache, block_table, seq_lens, piece_rows, num_pieces, scale, k_scale, *,
+              num_slots: int, num_q: int, page_size: int, fp8: bool):
+    """Every piece's partial written to its slot: (o_part [num_slots, num_q, H, L], lse_part [num_slots, num_q,
+    H]), NaN wherever no piece writes (unused slots, token rows past a request's q_len). q_nope, q_pe [T + num_q,
+    H, *] float32, padded by num_q rows; piece_rows [num_slots, 7] int32 (see _piece_partial), the first
+    num_pieces used."""
+    rows = _all_rows(kv_cache, block_table, seq_lens, k_scale, page_size, fp8)
+    shape = (num_slots, num_q, q_nope.shape[1])
+    parts = (jnp.full(shape + (q_nope.shape[2],), jnp.nan, jnp.float32), jnp.full(shape, jnp.nan, jnp.float32))
+
+    def one_piece(k, parts):
+        o_part, lse_part = parts
+        piece = piece_rows[k]
+        qn = jax.lax.dynamic_slice_in_dim(q_nope, piece[1], num_q)
+        qp = jax.lax.dynamic_slice_in_dim(q_pe, piece[1], num_q)
+        out, lse = _piece_partial(qn, qp, rows[piece[0]], piece, scale)
+        mine = jnp.arange(num_q) < piece[2]
+        slot = piece[6]
+        o_part = o_part.at[slot].set(jnp.where(mine[:, None, None], out, o_part[slot]))
+        return o_part, lse_part.at[slot].set(jnp.where(mine[:, None], lse, lse_part[slot]))
+
+    return jax.lax.fori_loop(0, num_pieces, one_piece, parts)
 
 
 def decode_by_schedule(q, kv_cache, metadata, config, schedule: Schedule, k_scale=1.0):
@@ -383,25 +401,23 @@ def decode_by_schedule(q, kv_cache, metadata, config, schedule: Schedule, k_scal
     computes its partial over its steps with bottom-right causal masking (token i of a request with q_len Q, seq_len
     S sees positions <= S - Q + i), writes it to its slot of a NaN-filled buffer [num_slots, max_query_len, H, L],
     then `combine_slots` merges each request's slots. Returns out [T, H, L] in q's dtype, lse [T, H] float32.
-    The jnp reference beside the kernels that walk the schedule: one piece at a time, slow."""
+    The jnp reference beside the kernels that walk the schedule: one piece at a time (a loop in XLA), slow."""
     from mla_jax.api import split_q
 
     q_nope, q_pe = split_q(q, config)
     dtype, num_q = q_nope.dtype, metadata.max_query_len
     pad = lambda x: jnp.pad(jnp.asarray(x, jnp.float32), ((0, num_q), (0, 0), (0, 0)))  # noqa: E731
     qsl, seq, bt = (np.asarray(x) for x in (metadata.query_start_loc, metadata.seq_lens, metadata.block_table))
-    shape = (schedule.num_slots, num_q, config.num_heads)
-    parts = (jnp.full(shape + (config.kv_lora_rank,), jnp.nan, jnp.float32), jnp.full(shape, jnp.nan, jnp.float32))
-    kv_cache, rows, q_nope, q_pe = jnp.asarray(kv_cache), {}, pad(q_nope), pad(q_pe)
-    for r, lo, hi, slot in (item for part in pieces(schedule, seq, qsl[1:] - qsl[:-1]) for item in part):
-        if r not in rows:
-            rows[r] = _request_rows(kv_cache, jnp.asarray(bt[r]), int(seq[r]), jnp.float32(k_scale),
-                                    config.page_size, config.is_fp8_kv_cache)
-        piece = [qsl[r], qsl[r + 1] - qsl[r], seq[r], lo * schedule.block_kv, hi * schedule.block_kv, slot]
-        parts = _write_piece(parts, q_nope, q_pe, rows[r], jnp.asarray(piece, jnp.int32),
-                             jnp.float32(config.softmax_scale))
-    return combine_slots(*parts, schedule.split_offsets, qsl, qsl[-1], dtype)
-
+    block = schedule.block_kv
+    items = [(r, qsl[r], qsl[r + 1] - qsl[r], seq[r], lo * block, hi * block, slot)
+             for part in pieces(schedule, seq, qsl[1:] - qsl[:-1]) for r, lo, hi, slot in part]
+    piece_rows = np.zeros((schedule.num_slots, 7), np.int32)
+    piece_rows[: len(items)] = np.asarray(items, np.int32).reshape(-1, 7)
+    o_part, lse_part = _partials(pad(q_nope), pad(q_pe), jnp.asarray(kv_cache), jnp.asarray(bt), jnp.asarray(seq),
+                                 piece_rows, len(items), jnp.float32(config.softmax_scale), jnp.float32(k_scale),
+                                 num_slots=schedule.num_slots, num_q=num_q, page_size=config.page_size,
+                                 fp8=config.is_fp8_kv_cache)
+    return combine_slots(o_part, lse_part, schedule.split_offsets, qsl, num_tokens=int(qsl[-1]), dtype=dtype)
 
 mla_schedule_jit = jax.jit(
     mla_schedule, static_argnames=("num_parts", "block_kv", "fixed_overhead", "chunk_steps", "max_steps"))

@@ -118,3 +118,90 @@ def test_random_batches(batch, num_parts, overhead, chunk):
     got, want = _schedules(seq, qlen, num_parts, overhead, chunk)
     _assert_same(got, want)
     check_properties(got, seq, qlen)
+
+
+@settings(max_examples=25, deadline=None)
+@given(request=st.tuples(st.integers(1, 40 * B), st.integers(1, 3)), first=batches(), second=batches(),
+       where=st.tuples(st.integers(0, R - 1), st.integers(0, R - 1)), num_parts=st.sampled_from([3, 132]),
+       chunk=st.sampled_from([1, 4]))
+def test_invariant_pieces_ignore_the_batch(request, first, second, where, num_parts, chunk):
+    """A request's pieces (step ranges, in slot order) are the same whatever else is in the batch and wherever it
+    sits in it."""
+
+    def its_pieces(batch, at):
+        seq, qlen = (list(x[: R - 1]) for x in batch)
+        seq.insert(at, request[0])
+        qlen.insert(at, request[1])
+        sched = S.mla_schedule_jit(np.asarray(seq, np.int32), np.asarray(qlen, np.int32), num_parts=num_parts,
+                                   block_kv=B, chunk_steps=chunk, max_steps=MAX_STEPS)
+        items = sorted((slot, lo, hi) for part in S.pieces(sched, seq, qlen) for r, lo, hi, slot in part if r == at)
+        offsets = np.asarray(sched.split_offsets)
+        assert [slot for slot, _, _ in items] == list(range(offsets[at], offsets[at + 1]))
+        return [(lo, hi) for _, lo, hi in items]
+
+    assert its_pieces(first, where[0]) == its_pieces(second, where[1])
+
+
+def test_new_lengths_compile_once():
+    traces = []
+
+    def schedule(seq, qlen):
+        traces.append(1)  # runs only while tracing
+        return S.mla_schedule(seq, qlen, num_parts=8, block_kv=B)
+
+    jitted = jax.jit(schedule)
+    for seq, qlen in (([5000, 1, 3, 0], [1, 1, 2, 0]), ([16, 17, 900, 31], [1, 3, 1, 1])):
+        got = jitted(np.asarray(seq, np.int32), np.asarray(qlen, np.int32))
+        _assert_same(got, S.reference_schedule(seq, qlen, num_parts=8, block_kv=B))
+    assert len(traces) == 1 and jitted._cache_size() == 1
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_parts=0), "num_parts"), (dict(num_parts=2.0), "num_parts"), (dict(block_kv=48), "block_kv"),
+    (dict(block_kv=0), "block_kv"), (dict(fixed_overhead=-1), "fixed_overhead"),
+    (dict(chunk_steps=0, max_steps=4), "chunk_steps"), (dict(chunk_steps=2), "max_steps"),
+])
+def test_bad_static_arguments(kwargs, message):
+    kwargs = dict(dict(num_parts=4), **kwargs)
+    for fn in (S.mla_schedule, S.reference_schedule):
+        with pytest.raises(ValueError, match=message):
+            fn(np.array([10], np.int32), np.array([1], np.int32), **kwargs)
+
+
+DECODE_SCENARIOS = [
+    Scenario("one_long_among_short", seq_lens=(5, 3000, 17, 64, 65, 1), query_lens=(1, 1, 2, 3, 1, 1), page_size=16),
+    Scenario("spec_decode", seq_lens=(40, 97, 300, 1030), query_lens=(2, 4, 8, 3)),
+    Scenario("heads_128_spec", seq_lens=(97, 300), query_lens=(4, 2), num_heads=128, page_size=16),
+]
+
+
+def _assert_matches_reference(out, lse, batch, rows=slice(None)):
+    want_out, want_lse = reference.mla_decode(batch.q, batch.kv_cache, batch.metadata, batch.config)
+    out, lse = np.asarray(out, np.float64)[rows], np.asarray(lse, np.float64)[rows]
+    assert np.abs(out - want_out).max() <= 1e-5 * np.abs(want_out).max()
+    assert np.abs(lse - want_lse).max() <= 1e-5 * np.abs(want_lse).max()
+
+
+@pytest.mark.parametrize("scenario", DECODE_SCENARIOS, ids=lambda s: s.name)
+@pytest.mark.parametrize("num_parts, chunk, block", [(1, None, 64), (5, None, 16), (16, 4, 16), (7, 1, 64)])
+def test_decode_by_schedule_matches_reference(scenario, num_parts, chunk, block):
+    batch = make_batch(scenario, "float32", seed=3)
+    assert np.isnan(batch.kv_cache).any(), "make_batch leaves every unreadable slot NaN"
+    sched = S.schedule_for_metadata(batch.metadata, num_parts=num_parts, block_kv=block, chunk_steps=chunk)
+    assert np.asarray(sched.split_offsets)[-1] > len(scenario.seq_lens) or num_parts == 1  # some request is split
+    out, lse = S.decode_by_schedule(batch.q, batch.kv_cache, batch.metadata, batch.config, sched)
+    _assert_matches_reference(out, lse, batch)
+
+
+def test_decode_skips_padding_requests():
+    """A request with q_len 0 and seq_len 0 (a bucket's padding row) gets no piece, no slot and no token."""
+    batch = make_batch(DECODE_SCENARIOS[0], "float32", seed=5)
+    md = batch.metadata
+    qsl, seq, bt = (np.asarray(x) for x in (md.query_start_loc, md.seq_lens, md.block_table))
+    padded = md.replace(query_start_loc=np.insert(qsl, 2, qsl[2]), seq_lens=np.insert(seq, 2, 0),
+                        block_table=np.insert(bt, 2, 0, axis=0))
+    sched = S.schedule_for_metadata(padded, num_parts=9, block_kv=16)
+    offsets = np.asarray(sched.split_offsets)
+    assert offsets[2] == offsets[3]
+    out, lse = S.decode_by_schedule(batch.q, batch.kv_cache, padded, batch.config, sched)
+    _assert_matches_reference(out, lse, batch)
