@@ -38,7 +38,8 @@ C of its own steps, whatever else is in the batch; pieces are atomic units of co
 line in order, and part p takes the pieces whose start lies in [x_p, x_{p+1}). A piece's partial therefore depends
 only on its request, and merging a request's slots in order is independent of the batch. Each part's cost is within
 C + O of len_p. Slot bound: sum_r ceil(n_r / C) <= R * ceil(max_steps / C) = `num_slots`, with `max_steps` static
-(ceil(max_seq_len / block_kv) of the bucket).
+(ceil(max_seq_len / block_kv) of the bucket). max_steps must bound every request's steps: under jit that cannot be
+checked, and pieces past num_slots would be lost (`reference_schedule` raises ValueError there).
 
 Layout (what a kernel reads): `table` int32 [P, 8], one row per part, a few scalar loads per CTA:
 
@@ -133,14 +134,20 @@ def _exclusive_cumsum(x):
     return jnp.concatenate([jnp.zeros((1,), x.dtype), jnp.cumsum(x)])
 
 
+def _cost_cuts(total, num_parts: int):
+    """x_p = floor(p * total / P) for p = 0..P, as p * (total // P) + p * (total % P) // P: no int32 product of p
+    and total (which would pass 2**31 for a 16M-step batch over 132 parts)."""
+    p = jnp.arange(num_parts + 1, dtype=jnp.int32)
+    return p * (total // num_parts) + (p * (total % num_parts)) // num_parts
+
+
 def _balanced_cuts(n, num_parts: int, fixed_overhead: int):
     """g [P + 1]: part p covers global steps [g_p, g_{p+1}) (the cost-line cut of the module docstring)."""
     w = jnp.where(n > 0, n + fixed_overhead, 0)
     c = _exclusive_cumsum(w)  # [R + 1]: request r on [c_r, c_{r+1})
     n_start = _exclusive_cumsum(n)
     total = c[-1]
-    p = jnp.arange(num_parts + 1, dtype=jnp.int32)
-    x = (p * total) // num_parts  # int32: total < 2**31 / P for any batch a bucket holds
+    x = _cost_cuts(total, num_parts)
     r = jnp.minimum(jnp.searchsorted(c[1:], x, side="right"), n.shape[0] - 1)  # the request whose interval holds x
     g = n_start[r] + jnp.clip(x - c[r] - fixed_overhead, 0, n[r])
     return jnp.where(x >= total, n_start[-1], g).astype(jnp.int32)
@@ -165,8 +172,7 @@ def _invariant_cuts(n, num_parts: int, fixed_overhead: int, chunk_steps: int, nu
     cost = jnp.where(steps > 0, steps + fixed_overhead, 0)
     start = _exclusive_cumsum(cost)  # [S + 1]
     total = start[-1]
-    p = jnp.arange(num_parts + 1, dtype=jnp.int32)
-    x = (p * total) // num_parts
+    x = _cost_cuts(total, num_parts)
     used = offsets[-1]
     kp = jnp.minimum(jnp.searchsorted(start[:-1], x, side="left"), used).astype(jnp.int32)
     n_start = _exclusive_cumsum(n)
@@ -249,6 +255,8 @@ def reference_schedule(seq_lens, query_lens, *, num_parts: int, block_kv: int = 
     n = [(-(-int(s) // block_kv) if s > 0 and q > 0 else 0) for s, q in zip(seq, qlen)]
     num_pieces = sum((-(-x // chunk_steps) if chunk_steps else 1) for x in n if x)
     total = sum(n) + fixed_overhead * num_pieces
+    if chunk_steps is not None and max(n, default=0) > max_steps:
+        raise ValueError(f"max_steps must bound every request's steps, got max_steps={max_steps} < {max(n)} steps")
     cut = [p * total // num_parts for p in range(num_parts + 1)]
     part_of = lambda point: max(p for p in range(num_parts) if cut[p] <= point)  # noqa: E731
     units = []  # (part, request, first step, steps): steps, or whole chunks, in linear order

@@ -205,3 +205,18 @@ def test_decode_skips_padding_requests():
     assert offsets[2] == offsets[3]
     out, lse = S.decode_by_schedule(batch.q, batch.kv_cache, padded, batch.config, sched)
     _assert_matches_reference(out, lse, batch)
+
+
+def test_cuts_do_not_overflow_int32():
+    """A 16M-step batch over 132 parts: p * total would pass 2**31; the cuts stay exact."""
+    seq, qlen = [2**27 - 3, 5 * B, 2**27], [1, 2, 1]
+    got = S.mla_schedule_jit(np.asarray(seq, np.int32), np.asarray(qlen, np.int32), num_parts=132, block_kv=B)
+    table = np.asarray(got.table)
+    assert table[:, S.NUM_STEPS].sum() == sum(_steps(seq, qlen, B))
+    cost = table[:, S.COST]
+    assert cost.max() - cost.min() <= 2 * S.DEFAULT_FIXED_OVERHEAD + 1
+
+
+def test_reference_refuses_a_request_past_max_steps():
+    with pytest.raises(ValueError, match="max_steps"):
+        S.reference_schedule([10 * B], [1], num_parts=2, block_kv=B, chunk_steps=2, max_steps=9)
