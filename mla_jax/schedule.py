@@ -54,6 +54,15 @@ Layout (what a kernel reads): `table` int32 [P, 8], one row per part, a few scal
 
 and `split_offsets` int32 [R + 1]: request r's slots are [split_offsets[r], split_offsets[r + 1]) (empty for
 padding); split_offsets[R] is the number of slots used (<= num_slots).
+
+The walk (what `pieces` does, and what a CTA of part p runs): if NUM_STEPS == 0, write nothing. Else slot =
+FIRST_SLOT; for r in BEGIN_REQ..END_REQ: lo = BEGIN_STEP if r == BEGIN_REQ else 0, hi = END_STEP if r == END_REQ
+else n_r (padding requests in between have n_r = 0 and give no piece); while lo < hi: stop = hi, or in batch-invariant
+mode min(hi, the next multiple of chunk_steps); run steps [lo, stop) of request r (KV positions [lo * block_kv,
+min(stop * block_kv, seq_len)), the request's q_len tokens, bottom-right causal), write out and lse to `slot`;
+slot += 1, lo = stop. The combine then merges, for each token of request r, the slots [split_offsets[r],
+split_offsets[r + 1]) by LSE (`combine_slots`); a partial buffer of [num_slots, max_query_len, H, L] float32 and
+[num_slots, max_query_len, H] suffices, since a slot belongs to one request.
 """
 
 from __future__ import annotations
