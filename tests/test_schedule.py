@@ -220,3 +220,17 @@ def test_cuts_do_not_overflow_int32():
 def test_reference_refuses_a_request_past_max_steps():
     with pytest.raises(ValueError, match="max_steps"):
         S.reference_schedule([10 * B], [1], num_parts=2, block_kv=B, chunk_steps=2, max_steps=9)
+
+
+def test_decode_by_schedule_fp8_cache():
+    """An fp8 cache (values times k_scale) through the same walk, balanced and batch-invariant."""
+    from parity.scenarios import make_fp8_batch
+
+    batch, k_scale = make_fp8_batch(DECODE_SCENARIOS[0], "float32", seed=7)
+    want_out, want_lse = reference.mla_decode(batch.q, batch.kv_cache, batch.metadata, batch.config, k_scale=k_scale)
+    kv = batch.kv_cache.astype(jax.numpy.float8_e4m3fn)
+    for num_parts, chunk in ((6, None), (6, 4)):
+        sched = S.schedule_for_metadata(batch.metadata, num_parts=num_parts, block_kv=16, chunk_steps=chunk)
+        out, lse = S.decode_by_schedule(batch.q, kv, batch.metadata, batch.config, sched, k_scale=k_scale)
+        assert np.abs(np.asarray(out, np.float64) - want_out).max() <= 1e-5 * np.abs(want_out).max()
+        assert np.abs(np.asarray(lse, np.float64) - want_lse).max() <= 1e-5 * np.abs(want_lse).max()
