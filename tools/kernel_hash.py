@@ -116,7 +116,7 @@ def _without_payloads(hlo: str) -> str:
     their hashes) carry source locations, and the kernels are fingerprinted on their own."""
     out = []
     for line in hlo.splitlines():
-        call = re.match(r"(.*?custom_call @\w+\(.*?\))", line)
+        call = re.match(r"(.*?custom_call @[^(\s]+\(.*?\))", line)
         if call:
             types = line.rfind(" : (")
             line = call.group(1) + (line[types:] if types > 0 else "")

@@ -25,8 +25,9 @@ def test_fingerprints_are_the_same_twice_and_differ_between_problems():
     assert fp8 == kernel_hash.fingerprints((16, 2, 300, 1, 16, "fp8"))
     bf16 = kernel_hash.fingerprints((16, 2, 300, 1, 16, "bf16"))
     assert set(bf16.values()).isdisjoint(fp8.values())
-    texts, hlo = kernel_hash.lowered_texts((16, 2, 300, 1, 16, "bf16"))
-    assert len(texts) == 1 and "custom_call @mosaic_gpu" in hlo and "kernel_hash =" not in hlo
+    texts, hlo = kernel_hash.lowered_texts((16, 1, 1024, 1, 64, "bf16"))  # split-KV: the Triton combine follows
+    assert len(texts) == 1 and "custom_call @mosaic_gpu" in hlo and "custom_call @__gpu$xla.gpu.triton" in hlo
+    assert "kernel_hash =" not in hlo and " ir = " not in hlo  # neither kernel's payload (they carry source paths)
 
 
 def test_compare_names_each_problem_that_differs(tmp_path, capsys):
