@@ -20,7 +20,6 @@ public API, so it runs against any revision that has `mla_decode(q, None, kv, me
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import itertools
 import json
@@ -55,16 +54,6 @@ def problem_name(problem) -> str:
     return f"H{h}_B{b}_S{s}_q{q}_p{p}_{c}"
 
 
-@contextlib.contextmanager
-def abstract_h200():
-    """JAX lowers for an H200 (132 SMs) inside this context, without one."""
-    import jax
-
-    h200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
-    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=h200)):
-        yield
-
-
 def lowered_texts(problem) -> tuple[list[str], str]:
     """(the Mosaic GPU modules' text, the jitted call's StableHLO text), both without debug locations, of one
     mla_decode call on `problem`; the StableHLO's custom calls keep their target, operands and types only."""
@@ -74,6 +63,7 @@ def lowered_texts(problem) -> tuple[list[str], str]:
 
     from mla_jax import pallas_mosaic_gpu as mosaic
     from mla_spec import DecodeMetadata, MLAConfig
+    from parity.h200 import abstract_h200  # (in every revision the tool compares)
 
     heads, batch, seq_len, q_len, page, cache = problem
     dtype = jnp.float16 if cache == "fp16" else jnp.bfloat16
