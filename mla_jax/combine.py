@@ -116,3 +116,113 @@ def combine(o_part, lse_part, dtype, interpret: bool = False, col_order=None):
         name="mla_combine_splits",
     )(lse_part.astype(jnp.float32), o_part.astype(jnp.float32),
       *([jnp.asarray(col_order, jnp.int32)] if gather else []))
+
+
+def slot_ranges(split_offsets, query_start_loc, num_tokens: int):
+    """Per token t: (its request's first slot, the request's slot count, t's index inside its request) as int32
+    [T, 3]. Tokens past query_start_loc[-1] (a padded bucket's rows) get 0 slots."""
+    qsl = jnp.asarray(query_start_loc, jnp.int32)
+    offsets = jnp.asarray(split_offsets, jnp.int32)
+    num_reqs = qsl.shape[0] - 1
+    t = jnp.arange(num_tokens, dtype=jnp.int32)
+    req = jnp.minimum(jnp.searchsorted(qsl[1:], t, side="right").astype(jnp.int32), num_reqs - 1)
+    inside = (t >= qsl[req]) & (t < qsl[req + 1])
+    first = offsets[req]
+    count = jnp.where(inside, offsets[req + 1] - first, 0)
+    return jnp.stack([first, count, jnp.where(inside, t - qsl[req], 0)], axis=1)
+
+
+def _combine_slots_kernel(*refs, num_heads, block_h, gather, keep_single):
+    rows_ref, lse_ref, o_ref, *rest = refs
+    order_ref = rest.pop(0) if gather else None
+    if keep_single:  # (the aliased out and lse inputs: never read here)
+        rest = rest[2:]
+    out_ref, lse_out_ref = rest
+    t = pl.program_id(0)
+    h = pl.program_id(1) * block_h + lax.broadcasted_iota(jnp.int32, (block_h,), 0)
+    col_block = pl.program_id(2)
+    c = col_block * BLOCK_L + lax.broadcasted_iota(jnp.int32, (BLOCK_L,), 0)
+    src = plgpu_triton.load(order_ref.at[c]) if gather else c
+    first, count, i = (plgpu_triton.load(rows_ref.at[t, jnp.int32(j)]) for j in range(3))
+    h_ok = h < num_heads
+
+    def merge():
+        def max_body(s, m):
+            return jnp.maximum(m, plgpu_triton.load(lse_ref.at[s, i, h], mask=h_ok, other=-jnp.inf))
+
+        m = lax.fori_loop(first, first + count, max_body, jnp.full((block_h,), -jnp.inf, jnp.float32))
+        m = jnp.where(m > -jnp.inf, m, 0.0)  # (NaN stays NaN: max with NaN)
+
+        def sum_body(s, carry):
+            num, den = carry
+            w = jnp.exp(plgpu_triton.load(lse_ref.at[s, i, h], mask=h_ok, other=-jnp.inf) - m)
+            o = plgpu_triton.load(o_ref.at[s, i, h[:, None], src[None, :]], mask=h_ok[:, None], other=0.0)
+            return num + jnp.where(w[:, None] > 0, w[:, None] * o, 0.0), den + w
+
+        num, den = lax.fori_loop(first, first + count, sum_body,
+                                 (jnp.zeros((block_h, BLOCK_L), jnp.float32), jnp.zeros((block_h,), jnp.float32)))
+        out = num / jnp.where(den > 0, den, 1.0)[:, None]
+        out = jnp.where((den != den)[:, None], jnp.nan, out)
+        plgpu_triton.store(out_ref.at[t, h[:, None], c[None, :]], out.astype(out_ref.dtype), mask=h_ok[:, None])
+
+        @pl.when(col_block == 0)
+        def _():
+            plgpu_triton.store(lse_out_ref.at[t, h], m + jnp.log(den), mask=h_ok)
+
+    if keep_single:  # a request of one slot: its rows were written by the decode kernel
+        pl.when(count != 1)(merge)
+    else:
+        merge()
+
+
+@functools.partial(jax.jit, static_argnames=("dtype", "num_tokens", "interpret"))
+def combine_slots(o_part, lse_part, split_offsets, query_start_loc, dtype, *, num_tokens=None, out=None, lse=None,
+                  col_order=None, interpret: bool = False):
+    """The ragged combine of a work schedule (mla_jax.schedule): token t, the i-th of request r, merges
+    o_part[s, i] and lse_part[s, i] over r's slots s in [split_offsets[r], split_offsets[r + 1]) by LSE, the
+    formula of combine_ref, slots in order. One Pallas Triton kernel: a program takes one token, a block of heads
+    and 64 columns, and loops over the token's slots (a first pass for the max lse, a second for the sums); slots
+    of other requests are never read (they may hold anything).
+
+    o_part [S, Q, H, L] and lse_part [S, Q, H] float32 (Q: the bucket's max q_len). Returns out [T, H, L] in
+    `dtype` and lse [T, H] float32. A token of a request with no slots (seq_len 0) gets out 0, lse -inf, as does a
+    row past query_start_loc[-1].
+
+    `out` and `lse` (optional, [T, H, L] in dtype and [T, H]): the decode kernel's final rows of the requests with
+    exactly one slot, which it wrote directly; the result aliases them and keeps those rows (the kernel never reads
+    them); then `num_tokens` is out's. Without them, `num_tokens` is required. col_order as in combine."""
+    dtype = jnp.dtype(dtype)
+    keep_single = out is not None
+    if keep_single != (lse is not None):
+        raise ValueError("combine_slots takes out and lse together (the rows of single-slot requests), or neither")
+    if keep_single:
+        num_tokens = out.shape[0]
+    elif num_tokens is None:
+        raise ValueError("combine_slots needs num_tokens when out is not given")
+    _, _, num_heads, lora = o_part.shape
+    if lora % BLOCK_L:
+        raise ValueError(f"combine_slots needs L a multiple of {BLOCK_L}, got L={lora}")
+    if col_order is not None and jnp.shape(col_order) != (lora,):
+        raise ValueError(f"col_order must have shape ({lora},), got {jnp.shape(col_order)}")
+    block_h = min(_next_pow2(num_heads), 64)
+    gather = col_order is not None
+    rows = slot_ranges(split_offsets, query_start_loc, num_tokens)
+    args = [rows, lse_part.astype(jnp.float32), o_part.astype(jnp.float32)]
+    if gather:
+        args.append(jnp.asarray(col_order, jnp.int32))
+    aliases = {}
+    if keep_single:
+        aliases = {len(args): 0, len(args) + 1: 1}
+        args += [out.astype(dtype), lse.astype(jnp.float32)]
+    kernel = functools.partial(_combine_slots_kernel, num_heads=num_heads, block_h=block_h, gather=gather,
+                               keep_single=keep_single)
+    return pl.pallas_call(
+        kernel,
+        grid=(num_tokens, math.ceil(num_heads / block_h), lora // BLOCK_L),
+        out_shape=(jax.ShapeDtypeStruct((num_tokens, num_heads, lora), dtype),
+                   jax.ShapeDtypeStruct((num_tokens, num_heads), jnp.float32)),
+        input_output_aliases=aliases,
+        compiler_params=plgpu_triton.CompilerParams(num_warps=4, num_stages=1),
+        interpret=interpret,
+        name="mla_combine_slots",
+    )(*args)

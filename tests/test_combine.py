@@ -120,3 +120,90 @@ def test_compiled_kernel_matches_formula(num_splits, num_tokens, num_heads):
     finite = np.isfinite(np.asarray(ref_lse))
     np.testing.assert_array_equal(np.isneginf(lse_out), ~finite)
     np.testing.assert_allclose(np.asarray(lse_out)[finite], np.asarray(ref_lse)[finite], rtol=1e-6, atol=1e-6)
+
+
+# --- the ragged combine of a work schedule (combine_slots) ---
+
+def _slot_partials(seed=0, num_slots=9, q=3, heads=20, lora=128):
+    """Partials of 5 requests: slots [0, 2), none (seq_len 0), [2, 3), [3, 8), [8, 9) and query lens 2, 1, 1, 3, 2;
+    NaN in every slot row no token may read (rows past a request's q_len), an empty slot for half the heads."""
+    rng = np.random.default_rng(seed)
+    o = rng.standard_normal((num_slots, q, heads, lora)).astype(np.float32)
+    lse = (3 * rng.standard_normal((num_slots, q, heads))).astype(np.float32)
+    offsets = np.array([0, 2, 2, 3, 8, 9], np.int32)
+    qsl = np.array([0, 2, 3, 4, 7, 9], np.int32)
+    for r in range(5):
+        for s in range(offsets[r], offsets[r + 1]):
+            o[s, qsl[r + 1] - qsl[r]:] = np.nan
+            lse[s, qsl[r + 1] - qsl[r]:] = np.nan
+    lse[4, :, ::2] = -np.inf
+    o[4, :, ::2] = np.nan
+    return o, lse, offsets, qsl
+
+
+def _slots_formula(o, lse, offsets, qsl, num_tokens):
+    """combine_ref over each token's slots, in NumPy order: the definition combine_slots implements."""
+    out = np.zeros((num_tokens,) + o.shape[2:], np.float32)
+    lse_out = np.full((num_tokens, o.shape[2]), -np.inf, np.float32)
+    for r in range(len(qsl) - 1):
+        s0, s1 = offsets[r], offsets[r + 1]
+        for i, t in enumerate(range(qsl[r], qsl[r + 1])):
+            if s1 > s0:
+                ro, rl = combine_ref(jnp.asarray(o[s0:s1, i:i + 1]), jnp.asarray(lse[s0:s1, i:i + 1]), jnp.float32)
+                out[t], lse_out[t] = np.asarray(ro)[0], np.asarray(rl)[0]
+    return out, lse_out
+
+
+@pytest.mark.parametrize("num_tokens", [9, 12])  # 12: three padded rows past query_start_loc[-1]
+def test_combine_slots_merges_each_tokens_slots(num_tokens):
+    from mla_jax.combine import combine_slots
+
+    o, lse, offsets, qsl = _slot_partials()
+    out, lse_out = combine_slots(o, lse, offsets, qsl, jnp.float32, num_tokens=num_tokens, interpret=True)
+    ref_out, ref_lse = _slots_formula(o, lse, offsets, qsl, num_tokens)
+    out, lse_out = np.asarray(out), np.asarray(lse_out)
+    assert not np.isnan(out).any() and not np.isnan(lse_out).any(), "a slot no token may read leaked"
+    np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.isneginf(lse_out), np.isneginf(ref_lse))
+    assert (out[2] == 0).all() and np.isneginf(lse_out[2]).all()  # the request with no slots
+    assert (out[9:] == 0).all() and np.isneginf(lse_out[9:]).all()  # padded rows
+    finite = np.isfinite(ref_lse)
+    np.testing.assert_allclose(lse_out[finite], ref_lse[finite], rtol=1e-6, atol=1e-6)
+
+
+def test_combine_slots_keeps_the_rows_of_single_slot_requests():
+    """out/lse given: the rows of requests with one slot (written by the decode kernel) are kept, every other row
+    is merged (or 0 / -inf); the jnp schedule.combine_slots gives the same merged rows."""
+    from mla_jax.combine import combine_slots
+    from mla_jax.schedule import combine_slots as combine_slots_jnp
+
+    o, lse, offsets, qsl = _slot_partials(seed=1)
+    pre_out, pre_lse = jnp.full((9, 20, 128), 5.0, jnp.bfloat16), jnp.full((9, 20), 7.0)
+    out, lse_out = combine_slots(o, lse, offsets, qsl, jnp.bfloat16, out=pre_out, lse=pre_lse, interpret=True)
+    out, lse_out = np.asarray(out, np.float32), np.asarray(lse_out)
+    single = [3, 7, 8]  # request 2 (slot 2) and request 4 (slot 8)
+    assert (out[single] == 5.0).all() and (lse_out[single] == 7.0).all()
+    ref_out, ref_lse = (np.asarray(x, np.float32) for x in
+                        combine_slots_jnp(o, lse, offsets, qsl, 9, jnp.bfloat16))
+    merged = [0, 1, 2, 4, 5, 6]
+    np.testing.assert_allclose(out[merged], ref_out[merged], rtol=8e-3, atol=8e-3)
+    np.testing.assert_allclose(lse_out[merged], ref_lse[merged], rtol=1e-6, atol=1e-6)
+
+
+def test_combine_slots_rejects_half_of_out_and_lse():
+    from mla_jax.combine import combine_slots
+
+    o, lse, offsets, qsl = _slot_partials()
+    with pytest.raises(ValueError, match="out and lse together"):
+        combine_slots(o, lse, offsets, qsl, jnp.float32, out=jnp.zeros((9, 20, 128)), interpret=True)
+    with pytest.raises(ValueError, match="num_tokens"):
+        combine_slots(o, lse, offsets, qsl, jnp.float32, interpret=True)
+
+
+def test_combine_slots_lowers_for_h200():
+    from mla_jax.combine import combine_slots
+
+    o, lse, offsets, qsl = _slot_partials()
+    text = lower_for_h200(lambda o, l, a, b: combine_slots(o, l, a, b, jnp.bfloat16, num_tokens=9,
+                                                           col_order=jnp.arange(128)), o, lse, offsets, qsl).as_text()
+    assert "__gpu$xla.gpu.triton" in text and "mla_combine_slots" in text
