@@ -1,7 +1,8 @@
 """parity.bench, parity.timing and parity.shapes on the CPU: the fp8 row (quantize_fp8, 1-byte KV bytes, the grid,
 the runner in interpret mode), --check recording the fp8 gap without judging it, the summary's fp8_speedup_vs_bf16,
-the launch's calibration and trace, where --save writes, and the ragged shapes (their KV lengths, names, bytes and
-FLOPs, uniform twins, the ragged grid and its metadata). The timing itself needs a GPU (`python -m parity bench`)."""
+the launch's calibration and trace, where --save writes, the ragged shapes (their KV lengths, names, bytes and FLOPs,
+uniform twins, the ragged grid and its metadata) and their time against their twins' in the rows, the summary, merge
+and the plot. The timing itself needs a GPU (`python -m parity bench`)."""
 
 from __future__ import annotations
 
@@ -733,3 +734,118 @@ def test_ragged_inputs_run_the_kernel_as_the_reference():
     tol = TOLERANCES["bfloat16"]
     assert compare(np.asarray(out, np.float64), ref_out, rel_tol=tol["out_rel"]).ok
     assert compare(np.asarray(lse), ref_lse, name="lse", abs_tol=tol["lse_abs"]).ok
+
+
+def test_run_bench_rows_carry_the_distribution_and_the_twin_ratio(monkeypatch):
+    _fake_bench(monkeypatch, "torch.fa3", "jax.pallas_mosaic_gpu")
+    twin, tail = Shape(16, 64, 4096), Shape(16, 64, 4096, dist="tail")
+    rows = bench.run_bench([twin, tail], ["torch.fa3", "jax.pallas_mosaic_gpu"], reps=1, log=lambda line: None)
+    assert [r["shape"]["dist"] for r in rows] == ["uniform"] * 2 + ["tail"] * 2
+    for r in rows[2:]:
+        assert r["twin"] == twin.name and r["max_seq_len"] == tail.max_seq_len and r["kv_tokens"] == 64 * 4096
+        twin_row = next(t for t in rows[:2] if t["impl"] == r["impl"])
+        assert r["time_vs_twin"] == pytest.approx(r["seconds"] / twin_row["seconds"])
+        assert r["bytes"] == twin_row["bytes"] and r["flops"] == twin_row["flops"]
+    assert not any("twin" in r or "time_vs_twin" in r for r in rows[:2])
+    json.dumps(rows)  # the rows stay JSON
+
+
+def _timed_row(shape, impl, seconds, base_seconds, base="torch.fa3"):
+    return {"shape": dataclasses.asdict(shape), "name": shape.name, "impl": impl, "seconds": seconds,
+            "speedup_vs_" + base: base_seconds / seconds}
+
+
+def test_summary_reports_ragged_time_against_the_uniform_twin():
+    impls = ["torch.fa3", "jax.pallas_mosaic_gpu"]
+    twin = Shape(16, 64, 4096)
+    rand, tail, few = (Shape(16, 64, 4096, dist=d) for d in RAGGED)
+    other = Shape(128, 32, 4096, dist="tail")  # its twin is not timed: no ratio
+    times = {  # (FA3, Mosaic) seconds
+        twin: (10.0, 8.0), rand: (11.0, 8.0), tail: (10.0, 10.0), few: (12.0, 16.0), other: (5.0, 5.0),
+    }
+    rows = [_timed_row(s, impl, t[k], t[0]) for s, t in times.items() for k, impl in enumerate(impls)]
+    rows.append({"shape": dataclasses.asdict(tail), "name": tail.name, "impl": "jax.pallas_triton",
+                 "error": "NotImplementedError: x"})
+    text, summ = bench.summary(rows, impls)
+    r = summ["ragged_vs_twin"]
+    fa3, mo = r["torch.fa3"], r["jax.pallas_mosaic_gpu"]
+    assert fa3["shapes"] == 3 and fa3["geomean"] == pytest.approx((1.1 * 1.0 * 1.2) ** (1 / 3))
+    assert (fa3["min"], fa3["max"], fa3["within_target"], fa3["target"]) == (1.0, pytest.approx(1.2), 2, 1.15)
+    assert mo["geomean"] == pytest.approx((1.0 * 1.25 * 2.0) ** (1 / 3)) and mo["within_target"] == 1
+    assert mo["by_dist"]["fewlong"] == {"shapes": 1, "geomean": 2.0, "min": 2.0, "max": 2.0}
+    assert list(mo["by_dist"]) == list(RAGGED)
+    # against the first impl over the ragged rows alone (the 4 with a row of both, `other` included)
+    assert mo["speedup_shapes"] == 4 and "speedup_shapes" not in fa3
+    assert mo["geomean_speedup"] == pytest.approx((11 / 8 * 1.0 * 0.75 * 1.0) ** (1 / 4))
+    assert (mo["speedup_min"], mo["speedup_max"]) == (0.75, 11 / 8)
+    assert "ragged rows against their uniform twins" in text and "2/3" in text and "1/3" in text
+    assert "fewlong 2.000 (2.00-2.00)" in text and "(ragged rows only, torch.fa3/impl)" in text
+    # the geomean and min / max against the first impl, over all rows, as before
+    assert summ["jax.pallas_mosaic_gpu"]["min"] == 0.75 and summ["jax.pallas_mosaic_gpu"]["shapes"] == 5
+    # rows without ragged shapes (a baseline written before shapes had a dist) give no ragged section
+    old = [{k: v for k, v in row.items() if k != "shape"} | {"shape": {"num_heads": 16, "batch": 64, "seq_len": 4096,
+           "q_len": 1, "page_size": 64, "dtype": "bfloat16"}} for row in rows[:2]]
+    text, summ = bench.summary(old, impls)
+    assert "ragged_vs_twin" not in summ and "ragged" not in text
+
+
+def test_merge_pairs_ragged_rows_with_twins_of_another_shard():
+    """A shard's ragged row and its twin may be timed in different shards: merge recomputes time_vs_twin and the
+    summary's ragged section over all rows (and leaves its inputs as they were)."""
+    impls = ["torch.fa3"]
+    grid = GRIDS["ragged"]
+
+    def shard(i, n):
+        rows = [{"shape": dataclasses.asdict(s), "name": s.name, "impl": "torch.fa3",
+                 "seconds": 2.0 if s.ragged else 1.0} for s in grid[i::n]]
+        return {"grid": "ragged", "impls": impls, "rows": rows, "complete": True, "shard": f"{i}/{n}",
+                "unavailable": {}}
+
+    a, b = shard(0, 2), shard(1, 2)
+    merged = bench.merge([a, b])
+    assert merged["complete"]
+    assert all(r["time_vs_twin"] == 2.0 for r in merged["rows"] if r["shape"]["dist"] != "uniform")
+    e = merged["summary"]["ragged_vs_twin"]["torch.fa3"]
+    assert e["shapes"] == sum(s.ragged for s in grid) and e["geomean"] == pytest.approx(2.0)
+    assert not any("time_vs_twin" in r for r in a["rows"] + b["rows"])
+
+
+def test_committed_baselines_still_summarize_and_plot():
+    """The baselines in benchmarks/ (shape dicts without `dist`) read as uniform: no twins, the same summary."""
+    import pathlib
+
+    path = pathlib.Path(__file__).parent.parent / "benchmarks" / "h100" / "fp8.json"
+    result = json.loads(path.read_text())
+    _, summ = bench.summary(result["rows"], result["impls"])
+    assert "ragged_vs_twin" not in summ
+    assert summ["jax.pallas_mosaic_gpu"]["geomean_speedup"] == pytest.approx(
+        result["summary"]["jax.pallas_mosaic_gpu"]["geomean_speedup"])
+    assert all(bench.row_dist(r) == "uniform" and bench.twin_name(r) is None for r in result["rows"])
+    plots = pytest.importorskip("parity.plots")
+    pytest.importorskip("matplotlib")
+    assert plots.twin_ratios(result) == [] and len(plots.roofline_figure(result).axes) == 2
+
+
+def test_roofline_adds_a_panel_of_ragged_ratios():
+    plots = pytest.importorskip("parity.plots")
+    pytest.importorskip("matplotlib")
+    impls = ["torch.fa3", "jax.pallas_mosaic_gpu"]
+    rows = []
+    for s in GRIDS["ragged"]:
+        for k, impl in enumerate(impls):
+            sec = (1.3 if s.ragged else 1.0) * (1 + k) * 1e-4
+            rows.append({"shape": dataclasses.asdict(s), "name": s.name, "impl": impl, "bytes": s.bytes(),
+                         "flops": s.flops(), "seconds": sec, "TBps": s.bytes() / sec / 1e12,
+                         "TFLOPps": s.flops() / sec / 1e12})
+    bench_result = {"grid": "ragged", "impls": impls, "rows": rows}
+    ratios = plots.twin_ratios(bench_result)
+    assert len(ratios) == 2 * sum(s.ragged for s in GRIDS["ragged"])
+    assert all(v == pytest.approx(1.3) for _, _, _, v in ratios)
+    fig = plots.roofline_figure(bench_result)
+    assert len(fig.axes) == 3
+    panel = fig.axes[2]
+    ys = [y for line in panel.get_lines() for y in line.get_ydata() if line.get_marker() == "o"]
+    assert len(ys) == len(ratios) and ys == pytest.approx([1.3] * len(ys))
+    assert [t.get_text() for t in panel.texts] == list(RAGGED)  # grouped by distribution
+    # H = 64 has its own marker in the legend
+    assert {"H=16", "H=64", "H=128"} <= {t.get_text() for t in fig.legends[0].get_texts()}
