@@ -14,10 +14,10 @@ every impl starts them from the same state rather than right after the impl befo
 kernel, whose conversion keeps the SMs busy, times about 1.16x slower right after FA3's timing than after 3 s idle);
 rows are timed in --impls order, so without it a later impl inherits the earlier ones' heat.
 
-Bytes = KV read once (sum of seq_lens x 576 x 2) + q + out; FLOPs = 2 x H x T x S x (576 + 512) (the causal savings
-of q_len > 1 are not subtracted, as for the FA3 anchors). An fp8 row (`*.fp8`, opted into with --impls) counts its
-KV at 1 byte per element (q and out stay bf16), and its TB/s comes from those bytes (the row's own `bytes`, which the
-roofline uses).
+Bytes = KV read once (sum of seq_lens x 576 x 2) + q + out; FLOPs = 2 x H x q_len x sum of seq_lens x (576 + 512)
+(the causal savings of q_len > 1 are not subtracted, as for the FA3 anchors). An fp8 row (`*.fp8`, opted into with
+--impls) counts its KV at 1 byte per element (q and out stay bf16), and its TB/s comes from those bytes (the row's own
+`bytes`, which the roofline uses).
 
 FP8 (`jax.pallas_triton.fp8`, `jax.pallas_mosaic_gpu.fp8`): the same bf16 inputs, the cache quantized once per
 shape to float8_e4m3fn with one float32 scale k_scale = amax(|kv|) / 448 (vLLM's convention: real value = fp8 value
@@ -26,6 +26,13 @@ impl is recorded (`out_rel_vs_first`, `lse_abs_vs_first`, `fp8_gap: true`), not 
 match bf16 within bf16's tolerance, so it sets no `check_ok`. The summary adds `fp8_speedup_vs_bf16`: the geomean
 of time(jax.pallas_triton) / time(the fp8 row) over the shapes where both were timed (`mosaic_fp8_speedup_vs_bf16`
 likewise for the Mosaic kernel).
+
+Ragged rows (the `ragged` grid; `parity.shapes` defines the distributions of their KV lengths): each row of a ragged
+shape records its uniform twin's name (`twin`: the same heads, batch, q_len and total KV tokens, every request as
+long) and, where the twin was timed by the same impl, `time_vs_twin` = its time / the twin's time (<= 1.15: within the
+issue's target of 15% of a uniform batch of the same total KV tokens). The summary adds, per impl, the geomean, min
+and max of those ratios, overall and per distribution, how many are within 1.15, and the geomean / min / max
+speedup against the first impl over the ragged rows alone.
 
 Ceilings (`parity.timing.measure_ceilings`, before the shapes, unless --no-ceilings): the machine's copy and bf16
 matmul rates, stored in the JSON as copy_TBps and matmul_TFLOPps; the roofline (`--png`, parity/plots.py) is drawn
@@ -48,7 +55,7 @@ import sys
 import time
 
 from parity import timing
-from parity.shapes import GRIDS, Shape, grid_shapes
+from parity.shapes import DISTRIBUTIONS, GRIDS, Shape, grid_shapes, parse_shape
 
 DEFAULT_IMPLS = ["torch.fa3", "torch.flashmla", "jax.pallas_triton", "jax.pallas_mosaic_gpu"]
 
@@ -213,7 +220,8 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 def merge(results: list[dict]) -> dict:
     """Joins bench JSONs of shards of one grid (same impls; rows concatenated, in grid order) and
-    recomputes the summary over all rows. complete: every shard finished and every shape is there."""
+    recomputes the ragged rows' `time_vs_twin` and the summary over all rows. complete: every shard finished and
+    every shape is there."""
     if not results:
         raise ValueError("merge needs at least one bench result")
     first = results[0]
@@ -222,8 +230,10 @@ def merge(results: list[dict]) -> dict:
             if r.get(key) != first.get(key):
                 raise ValueError(f"cannot merge results of different {key}: {first.get(key)!r} vs {r.get(key)!r}")
     order = {shape.name: k for k, shape in enumerate(GRIDS[first["grid"]])}
-    rows = sorted((row for r in results for row in r["rows"]), key=lambda row: order.get(row["name"], len(order)))
+    rows = sorted((dict(row) for r in results for row in r["rows"]),
+                  key=lambda row: order.get(row["name"], len(order)))
     names = {row["name"] for row in rows}
+    add_twin_ratios(rows)  # a shard's ragged row and its twin may have been timed apart
     _, summ = summary(rows, first["impls"])
     merged = {k: v for k, v in first.items() if k not in ("rows", "summary", "shard", "shapes")}
     merged.update(rows=rows, summary=summ, shards=[r.get("shard") for r in results],
@@ -277,7 +287,9 @@ def run_bench(shapes, impls, reps=7, check=False, log=print, checkpoint=None, pr
             fp8 = name in FP8_IMPLS
             nbytes = row_bytes(shape, name)
             row = {"shape": dataclasses.asdict(shape), "name": shape.name, "impl": name,
-                   "bytes": nbytes, "flops": shape.flops()}
+                   "kv_tokens": shape.kv_tokens, "bytes": nbytes, "flops": shape.flops()}
+            if shape.ragged:
+                row.update(twin=shape.uniform_twin().name, max_seq_len=shape.max_seq_len)
             if fp8:
                 row["kv_cache_dtype"] = "fp8_e4m3"
             try:
@@ -327,19 +339,63 @@ def run_bench(shapes, impls, reps=7, check=False, log=print, checkpoint=None, pr
             r["speedup_vs_" + impls[0]] = b["seconds"] / r["seconds"]
         if "span_seconds" in r and "span_seconds" in b:
             r["span_speedup_vs_" + impls[0]] = b["span_seconds"] / r["span_seconds"]
+    add_twin_ratios(rows)
     return rows
+
+
+TWIN_TARGET = 1.15
+"""A ragged batch's time within 15% of its uniform twin's (same total KV tokens): the issue's target."""
+
+
+def twin_name(row: dict) -> str | None:
+    """The name of a ragged row's uniform twin (the row's `twin`, else from its shape dict or its name); None for
+    a uniform row, or a name that is no shape's."""
+    if row.get("twin"):
+        return row["twin"]
+    shape = row.get("shape")
+    try:
+        if isinstance(shape, dict) and "num_heads" in shape:
+            s = Shape(**shape)
+        else:
+            s = parse_shape(row.get("name", ""))
+    except (TypeError, ValueError):
+        return None
+    return s.uniform_twin().name if s.ragged else None
+
+
+def row_dist(row: dict) -> str:
+    """The distribution of a row's KV lengths: its shape dict's `dist` (uniform in a row written before shapes had
+    one), else its name's."""
+    shape = row.get("shape")
+    if isinstance(shape, dict) and "num_heads" in shape:
+        return shape.get("dist", "uniform")
+    try:
+        return parse_shape(row.get("name", "")).dist
+    except ValueError:
+        return "uniform"
+
+
+def add_twin_ratios(rows) -> None:
+    """Sets `time_vs_twin` (its seconds / its uniform twin's, the same impl's) on every timed ragged row whose
+    twin is timed among `rows`; clears it elsewhere (a merge recomputes it over all the shards' rows)."""
+    seconds = {(r["name"], r["impl"]): r["seconds"] for r in rows if "seconds" in r}
+    for r in rows:
+        r.pop("time_vs_twin", None)
+        twin = twin_name(r)
+        if twin is not None and "seconds" in r and (twin, r["impl"]) in seconds:
+            r["time_vs_twin"] = r["seconds"] / seconds[(twin, r["impl"])]
 
 
 def _fmt_row(r):
     if "error" in r:
-        return f"{r['name']:<24} {r['impl']:<22} ERROR {r['error'][:120]}"
+        return f"{r['name']:<28} {r['impl']:<22} ERROR {r['error'][:120]}"
     extra = ""
     if "check_ok" in r:
         extra = f"  check {'ok' if r['check_ok'] else 'FAIL'} (out {r['out_rel_vs_first']:.1e}, lse {r['lse_abs_vs_first']:.1e})"
     elif r.get("fp8_gap"):
         extra = f"  fp8 gap vs first (out rel {r['out_rel_vs_first']:.1e}, lse abs {r['lse_abs_vs_first']:.1e})"
     span = f"  span {r['span_seconds'] * 1e6:.1f} us" if "span_seconds" in r else ""
-    return (f"{r['name']:<24} {r['impl']:<22} {r['seconds'] * 1e6:>9.1f} us {r['TBps']:>6.2f} TB/s "
+    return (f"{r['name']:<28} {r['impl']:<22} {r['seconds'] * 1e6:>9.1f} us {r['TBps']:>6.2f} TB/s "
             f"{r['TFLOPps']:>6.1f} TFLOP/s  (N={r['n_calls']}){span}{extra}")
 
 
@@ -379,6 +435,10 @@ def summary(rows, impls):
                          "min": min(ratios), "max": max(ratios)}
             lines.append(f"{'fp8 vs bf16 ' + label:<22} {len(ratios):>6} {gm:>28.3f} {min(ratios):>6.2f} "
                          f"{max(ratios):>6.2f}  (time {bf16} / time {fp8})")
+    text, ragged = _ragged_summary(rows, impls)
+    if ragged:
+        out["ragged_vs_twin"] = ragged
+        lines += text
     gaps = [r for r in rows if r.get("fp8_gap")]
     if gaps:
         worst_out = max(r["out_rel_vs_first"] for r in gaps)
@@ -387,6 +447,58 @@ def summary(rows, impls):
         lines.append(f"fp8 gap vs the first bf16 impl (measured, not judged): out rel <= {worst_out:.1e}, "
                      f"lse abs <= {worst_lse:.1e} over {len(gaps)} shapes")
     return "\n".join(lines), out
+
+
+def _dist_order(dist: str):
+    return (DISTRIBUTIONS.index(dist) if dist in DISTRIBUTIONS else len(DISTRIBUTIONS), dist)
+
+
+def _ragged_summary(rows, impls) -> tuple[list[str], dict]:
+    """(lines, {impl: ...}) over the ragged rows: each impl's ragged time / its uniform twin's time (computed from
+    the rows' seconds, so that merged shards count), overall and by distribution, with how many are within
+    TWIN_TARGET; and each impl's speedup against the first impl over the ragged rows alone."""
+    from parity import plots
+
+    seconds = {(r["name"], r["impl"]): r["seconds"] for r in rows if "seconds" in r}
+    key = "speedup_vs_" + impls[0]
+    out, lines = {}, []
+    for name in impls:
+        mine = [r for r in rows if r["impl"] == name and "seconds" in r and twin_name(r) is not None]
+        pairs = [(row_dist(r), r["seconds"] / seconds[(twin_name(r), name)]) for r in mine
+                 if (twin_name(r), name) in seconds]
+        speedups = [r[key] for r in mine if key in r] if name != impls[0] else []
+        if not pairs and not speedups:
+            continue
+        entry = {}
+        if pairs:
+            ratios = [v for _, v in pairs]
+            by_dist = {}
+            for dist in sorted({d for d, _ in pairs}, key=_dist_order):
+                vs = [v for d, v in pairs if d == dist]
+                by_dist[dist] = {"shapes": len(vs), "geomean": plots.geomean(vs), "min": min(vs), "max": max(vs)}
+            entry.update(shapes=len(ratios), geomean=plots.geomean(ratios), min=min(ratios), max=max(ratios),
+                         within_target=sum(v <= TWIN_TARGET for v in ratios), target=TWIN_TARGET, by_dist=by_dist)
+        if speedups:
+            entry.update(speedup_shapes=len(speedups), geomean_speedup=plots.geomean(speedups),
+                         speedup_min=min(speedups), speedup_max=max(speedups))
+        out[name] = entry
+    if not out:
+        return [], {}
+    lines.append(f"ragged rows against their uniform twins (same batch, q_len and total KV tokens): time ragged / "
+                 f"time twin, target <= {TWIN_TARGET}")
+    lines.append(f"{'impl':<26} {'shapes':>6} {'geomean':>8} {'min':>6} {'max':>6} {'<= ' + str(TWIN_TARGET):>8}  "
+                 "by dist: geomean (min-max)")
+    for name, e in out.items():
+        if "shapes" not in e:
+            continue
+        dists = ", ".join(f"{d} {v['geomean']:.3f} ({v['min']:.2f}-{v['max']:.2f})" for d, v in e["by_dist"].items())
+        lines.append(f"{name:<26} {e['shapes']:>6} {e['geomean']:>8.3f} {e['min']:>6.2f} {e['max']:>6.2f} "
+                     f"{str(e['within_target']) + '/' + str(e['shapes']):>8}  {dists}")
+    for name, e in out.items():
+        if "speedup_shapes" in e:
+            lines.append(f"{name:<22} {e['speedup_shapes']:>6} {e['geomean_speedup']:>28.3f} "
+                         f"{e['speedup_min']:>6.2f} {e['speedup_max']:>6.2f}  (ragged rows only, {impls[0]}/impl)")
+    return lines, out
 
 
 def main(args) -> int:

@@ -24,7 +24,8 @@ ANCHOR_CEILINGS = {"copy_TBps": 4.26, "matmul_TFLOPps": 788.0}
 ANCHOR_SOURCE = "anchors' H200 numbers, not measured in this run"
 
 DTYPE_COLORS = {"bfloat16": "tab:blue", "float16": "tab:orange", "float32": "tab:green"}
-HEAD_MARKERS = {16: "o", 128: "^"}
+HEAD_MARKERS = {16: "o", 64: "s", 128: "^"}
+OTHER_HEADS_MARKER = "D"
 
 
 class MatplotlibMissing(ImportError):
@@ -83,18 +84,44 @@ def timed_rows(bench: dict) -> list[dict]:
     return [r for r in bench.get("rows", []) if isinstance(r.get("seconds"), (int, float)) and r["seconds"] > 0]
 
 
+def twin_ratios(bench: dict) -> list[tuple[str, str, str, float]]:
+    """(shape name, dist, impl, time / time of its uniform twin) of every timed ragged row whose twin the same
+    impl timed, in the order of the rows (the twin from `parity.bench.twin_name`: the row's `twin`, its shape, or its
+    name)."""
+    from parity.bench import row_dist, twin_name
+
+    rows = timed_rows(bench)
+    seconds = {(r["name"], r["impl"]): r["seconds"] for r in rows}
+    out = []
+    for r in rows:
+        twin = twin_name(r)
+        if twin is not None and (twin, r["impl"]) in seconds:
+            out.append((r["name"], row_dist(r), r["impl"], r["seconds"] / seconds[(twin, r["impl"])]))
+    return out
+
+
 def roofline_figure(bench: dict):
     """Left: the roofline, TFLOP/s against arithmetic intensity (FLOPs / bytes), under the
     copy and matmul ceilings; one marker per (impl, shape). Right: achieved TB/s on the
-    same x axis, under the copy ceiling. Markers: circle H=16, triangle H=128; hollow
-    q_len > 1."""
+    same x axis, under the copy ceiling. Markers: circle H=16, square H=64, triangle H=128
+    (a diamond for other head counts); hollow q_len > 1. A ragged row has its uniform twin's
+    bytes and FLOPs, so it sits at its twin's intensity. With ragged rows whose twins were
+    timed, a third panel below: each one's time over its twin's (`twin_ratios`), grouped by
+    distribution, against the 1.15 target."""
     Figure = _figure_cls()
     rows = timed_rows(bench)
     copy, mm, source = ceilings(bench)
     impls = _impl_order(rows, bench.get("impls") or ())
     color = _colors(impls)
-    fig = Figure(figsize=(11, 5.0), layout="constrained")
-    ax_f, ax_b = fig.subplots(1, 2)
+    ragged = twin_ratios(bench)
+    if ragged:
+        fig = Figure(figsize=(11, 8.6), layout="constrained")
+        gs = fig.add_gridspec(2, 2, height_ratios=(1.25, 1.0))
+        ax_f, ax_b = fig.add_subplot(gs[0, 0]), fig.add_subplot(gs[0, 1])
+        _ragged_panel(fig.add_subplot(gs[1, :]), ragged, impls, color)
+    else:
+        fig = Figure(figsize=(11, 5.0), layout="constrained")
+        ax_f, ax_b = fig.subplots(1, 2)
     ais = [r["flops"] / r["bytes"] for r in rows] or [1.0]
     ridge = mm / copy  # FLOP/byte where the two ceilings meet
     lo = min(min(ais), ridge) / 2
@@ -108,8 +135,8 @@ def roofline_figure(bench: dict):
                 if not pts:
                     continue
                 x = [r["flops"] / r["bytes"] for r in pts]
-                style = dict(marker=HEAD_MARKERS.get(heads, "s"), s=22, linewidths=1, edgecolors=color[impl],
-                             facecolors=color[impl] if filled else "none")
+                style = dict(marker=HEAD_MARKERS.get(heads, OTHER_HEADS_MARKER), s=22, linewidths=1,
+                             edgecolors=color[impl], facecolors=color[impl] if filled else "none")
                 ax_f.scatter(x, [r["TFLOPps"] for r in pts], **style)
                 ax_b.scatter(x, [r["TBps"] for r in pts], **style)
         ax_f.scatter([], [], color=color[impl], label=f"{impl} ({len(mine)} shapes)")
@@ -132,8 +159,8 @@ def roofline_figure(bench: dict):
         ax.set_xlabel("arithmetic intensity (FLOPs / byte)")
         ax.set_ylabel(unit)
         ax.grid(True, which="both", alpha=0.25)
-    ax_f.scatter([], [], marker="o", color="gray", label="H=16")
-    ax_f.scatter([], [], marker="^", color="gray", label="H=128")
+    for heads in sorted({r["shape"]["num_heads"] for r in rows}):
+        ax_f.scatter([], [], marker=HEAD_MARKERS.get(heads, OTHER_HEADS_MARKER), color="gray", label=f"H={heads}")
     ax_f.scatter([], [], marker="o", facecolors="none", edgecolors="gray", label="q_len > 1 (hollow)")
     fig.legend(*ax_f.get_legend_handles_labels(), loc="outside lower center", ncol=5, fontsize=7)
     ax_f.set_title("roofline", fontsize=9)
@@ -142,6 +169,43 @@ def roofline_figure(bench: dict):
     fig.suptitle(f"{device}, grid {bench.get('grid', '?')}: {len({r['name'] for r in rows})} shapes\n"
                  f"ceilings: copy {copy:.2f} TB/s, matmul {mm:.0f} TFLOP/s ({source})", fontsize=9)
     return fig
+
+
+def _ragged_panel(ax, ragged, impls, color) -> None:
+    """Each ragged row's time over its uniform twin's (`twin_ratios`), per impl, the shapes grouped by distribution
+    (in `parity.shapes.DISTRIBUTIONS` order), against 1 and the 1.15 target."""
+    from parity.bench import TWIN_TARGET
+    from parity.shapes import DISTRIBUTIONS
+
+    dist_of = {n: d for n, d, _, _ in ragged}
+    groups = sorted(set(dist_of.values()), key=lambda d: (DISTRIBUTIONS.index(d) if d in DISTRIBUTIONS else 99, d))
+    names = [n for d in groups for n in dict.fromkeys(n for n, _, _, _ in ragged if dist_of[n] == d)]
+    pos = {n: i for i, n in enumerate(names)}
+    mine = [i for i in impls if any(impl == i for _, _, impl, _ in ragged)]
+    for k, impl in enumerate(mine):
+        pts = [(n, v) for n, _, i, v in ragged if i == impl]
+        shift = (k - (len(mine) - 1) / 2) * 0.12
+        gm = geomean(v for _, v in pts)
+        ax.plot([pos[n] + shift for n, _ in pts], [v for _, v in pts], "o", ms=4, color=color[impl],
+                label=f"{impl}: geomean {gm:.3f}, max {max(v for _, v in pts):.2f}")
+    ax.axhline(1.0, color="k", lw=1)
+    ax.axhline(TWIN_TARGET, color="tab:red", ls="--", lw=1, label=f"target {TWIN_TARGET}")
+    first = 0
+    for d in groups:
+        count = sum(dist_of[n] == d for n in names)
+        ax.text(first + (count - 1) / 2, 1.0, d, transform=ax.get_xaxis_transform(), ha="center", va="bottom",
+                fontsize=8)
+        if first:
+            ax.axvline(first - 0.5, color="gray", lw=0.8, ls=":")
+        first += count
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, rotation=90, fontsize=5 if len(names) > 20 else 7)
+    ax.set_xlim(-0.5, len(names) - 0.5)
+    ax.set_ylabel("ragged time / uniform twin time")
+    ax.grid(True, axis="y", alpha=0.25)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.set_title(f"ragged batches against uniform ones of the same total KV tokens (<= {TWIN_TARGET}: within the "
+                 "target)", fontsize=9, pad=14)
 
 
 def speed_ratios(bench: dict, against: str) -> dict[str, list[tuple[str, float]]]:

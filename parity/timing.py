@@ -118,19 +118,48 @@ def shape_config(shape: Shape, **overrides):
                      max_num_seqs=max(256, shape.batch), **overrides)
 
 
-def make_inputs(shape: Shape, seed: int = 0) -> BenchInputs:
-    import torch
+def paged_block_table(seq_lens, page_size: int, block_ids):
+    """int32 [R, max pages] block table: request r takes the next ceil(seq_lens[r] / page_size) ids of
+    `block_ids` (in order, request 0 first), its row padded with block 0 past them (never read: vLLM's padding).
+    `block_ids` must hold at least that many ids in all (ValueError otherwise); for a uniform batch the table is
+    block_ids reshaped to [R, pages]."""
+    import numpy as np
 
+    pages = [-(-int(n) // page_size) for n in seq_lens]
+    ids = np.asarray(block_ids).reshape(-1)
+    if ids.shape[0] < sum(pages):
+        raise ValueError(f"block_ids holds {ids.shape[0]} ids, the requests need {sum(pages)} pages")
+    table = np.zeros((len(pages), max(1, max(pages))), np.int32)
+    start = 0
+    for r, n in enumerate(pages):
+        table[r, :n] = ids[start:start + n]
+        start += n
+    return table
+
+
+def shape_metadata(shape: Shape, config, block_ids, num_blocks: int | None = None):
+    """The DecodeMetadata (NumPy) of a bench shape: its per-request seq_lens and query_lens (ragged or uniform), its
+    pages at `block_ids` (`paged_block_table`; `make_inputs` passes a permutation of blocks 1..shape.num_pages),
+    checked against a cache of num_blocks blocks (default len(block_ids) + 1)."""
     from mla_spec import build_decode_metadata
+
+    block_table = paged_block_table(shape.seq_lens, shape.page_size, block_ids)
+    return build_decode_metadata(seq_lens=list(shape.seq_lens), query_lens=list(shape.query_lens),
+                                 block_table=block_table, config=config,
+                                 num_blocks=len(block_ids) + 1 if num_blocks is None else num_blocks)
+
+
+def make_inputs(shape: Shape, seed: int = 0) -> BenchInputs:
+    """The bench's inputs for `shape` on the GPU: a cache of shape.num_pages + 1 random blocks (block 0 is the block
+    tables' padding), the requests' pages at a random permutation of blocks 1.. (`shape_metadata`), and 4 random
+    query buffers; drawn with a torch generator seeded `seed`."""
+    import torch
 
     config = shape_config(shape)
     g = torch.Generator(device="cuda").manual_seed(seed)
-    pages = -(-shape.seq_len // shape.page_size)
-    num_blocks = shape.batch * pages + 1
+    num_blocks = shape.num_pages + 1
     perm = (torch.randperm(num_blocks - 1, generator=g, device="cuda") + 1).to(torch.int32)
-    block_table = perm.view(shape.batch, pages).cpu().numpy()
-    md = build_decode_metadata(seq_lens=[shape.seq_len] * shape.batch, query_lens=[shape.q_len] * shape.batch,
-                               block_table=block_table, config=config, num_blocks=num_blocks)
+    md = shape_metadata(shape, config, perm.cpu().numpy())
     dt = getattr(torch, shape.dtype)
     kv = torch.randn(num_blocks, shape.page_size, config.head_dim, generator=g, device="cuda", dtype=dt)
     q = torch.randn(4, shape.num_tokens, shape.num_heads, config.head_dim, generator=g, device="cuda", dtype=dt)

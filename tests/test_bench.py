@@ -1,7 +1,8 @@
 """parity.bench, parity.timing and parity.shapes on the CPU: the fp8 row (quantize_fp8, 1-byte KV bytes, the grid,
 the runner in interpret mode), --check recording the fp8 gap without judging it, the summary's fp8_speedup_vs_bf16,
-the launch's calibration and trace, and where --save writes. The timing itself needs a GPU
-(`python -m parity bench`)."""
+the launch's calibration and trace, where --save writes, the ragged shapes (their KV lengths, names, bytes and FLOPs,
+uniform twins, the ragged grid and its metadata) and their time against their twins' in the rows, the summary, merge
+and the plot. The timing itself needs a GPU (`python -m parity bench`)."""
 
 from __future__ import annotations
 
@@ -564,3 +565,287 @@ def test_write_json_replaces_the_file_whole(tmp_path):
     path.write_text("old")
     bench.write_json({"rows": [1]}, str(path))
     assert json.loads(path.read_text()) == {"rows": [1]} and not (tmp_path / "r.json.tmp").exists()
+
+
+# ----------------------------------------------------------------------------- ragged shapes and the ragged grid
+
+RAGGED = ("random", "tail", "fewlong")
+
+
+@pytest.mark.parametrize("dist", RAGGED)
+@pytest.mark.parametrize("h,b,s,q", [(16, 64, 4096, 1), (128, 32, 8192, 2), (16, 128, 1024, 3), (64, 7, 3000, 1)])
+def test_ragged_seq_lens_are_deterministic_with_the_mean_and_bounds_of_their_distribution(dist, h, b, s, q):
+    shape = Shape(h, b, s, q, dist=dist)
+    lens = np.array(shape.seq_lens)
+    assert shape.seq_lens == Shape(h, b, s, q, dist=dist).seq_lens  # a function of the fields
+    assert Shape(h, b, s, q, dist=dist, seed=1).seq_lens != shape.seq_lens
+    assert len(lens) == b and lens.dtype.kind == "i" and shape.query_lens == (q,) * b
+    assert lens.sum() == shape.kv_tokens == b * s  # seq_len is the exact mean
+    assert len(set(lens.tolist())) > 1 and lens.min() >= q
+    if dist == "random":
+        assert lens.max() <= 2 * s - q
+    elif dist == "tail":
+        assert lens.max() <= 32 * s and np.median(lens) < s  # skewed: most requests below the mean
+    else:
+        long, short = np.sort(lens)[-2:], np.sort(lens)[:-2]
+        assert 128 <= short.min() and short.max() <= 512 < long.min() and long.max() - long.min() <= 1
+        assert long.sum() > lens.sum() / 2  # the 2 long requests hold most of the KV
+    assert shape.max_seq_len == lens.max()
+    assert shape.num_pages == sum(-(-n // 64) for n in lens.tolist())
+
+
+def test_ragged_distributions_have_their_spread():
+    """On a large batch the draws show their distribution: random's spread is the uniform's (mean / sqrt 3), tail's
+    is a lognormal's of sigma 1.1 (CV 1.53, long requests over 5x the mean)."""
+    s = 4096
+    rand = np.array(Shape(16, 4096, s, dist="random").seq_lens)
+    assert rand.std() == pytest.approx(s / math.sqrt(3), rel=0.05)
+    tail = np.array(Shape(16, 4096, s, dist="tail").seq_lens)
+    assert tail.std() / tail.mean() == pytest.approx(math.sqrt(math.exp(1.1**2) - 1), rel=0.2)
+    assert tail.max() > 5 * s and np.median(tail) == pytest.approx(s * math.exp(-1.1**2 / 2), rel=0.1)
+
+
+def test_uniform_shapes_are_as_before():
+    s = Shape(16, 64, 4096, 2)
+    assert s.seq_lens == (4096,) * 64 and s.dist == "uniform" and not s.ragged and s.uniform_twin() == s
+    assert s.name == "H16_B64_S4096_q2" and s.kv_tokens == 64 * 4096 and s.num_pages == 64 * 64
+    assert dataclasses.asdict(s) == dict(num_heads=16, batch=64, seq_len=4096, q_len=2, page_size=64,
+                                         dtype="bfloat16", dist="uniform", seed=0)
+    assert Shape(16, 64, 4096, seed=5) == Shape(16, 64, 4096)  # a uniform shape draws nothing: seed 0
+    assert s.flops() == 2 * 16 * s.num_tokens * 4096 * (512 + 64 + 512)
+
+
+def test_fit_total_keeps_bounds_and_total():
+    from parity.shapes import fit_total
+
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        x = rng.lognormal(0, 2, size=int(rng.integers(1, 50)))
+        lo, hi = int(rng.integers(1, 10)), int(rng.integers(10, 1000))
+        total = int(rng.integers(len(x) * lo, len(x) * hi + 1))
+        out = fit_total(x, total, lo, hi)
+        assert out.sum() == total and out.min() >= lo and out.max() <= hi
+    assert fit_total([1, 1, 2], 8, 1, 100).tolist() == [2, 2, 4]
+    with pytest.raises(ValueError, match="cannot fit 3 lengths in \\[1, 5\\] to a total of 16"):
+        fit_total([1, 1, 1], 16, 1, 5)
+
+
+def test_shapes_refuse_unknown_distributions_and_impossible_fewlong():
+    with pytest.raises(ValueError, match="dist must be one of"):
+        Shape(16, 4, 1024, dist="zipf")
+    with pytest.raises(ValueError, match="fewlong needs long requests longer than 512"):
+        Shape(16, 64, 256, dist="fewlong")  # 62 short ones of 128-512 leave too little
+    with pytest.raises(ValueError, match="fewlong needs batch > 2"):
+        Shape(16, 2, 4096, dist="fewlong")
+    with pytest.raises(ValueError, match="seed must be an int >= 0"):
+        Shape(16, 4, 1024, dist="tail", seed=-1)
+
+
+def test_every_grid_shape_name_round_trips():
+    for grid, shapes in GRIDS.items():
+        for s in shapes:
+            assert parse_shape(s.name) == s, (grid, s.name)
+            assert parse_shape(s.name + "_P32") == dataclasses.replace(s, page_size=32)
+    assert Shape(16, 64, 4096, 1, dist="tail").name == "H16_B64_S4096_q1_tail"
+    s = parse_shape("H16_B64_S4096_q1_random_s3_P16")
+    assert (s.dist, s.seed, s.page_size) == ("random", 3, 16) and s.name == "H16_B64_S4096_q1_random_s3"
+    assert parse_shape("H16_B64_S4096_fewlong") == Shape(16, 64, 4096, 1, dist="fewlong")
+    for bad in ("H16_B64_S4096_q1_zipf", "H16_B64_S4096_q1_P16_tail", "H16_B64_S4096_q1_s3"):
+        with pytest.raises(ValueError, match="shape must look like"):
+            parse_shape(bad)
+
+
+def test_ragged_bytes_and_flops_count_each_requests_length():
+    """bytes() and flops() read the requests' own lengths: given other lengths (set here), they follow them."""
+    s = Shape(16, 4, 1000, 2, dist="random")
+    s.__dict__["seq_lens"] = (10, 20, 30, 5000)  # (seq_lens is a cached property)
+    q_out = s.num_tokens * 16 * (576 + 512) * 2
+    assert s.kv_tokens == 5060
+    assert s.bytes() == 5060 * 576 * 2 + q_out and s.bytes(kv_itemsize=1) == 5060 * 576 + q_out
+    assert s.flops() == 2 * 16 * 2 * 5060 * (512 + 64 + 512)
+    twin = s.uniform_twin()
+    assert twin == Shape(16, 4, 1265, 2) and twin.kv_tokens == s.kv_tokens  # 5060 / 4
+    assert twin.bytes() == s.bytes() and twin.flops() == s.flops()
+    s.__dict__["seq_lens"] = (10, 20, 30, 4998)
+    assert s.uniform_twin().seq_len == 1265  # 1264.5 rounds half up
+
+
+@pytest.mark.parametrize("dist", RAGGED)
+def test_uniform_twin_holds_the_same_kv_tokens(dist):
+    s = Shape(128, 32, 8192, 2, page_size=32, dtype="float16", dist=dist, seed=4)
+    twin = s.uniform_twin()
+    assert twin == Shape(128, 32, 8192, 2, page_size=32, dtype="float16") and twin.kv_tokens == s.kv_tokens
+    assert twin.bytes() == s.bytes() and twin.flops() == s.flops() and twin.name == "H128_B32_S8192_q2"
+
+
+def test_ragged_grid_pairs_every_ragged_shape_with_its_twin():
+    grid = GRIDS["ragged"]
+    names = [s.name for s in grid]
+    assert len(set(names)) == len(names)
+    ragged = [s for s in grid if s.ragged]
+    assert all(s.uniform_twin() in grid for s in ragged)
+    assert all(any(r.uniform_twin() == s for r in ragged) for s in grid if not s.ragged)  # no twin left alone
+    assert {s.dist for s in ragged} == set(RAGGED) and len(ragged) >= 15
+    assert {s.num_heads for s in grid} == {16, 64, 128} and {s.q_len for s in grid} == {1, 2, 3}
+    assert all(32 <= s.batch <= 128 and 1024 <= s.seq_len <= 8192 for s in grid)
+    assert all(s.kv_tokens <= 2 << 20 for s in grid)
+    assert len(grid) <= 24  # about 20 s a shape with 3 impls on the H100: well under 10 minutes
+
+
+@pytest.mark.parametrize("name", [s.name for s in GRIDS["ragged"]])
+def test_ragged_grid_metadata_builds_on_the_cpu(name):
+    """shape_metadata (make_inputs' metadata, without the GPU): per-request lengths, each request's pages once, the
+    table as wide as the longest request's pages and padded with block 0."""
+    shape = parse_shape(name)
+    config = timing.shape_config(shape)
+    ids = np.random.default_rng(0).permutation(shape.num_pages).astype(np.int32) + 1
+    md = timing.shape_metadata(shape, config, ids)
+    assert tuple(md.seq_lens.tolist()) == shape.seq_lens and md.max_seq_len == shape.max_seq_len
+    assert np.diff(md.query_start_loc).tolist() == list(shape.query_lens)
+    pages = [-(-n // shape.page_size) for n in shape.seq_lens]
+    assert md.block_table.shape == (shape.batch, max(pages)) and md.block_table.dtype == np.int32
+    used = np.concatenate([md.block_table[r, :n] for r, n in enumerate(pages)])
+    assert np.array_equal(used, ids)  # every page once, in order
+    assert all(not md.block_table[r, n:].any() for r, n in enumerate(pages))
+
+
+def test_paged_block_table_of_a_uniform_batch_is_the_reshaped_ids():
+    ids = np.arange(1, 13, dtype=np.int32)
+    assert np.array_equal(timing.paged_block_table([256] * 3, 64, ids), ids.reshape(3, 4))
+    assert timing.paged_block_table([1, 130, 64], 64, ids).tolist() == [[1, 0, 0], [2, 3, 4], [5, 0, 0]]
+    with pytest.raises(ValueError, match="holds 2 ids, the requests need 3 pages"):
+        timing.paged_block_table([64, 65], 64, ids[:2])
+
+
+def test_ragged_inputs_run_the_kernel_as_the_reference():
+    """A ragged batch through the Triton runner in interpret mode (the bench's code path, metadata from
+    shape_metadata): the float64 reference's answer."""
+    shape = Shape(16, 5, 40, q_len=2, page_size=16, dist="tail")
+    assert len(set(shape.seq_lens)) > 2
+    config = MLAConfig(num_heads=16, page_size=16, dtype="bfloat16")
+    g = torch.Generator().manual_seed(0)
+    ids = (torch.randperm(shape.num_pages, generator=g) + 1).numpy()
+    md = timing.shape_metadata(shape, config, ids)
+    kv = torch.randn(shape.num_pages + 1, 16, 576, generator=g).bfloat16()
+    q = torch.randn(4, shape.num_tokens, 16, 576, generator=g).bfloat16()
+    inp = timing.BenchInputs(shape, config, md, q, kv)
+    out, lse = timing.jax_kernel("pallas_triton", interpret=True)(inp)[0]()
+    ref_out, ref_lse = reference.mla_decode(q[0].float().numpy(), kv.float().numpy().astype(np.float64), md, config)
+    tol = TOLERANCES["bfloat16"]
+    assert compare(np.asarray(out, np.float64), ref_out, rel_tol=tol["out_rel"]).ok
+    assert compare(np.asarray(lse), ref_lse, name="lse", abs_tol=tol["lse_abs"]).ok
+
+
+def test_run_bench_rows_carry_the_distribution_and_the_twin_ratio(monkeypatch):
+    _fake_bench(monkeypatch, "torch.fa3", "jax.pallas_mosaic_gpu")
+    twin, tail = Shape(16, 64, 4096), Shape(16, 64, 4096, dist="tail")
+    rows = bench.run_bench([twin, tail], ["torch.fa3", "jax.pallas_mosaic_gpu"], reps=1, log=lambda line: None)
+    assert [r["shape"]["dist"] for r in rows] == ["uniform"] * 2 + ["tail"] * 2
+    for r in rows[2:]:
+        assert r["twin"] == twin.name and r["max_seq_len"] == tail.max_seq_len and r["kv_tokens"] == 64 * 4096
+        twin_row = next(t for t in rows[:2] if t["impl"] == r["impl"])
+        assert r["time_vs_twin"] == pytest.approx(r["seconds"] / twin_row["seconds"])
+        assert r["bytes"] == twin_row["bytes"] and r["flops"] == twin_row["flops"]
+    assert not any("twin" in r or "time_vs_twin" in r for r in rows[:2])
+    json.dumps(rows)  # the rows stay JSON
+
+
+def _timed_row(shape, impl, seconds, base_seconds, base="torch.fa3"):
+    return {"shape": dataclasses.asdict(shape), "name": shape.name, "impl": impl, "seconds": seconds,
+            "speedup_vs_" + base: base_seconds / seconds}
+
+
+def test_summary_reports_ragged_time_against_the_uniform_twin():
+    impls = ["torch.fa3", "jax.pallas_mosaic_gpu"]
+    twin = Shape(16, 64, 4096)
+    rand, tail, few = (Shape(16, 64, 4096, dist=d) for d in RAGGED)
+    other = Shape(128, 32, 4096, dist="tail")  # its twin is not timed: no ratio
+    times = {  # (FA3, Mosaic) seconds
+        twin: (10.0, 8.0), rand: (11.0, 8.0), tail: (10.0, 10.0), few: (12.0, 16.0), other: (5.0, 5.0),
+    }
+    rows = [_timed_row(s, impl, t[k], t[0]) for s, t in times.items() for k, impl in enumerate(impls)]
+    rows.append({"shape": dataclasses.asdict(tail), "name": tail.name, "impl": "jax.pallas_triton",
+                 "error": "NotImplementedError: x"})
+    text, summ = bench.summary(rows, impls)
+    r = summ["ragged_vs_twin"]
+    fa3, mo = r["torch.fa3"], r["jax.pallas_mosaic_gpu"]
+    assert fa3["shapes"] == 3 and fa3["geomean"] == pytest.approx((1.1 * 1.0 * 1.2) ** (1 / 3))
+    assert (fa3["min"], fa3["max"], fa3["within_target"], fa3["target"]) == (1.0, pytest.approx(1.2), 2, 1.15)
+    assert mo["geomean"] == pytest.approx((1.0 * 1.25 * 2.0) ** (1 / 3)) and mo["within_target"] == 1
+    assert mo["by_dist"]["fewlong"] == {"shapes": 1, "geomean": 2.0, "min": 2.0, "max": 2.0}
+    assert list(mo["by_dist"]) == list(RAGGED)
+    # against the first impl over the ragged rows alone (the 4 with a row of both, `other` included)
+    assert mo["speedup_shapes"] == 4 and "speedup_shapes" not in fa3
+    assert mo["geomean_speedup"] == pytest.approx((11 / 8 * 1.0 * 0.75 * 1.0) ** (1 / 4))
+    assert (mo["speedup_min"], mo["speedup_max"]) == (0.75, 11 / 8)
+    assert "ragged rows against their uniform twins" in text and "2/3" in text and "1/3" in text
+    assert "fewlong 2.000 (2.00-2.00)" in text and "(ragged rows only, torch.fa3/impl)" in text
+    # the geomean and min / max against the first impl, over all rows, as before
+    assert summ["jax.pallas_mosaic_gpu"]["min"] == 0.75 and summ["jax.pallas_mosaic_gpu"]["shapes"] == 5
+    # rows without ragged shapes (a baseline written before shapes had a dist) give no ragged section
+    old = [{k: v for k, v in row.items() if k != "shape"} | {"shape": {"num_heads": 16, "batch": 64, "seq_len": 4096,
+           "q_len": 1, "page_size": 64, "dtype": "bfloat16"}} for row in rows[:2]]
+    text, summ = bench.summary(old, impls)
+    assert "ragged_vs_twin" not in summ and "ragged" not in text
+
+
+def test_merge_pairs_ragged_rows_with_twins_of_another_shard():
+    """A shard's ragged row and its twin may be timed in different shards: merge recomputes time_vs_twin and the
+    summary's ragged section over all rows (and leaves its inputs as they were)."""
+    impls = ["torch.fa3"]
+    grid = GRIDS["ragged"]
+
+    def shard(i, n):
+        rows = [{"shape": dataclasses.asdict(s), "name": s.name, "impl": "torch.fa3",
+                 "seconds": 2.0 if s.ragged else 1.0} for s in grid[i::n]]
+        return {"grid": "ragged", "impls": impls, "rows": rows, "complete": True, "shard": f"{i}/{n}",
+                "unavailable": {}}
+
+    a, b = shard(0, 2), shard(1, 2)
+    merged = bench.merge([a, b])
+    assert merged["complete"]
+    assert all(r["time_vs_twin"] == 2.0 for r in merged["rows"] if r["shape"]["dist"] != "uniform")
+    e = merged["summary"]["ragged_vs_twin"]["torch.fa3"]
+    assert e["shapes"] == sum(s.ragged for s in grid) and e["geomean"] == pytest.approx(2.0)
+    assert not any("time_vs_twin" in r for r in a["rows"] + b["rows"])
+
+
+def test_committed_baselines_still_summarize_and_plot():
+    """The baselines in benchmarks/ (shape dicts without `dist`) read as uniform: no twins, the same summary."""
+    import pathlib
+
+    path = pathlib.Path(__file__).parent.parent / "benchmarks" / "h100" / "fp8.json"
+    result = json.loads(path.read_text())
+    _, summ = bench.summary(result["rows"], result["impls"])
+    assert "ragged_vs_twin" not in summ
+    assert summ["jax.pallas_mosaic_gpu"]["geomean_speedup"] == pytest.approx(
+        result["summary"]["jax.pallas_mosaic_gpu"]["geomean_speedup"])
+    assert all(bench.row_dist(r) == "uniform" and bench.twin_name(r) is None for r in result["rows"])
+    plots = pytest.importorskip("parity.plots")
+    pytest.importorskip("matplotlib")
+    assert plots.twin_ratios(result) == [] and len(plots.roofline_figure(result).axes) == 2
+
+
+def test_roofline_adds_a_panel_of_ragged_ratios():
+    plots = pytest.importorskip("parity.plots")
+    pytest.importorskip("matplotlib")
+    impls = ["torch.fa3", "jax.pallas_mosaic_gpu"]
+    rows = []
+    for s in GRIDS["ragged"]:
+        for k, impl in enumerate(impls):
+            sec = (1.3 if s.ragged else 1.0) * (1 + k) * 1e-4
+            rows.append({"shape": dataclasses.asdict(s), "name": s.name, "impl": impl, "bytes": s.bytes(),
+                         "flops": s.flops(), "seconds": sec, "TBps": s.bytes() / sec / 1e12,
+                         "TFLOPps": s.flops() / sec / 1e12})
+    bench_result = {"grid": "ragged", "impls": impls, "rows": rows}
+    ratios = plots.twin_ratios(bench_result)
+    assert len(ratios) == 2 * sum(s.ragged for s in GRIDS["ragged"])
+    assert all(v == pytest.approx(1.3) for _, _, _, v in ratios)
+    fig = plots.roofline_figure(bench_result)
+    assert len(fig.axes) == 3
+    panel = fig.axes[2]
+    ys = [y for line in panel.get_lines() for y in line.get_ydata() if line.get_marker() == "o"]
+    assert len(ys) == len(ratios) and ys == pytest.approx([1.3] * len(ys))
+    assert [t.get_text() for t in panel.texts] == list(RAGGED)  # grouped by distribution
+    # H = 64 has its own marker in the legend
+    assert {"H=16", "H=64", "H=128"} <= {t.get_text() for t in fig.legends[0].get_texts()}

@@ -205,6 +205,10 @@ def main(argv=None) -> int:
         return 2
     failed = 0
     for s in args.shape or GRIDS[args.grid]:
+        if s.ragged:  # (a problem tuple is a uniform batch: its kernels would be the twin's)
+            print(f"{s.name}: not lowered: a ragged shape (this tool lowers uniform batches; its uniform twin: "
+                  f"{s.uniform_twin().name})")
+            continue
         problem = (s.num_heads, s.batch, s.seq_len, s.q_len, args.fp8)
         try:
             kernels = ptx_for(problem, args.overrides, page=s.page_size)

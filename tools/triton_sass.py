@@ -37,7 +37,11 @@ OPCODES = ("HGMMA", "HMMA", "F2F", "F2FP", "HADD2", "PRMT", "LDS", "LDSM", "STS"
 
 
 def triton_module(shape, fp8: bool, overrides: dict) -> tuple[str, object]:
-    """(the kernel's Triton module as MLIR text, its TritonConfig), lowered for an abstract H200."""
+    """(the kernel's Triton module as MLIR text, its TritonConfig), lowered for an abstract H200. A ragged shape
+    (`Shape.ragged`) is a ValueError: the lowering takes every request seq_len long."""
+    if shape.ragged:
+        raise ValueError(f"{shape.name}: tools/triton_sass.py lowers uniform batches only (every request seq_len "
+                         f"long); its uniform twin is {shape.uniform_twin().name}")
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -126,6 +130,10 @@ def main(argv=None) -> int:
                    help="field=int pairs replaced in the heuristic's TritonConfig (e.g. num_warps=4,block_kv=64)")
     p.add_argument("--sass", help="also write the whole SASS here")
     args = p.parse_args(argv)
+    if args.shape.ragged:
+        print(f"{args.shape.name}: a ragged shape; this tool lowers uniform batches only (its uniform twin: "
+              f"{args.shape.uniform_twin().name})", file=sys.stderr)
+        return 2
     if importlib.util.find_spec("triton") is None:
         print("needs the triton package (installed with torch on Linux)", file=sys.stderr)
         return 2

@@ -18,3 +18,14 @@ def test_triton_sass_compiles_the_triton_kernel_for_sm90_here(capsys):
     counts = dict((op, int(n)) for op, n in re.findall(r"([A-Z][A-Z0-9]*) (\d+)", out.splitlines()[-1]))
     assert counts.get("HMMA", 0) > 0, out  # a 16-row tile: mma.sync
     assert any(op.startswith("F2F") for op in counts), out
+
+
+def test_triton_sass_refuses_a_ragged_shape(capsys):
+    """Its lowering takes every request seq_len long: a ragged shape is refused, naming its uniform twin."""
+    from parity.shapes import parse_shape
+    from tools import triton_sass
+
+    assert triton_sass.main(["--shape", "H16_B64_S4096_q1_tail"]) == 2
+    assert "its uniform twin: H16_B64_S4096_q1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="uniform batches only"):
+        triton_sass.triton_module(parse_shape("H16_B64_S4096_q1_fewlong"), False, {})
