@@ -190,9 +190,10 @@ def _heuristic(e_or_md, config: MLAConfig) -> TritonConfig:
 
 
 def test_triton_heuristic_depends_on_the_batch_unless_batch_invariant():
-    """Without batch_invariant the heuristic's split count (and block_q) change with the batch that
-    holds one request of 1000 tokens: alone it splits the KV, in a batch of 128 it does not. With
-    batch_invariant every batch gets the same tiles, num_splits = 1 and block_q = 1."""
+    """Without batch_invariant the heuristic's query tile (block_q) follows the batch that holds one request of
+    1000 tokens, and its balanced cuts (chunk_steps 0) follow every length in the batch. With batch_invariant every
+    batch gets one token a tile and the chunk INVARIANT_CHUNK_STEPS: only num_parts follows the batch (its query
+    tiles), and the parts take whole chunks, so it changes which program computes a chunk, not the chunk's bits."""
     cfg = MLAConfig(num_heads=H, page_size=P)
     rng = np.random.default_rng(5)
     picks = {}
@@ -202,27 +203,50 @@ def test_triton_heuristic_depends_on_the_batch_unless_batch_invariant():
         bt = [list(range(-(-s // P))) for s in seqs]
         md = build_decode_metadata(seq_lens=seqs, query_lens=qlens, block_table=bt, config=cfg)
         picks[n] = (_heuristic(md, cfg), _heuristic(md, cfg.replace(batch_invariant=True)))
-    splits = {n: free.num_splits for n, (free, _) in picks.items()}
-    assert splits[1] > 1 and splits[128] == 1 and len(set(splits.values())) > 1, splits
     assert picks[1][0].block_q == 1 and picks[5][0].block_q > 1  # max_query_len 1 alone, up to 4 in a batch
-    invariant = {bi for _, bi in picks.values()}
+    assert {free.chunk_steps for free, _ in picks.values()} == {0}
+    assert len({bi.num_parts for _, bi in picks.values()}) > 1
+    invariant = {dataclasses.replace(bi, num_parts=1) for _, bi in picks.values()}
     assert len(invariant) == 1, invariant
     (bi,) = invariant
-    assert (bi.num_splits, bi.block_q, bi.block_h) == (1, 1, 16)
+    assert (bi.chunk_steps, bi.block_q, bi.block_h) == (pallas_triton.INVARIANT_CHUNK_STEPS, 1, 16)
 
 
 def test_triton_refuses_batch_dependent_tuning_under_batch_invariant():
     e = embedded("decode", 2)
     q, kv, md = _jax_inputs(e)
     q_nope, q_pe = mla_jax.split_q(q, e.config)
-    for tuning, match in ((TritonConfig(num_splits=2), "num_splits=2"), (TritonConfig(block_q=2), "block_q=2")):
+    for tuning, match in ((TritonConfig(chunk_steps=0), "chunk_steps=0"),
+                          (TritonConfig(chunk_steps=16, block_q=2), "block_q=2")):
         with pytest.raises(ValueError, match=match):
             pallas_triton.mla_decode(q_nope, q_pe, kv, md, e.config, tuning=tuning, interpret=True)
         with pytest.raises(ValueError, match=match):
             mla_jax.mla_decode(q, kv, md, e.config, impl="pallas_triton", tuning=tuning, interpret=True)
-    # a batch-independent tuning is taken (block_kv 32 instead of the heuristic's 128)
-    out, _ = pallas_triton.mla_decode(q_nope, q_pe, kv, md, e.config, tuning=TritonConfig(block_kv=32), interpret=True)
+    # a batch-independent tuning is taken (block_kv 32 instead of the heuristic's 128, its own chunk and parts)
+    tuning = TritonConfig(block_kv=32, chunk_steps=2, num_parts=3)
+    out, _ = pallas_triton.mla_decode(q_nope, q_pe, kv, md, e.config, tuning=tuning, interpret=True)
     assert np.isfinite(_bits(out)).all()
+
+
+# several chunks a target (150 and 131 positions in steps of 16: 10 and 9 steps, chunks of 2), and a part count
+# that changes with the batch
+CHUNKED_PARTS = {1: 3, 5: 7, 17: 16}
+
+
+@pytest.mark.parametrize("name", list(TARGETS))
+def test_triton_interpret_chunks_are_batch_invariant(name):
+    """A target split into five chunks, merged in slot order, keeps its bits over batches that differ in every
+    other request and in the part count (which moves whole chunks between programs)."""
+
+    def run(e: Embedded):
+        q, kv, md = _jax_inputs(e)
+        q_nope, q_pe = mla_jax.split_q(q, e.config)
+        tuning = TritonConfig(block_kv=16, chunk_steps=2, num_parts=CHUNKED_PARTS[e.metadata.num_reqs])
+        return pallas_triton.mla_decode(q_nope, q_pe, kv, md, e.config, tuning=tuning, interpret=True)
+
+    seq_len, q_len = TARGETS[name]
+    assert -(-seq_len // 16) > 4 * 2  # five chunks
+    assert_invariant(run, name, batch_sizes=tuple(CHUNKED_PARTS))
 
 
 def test_config_batch_invariant_is_a_validated_bool():

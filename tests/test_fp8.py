@@ -126,10 +126,11 @@ TRITON_CASES = [
     ("page_size_1", "float16", None),
     ("heads_128_spec", "bfloat16", None),  # the heuristic: 4 head blocks of 32 rows, runs compiled too
     ("heads_128", "float16", None),
-    ("spec_decode_page_16", "bfloat16", TritonConfig(block_h=16, block_kv=32, num_splits=3, block_q=2)),
+    ("spec_decode_page_16", "bfloat16", TritonConfig(block_h=16, block_kv=32, num_parts=3, block_q=2)),
+    ("decode_mixed_lengths", "bfloat16", TritonConfig(block_h=16, block_kv=16, num_parts=5, chunk_steps=4)),  # chunks
     # M = 64 rows x 64-row KV steps: right in interpret mode, refused compiled (shared memory: fp8_gpu_reason)
     ("heads_128_spec", "bfloat16", TritonConfig(block_h=64, num_warps=8)),
-    ("single_token", "float16", TritonConfig(block_h=16, block_kv=16, num_splits=2)),  # an empty split
+    ("single_token", "float16", TritonConfig(block_h=16, block_kv=16, num_parts=2)),  # an empty part
 ]
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import mla_jax
-from mla_jax import pallas_triton
+from mla_jax import pallas_triton, schedule
 from mla_jax.pallas_triton import TritonConfig, heuristic_config, unsupported_reason
 from mla_spec import MLAConfig, build_decode_metadata, reference
 from parity.h200 import lower_for_h200
@@ -39,18 +39,65 @@ ODD_PAGE_SCENARIOS = {
     ]
 }
 
-# (scenario, tuning): block_kv below and above the page size, one and several splits,
-# grouped query tokens (block_q), padded head blocks, empty splits (seq_len 1 with 8 splits).
+# (scenario, tuning): block_kv below and above the page size, one part (one program walks every request) and
+# several, chunk mode, grouped query tokens (block_q), padded head blocks, empty parts (seq_len 1 over 2 parts).
 # Every variant keeps M = block_q * block_h <= 64 so that it also fits a GPU.
 TUNING_VARIANTS = [
-    ("spec_decode", TritonConfig(block_h=16, block_kv=16, num_splits=1, block_q=1)),  # block_kv < page 64
-    ("spec_decode_page_16", TritonConfig(block_h=16, block_kv=64, num_splits=3, block_q=2)),  # block_kv > page 16
-    ("decode_mixed_lengths", TritonConfig(block_h=32, block_kv=32, num_splits=8)),  # 16 heads in a 32 block
-    ("heads_128_spec", TritonConfig(block_h=16, block_kv=32, num_splits=2, block_q=2)),  # 8 head blocks
-    ("page_size_1", TritonConfig(block_h=16, block_kv=32, num_splits=4, block_q=2)),
-    ("heads_128", TritonConfig(block_h=64, block_kv=32, num_splits=3, num_warps=8)),
-    ("single_token", TritonConfig(block_h=16, block_kv=16, num_splits=2)),  # the second split is empty
+    ("spec_decode", TritonConfig(block_h=16, block_kv=16, num_parts=1, block_q=1)),  # block_kv < page 64
+    ("spec_decode_page_16", TritonConfig(block_h=16, block_kv=64, num_parts=3, block_q=2)),  # block_kv > page 16
+    ("decode_mixed_lengths", TritonConfig(block_h=32, block_kv=32, num_parts=8)),  # 16 heads in a 32 block
+    ("heads_128_spec", TritonConfig(block_h=16, block_kv=32, num_parts=2, chunk_steps=2, block_q=2)),  # 8 head blocks
+    ("page_size_1", TritonConfig(block_h=16, block_kv=32, num_parts=4, block_q=2)),
+    ("heads_128", TritonConfig(block_h=64, block_kv=32, num_parts=3, chunk_steps=3, num_warps=8)),
+    ("single_token", TritonConfig(block_h=16, block_kv=16, num_parts=2)),  # the second part is empty
 ]
+
+
+# Ragged batches: one long request among short ones, lengths at multiples of 64 and one off either side (block_kv
+# 64: step boundaries), q_len 1-3 mixed. Tunings: the heuristic's (132 parts), balanced cuts over a few parts, chunk
+# mode, and one part (a single program walks every request).
+RAGGED_SCENARIOS = [
+    Scenario("one_long_among_short", seq_lens=(5, 1, 700, 12, 64, 63, 65, 128), query_lens=(1, 1, 2, 3, 1, 1, 3, 1),
+             page_size=16),
+    Scenario("multiples_of_64", seq_lens=(127, 128, 129, 191, 192, 193, 2), query_lens=(3, 1, 2, 1, 3, 2, 2),
+             page_size=16),
+]
+RAGGED_TUNINGS = [
+    None,
+    TritonConfig(block_kv=64, num_parts=5, block_q=4),
+    TritonConfig(block_kv=16, num_parts=7, chunk_steps=3),
+    TritonConfig(block_kv=64, num_parts=1, block_q=2),
+]
+
+
+def _ragged_random(seed: int) -> Scenario:
+    """Short random requests and one long one at a random place, q_len 1-3."""
+    rng = np.random.default_rng(500 + seed)
+    seq = [int(x) for x in rng.integers(1, 90, size=6)]
+    seq.insert(int(rng.integers(0, 7)), int(rng.integers(400, 900)))
+    q = [int(min(x, s)) for x, s in zip(rng.integers(1, 4, size=7), seq)]
+    return Scenario(f"ragged_random_{seed}", tuple(seq), tuple(q), page_size=int(rng.choice([1, 16, 48])))
+
+
+def _slots_per_request(md, tuning: TritonConfig) -> np.ndarray:
+    """How many pieces (partials) the kernel's schedule gives each request of `md` under `tuning`."""
+    qsl = np.asarray(md.query_start_loc)
+    chunk = tuning.chunk_steps or None
+    sched = schedule.mla_schedule(np.asarray(md.seq_lens), np.diff(qsl), num_parts=tuning.num_parts,
+                                  block_kv=tuning.block_kv, chunk_steps=chunk,
+                                  max_steps=-(-md.max_seq_len // tuning.block_kv) if chunk else None)
+    return np.diff(np.asarray(sched.split_offsets))
+
+
+def _poison_past(kv_cache: np.ndarray, md, seq_lens) -> np.ndarray:
+    """A copy of the cache with NaN in every slot of md's pages at or past seq_lens[r]."""
+    kv = kv_cache.copy()
+    P = kv.shape[1]
+    for r, seq_len in enumerate(seq_lens):
+        row = np.asarray(md.block_table)[r]
+        pos = np.arange(seq_len, -(-int(np.asarray(md.seq_lens)[r]) // P) * P)
+        kv[row[pos // P], pos % P] = np.nan
+    return kv
 
 
 class _KernelCases:
@@ -78,8 +125,8 @@ class _KernelCases:
     def test_page_size_not_power_of_two(self, name, dtype):
         self.run(ODD_PAGE_SCENARIOS[name], dtype)
 
-    def test_page_size_3_with_splits_and_small_block_kv(self):
-        self.run(ODD_PAGE_SCENARIOS["page_size_3"], "bfloat16", TritonConfig(block_h=16, block_kv=16, num_splits=3))
+    def test_page_size_3_with_parts_and_small_block_kv(self):
+        self.run(ODD_PAGE_SCENARIOS["page_size_3"], "bfloat16", TritonConfig(block_h=16, block_kv=16, num_parts=3))
 
     @pytest.mark.parametrize("seed", range(3))
     def test_random_batches(self, seed):
@@ -88,6 +135,103 @@ class _KernelCases:
             rng, num_heads=int(rng.choice([4, 16, 32])), page_size=int(rng.choice([1, 3, 16, 48])), max_seq=260
         )
         self.run(sc, "bfloat16", seed=seed)
+
+    @pytest.mark.parametrize("tuning", RAGGED_TUNINGS, ids=["heuristic", "parts5", "chunks", "one_part"])
+    @pytest.mark.parametrize("scenario", RAGGED_SCENARIOS, ids=lambda s: s.name)
+    def test_ragged_batches(self, scenario, tuning):
+        batch, _, _ = batch_and_reference(scenario, "bfloat16")
+        effective = tuning or heuristic_config(batch.config, batch.q.shape[0], batch.metadata.max_blocks,
+                                               max_query_len=batch.metadata.max_query_len)
+        slots = _slots_per_request(batch.metadata, effective)
+        assert slots.min() == 1 and (slots.max() > 1 or effective.num_parts == 1)  # the long requests are split
+        self.run(scenario, "bfloat16", tuning)
+
+    @pytest.mark.parametrize("seed", range(2))
+    def test_ragged_random_batches(self, seed):
+        sc = _ragged_random(seed)
+        tuning = TritonConfig(block_kv=32, num_parts=6, chunk_steps=4 if seed else 0, block_q=4)
+        assert _slots_per_request(batch_and_reference(sc, "bfloat16")[0].metadata, tuning).max() > 1
+        self.run(sc, "bfloat16", tuning, seed=seed)
+
+    def test_new_lengths_reuse_the_compiled_call(self):
+        """Two batches of the same shapes (requests, tokens, block-table width, static ints) and other lengths: one
+        trace, one compile; each against the float64 reference, with NaN in every slot past its lengths."""
+        batch, ref_out, ref_lse = batch_and_reference(RAGGED_SCENARIOS[0], "bfloat16")
+        cfg, md = batch.config, batch.metadata
+        short = np.asarray([5, 1, 12, 12, 64, 17, 65, 100], np.int32)  # the long request is short here
+        assert (short <= np.asarray(md.seq_lens)).all()  # in the same pages
+        md2 = md.replace(seq_lens=short)
+        kv2 = _poison_past(batch.kv_cache, md, short)
+        ref2_out, ref2_lse = reference.mla_decode(batch.q, kv2, md2, cfg)
+        traces = []
+
+        def decode(q, kv, md):
+            traces.append(1)  # runs only while tracing
+            return pallas_triton.mla_decode(q, None, kv, md, cfg, interpret=self.interpret)
+
+        fn = jax.jit(decode)
+        q = jnp.asarray(batch.q, jnp.bfloat16)
+        for kv, m, want_out, want_lse in ((batch.kv_cache, md, ref_out, ref_lse), (kv2, md2, ref2_out, ref2_lse)):
+            out, lse = fn(q, jnp.asarray(kv, jnp.bfloat16), mla_jax.to_jax_metadata(m))
+            assert_matches(out, lse, want_out, want_lse, "bfloat16", f"seq_lens={np.asarray(m.seq_lens)}")
+        assert len(traces) == 1 and fn._cache_size() == 1
+
+    @pytest.mark.parametrize("chunk_steps", [0, 2], ids=["balanced", "chunks"])
+    def test_padding_requests_give_zero_and_minus_inf(self, chunk_steps):
+        """A bucket's padding rows: seq_len 0 with a token (its out 0, lse -inf) and q_len 0 (no token); the other
+        requests are unchanged."""
+        batch, ref_out, ref_lse = batch_and_reference(RAGGED_SCENARIOS[0], "bfloat16")
+        md = batch.metadata
+        qsl, seq, bt = (np.asarray(x) for x in (md.query_start_loc, md.seq_lens, md.block_table))
+        # request 3 becomes padding (seq_len 0, its tokens stay), and a q_len-0 row goes in before request 1
+        seq = seq.copy()
+        seq[3] = 0
+        padded = md.replace(query_start_loc=np.insert(qsl, 1, qsl[1]), seq_lens=np.insert(seq, 1, 700),
+                            block_table=np.insert(bt, 1, bt[2], axis=0))
+        q_nope, q_pe, kv, _ = device_inputs(batch, "bfloat16")
+        tuning = TritonConfig(block_kv=64, num_parts=5, chunk_steps=chunk_steps, block_q=4)
+        assert _slots_per_request(padded, tuning)[[1, 4]].tolist() == [0, 0]
+        out, lse = pallas_triton.mla_decode(q_nope, q_pe, kv, mla_jax.to_jax_metadata(padded), batch.config,
+                                            tuning=tuning, interpret=self.interpret)
+        out, lse = np.asarray(out.astype(jnp.float32)), np.asarray(lse)
+        pad = slice(int(qsl[3]), int(qsl[4]))
+        assert (out[pad] == 0).all() and (lse[pad] == -np.inf).all()
+        keep = np.ones(out.shape[0], bool)
+        keep[pad] = False
+        assert_matches(jnp.asarray(out[keep], jnp.bfloat16), jnp.asarray(lse[keep]), ref_out[keep], ref_lse[keep],
+                       "bfloat16", "padding rows")
+
+    @pytest.mark.parametrize("chunk_steps", [0, 2], ids=["balanced", "chunks"])
+    def test_a_read_nan_in_a_split_request_shows(self, chunk_steps):
+        """NaN at a position every token of the long request reads, in the first of its pieces: its tokens' out
+        and lse come out NaN (not a plausible value from its other pieces); the other requests stay finite."""
+        batch, _, _ = batch_and_reference(RAGGED_SCENARIOS[0], "bfloat16")
+        md = batch.metadata
+        tuning = TritonConfig(block_kv=64, num_parts=5, chunk_steps=chunk_steps, block_q=4)
+        assert _slots_per_request(md, tuning)[2] > 1
+        kv = batch.kv_cache.copy()
+        kv[int(md.block_table[2, 0]), 5] = np.nan
+        q_nope, q_pe, _, jmd = device_inputs(batch, "bfloat16")
+        out, lse = pallas_triton.mla_decode(q_nope, q_pe, jnp.asarray(kv, jnp.bfloat16), jmd, batch.config,
+                                            tuning=tuning, interpret=self.interpret)
+        out, lse = np.asarray(out.astype(jnp.float32)), np.asarray(lse)
+        qsl = np.asarray(md.query_start_loc)
+        mine = np.zeros(out.shape[0], bool)
+        mine[qsl[2]:qsl[3]] = True
+        assert np.isnan(out[mine]).all() and np.isnan(lse[mine]).all()
+        assert np.isfinite(out[~mine]).all() and np.isfinite(lse[~mine]).all()
+
+    def test_max_num_splits_bounds_the_pieces_of_a_request(self):
+        """metadata.max_num_splits = 2: the heuristic's chunk mode cuts each request into at most 2 pieces."""
+        batch, ref_out, ref_lse = batch_and_reference(RAGGED_SCENARIOS[0], "bfloat16")
+        md = batch.metadata.replace(max_num_splits=2)
+        tuning = heuristic_config(batch.config, batch.q.shape[0], md.max_blocks, max_query_len=md.max_query_len,
+                                  max_num_splits=2)
+        assert 1 < _slots_per_request(md, tuning).max() <= 2
+        q_nope, q_pe, kv, _ = device_inputs(batch, "bfloat16")
+        out, lse = pallas_triton.mla_decode(q_nope, q_pe, kv, mla_jax.to_jax_metadata(md), batch.config,
+                                            interpret=self.interpret)
+        assert_matches(out, lse, ref_out, ref_lse, "bfloat16", "max_num_splits=2")
 
     def test_block_table_padding_is_never_read(self):
         """Entries past each request's last page hold garbage ids (out of range, negative):
@@ -106,7 +250,7 @@ class _KernelCases:
         q_nope, q_pe, kv_cache, _ = device_inputs(batch, "bfloat16")
         out, lse = pallas_triton.mla_decode(
             q_nope, q_pe, kv_cache, mla_jax.to_jax_metadata(md), batch.config,
-            tuning=TritonConfig(block_h=16, block_kv=32, num_splits=2, block_q=4), interpret=self.interpret,
+            tuning=TritonConfig(block_h=16, block_kv=32, num_parts=2, block_q=4), interpret=self.interpret,
         )
         assert_matches(out, lse, ref_out, ref_lse, "bfloat16", "garbage block-table padding")
 
@@ -159,7 +303,7 @@ class _KernelCases:
         batch, ref_out, ref_lse = batch_and_reference(SCENARIOS["heads_128_spec"], "bfloat16")
         q_nope, q_pe, kv_cache, md = device_inputs(batch, "bfloat16")
         q = jnp.concatenate([q_nope, q_pe], axis=-1)
-        tuning = TritonConfig(block_h=32, block_kv=32, num_splits=2)
+        tuning = TritonConfig(block_h=32, block_kv=32, num_parts=2)
         out, lse = pallas_triton.mla_decode(q, None, kv_cache, md, batch.config, tuning=tuning, interpret=self.interpret)
         out2, lse2 = pallas_triton.mla_decode(q_nope, q_pe, kv_cache, md, batch.config, tuning=tuning,
                                               interpret=self.interpret)
@@ -172,7 +316,7 @@ class _KernelCases:
         q_nope, q_pe, kv_cache, _ = device_inputs(batch, "float16")
         out, lse, impl = mla_jax.mla_decode(
             (q_nope, q_pe), kv_cache, batch.metadata, batch.config, impl="pallas_triton",
-            interpret=self.interpret, tuning=TritonConfig(num_splits=2), return_impl=True,
+            interpret=self.interpret, tuning=TritonConfig(num_parts=2), return_impl=True,
         )
         assert impl == "pallas_triton"
         assert_matches(out, lse, ref_out, ref_lse, "float16", "api numpy metadata")
@@ -214,7 +358,7 @@ class TestGPU(_KernelCases):
     "scenario, dtype, tuning",
     [
         (SCENARIOS["decode_mixed_lengths"], "bfloat16", None),
-        (SCENARIOS["heads_128_spec"], "bfloat16", TritonConfig(block_h=64, block_kv=32, num_splits=2, num_warps=8)),
+        (SCENARIOS["heads_128_spec"], "bfloat16", TritonConfig(block_h=64, block_kv=32, num_parts=2, num_warps=8)),
         (ODD_PAGE_SCENARIOS["page_size_3"], "float16", TritonConfig(block_h=16, block_kv=32, block_q=4)),
     ],
     ids=["h16", "h128", "page3"],
@@ -244,7 +388,7 @@ def test_default_triton_config_is_valid_and_frozen():
     cfg = TritonConfig()
     assert cfg.rows == cfg.block_q * cfg.block_h >= 16
     with pytest.raises(dataclasses.FrozenInstanceError):
-        cfg.num_splits = 4  # type: ignore[misc]
+        cfg.num_parts = 4  # type: ignore[misc]
 
 
 @pytest.mark.parametrize(
@@ -256,8 +400,10 @@ def test_default_triton_config_is_valid_and_frozen():
         (dict(block_kv=8), "block_kv=8"),
         (dict(block_q=0), "block_q=0"),
         (dict(block_h=4, block_q=2), "block_h=4, block_q=2"),
-        (dict(num_splits=0), "num_splits=0"),
-        (dict(num_splits=True), "num_splits=True"),
+        (dict(num_parts=0), "num_parts=0"),
+        (dict(num_parts=True), "num_parts=True"),
+        (dict(num_parts=2.0), "num_parts=2.0"),
+        (dict(chunk_steps=-1), "chunk_steps=-1"),
         (dict(num_warps=3), "num_warps=3"),
         (dict(num_stages=0), "num_stages=0"),
     ],
@@ -267,49 +413,53 @@ def test_triton_config_validation(kwargs, match):
         TritonConfig(**kwargs)
 
 
-def _check_heuristic(tc: TritonConfig, config: MLAConfig, max_blocks: int):
+def _check_heuristic(tc: TritonConfig, config: MLAConfig, max_query_len: int = 1):
     assert 16 <= tc.rows <= pallas_triton.MAX_ROWS
     assert tc.block_h <= max(16, 1 << (config.num_heads - 1).bit_length())
-    num_kv_blocks = -(-max_blocks * config.page_size // tc.block_kv)
-    assert 1 <= tc.num_splits <= max(1, num_kv_blocks)
+    tiles = -(-max_query_len // tc.block_q) * -(-config.num_heads // tc.block_h)
+    assert tc.num_parts == max(1, pallas_triton.NUM_SMS_H200 // tiles)  # one program an SM
+    assert tc.chunk_steps == 0  # balanced cuts
 
 
 def test_heuristic_config_h16():
     cfg = MLAConfig(num_heads=16)
-    big = heuristic_config(cfg, num_tokens=128, max_blocks=256)  # B=128, S=16384: fills the GPU
-    assert (big.block_h, big.block_q, big.num_splits) == (16, 1, 1)
-    small = heuristic_config(cfg, num_tokens=1, max_blocks=16)  # B=1, S=1024: split the KV
-    assert small.num_splits > 1
-    mid = heuristic_config(cfg, num_tokens=8, max_blocks=256)
-    assert big.num_splits <= mid.num_splits and 1 < mid.num_splits
-    for tc, mb in ((big, 256), (small, 16), (mid, 256)):
-        _check_heuristic(tc, cfg, mb)
+    big = heuristic_config(cfg, num_tokens=128, max_blocks=256)  # B=128, S=16384
+    small = heuristic_config(cfg, num_tokens=1, max_blocks=16)  # B=1, S=1024
+    assert big == small  # the schedule balances whatever batch runs: the pick follows the tiles alone
+    assert (big.block_h, big.block_q, big.num_parts) == (16, 1, 132)
     # speculative decode: tokens of a request share KV loads, up to 64 rows
     spec2 = heuristic_config(cfg, num_tokens=64, max_blocks=64, max_query_len=2, num_reqs=32)
-    assert (spec2.block_h, spec2.block_q) == (16, 2)
+    assert (spec2.block_h, spec2.block_q, spec2.num_parts) == (16, 2, 132)
     spec8 = heuristic_config(cfg, num_tokens=64, max_blocks=64, max_query_len=8, num_reqs=8)
-    assert spec8.rows == 64 and spec8.block_q == 4
+    assert spec8.rows == 64 and spec8.block_q == 4 and spec8.num_parts == 66  # two query tiles
+    for tc, q in ((big, 1), (small, 1), (spec2, 2), (spec8, 8)):
+        _check_heuristic(tc, cfg, q)
 
 
 def test_heuristic_config_h128():
     cfg = MLAConfig(num_heads=128)
     tc = heuristic_config(cfg, num_tokens=64, max_blocks=256)
-    assert (tc.block_h, tc.block_q, tc.num_splits) == (64, 1, 1)  # 128 programs: one wave
-    one = heuristic_config(cfg, num_tokens=1, max_blocks=256, max_query_len=1)
-    assert one.num_splits > 1
+    assert (tc.block_h, tc.block_q, tc.num_parts) == (64, 1, 66)  # 2 head blocks x 66 parts: one program an SM
     spec = heuristic_config(cfg, num_tokens=8, max_blocks=64, max_query_len=2, num_reqs=4)
-    assert spec.block_q == 1  # 64 heads already fill the rows
-    for t in (tc, one, spec):
-        _check_heuristic(t, cfg, 256)
+    assert spec.block_q == 1 and spec.num_parts == 33  # 64 heads already fill the rows: 2 query tiles
+    fp8 = heuristic_config(cfg.replace(kv_cache_dtype="fp8_e4m3"), num_tokens=64, max_blocks=256)
+    assert (fp8.block_h, fp8.num_parts) == (32, 33)
+    for t, q in ((tc, 1), (spec, 2)):
+        _check_heuristic(t, cfg, q)
 
 
 def test_heuristic_config_bounds():
     few_heads = heuristic_config(MLAConfig(num_heads=2), num_tokens=4, max_blocks=4)
     assert few_heads.block_h == 16  # padded up to the 16 rows Triton's dot needs
+    # max_num_splits bounds the pieces of a request: chunks of half the longest request's 128 steps
     bounded = heuristic_config(MLAConfig(num_heads=16), num_tokens=1, max_blocks=256, max_num_splits=2)
-    assert bounded.num_splits <= 2
-    short = heuristic_config(MLAConfig(num_heads=16, page_size=1), num_tokens=1, max_blocks=1)
-    assert short.num_splits == 1  # one KV block: nothing to split
+    assert (bounded.block_kv, bounded.chunk_steps) == (128, 64)
+    assert heuristic_config(MLAConfig(num_heads=16), num_tokens=1, max_blocks=256, max_num_splits=1).chunk_steps == 128
+    more_tiles_than_sms = heuristic_config(MLAConfig(num_heads=128), num_tokens=8, max_blocks=1, max_query_len=8,
+                                           num_sms=8)
+    assert more_tiles_than_sms.num_parts == 1
+    invariant = heuristic_config(MLAConfig(num_heads=16, batch_invariant=True), 1, 4, max_num_splits=2)
+    assert invariant.chunk_steps == pallas_triton.INVARIANT_CHUNK_STEPS  # the fixed chunk, not the batch's
 
 
 def test_unsupported_reason():

@@ -43,7 +43,7 @@ SHAPES = [
 ]
 
 VARIANTS = {
-    "pallas_triton": dict(block_kv=(16, 32, 64, 128), num_warps=(4, 8), num_stages=(1, 2, 3, 4), num_splits="x0.5,x2",
+    "pallas_triton": dict(block_kv=(16, 32, 64, 128), num_warps=(4, 8), num_stages=(1, 2, 3, 4), num_parts="x0.5,x2",
                           block_h=(32, 64), block_q=(1, 2)),
     "pallas_mosaic_gpu": dict(num_splits="x0.5,x2,=1", launch_order=("requests_first", "heads_first"),
                               transpose=("none", "scores", "scores_and_pv"), warpgroup_halves=(True, False),
