@@ -132,6 +132,26 @@ def slot_ranges(split_offsets, query_start_loc, num_tokens: int):
     return jnp.stack([first, count, jnp.where(inside, t - qsl[req], 0)], axis=1)
 
 
+def combine_slots_ref(o_part, lse_part, split_offsets, query_start_loc, dtype, *, num_tokens=None, out=None,
+                      lse=None, col_order=None):
+    """combine_slots in jnp (what Mosaic GPU interpret mode runs: its interpreter takes no Pallas Triton kernel),
+    with the same arguments and result. It gathers every slot for every token ([S, T, H, L]): small problems."""
+    keep_single = out is not None
+    num_tokens = out.shape[0] if keep_single else num_tokens
+    rows = slot_ranges(split_offsets, query_start_loc, num_tokens)
+    first, count, i = rows[:, 0], rows[:, 1], rows[:, 2]
+    s = jnp.arange(o_part.shape[0], dtype=jnp.int32)[:, None]
+    mine = (s >= first[None]) & (s < (first + count)[None])  # [S, T]
+    lse_t = jnp.where(mine[..., None], lse_part[:, i].astype(jnp.float32), -jnp.inf)
+    o_t = jnp.where(mine[..., None, None], o_part[:, i].astype(jnp.float32), 0.0)
+    merged, merged_lse = combine_ref(o_t, lse_t, dtype, col_order)
+    if keep_single:
+        single = (count == 1)
+        merged = jnp.where(single[:, None, None], out.astype(dtype), merged)
+        merged_lse = jnp.where(single[:, None], lse.astype(jnp.float32), merged_lse)
+    return merged, merged_lse
+
+
 def _combine_slots_kernel(*refs, num_heads, block_h, gather, keep_single):
     rows_ref, lse_ref, o_ref, *rest = refs
     order_ref = rest.pop(0) if gather else None

@@ -79,8 +79,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu_triton
 
+from mla_jax import combine
 from mla_jax.schedule import (BEGIN_REQ, BEGIN_STEP, END_REQ, END_STEP, FIRST_SLOT, NUM_STEPS, TABLE_COLUMNS,
-                              combine_slots, mla_schedule)
+                              mla_schedule)
 from mla_spec import DecodeMetadata, MLAConfig
 
 NUM_SMS_H200 = 132
@@ -419,54 +420,6 @@ def _mla_decode_kernel(
     lax.fori_loop(begin_req, last_req + 1, request, table_ref[row + FIRST_SLOT])
 
 
-def _combine(o_part, lse_part, split_offsets, query_start_loc, dtype, *, num_tokens: int, max_pieces: int,
-             interpret: bool):
-    """Merges each request's slots by LSE into out [T, H, L] in dtype, lse [T, H] (a request without slots: out 0,
-    lse -inf). Chunk mode (max_pieces > 0: a static bound on a request's slots) merges them in slot order, so that
-    a request's bits do not depend on the batch; balanced mode uses the jnp combine of mla_jax.schedule. The Triton
-    combine mla_jax.combine.combine_slots (these arguments, less max_pieces) replaces both:
-    `return combine.combine_slots(o_part, lse_part, split_offsets, query_start_loc, dtype, num_tokens=num_tokens,
-    interpret=interpret)`."""
-    if max_pieces:
-        return _merge_in_slot_order(o_part, lse_part, split_offsets, query_start_loc, dtype, num_tokens=num_tokens,
-                                    max_pieces=max_pieces)
-    return combine_slots(o_part, lse_part, split_offsets, query_start_loc, num_tokens=num_tokens, dtype=dtype)
-
-
-def _merge_in_slot_order(o_part, lse_part, split_offsets, query_start_loc, dtype, *, num_tokens: int,
-                         max_pieces: int):
-    """combine_ref's formula per token over its request's slots, the sum taken slot after slot (a loop of
-    max_pieces steps; a step past the request's slots leaves the sums as they are). The sum's order then depends
-    on the request alone: a reduction over the slot axis (schedule.combine_slots) has an order that XLA picks from
-    the slot count and the request's first slot (bits that change with the batch)."""
-    qsl = jnp.asarray(query_start_loc, jnp.int32)
-    t = jnp.arange(num_tokens, dtype=jnp.int32)
-    req = jnp.searchsorted(qsl[1:], t, side="right")
-    i = jnp.clip(t - qsl[req], 0, o_part.shape[1] - 1)
-    first = split_offsets[req]
-    count = split_offsets[jnp.minimum(req + 1, split_offsets.shape[0] - 1)] - first  # [T]
-    j = jnp.arange(max_pieces, dtype=jnp.int32)[:, None]
-    slots = jnp.clip(first[None] + j, 0, o_part.shape[0] - 1)  # [K, T]
-    mine = j < count[None]
-    lse = jnp.where(mine[..., None], lse_part[slots, i[None]], -jnp.inf)  # [K, T, H]
-    lse_max = jnp.max(lse, axis=0)  # exact in any order
-    lse_max = jnp.where(jnp.isfinite(lse_max), lse_max, 0.0)
-
-    def add(k, sums):
-        acc, w_sum = sums
-        w = jnp.exp(lse[k] - lse_max)  # 0 for an empty piece
-        term = jnp.where(w[..., None] > 0, w[..., None] * o_part[slots[k], i], 0.0)
-        acc = jnp.where(mine[k][:, None, None], acc + term, acc)
-        return acc, jnp.where(mine[k][:, None], w_sum + w, w_sum)
-
-    zeros = jnp.zeros(lse.shape[1:], jnp.float32)
-    acc, w_sum = lax.fori_loop(0, max_pieces, add, (jnp.zeros(zeros.shape + o_part.shape[-1:], jnp.float32), zeros))
-    out = acc / jnp.where(w_sum > 0, w_sum, 1.0)[..., None]
-    out = jnp.where(jnp.isnan(w_sum)[..., None], jnp.nan, out)  # a NaN piece: NaN, not 0 (combine_ref's rule)
-    return out.astype(dtype), lse_max + jnp.log(w_sum)
-
-
-@functools.partial(jax.jit, static_argnames=("config", "tuning", "interpret"))
 def _mla_decode(q_nope, q_pe, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfig, tuning: TritonConfig,
                 interpret: bool):
     T, H = q_nope.shape[:2]
@@ -521,8 +474,9 @@ def _mla_decode(q_nope, q_pe, kv_cache, k_scale, metadata: DecodeMetadata, confi
         kv_cache,
         jnp.asarray(k_scale, jnp.float32).reshape(1),
     )
-    return _combine(o_part, lse_part, schedule.split_offsets, qsl, q_nope.dtype, num_tokens=T,
-                    max_pieces=_cdiv(max_steps, chunk) if chunk else 0, interpret=interpret)
+    # each token's slots merged in slot order (one Pallas Triton kernel): a request's bits depend on it alone
+    return combine.combine_slots(o_part, lse_part, schedule.split_offsets, qsl, q_nope.dtype, num_tokens=T,
+                                 interpret=interpret)
 
 
 def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConfig, *, tuning: TritonConfig | None = None,
