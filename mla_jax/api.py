@@ -82,9 +82,6 @@ def select_impl(config: MLAConfig, device=None) -> tuple[str, dict[str, str]]:
     raise AssertionError("unreachable: xla supports every valid config")
 
 
-from mla_jax.schedule import Schedule  # noqa: E402
-
-
 def to_jax_metadata(metadata: DecodeMetadata, device=None) -> DecodeMetadata:
     """Puts the metadata arrays on `device` as int32 jax arrays (ints stay static)."""
 
@@ -166,7 +163,7 @@ def mla_decode(
     md = metadata
     if any(isinstance(x, np.ndarray) for x in (md.query_start_loc, md.seq_lens, md.block_table)):
         md = to_jax_metadata(md)
-    elif not isinstance(md.scheduler_metadata, Schedule):  # (a work schedule built ahead stays: the kernels read it)
+    else:
         md = md.replace(scheduler_metadata=None)
     if impl == "xla":
         out, lse = mod.mla_decode_jit(q_nope, q_pe, kv_cache, md, config, k_scale)

@@ -134,8 +134,8 @@ def slot_ranges(split_offsets, query_start_loc, num_tokens: int):
 
 def combine_slots_ref(o_part, lse_part, split_offsets, query_start_loc, dtype, *, num_tokens=None, out=None,
                       lse=None, col_order=None):
-    """combine_slots in jnp (what Mosaic GPU interpret mode runs: its interpreter takes no Pallas Triton kernel),
-    with the same arguments and result. It gathers every slot for every token ([S, T, H, L]): small problems."""
+    """combine_slots in jnp, with the same arguments and result: schedule.combine_slots (the reference walk's merge)
+    is this, and it runs where no Pallas Triton kernel can (Mosaic GPU interpret mode). It gathers every slot for every token ([S, T, H, L]): small problems."""
     keep_single = out is not None
     num_tokens = out.shape[0] if keep_single else num_tokens
     rows = slot_ranges(split_offsets, query_start_loc, num_tokens)

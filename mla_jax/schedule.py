@@ -343,18 +343,9 @@ def combine_slots(o_part, lse_part, split_offsets, query_start_loc, num_tokens: 
     s in [split_offsets[r], split_offsets[r + 1]) by LSE. o_part [S, Q, H, L], lse_part [S, Q, H] float32 (Q: the
     bucket's max q_len); slots outside the range are never read (they may hold NaN). Returns out [T, H, L] in dtype,
     lse [T, H]; a request with no slots gives out 0, lse -inf."""
-    from mla_jax.combine import combine_ref
+    from mla_jax.combine import combine_slots_ref
 
-    qsl = jnp.asarray(query_start_loc, jnp.int32)
-    offsets = jnp.asarray(split_offsets, jnp.int32)
-    t = jnp.arange(num_tokens, dtype=jnp.int32)
-    req = jnp.searchsorted(qsl[1:], t, side="right")
-    i = t - qsl[req]
-    s = jnp.arange(o_part.shape[0], dtype=jnp.int32)[:, None]
-    mine = (s >= offsets[req][None]) & (s < offsets[req + 1][None])  # [S, T]
-    lse = jnp.where(mine[..., None], lse_part[:, i], -jnp.inf)
-    out = jnp.where(mine[..., None, None], o_part[:, i], 0.0)
-    return combine_ref(out, lse, dtype)
+    return combine_slots_ref(o_part, lse_part, split_offsets, query_start_loc, dtype, num_tokens=num_tokens)
 
 
 def _piece_partial(q_nope, q_pe, rows, piece, scale):
