@@ -32,6 +32,8 @@ jax.tree_util.register_dataclass(
     meta_fields=["max_query_len", "max_seq_len", "num_decode_tokens", "max_num_splits"],
 )
 
+from mla_jax.schedule import Schedule  # noqa: E402
+
 IMPLS = ("xla", "pallas_triton", "pallas_mosaic_gpu")
 _MODULES = {
     "xla": "mla_jax.reference",
@@ -83,18 +85,21 @@ def select_impl(config: MLAConfig, device=None) -> tuple[str, dict[str, str]]:
 
 
 def to_jax_metadata(metadata: DecodeMetadata, device=None) -> DecodeMetadata:
-    """Puts the metadata arrays on `device` as int32 jax arrays (ints stay static)."""
+    """Puts the metadata arrays on `device` as int32 jax arrays (ints stay static). A work schedule built ahead (a
+    Schedule in scheduler_metadata, from a kernel module's with_schedule) goes with them; anything else there (FA3's
+    schedule, the torch backend's business) is dropped."""
 
     def put(x):
         if x is None:
             return None
         return jax.device_put(jnp.asarray(x, dtype=jnp.int32), device)
 
+    schedule = metadata.scheduler_metadata
     return metadata.replace(
         query_start_loc=put(metadata.query_start_loc),
         seq_lens=put(metadata.seq_lens),
         block_table=put(metadata.block_table),
-        scheduler_metadata=None,  # FA3's schedule is the torch backend's business
+        scheduler_metadata=jax.tree.map(put, schedule) if isinstance(schedule, Schedule) else None,
     )
 
 
@@ -163,7 +168,7 @@ def mla_decode(
     md = metadata
     if any(isinstance(x, np.ndarray) for x in (md.query_start_loc, md.seq_lens, md.block_table)):
         md = to_jax_metadata(md)
-    else:
+    elif not isinstance(md.scheduler_metadata, Schedule):  # (a work schedule built ahead stays: the kernels read it)
         md = md.replace(scheduler_metadata=None)
     if impl == "xla":
         out, lse = mod.mla_decode_jit(q_nope, q_pe, kv_cache, md, config, k_scale)

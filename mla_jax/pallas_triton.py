@@ -21,11 +21,16 @@ num_parts ranges of equal cost (steps plus a fixed overhead per piece). The grid
 its pieces, two nested dynamic loops: for each request r from BEGIN_REQ to END_REQ, its
 steps of the part (cut at multiples of chunk_steps in chunk mode), the online softmax over
 them, and the piece's partial (out normalized over the piece in float32, and its lse)
-written to the piece's slot of [num_slots, max_query_len, H, L]. `_combine` then merges each
+written to the piece's slot of [num_slots, max_query_len, H, L]. `combine.combine_slots` merges each
 request's slots by LSE into out (q's dtype) and lse (natural log); a request without slots
 (seq_len 0 or q_len 0: padding) gives out 0, lse -inf. The table and the buffers take their
 shapes from the number of requests, the tokens, the block table's width and the static
-tuning, never from the lengths: new lengths reuse the compiled call.
+tuning, never from the lengths: new lengths reuse the compiled call. `with_schedule` builds
+the schedule ahead instead, once a batch (as FA3's scheduler_metadata and FlashMLA's
+get_mla_metadata are built once a decode step and shared by every layer), into
+metadata.scheduler_metadata, where the call finds it: the few dozen small XLA ops of the
+construction (tens of microseconds on the GPU, more than the kernel on small batches) then
+run once a batch, not once a layer. Both paths build it with the same function (`_schedule`).
 
 Why parts and not one program per request split: a ragged batch (one long request among
 short ones) with a split count per request leaves the long request's programs running long
@@ -81,7 +86,7 @@ from jax.experimental.pallas import triton as plgpu_triton
 
 from mla_jax import combine
 from mla_jax.schedule import (BEGIN_REQ, BEGIN_STEP, END_REQ, END_STEP, FIRST_SLOT, NUM_STEPS, TABLE_COLUMNS,
-                              mla_schedule)
+                              Schedule, mla_schedule, prebuilt_or_build)
 from mla_spec import DecodeMetadata, MLAConfig
 
 NUM_SMS_H200 = 132
@@ -420,6 +425,77 @@ def _mla_decode_kernel(
     lax.fori_loop(begin_req, last_req + 1, request, table_ref[row + FIRST_SLOT])
 
 
+def _max_seq_len(metadata: DecodeMetadata, config: MLAConfig) -> int:
+    """The bound on the lengths the schedule and the kernel see: max_seq_len, or what the block table holds."""
+    return min(metadata.max_seq_len, metadata.block_table.shape[1] * config.page_size)
+
+
+def _kernel_seq_lens(metadata: DecodeMetadata, config: MLAConfig):
+    """The lengths the schedule and the kernel see: seq_lens clamped to [0, _max_seq_len]. Every valid seq_len is
+    within; clamping keeps a bad traced one inside the block table's row, and the schedule and the kernel see the
+    same lengths (so its steps and slots stay inside the buffers)."""
+    return jnp.clip(metadata.seq_lens.astype(jnp.int32), 0, _max_seq_len(metadata, config))
+
+
+def _schedule(metadata: DecodeMetadata, config: MLAConfig, tuning: TritonConfig) -> Schedule:
+    """The work schedule the kernel walks for `tuning`, from the batch's (traced) lengths (mla_jax.schedule): parts
+    of tuning.block_kv steps, chunk mode with tuning.chunk_steps (batch-invariant mode, metadata.max_num_splits),
+    its slots sized by the clamped max_seq_len. The one construction behind both the call's inline schedule and
+    with_schedule's."""
+    qsl = metadata.query_start_loc.astype(jnp.int32)
+    chunk = tuning.chunk_steps
+    max_steps = _cdiv(_max_seq_len(metadata, config), tuning.block_kv)
+    return mla_schedule(_kernel_seq_lens(metadata, config), qsl[1:] - qsl[:-1], num_parts=tuning.num_parts,
+                        block_kv=tuning.block_kv, chunk_steps=chunk or None, max_steps=max_steps if chunk else None)
+
+
+_schedule_jit = jax.jit(_schedule, static_argnames=("config", "tuning"))
+"""_schedule as one compiled program (per shapes and static arguments; new lengths reuse it): with_schedule's
+builder outside a jit, a single launch instead of a few dozen small ones."""
+
+
+def _resolve_tuning(config: MLAConfig, metadata: DecodeMetadata, num_tokens: int,
+                    tuning: TritonConfig | None) -> TritonConfig:
+    """The tuning a call runs: the heuristic's for the batch's shapes when None (metadata.max_num_splits > 0: chunk
+    mode; batch-invariant mode: INVARIANT_CHUNK_STEPS, block_q 1), else `tuning`, refused (ValueError) if it is
+    not a TritonConfig or, with config.batch_invariant, depends on the batch."""
+    if tuning is None:
+        return heuristic_config(
+            config,
+            num_tokens=num_tokens,
+            max_blocks=metadata.block_table.shape[1],
+            max_query_len=metadata.max_query_len,
+            num_reqs=metadata.seq_lens.shape[0],
+            max_num_splits=metadata.max_num_splits,
+        )
+    if not isinstance(tuning, TritonConfig):
+        raise ValueError(f"tuning must be a TritonConfig or None, got tuning={tuning!r}")
+    if config.batch_invariant and (tuning.chunk_steps < 1 or tuning.block_q > 1):
+        raise ValueError(
+            "batch_invariant=True needs chunk_steps >= 1 and block_q=1 (balanced cuts or a query tile that depend on "
+            f"the batch would change a request's bits), got tuning.chunk_steps={tuning.chunk_steps}, "
+            f"tuning.block_q={tuning.block_q}"
+        )
+    return tuning
+
+
+def with_schedule(metadata: DecodeMetadata, config: MLAConfig, *, num_tokens: int | None = None,
+                  tuning: TritonConfig | None = None) -> DecodeMetadata:
+    """`metadata` with its work schedule computed ahead in `scheduler_metadata`, as FA3's scheduler_metadata and
+    FlashMLA's get_mla_metadata are: once a batch (a decode step), shared by every layer's call, instead of inside
+    each call (a few dozen small XLA ops, tens of microseconds on the GPU, more than the kernel on small batches).
+
+    The schedule is the one mla_decode would build for `tuning` (default: the heuristic's for this metadata and
+    num_tokens query tokens, default metadata.num_decode_tokens; with metadata.max_num_splits and batch-invariant
+    mode as mla_decode applies them), so a call with that tuning gives the same bits either way; a call whose
+    tuning runs other parts, steps or chunks raises ValueError. jit-compatible: traced lengths give a traced
+    schedule, and new lengths of the same shapes reuse the compiled calls."""
+    num_tokens = int(metadata.num_decode_tokens) if num_tokens is None else num_tokens
+    tuning = _resolve_tuning(config, metadata, num_tokens, tuning)
+    return metadata.replace(scheduler_metadata=_schedule_jit(metadata.replace(scheduler_metadata=None), config,
+                                                             tuning))
+
+
 def _mla_decode(q_nope, q_pe, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfig, tuning: TritonConfig,
                 interpret: bool):
     T, H = q_nope.shape[:2]
@@ -429,14 +505,11 @@ def _mla_decode(q_nope, q_pe, kv_cache, k_scale, metadata: DecodeMetadata, confi
         q_pe, rope_offset = q_nope, L
     max_blocks = metadata.block_table.shape[1]
     qsl = metadata.query_start_loc.astype(jnp.int32)
-    # Every valid seq_len is <= both bounds; clamping keeps a bad traced one inside the block table's row, and the
-    # schedule and the kernel see the same lengths (so its steps and slots stay inside the buffers).
-    max_seq_len = min(metadata.max_seq_len, max_blocks * config.page_size)
-    seq_lens = jnp.clip(metadata.seq_lens.astype(jnp.int32), 0, max_seq_len)
-    chunk = tuning.chunk_steps
-    max_steps = _cdiv(max_seq_len, tuning.block_kv)
-    schedule = mla_schedule(seq_lens, qsl[1:] - qsl[:-1], num_parts=tuning.num_parts, block_kv=tuning.block_kv,
-                            chunk_steps=chunk or None, max_steps=max_steps if chunk else None)
+    seq_lens = _kernel_seq_lens(metadata, config)
+    # (built ahead by with_schedule, once a batch, or here; the kernel cuts pieces by tuning.chunk_steps, so the
+    # schedule's must be the same)
+    schedule = prebuilt_or_build(metadata, lambda: _schedule(metadata, config, tuning), num_parts=tuning.num_parts,
+                                 block_kv=tuning.block_kv, chunk_steps=tuning.chunk_steps)
     max_q = metadata.max_query_len
     q_tiles = _cdiv(max_q, tuning.block_q)
     head_blocks = _cdiv(H, tuning.block_h)
@@ -492,24 +565,11 @@ def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConf
     `tuning=None` picks `heuristic_config(...)`; `metadata.max_num_splits > 0` bounds the
     pieces of each request (chunk mode). Works under jax.jit (config and tuning static); the
     schedule is computed from the traced lengths, so new lengths reuse the compiled call.
+    A Schedule in `metadata.scheduler_metadata` (with_schedule: built once a batch) is walked
+    as it is instead; it must be for this tuning's num_parts, block_kv and chunk_steps
+    (ValueError otherwise).
     """
-    if tuning is None:
-        tuning = heuristic_config(
-            config,
-            num_tokens=q_nope.shape[0],
-            max_blocks=metadata.block_table.shape[1],
-            max_query_len=metadata.max_query_len,
-            num_reqs=metadata.seq_lens.shape[0],
-            max_num_splits=metadata.max_num_splits,
-        )
-    elif not isinstance(tuning, TritonConfig):
-        raise ValueError(f"tuning must be a TritonConfig or None, got tuning={tuning!r}")
-    elif config.batch_invariant and (tuning.chunk_steps < 1 or tuning.block_q > 1):
-        raise ValueError(
-            "batch_invariant=True needs chunk_steps >= 1 and block_q=1 (balanced cuts or a query tile that depend on "
-            f"the batch would change a request's bits), got tuning.chunk_steps={tuning.chunk_steps}, "
-            f"tuning.block_q={tuning.block_q}"
-        )
+    tuning = _resolve_tuning(config, metadata, q_nope.shape[0], tuning)
     if config.is_fp8_kv_cache and not interpret:
         reason = fp8_gpu_reason(tuning)
         if reason is not None:
@@ -534,3 +594,6 @@ def fp8_gpu_reason(tuning: TritonConfig) -> str | None:
             f"to head blocks of at most {FP8_GPU_MAX_ROWS} rows"
         )
     return None
+
+
+__all__ = ["TritonConfig", "fp8_gpu_reason", "heuristic_config", "mla_decode", "unsupported_reason", "with_schedule"]

@@ -254,6 +254,32 @@ def schedule_for_metadata(metadata, *, num_parts: int, block_kv: int = DEFAULT_B
                         fixed_overhead=fixed_overhead, chunk_steps=chunk_steps, max_steps=max_steps)
 
 
+def prebuilt_or_build(metadata, build, *, num_parts: int, block_kv: int, chunk_steps: int | None = None) -> Schedule:
+    """The schedule a kernel's call walks: `metadata.scheduler_metadata` when it holds a Schedule (built ahead, once
+    a batch, by the kernel module's with_schedule and shared by every layer's call, as FA3's scheduler_metadata and
+    FlashMLA's get_mla_metadata are), else `build()` (inside the call, from the traced lengths: a few dozen small XLA
+    ops on every call).
+
+    A prebuilt schedule must fit the call: num_parts and block_kv as the tuning runs (and chunk_steps, where the
+    kernel cuts pieces by its own chunk_steps; None: not compared), one split_offsets entry per request plus one.
+    ValueError naming the values otherwise. Its table's values are not checked: under jit they are traced."""
+    schedule = metadata.scheduler_metadata
+    if not isinstance(schedule, Schedule):
+        return build()
+    wanted = {"num_parts": num_parts, "block_kv": block_kv, "chunk_steps": chunk_steps}
+    fields = [name for name, value in wanted.items() if value is not None]
+    if any(getattr(schedule, name) != wanted[name] for name in fields):
+        have = ", ".join(f"{name}={getattr(schedule, name)}" for name in fields)
+        want = ", ".join(f"{name}={wanted[name]}" for name in fields)
+        raise ValueError(f"metadata.scheduler_metadata holds a work schedule of {have}; the tuning runs {want}: "
+                         "build it with with_schedule(metadata, config, tuning=...)")
+    if schedule.num_reqs != metadata.num_reqs:
+        raise ValueError(f"metadata.scheduler_metadata holds a work schedule of {schedule.num_reqs} requests, the "
+                         f"batch has num_reqs={metadata.num_reqs}: build it with with_schedule(metadata, config, "
+                         "tuning=...)")
+    return schedule
+
+
 def reference_schedule(seq_lens, query_lens, *, num_parts: int, block_kv: int = DEFAULT_BLOCK_KV,
                        fixed_overhead: int = DEFAULT_FIXED_OVERHEAD, chunk_steps: int | None = None,
                        max_steps: int | None = None) -> Schedule:

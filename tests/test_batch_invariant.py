@@ -249,6 +249,20 @@ def test_triton_interpret_chunks_are_batch_invariant(name):
     assert_invariant(run, name, batch_sizes=tuple(CHUNKED_PARTS))
 
 
+def test_triton_interpret_prebuilt_schedule_is_batch_invariant():
+    """The schedule built ahead by pallas_triton.with_schedule (once a batch) and walked through mla_jax.mla_decode:
+    the target's chunks keep their bits over the batches and part counts, as with the schedule built inline."""
+
+    def run(e: Embedded):
+        q, kv, md = _jax_inputs(e)
+        tuning = TritonConfig(block_kv=16, chunk_steps=2, num_parts=CHUNKED_PARTS[e.metadata.num_reqs])
+        ahead = pallas_triton.with_schedule(md, e.config, tuning=tuning)
+        assert ahead.scheduler_metadata.chunk_steps == 2
+        return mla_jax.mla_decode(q, kv, ahead, e.config, impl="pallas_triton", tuning=tuning, interpret=True)
+
+    assert_invariant(run, "spec_decode", batch_sizes=tuple(CHUNKED_PARTS))
+
+
 def test_config_batch_invariant_is_a_validated_bool():
     assert MLAConfig(num_heads=16).batch_invariant is False
     assert MLAConfig(num_heads=16, batch_invariant=True).replace(page_size=16).batch_invariant is True

@@ -177,6 +177,59 @@ class _KernelCases:
         assert len(traces) == 1 and fn._cache_size() == 1
 
     @pytest.mark.parametrize("chunk_steps", [0, 2], ids=["balanced", "chunks"])
+    def test_prebuilt_schedule_gives_the_inline_bits(self, chunk_steps, monkeypatch):
+        """with_schedule's schedule (built once a batch) walked by the call, through mla_jax.mla_decode (NumPy
+        metadata: to_jax_metadata keeps the schedule): the same out and lse bits as the call that builds it inline;
+        the call builds none itself (its builder raises once the schedule is ahead)."""
+        batch, ref_out, ref_lse = batch_and_reference(RAGGED_SCENARIOS[0], "bfloat16")
+        cfg = batch.config
+        q_nope, q_pe, kv, md = device_inputs(batch, "bfloat16")
+        tuning = TritonConfig(block_kv=32, num_parts=5, chunk_steps=chunk_steps, block_q=4)
+        assert _slots_per_request(batch.metadata, tuning).max() > 1  # the long request is split
+        inline = pallas_triton.mla_decode(q_nope, q_pe, kv, md, cfg, tuning=tuning, interpret=self.interpret)
+        ahead = pallas_triton.with_schedule(batch.metadata, cfg, tuning=tuning)
+        assert isinstance(ahead.scheduler_metadata, schedule.Schedule)
+
+        def no_inline_schedule(*args, **kwargs):
+            raise AssertionError("the call built a schedule of its own")
+
+        monkeypatch.setattr(pallas_triton, "_schedule", no_inline_schedule)
+        out, lse = mla_jax.mla_decode((q_nope, q_pe), kv, ahead, cfg, impl="pallas_triton", tuning=tuning,
+                                      interpret=self.interpret)
+        assert_matches(*inline, ref_out, ref_lse, "bfloat16", f"inline {tuning}")
+        assert np.array_equal(np.asarray(out, np.float32), np.asarray(inline[0], np.float32))
+        assert np.array_equal(np.asarray(lse), np.asarray(inline[1]))
+
+    def test_prebuilt_schedule_new_lengths_reuse_the_compiled_call(self):
+        """Schedules built ahead for two batches of the same shapes and other lengths: the jitted call traces and
+        compiles once (the schedule's static fields follow the shapes, not the lengths), and so does the builder;
+        each result matches the float64 reference, with NaN in every slot past its lengths."""
+        batch, ref_out, ref_lse = batch_and_reference(RAGGED_SCENARIOS[0], "bfloat16")
+        cfg, md = batch.config, batch.metadata
+        short = np.asarray([5, 1, 12, 12, 64, 17, 65, 100], np.int32)
+        assert (short <= np.asarray(md.seq_lens)).all()  # in the same pages
+        md2 = md.replace(seq_lens=short)
+        kv2 = _poison_past(batch.kv_cache, md, short)
+        ref2_out, ref2_lse = reference.mla_decode(batch.q, kv2, md2, cfg)
+        tuning = TritonConfig(block_kv=64, num_parts=3, block_q=4)
+        traces = []
+
+        def decode(q, kv, md):
+            traces.append(1)  # runs only while tracing
+            return pallas_triton.mla_decode(q, None, kv, md, cfg, tuning=tuning, interpret=self.interpret)
+
+        fn = jax.jit(decode)
+        q = jnp.asarray(batch.q, jnp.bfloat16)
+        builds = []
+        for kv, m, want_out, want_lse in ((batch.kv_cache, md, ref_out, ref_lse), (kv2, md2, ref2_out, ref2_lse)):
+            ahead = pallas_triton.with_schedule(mla_jax.to_jax_metadata(m), cfg, tuning=tuning)
+            builds.append(pallas_triton._schedule_jit._cache_size())
+            out, lse = fn(q, jnp.asarray(kv, jnp.bfloat16), ahead)
+            assert_matches(out, lse, want_out, want_lse, "bfloat16", f"seq_lens={np.asarray(m.seq_lens)}")
+        assert len(traces) == 1 and fn._cache_size() == 1
+        assert builds[0] == builds[1]  # the second batch's schedule reuses the builder's compiled program
+
+    @pytest.mark.parametrize("chunk_steps", [0, 2], ids=["balanced", "chunks"])
     def test_padding_requests_give_zero_and_minus_inf(self, chunk_steps):
         """A bucket's padding rows: seq_len 0 with a token (its out 0, lse -inf) and q_len 0 (no token); the other
         requests are unchanged."""
@@ -487,6 +540,70 @@ def test_api_refuses_unsupported_config():
     kv_cache = jnp.zeros((1, cfg.page_size, cfg.head_dim), jnp.bfloat16)
     with pytest.raises(NotImplementedError, match="kv_lora_rank=384"):
         mla_jax.mla_decode(q, kv_cache, md, cfg, impl="pallas_triton", interpret=True)
+
+
+@pytest.mark.parametrize("field, other", [("num_parts", 4), ("block_kv", 32), ("chunk_steps", 2)])
+def test_prebuilt_schedule_for_another_tuning_is_refused(field, other):
+    """A schedule built ahead for other parts, steps or chunks than the call's tuning: ValueError naming both values
+    (before any kernel runs), directly and through mla_jax.mla_decode."""
+    batch, _, _ = batch_and_reference(RAGGED_SCENARIOS[0], "bfloat16")
+    q_nope, q_pe, kv, md = device_inputs(batch, "bfloat16")
+    tuning = TritonConfig(block_kv=64, num_parts=5, block_q=4)
+    ahead = pallas_triton.with_schedule(md, batch.config, tuning=dataclasses.replace(tuning, **{field: other}))
+    match = rf"{field}={other}.*the tuning runs .*{field}={getattr(tuning, field)}"
+    with pytest.raises(ValueError, match=match):
+        pallas_triton.mla_decode(q_nope, q_pe, kv, ahead, batch.config, tuning=tuning, interpret=True)
+    with pytest.raises(ValueError, match=match):
+        mla_jax.mla_decode((q_nope, q_pe), kv, ahead, batch.config, impl="pallas_triton", tuning=tuning,
+                           interpret=True)
+
+
+def test_prebuilt_schedule_for_another_batch_size_is_refused():
+    batch, _, _ = batch_and_reference(RAGGED_SCENARIOS[0], "bfloat16")
+    q_nope, q_pe, kv, md = device_inputs(batch, "bfloat16")
+    tuning = TritonConfig(block_kv=64, num_parts=5, block_q=4)
+    fewer = md.replace(query_start_loc=md.query_start_loc[:-1], seq_lens=md.seq_lens[:-1],
+                       block_table=md.block_table[:-1])
+    ahead = md.replace(scheduler_metadata=pallas_triton.with_schedule(fewer, batch.config,
+                                                                      tuning=tuning).scheduler_metadata)
+    with pytest.raises(ValueError, match="7 requests.*num_reqs=8"):
+        pallas_triton.mla_decode(q_nope, q_pe, kv, ahead, batch.config, tuning=tuning, interpret=True)
+
+
+@pytest.mark.parametrize("max_num_splits, batch_invariant", [(0, False), (2, False), (2, True)],
+                         ids=["heuristic", "max_num_splits", "batch_invariant"])
+def test_with_schedule_builds_the_calls_schedule(max_num_splits, batch_invariant):
+    """with_schedule's default tuning is the heuristic's for the metadata (chunks bounding a request's pieces by
+    max_num_splits; INVARIANT_CHUNK_STEPS in batch-invariant mode), and its schedule is the one the call builds: the
+    same table and split offsets, from the lengths clamped to the block table. Traced under jit it gives the same.
+    A batch-dependent tuning is refused in batch-invariant mode, as the call refuses it."""
+    batch, _, _ = batch_and_reference(RAGGED_SCENARIOS[0], "bfloat16")
+    cfg = batch.config.replace(batch_invariant=batch_invariant)
+    md = mla_jax.to_jax_metadata(batch.metadata.replace(max_num_splits=max_num_splits))
+    tuning = heuristic_config(cfg, batch.q.shape[0], md.max_blocks, max_query_len=md.max_query_len,
+                              num_reqs=md.num_reqs, max_num_splits=max_num_splits)
+    max_steps = -(-md.max_blocks * cfg.page_size // tuning.block_kv)
+    splits_chunk = -(-max_steps // max_num_splits) if max_num_splits else 0
+    assert tuning.chunk_steps == (pallas_triton.INVARIANT_CHUNK_STEPS if batch_invariant else splits_chunk)
+    got = pallas_triton.with_schedule(md, cfg).scheduler_metadata
+    traced = jax.jit(lambda m: pallas_triton.with_schedule(m, cfg).scheduler_metadata)(md)
+    inline = pallas_triton._schedule(md, cfg, tuning)
+    qsl = np.asarray(md.query_start_loc)
+    chunk = tuning.chunk_steps or None
+    max_seq_len = min(md.max_seq_len, md.max_blocks * cfg.page_size)
+    want = schedule.mla_schedule(np.minimum(np.asarray(md.seq_lens), max_seq_len), np.diff(qsl),
+                                 num_parts=tuning.num_parts, block_kv=tuning.block_kv, chunk_steps=chunk,
+                                 max_steps=-(-max_seq_len // tuning.block_kv) if chunk else None)
+    for sched in (got, traced, inline):
+        assert (sched.num_parts, sched.block_kv, sched.chunk_steps, sched.num_slots) == (
+            want.num_parts, want.block_kv, want.chunk_steps, want.num_slots)
+        assert np.array_equal(np.asarray(sched.table), np.asarray(want.table))
+        assert np.array_equal(np.asarray(sched.split_offsets), np.asarray(want.split_offsets))
+    if batch_invariant:
+        with pytest.raises(ValueError, match="chunk_steps=0"):
+            pallas_triton.with_schedule(md, cfg, tuning=TritonConfig(num_parts=5))
+    with pytest.raises(ValueError, match="tuning must be a TritonConfig"):
+        pallas_triton.with_schedule(md, cfg, tuning={"num_parts": 5})
 
 
 def test_tuning_must_be_a_triton_config():

@@ -234,3 +234,29 @@ def test_decode_by_schedule_fp8_cache():
         out, lse = S.decode_by_schedule(batch.q, kv, batch.metadata, batch.config, sched, k_scale=k_scale)
         assert np.abs(np.asarray(out, np.float64) - want_out).max() <= 1e-5 * np.abs(want_out).max()
         assert np.abs(np.asarray(lse, np.float64) - want_lse).max() <= 1e-5 * np.abs(want_lse).max()
+
+
+def test_prebuilt_or_build_takes_a_fitting_schedule_and_refuses_another():
+    """A kernel's call walks the Schedule in metadata.scheduler_metadata when it fits its tuning (parts, steps, and
+    chunks where given), builds one when there is none, and refuses one for other values or another batch size."""
+    from mla_spec import DecodeMetadata
+
+    seq, qsl = np.asarray([40, 100, 7], np.int32), np.asarray([0, 1, 3, 4], np.int32)
+    md = DecodeMetadata(qsl, seq, np.zeros((3, 8), np.int32), max_query_len=2, max_seq_len=100, num_decode_tokens=4)
+    built = S.reference_schedule(seq, np.diff(qsl), num_parts=4, block_kv=B, chunk_steps=2, max_steps=7)
+
+    def other():
+        pytest.fail("built a schedule beside the prebuilt one")
+
+    assert S.prebuilt_or_build(md, lambda: built, num_parts=4, block_kv=B) is built
+    ahead = md.replace(scheduler_metadata=built)
+    assert S.prebuilt_or_build(ahead, other, num_parts=4, block_kv=B) is built  # chunk_steps not compared
+    assert S.prebuilt_or_build(ahead, other, num_parts=4, block_kv=B, chunk_steps=2) is built
+    for kw, match in ((dict(num_parts=5), "num_parts=4, block_kv=16; the tuning runs num_parts=5"),
+                      (dict(block_kv=2 * B), "block_kv=16; the tuning runs num_parts=4, block_kv=32"),
+                      (dict(chunk_steps=0), "chunk_steps=2; the tuning runs .*chunk_steps=0")):
+        with pytest.raises(ValueError, match=match):
+            S.prebuilt_or_build(ahead, other, **{**dict(num_parts=4, block_kv=B), **kw})
+    fewer = ahead.replace(query_start_loc=qsl[:-1], seq_lens=seq[:-1], block_table=np.zeros((2, 8), np.int32))
+    with pytest.raises(ValueError, match="3 requests, the batch has num_reqs=2"):
+        S.prebuilt_or_build(fewer, other, num_parts=4, block_kv=B)
