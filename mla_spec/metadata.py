@@ -392,6 +392,19 @@ def pad_to_bucket(md: DecodeMetadata, bucket: Bucket, config: MLAConfig, *,
     return out
 
 
+def capture_size_buckets(max_num_seqs: int, *, max_blocks: int, max_seq_len: int, max_query_len: int = 1,
+                         max_size: int | None = None) -> list[Bucket]:
+    """vLLM's default CUDA-graph capture sizes as buckets, smallest first: 1, 2, 4, then multiples of 8 below 256, then
+    multiples of 16, up to min(2 max_num_seqs, 512) tokens (or max_size). A size is the bucket's token rows and its
+    requests (a decode has at least one token); the block-table width and the length bounds are the same for all."""
+    _check_static_int("max_num_seqs", max_num_seqs, 1)
+    top = min(2 * max_num_seqs, 512) if max_size is None else max_size
+    _check_static_int("max_size", top, 1)
+    sizes = [s for s in (1, 2, 4) if s <= top] + list(range(8, min(256, top + 1), 8)) + list(range(256, top + 1, 16))
+    return [Bucket(num_reqs=s, num_tokens=s, max_blocks=max_blocks, max_seq_len=max_seq_len,
+                   max_query_len=max_query_len) for s in sizes]
+
+
 def smallest_bucket(buckets: Sequence[Bucket], md: DecodeMetadata) -> Bucket:
     """The first bucket of `buckets` (ordered smallest first) that the batch of `md` fits;
     ValueError naming the batch's needs when none does."""
