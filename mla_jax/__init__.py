@@ -3,6 +3,11 @@
     out, lse = mla_jax.mla_decode(q, kv_cache, metadata, config, impl="pallas_triton")
 """
 
+# Pallas imports its fuser lazily, inside the first kernel's trace, and the fuser registers a config flag that is
+# part of jax.jit's trace context: the first jitted decode of a process would then miss the cache on its next call
+# and compile twice. Importing it here keeps the context fixed, so a loop compiles exactly once per bucket.
+import jax.experimental.pallas.fuser  # noqa: F401,E402
+
 from mla_jax.api import IMPLS, default_interpret, mla_decode, select_impl, split_q, to_jax_metadata, unsupported_reason
 from mla_jax.dcp import dcp_mla_decode, merge_partials
 

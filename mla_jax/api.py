@@ -29,7 +29,7 @@ from mla_spec import (
 jax.tree_util.register_dataclass(
     DecodeMetadata,
     data_fields=["query_start_loc", "seq_lens", "block_table", "scheduler_metadata"],
-    meta_fields=["max_query_len", "max_seq_len", "num_decode_tokens", "max_num_splits"],
+    meta_fields=["max_query_len", "max_seq_len", "num_decode_tokens", "max_num_splits", "padded"],
 )
 
 from mla_jax.schedule import Schedule  # noqa: E402

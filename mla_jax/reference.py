@@ -54,7 +54,20 @@ def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConf
     k_scale: the fp8 cache's scale (a float32 scalar, validated by mla_jax.api); unused otherwise."""
     k_scale = jnp.asarray(k_scale, jnp.float32)
     if config.batch_invariant:
-        return _mla_decode_batch_invariant(q_nope, q_pe, kv_cache, metadata, config, k_scale)
+        out, lse = _mla_decode_batch_invariant(q_nope, q_pe, kv_cache, metadata, config, k_scale)
+    else:
+        out, lse = _mla_decode_dense(q_nope, q_pe, kv_cache, metadata, config, k_scale)
+    return mask_padding(out, lse, metadata) if metadata.padded else (out, lse)
+
+
+def mask_padding(out, lse, metadata: DecodeMetadata):
+    """out 0 and lse -inf on the token rows past query_start_loc[-1] (a padded bucket's rows)."""
+    live = jnp.arange(out.shape[0], dtype=jnp.int32) < metadata.query_start_loc[-1]
+    return (jnp.where(live[:, None, None], out, jnp.zeros((), out.dtype)),
+            jnp.where(live[:, None], lse, -jnp.inf))
+
+
+def _mla_decode_dense(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConfig, k_scale):
     L, P = config.kv_lora_rank, config.page_size
     T = q_nope.shape[0]
     num_blocks = kv_cache.shape[0]
@@ -87,6 +100,7 @@ def _mla_decode_batch_invariant(q_nope, q_pe, kv_cache, metadata: DecodeMetadata
     num_blocks = kv_cache.shape[0]
     max_blocks = metadata.block_table.shape[1]
     req, pos = token_positions(metadata, T)
+    pos = jnp.where(jnp.arange(T) < metadata.query_start_loc[-1], pos, -1)  # padding rows: no KV step
     chunk_iota = jnp.arange(C, dtype=jnp.int32)
 
     def one_token(args):

@@ -3,7 +3,7 @@
 Both stacks take the same config, the same metadata and the same checks from here, so
 that a problem means one thing on both and a bad input gets one message:
 `MLAConfig` (one layer), `DecodeMetadata` (one batch) with `validate`, the builder
-`build_decode_metadata`, vLLM's decode/prefill split `split_decodes_and_prefills`, the
+`build_decode_metadata` (with `Bucket` / `pad_to_bucket` for a serving loop's static shapes), vLLM's decode/prefill split `split_decodes_and_prefills`, the
 shared call checks `validate_inputs` (and `validate_k_scale` for an fp8 cache), and
 `reference.mla_decode`, the float64 definition every implementation is compared with.
 
@@ -21,17 +21,30 @@ from mla_spec.inputs import (
     validate_inputs,
     validate_k_scale,
 )
-from mla_spec.metadata import BatchSplit, DecodeMetadata, build_decode_metadata, split_decodes_and_prefills
+from mla_spec.metadata import (
+    BatchSplit,
+    Bucket,
+    DecodeMetadata,
+    build_decode_metadata,
+    capture_size_buckets,
+    pad_to_bucket,
+    smallest_bucket,
+    split_decodes_and_prefills,
+)
 
 __all__ = [
     "BatchSplit",
+    "Bucket",
     "DecodeMetadata",
     "MLAConfig",
     "build_decode_metadata",
+    "capture_size_buckets",
     "check_config_and_metadata",
     "dtype_name",
     "expected_kv_cache_dtype",
+    "pad_to_bucket",
     "reference",
+    "smallest_bucket",
     "split_decodes_and_prefills",
     "validate_inputs",
     "validate_k_scale",

@@ -26,10 +26,16 @@ class DecodeMetadata:
         `kv_cache[block_table[r, p // page_size], p % page_size]`. Entries past a
         request's last page are padding and are never read.
     max_query_len, max_seq_len: upper bounds (>= the true maxima; the builder sets
-        them exactly). `max_query_len >= 1`.
-    num_decode_tokens: T, the number of query tokens (`query_start_loc[-1]`).
+        them exactly, or to a bucket's bounds). `max_query_len >= 1`.
+    num_decode_tokens: T, the number of query tokens (`query_start_loc[-1]`; with
+        `padded`, the bucket's token rows, >= `query_start_loc[-1]`).
     scheduler_metadata: backend-private (FA3's ahead-of-time schedule), or None.
     max_num_splits: split-KV bound; 0 lets the kernel's heuristic choose.
+    padded: the batch is padded to a static shape (`Bucket`, `pad_to_bucket`): requests
+        with q_len 0 and seq_len 0 are padding, and so are the token rows past
+        `query_start_loc[-1]`; every implementation gives those rows out 0, lse -inf.
+        The static fields then come from the bucket, so a jitted decode compiles once
+        per bucket, whatever the lengths of its batches.
     """
 
     query_start_loc: Any
@@ -40,6 +46,7 @@ class DecodeMetadata:
     num_decode_tokens: int
     scheduler_metadata: Any = None
     max_num_splits: int = 0
+    padded: bool = False
 
     @property
     def num_reqs(self) -> int:
@@ -112,6 +119,8 @@ def validate_metadata(
     _check_static_int("max_seq_len", md.max_seq_len, 1)
     _check_static_int("num_decode_tokens", md.num_decode_tokens, 1)
     _check_static_int("max_num_splits", md.max_num_splits, 0)
+    if not isinstance(md.padded, (bool, np.bool_)):
+        raise ValueError(f"padded must be a bool, got padded={md.padded!r}")
     if num_blocks is not None:
         _check_static_int("num_blocks", num_blocks, 1)
     if check_values:
@@ -137,24 +146,37 @@ def _validate_values(md: DecodeMetadata, config: MLAConfig, num_blocks: int | No
     if qsl[0] != 0:
         raise ValueError(f"query_start_loc must start at 0, got query_start_loc[0]={qsl[0]}")
     query_lens = np.diff(qsl)
+    padding = (query_lens == 0) & (seq_lens == 0) if md.padded else np.zeros(seq_lens.shape, bool)
     # Vectorized screen, then the first offending request's message, so that the per-call
     # cost stays flat in the batch size while the message names the first bad request.
-    bad = (seq_lens < 1) | (query_lens < 1) | (query_lens > seq_lens)
+    bad = ~padding & ((seq_lens < 1) | (query_lens < 1) | (query_lens > seq_lens))
     for r in np.flatnonzero(bad)[:1]:
         q_len, seq_len = int(query_lens[r]), int(seq_lens[r])
+        hint = "" if md.padded else " (a padding request, q_len 0 and seq_len 0, needs padded=True: pad_to_bucket)"
         if seq_len < 1:
-            raise ValueError(f"seq_lens must be >= 1, got seq_lens[{r}]={seq_len}")
+            raise ValueError(f"seq_lens must be >= 1, got seq_lens[{r}]={seq_len}"
+                             + (f" with q_len={q_len}" if md.padded else hint))
         if q_len < 1:
             raise ValueError(
                 f"each request needs q_len >= 1 (query_start_loc must increase), got q_len={q_len} for request {r} "
                 f"(query_start_loc[{r}]={qsl[r]}, query_start_loc[{r + 1}]={qsl[r + 1]})"
+                + (f" with seq_len={seq_len}" if md.padded else hint)
             )
         if q_len > seq_len:
             raise ValueError(f"q_len must be <= seq_len, got q_len={q_len} > seq_len={seq_len} for request {r}")
-    if int(qsl[-1]) != md.num_decode_tokens:
+    if padding.all():
+        raise ValueError(f"a padded batch needs at least one request with q_len >= 1, got all {seq_lens.shape[0]} "
+                         "requests padding (q_len 0, seq_len 0)")
+    if md.padded:
+        if int(qsl[-1]) > md.num_decode_tokens:
+            raise ValueError(
+                f"num_decode_tokens must be >= query_start_loc[-1] (the bucket's token rows), got "
+                f"num_decode_tokens={md.num_decode_tokens}, query_start_loc[-1]={int(qsl[-1])}"
+            )
+    elif int(qsl[-1]) != md.num_decode_tokens:
         raise ValueError(
             f"num_decode_tokens must equal query_start_loc[-1], got num_decode_tokens={md.num_decode_tokens}, "
-            f"query_start_loc[-1]={int(qsl[-1])}"
+            f"query_start_loc[-1]={int(qsl[-1])} (rows past it are padding only with padded=True: pad_to_bucket)"
         )
     if int(query_lens.max()) > md.max_query_len:
         raise ValueError(
@@ -269,6 +291,7 @@ def build_decode_metadata(
     config: MLAConfig,
     num_blocks: int | None = None,
     max_num_splits: int = 0,
+    bucket: "Bucket | None" = None,
 ) -> DecodeMetadata:
     """Builds validated int32 `DecodeMetadata` from a plain batch description.
 
@@ -276,7 +299,8 @@ def build_decode_metadata(
     new tokens (1 for plain decode, up to 8 or so for speculative decode);
     block_table: a 2-D integer array or one list of block ids per request (padded
     with block 0). Every request must be a decode (q_len <= reorder_batch_threshold);
-    use `split_decodes_and_prefills` first on a mixed batch.
+    use `split_decodes_and_prefills` first on a mixed batch. `bucket`: the result
+    padded to it (`pad_to_bucket`).
     """
     seq = _as_int_vector("seq_lens", seq_lens)
     qlen = _as_int_vector("query_lens", query_lens)
@@ -303,7 +327,96 @@ def build_decode_metadata(
         max_num_splits=max_num_splits,
     )
     md.validate(config, num_blocks=num_blocks)
-    return md
+    return md if bucket is None else pad_to_bucket(md, bucket, config, num_blocks=num_blocks)
+
+
+@dataclasses.dataclass(frozen=True)
+class Bucket:
+    """A static batch shape that decode batches are padded to (`pad_to_bucket`), as a serving
+    loop does so that each compiled decode (a `jax.jit` program, a CUDA graph) serves every
+    batch that fits: the requests, the query token rows, the block table's width and the
+    bounds on q_len and seq_len. Every field is an int >= 1."""
+
+    num_reqs: int
+    num_tokens: int
+    max_blocks: int
+    max_seq_len: int
+    max_query_len: int = 1
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            _check_static_int(f.name, getattr(self, f.name), 1)
+        if self.max_query_len > self.max_seq_len:
+            raise ValueError(f"max_query_len must be <= max_seq_len, got max_query_len={self.max_query_len}, "
+                             f"max_seq_len={self.max_seq_len}")
+
+    def misfit(self, md: DecodeMetadata) -> str | None:
+        """Why the batch of `md` does not fit this bucket (None: it fits); reads the arrays."""
+        qsl = np.asarray(md.query_start_loc, np.int64)
+        seq = np.asarray(md.seq_lens, np.int64)
+        need = {"num_reqs": md.num_reqs, "num_tokens": int(qsl[-1]), "max_blocks": md.max_blocks,
+                "max_seq_len": int(seq.max()), "max_query_len": int(np.diff(qsl).max())}
+        for name, value in need.items():
+            if value > getattr(self, name):
+                return f"the batch needs {name}={value} > the bucket's {name}={getattr(self, name)}"
+        return None
+
+
+def pad_to_bucket(md: DecodeMetadata, bucket: Bucket, config: MLAConfig, *,
+                  num_blocks: int | None = None) -> DecodeMetadata:
+    """`md` padded to `bucket`, vLLM's way: requests past the batch's get q_len 0 and seq_len 0
+    (query_start_loc repeats its last entry), block-table rows and columns are padded with
+    block 0 (never read), and max_query_len, max_seq_len and num_decode_tokens are the bucket's
+    (token rows past query_start_loc[-1] are padding). The result has `padded=True` and is
+    validated; ValueError names what does not fit. q must then have bucket.num_tokens rows."""
+    if not isinstance(bucket, Bucket):
+        raise ValueError(f"bucket must be an mla_spec.Bucket, got bucket={type(bucket).__name__}")
+    md.validate(config, num_blocks=num_blocks)
+    if bucket.max_query_len > config.reorder_batch_threshold:
+        raise ValueError(f"bucket.max_query_len={bucket.max_query_len} > reorder_batch_threshold="
+                         f"{config.reorder_batch_threshold}: a decode bucket holds decodes only")
+    reason = bucket.misfit(md)
+    if reason is not None:
+        raise ValueError(f"the batch does not fit {bucket}: {reason}")
+    qsl = np.asarray(md.query_start_loc, np.int32)
+    seq = np.zeros(bucket.num_reqs, np.int32)
+    seq[: md.num_reqs] = np.asarray(md.seq_lens)
+    qsl_pad = np.full(bucket.num_reqs + 1, qsl[-1], np.int32)
+    qsl_pad[: qsl.shape[0]] = qsl
+    bt = np.zeros((bucket.num_reqs, bucket.max_blocks), np.int32)  # vLLM pads block tables with block 0
+    bt[: md.num_reqs, : md.max_blocks] = np.asarray(md.block_table)
+    out = md.replace(query_start_loc=qsl_pad, seq_lens=seq, block_table=bt, max_query_len=bucket.max_query_len,
+                     max_seq_len=bucket.max_seq_len, num_decode_tokens=bucket.num_tokens, padded=True,
+                     scheduler_metadata=None)
+    out.validate(config, num_blocks=num_blocks)
+    return out
+
+
+def capture_size_buckets(max_num_seqs: int, *, max_blocks: int, max_seq_len: int, max_query_len: int = 1,
+                         max_size: int | None = None) -> list[Bucket]:
+    """vLLM's default CUDA-graph capture sizes as buckets, smallest first: 1, 2, 4, then multiples of 8 below 256, then
+    multiples of 16, up to min(2 max_num_seqs, 512) tokens (or max_size). A size is the bucket's token rows and its
+    requests (a decode has at least one token); the block-table width and the length bounds are the same for all."""
+    _check_static_int("max_num_seqs", max_num_seqs, 1)
+    top = min(2 * max_num_seqs, 512) if max_size is None else max_size
+    _check_static_int("max_size", top, 1)
+    sizes = [s for s in (1, 2, 4) if s <= top] + list(range(8, min(256, top + 1), 8)) + list(range(256, top + 1, 16))
+    return [Bucket(num_reqs=s, num_tokens=s, max_blocks=max_blocks, max_seq_len=max_seq_len,
+                   max_query_len=max_query_len) for s in sizes]
+
+
+def smallest_bucket(buckets: Sequence[Bucket], md: DecodeMetadata) -> Bucket:
+    """The first bucket of `buckets` (ordered smallest first) that the batch of `md` fits;
+    ValueError naming the batch's needs when none does."""
+    buckets = list(buckets)
+    if not buckets:
+        raise ValueError("buckets must hold at least one Bucket, got an empty sequence")
+    for b in buckets:
+        if not isinstance(b, Bucket):
+            raise ValueError(f"buckets must hold mla_spec.Bucket values, got {type(b).__name__}")
+        if b.misfit(md) is None:
+            return b
+    raise ValueError(f"no bucket fits the batch: the largest, {buckets[-1]}, says {buckets[-1].misfit(md)}")
 
 
 @dataclasses.dataclass(frozen=True)

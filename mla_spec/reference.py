@@ -7,6 +7,9 @@ kv_cache[block_table[r, p // page_size], p % page_size] = [kv_c (L) | k_pe (R)].
 scores = softmax_scale * (q_nope . kv_c + q_pe . k_pe); out = softmax(scores) @ kv_c;
 lse = log(sum(exp(scores))) (natural log), [T, H].
 
+Padding (metadata.padded): requests with q_len 0 and seq_len 0, and the token rows past
+query_start_loc[-1], give out 0 and lse -inf (whatever q holds there).
+
 FP8 KV cache (config.kv_cache_dtype="fp8_e4m3"): the cache holds float8_e4m3fn values (any
 float array of such values is accepted here) and the rows above are `cache value * k_scale`
 (vLLM's per-tensor `k_scale` of the MLA latent cache).
@@ -51,7 +54,7 @@ def mla_decode(q, kv_cache: np.ndarray, metadata: DecodeMetadata, config: MLACon
     q_pe = q_pe.astype(np.float64)
     T, H = q_nope.shape[:2]
     out = np.zeros((T, H, L), np.float64)
-    lse = np.zeros((T, H), np.float64)
+    lse = np.full((T, H), -np.inf, np.float64)  # (rows of no request: padding)
     qsl = np.asarray(metadata.query_start_loc, np.int64)
     seq_lens = np.asarray(metadata.seq_lens, np.int64)
     bt = np.asarray(metadata.block_table, np.int64)
@@ -59,6 +62,8 @@ def mla_decode(q, kv_cache: np.ndarray, metadata: DecodeMetadata, config: MLACon
     for r in range(seq_lens.shape[0]):
         start, end, seq_len = int(qsl[r]), int(qsl[r + 1]), int(seq_lens[r])
         q_len = end - start
+        if q_len == 0:  # a padding request
+            continue
         pos = np.arange(seq_len)
         rows = kv_cache[bt[r, pos // P], pos % P].astype(np.float64)  # [S, L+R], only valid slots
         if config.is_fp8_kv_cache:

@@ -12,6 +12,7 @@ from mla_torch.api import IMPLS, check_call, mla_decode, select_impl, split_q, t
 from mla_torch.dcp import dcp_mla_decode_local, merge_attn_states
 from mla_torch.fa3 import (
     CAPTURE_SIZE_MSG,
+    BucketGraphs,
     FA3DecodeGraph,
     FA3Provider,
     FA3UnavailableError,
@@ -27,6 +28,7 @@ from mla_torch.fa3 import (
 )
 
 __all__ = [
+    "BucketGraphs",
     "CAPTURE_SIZE_MSG",
     "FA3DecodeGraph",
     "FA3Provider",

@@ -3,6 +3,7 @@
 One request at a time, over exactly its `seq_len` valid slots (padding slots are
 never read, so NaN there cannot leak). The math of a request depends on that request
 alone, so the result is batch-invariant by construction (config.batch_invariant holds).
+Padding requests (q_len 0) are skipped, and rows of no request get out 0, lse -inf.
 An fp8 cache (kv_cache_dtype="fp8_e4m3", torch.float8_e4m3fn) is dequantized as
 `fp8 value * k_scale` in float32.
 """
@@ -24,14 +25,17 @@ def mla_decode(q_nope, q_pe, kv_cache, query_start_loc, seq_lens, block_table, c
     L, P = config.kv_lora_rank, config.page_size
     T, H = q_nope.shape[:2]
     device = q_nope.device
-    out = torch.empty((T, H, L), dtype=torch.float32, device=device)
-    lse = torch.empty((T, H), dtype=torch.float32, device=device)
+    # rows of no request (padding past query_start_loc[-1]) stay out 0, lse -inf
+    out = torch.zeros((T, H, L), dtype=torch.float32, device=device)
+    lse = torch.full((T, H), float("-inf"), dtype=torch.float32, device=device)
     qsl = query_start_loc.tolist()
     lens = seq_lens.tolist()
     bt = block_table.to(device=device, dtype=torch.long)
     for r, seq_len in enumerate(lens):
         start, end = qsl[r], qsl[r + 1]
         q_len = end - start
+        if q_len == 0:  # a padding request (seq_len 0)
+            continue
         pos = torch.arange(seq_len, device=device)
         rows = kv_cache[bt[r, pos // P], pos % P].float()  # [S, L+R]
         if config.is_fp8_kv_cache:

@@ -26,7 +26,7 @@ import functools
 import numpy as np
 import pytest
 
-from mla_spec import dtype_name, reference
+from mla_spec import Bucket, dtype_name, pad_to_bucket, reference
 from parity.compare import TOLERANCES, compare
 from parity.scenarios import Batch, Scenario, make_batch, make_fp8_batch
 
@@ -77,6 +77,10 @@ CASES = [
 ]
 CASE_IDS = [c.id for c in CASES]
 assert len(set(CASE_IDS)) == len(CASE_IDS), "case ids must be unique"
+
+# the cases padded to a bucket (test_padded_bucket): ragged q_len 1-3 in bf16, and an fp8 cache
+PADDED_CASES = [c for c in CASES if c.id in ("ragged_spread-bfloat16", "fp8_spec-bfloat16-fp8")]
+PADDED_IDS = [c.id for c in PADDED_CASES]
 
 # the case the NaN-teeth test poisons: one every implementation runs (FlashMLA's page 64 and one q_len)
 READ_NAN_CASE = CASES[0]
@@ -163,6 +167,25 @@ class DecodeCases:
         assert np.isnan(p.batch.kv_cache).any(), "the unreadable slots hold NaN, to be leaked"
         out, lse = self.decode(p.batch, p.k_scale)
         assert_matches_reference(out, lse, p, case, f"{type(self).__name__} {case.id}")
+
+    @pytest.mark.parametrize("case", PADDED_CASES, ids=PADDED_IDS)
+    def test_padded_bucket(self, case: Case):
+        """The batch padded to a bucket (two padding requests, token rows and block-table columns past the
+        batch's, max_seq_len a bound): the real rows match the reference, and every padding row, whose q is NaN,
+        gives out 0 and lse -inf (block 0, which the padding's block-table entries name, holds NaN)."""
+        p = self._prepare_or_skip(case)
+        md = p.batch.metadata
+        T = int(md.num_decode_tokens)
+        bucket = Bucket(num_reqs=md.num_reqs + 2, num_tokens=T + 3, max_blocks=md.max_blocks + 2,
+                        max_seq_len=md.max_seq_len + 100, max_query_len=3)
+        padded = pad_to_bucket(md, bucket, p.batch.config, num_blocks=p.batch.kv_cache.shape[0])
+        assert np.isnan(p.batch.kv_cache[0]).all(), "block 0 (the padding's) holds NaN"
+        q = np.concatenate([p.batch.q, np.full((3,) + p.batch.q.shape[1:], np.nan, np.float32)])
+        out, lse = self.decode(dataclasses.replace(p.batch, metadata=padded, q=q), p.k_scale)
+        assert_matches_reference(out[:T], lse[:T], p, case, f"{type(self).__name__} {case.id} padded")
+        out, lse = to_numpy(out), to_numpy(lse)
+        assert (out[T:] == 0).all(), f"padding rows' out: {out[T:].min()} .. {out[T:].max()}, expected 0"
+        assert (lse[T:] == -np.inf).all(), f"padding rows' lse: {lse[T:].min()} .. {lse[T:].max()}, expected -inf"
 
     def test_a_read_nan_shows(self):
         """The NaN checks have teeth: NaN in a slot request 0 reads makes its out NaN, and only its out."""

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import mla_torch
-from mla_spec import MLAConfig, build_decode_metadata
+from mla_spec import Bucket, MLAConfig, build_decode_metadata, capture_size_buckets, pad_to_bucket
 from mla_spec import reference as np_reference
 from mla_spec.config import FP8_KV_CACHE_MSG, NON_DECODER_MSG, UNSUPPORTED_FEATURES_MSG
 from mla_torch import fa3
@@ -78,6 +78,8 @@ class FakeFA3:
         kv = torch.cat([v[:, :, 0], k[:, :, 0]], dim=-1)
         cfg = self.config.replace(softmax_scale=softmax_scale)
         out, lse = torch_reference.mla_decode(q_v, q, kv, cu_seqlens_q, seqused_k, block_table, cfg)
+        end = int(cu_seqlens_q[-1])  # FA3 writes no row past the batch's tokens: NaN stands for what they hold
+        out[end:], lse[end:] = float("nan"), float("nan")
         lse = lse.T.contiguous()  # FA3: [H, T]
         return (out, lse) if return_softmax_lse else out
 
@@ -840,3 +842,76 @@ def test_gpu_fa3_agrees_with_flashmla_at_page_64(num_heads, q_len):
     _assert_matches(out, lse, m_out, m_lse, "bfloat16", "FA3 vs FlashMLA")
     c = compare(_np(out), _np(m_out), name="FA3 vs FlashMLA out", rel_tol=4e-3)
     assert c.ok, c.message
+
+
+# ----------------------------------------------------------------------------------------
+# Buckets: padded metadata through the Impl and FA3DecodeGraph (CPU, stand-in); vLLM's capture sizes
+# ----------------------------------------------------------------------------------------
+
+
+def _padded(batch, cfg, extra_tokens=3):
+    md = batch.metadata
+    bucket = Bucket(num_reqs=md.num_reqs + 2, num_tokens=md.num_decode_tokens + extra_tokens,
+                    max_blocks=md.max_blocks + 2, max_seq_len=md.max_seq_len + 64, max_query_len=8)
+    return bucket, pad_to_bucket(md, bucket, cfg)
+
+
+def test_padded_bucket_rows_are_zero_and_minus_inf_through_the_graph_and_the_impl(monkeypatch):
+    """A batch padded to a bucket: the real rows match the reference, and the padding rows (whose q is NaN, and
+    which FA3 leaves unwritten: NaN in the stand-in) are out 0, lse -inf, through FA3DecodeGraph and through
+    mla_torch.mla_decode(impl="fa3")."""
+    cfg = MLAConfig(num_heads=16, page_size=16, max_num_seqs=8, max_capture_size=32)
+    a = make_batch(Scenario("a", seq_lens=(40, 97, 130), query_lens=(2, 4, 3), page_size=16), "bfloat16",
+                   max_num_seqs=8, max_capture_size=32)
+    bucket, md = _padded(a, cfg)
+    T = a.metadata.num_decode_tokens
+    q, kv = _torch_batch(a)
+    q = torch.cat([q, torch.full((bucket.num_tokens - T,) + tuple(q.shape[1:]), float("nan"), dtype=q.dtype)])
+    fake = FakeFA3(cfg)
+    ref_out, ref_lse = np_reference.mla_decode(a.q, a.kv_cache, a.metadata, a.config)
+    g = fa3.FA3DecodeGraph(cfg, kv, max_num_reqs=bucket.num_reqs, max_num_tokens=bucket.num_tokens,
+                           max_blocks_per_req=bucket.max_blocks, max_query_len=8, fa3_provider=fake.provider)
+    monkeypatch.setattr(fa3_providers, "require_fa3", lambda device: None)
+    monkeypatch.setattr(fa3_impl, "_builder_and_impl",
+                        lambda config, device: (fa3.FlashAttnMLAMetadataBuilder(config, device, fa3_provider=fake.provider),
+                                                fa3.FlashAttnMLAImpl.from_config(config, device, fa3_provider=fake.provider)))
+    for what, (out, lse) in (("graph", g.run_eager(q, md)), ("impl", fa3.mla_decode(q, kv, md, cfg))):
+        assert g.query_start_loc.tolist() == [0, 2, 6, 9, 9, 9], what  # padding requests repeat the token count
+        assert out.shape == (bucket.num_tokens, 16, 512) and lse.shape == (bucket.num_tokens, 16), what
+        _assert_matches(out[:T], lse[:T], ref_out, ref_lse, "bfloat16", what)
+        assert (out[T:] == 0).all() and (lse[T:] == float("-inf")).all(), what
+
+
+def test_capture_size_buckets_are_vllms_sizes():
+    sizes = [b.num_tokens for b in capture_size_buckets(256, max_blocks=64, max_seq_len=4096)]
+    assert sizes == [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, 513, 16))
+    assert [b.num_tokens for b in capture_size_buckets(4, max_blocks=8, max_seq_len=128)] == [1, 2, 4, 8]
+    b = capture_size_buckets(2, max_blocks=8, max_seq_len=128, max_query_len=2)
+    assert [x.num_reqs for x in b] == [1, 2, 4] and {x.max_query_len for x in b} == {2}
+    with pytest.raises(ValueError, match="max_num_seqs must be >= 1, got max_num_seqs=0"):
+        capture_size_buckets(0, max_blocks=8, max_seq_len=128)
+
+
+@pytest.mark.gpu
+def test_bucket_graphs_capture_once_per_bucket_and_match_the_reference():
+    """mla_torch.BucketGraphs on FA3: batches of changing sizes through three buckets; one capture a bucket, every
+    replay against the torch reference, padding rows 0 / -inf."""
+    if FA3_REASON is not None:
+        pytest.skip(FA3_REASON)
+    cfg = MLAConfig(num_heads=16, page_size=16)
+    buckets = [Bucket(num_reqs=n, num_tokens=3 * n, max_blocks=16, max_seq_len=256, max_query_len=3) for n in (2, 4, 8)]
+    rng = np.random.default_rng(0)
+    kv = torch.randn((1 + 8 * 16, 16, 576), dtype=torch.bfloat16, device="cuda")
+    graphs = mla_torch.BucketGraphs(cfg, kv, buckets)
+    for step, n in enumerate([1, 2, 3, 5, 8, 4, 2, 7, 1, 6]):
+        seq = rng.integers(4, 250, size=n)
+        qlen = rng.integers(1, 4, size=n)
+        bt = rng.permutation(np.arange(1, kv.shape[0]))[: n * 16].reshape(n, 16)
+        md = build_decode_metadata(seq_lens=seq, query_lens=qlen, block_table=bt, config=cfg, num_blocks=kv.shape[0])
+        q = torch.randn((md.num_decode_tokens, 16, 576), dtype=torch.bfloat16, device="cuda")
+        out, lse = graphs(q, md)
+        torch.cuda.synchronize()
+        ref = torch_reference.mla_decode(q[..., :512], q[..., 512:], kv, torch.from_numpy(md.query_start_loc),
+                                         torch.from_numpy(md.seq_lens), torch.from_numpy(md.block_table), cfg)
+        _assert_matches(out, lse, *ref, "bfloat16", f"step {step}")
+    assert graphs.num_captured == 3

@@ -80,6 +80,10 @@ class TestFlashMLA(DecodeCases):
         torch.cuda.synchronize()
         return out, lse
 
+    def test_padded_bucket(self, case):
+        pytest.skip("FlashMLA is a timing anchor here, called on exact batches: the padded buckets are the "
+                    "library's implementations' contract")
+
 
 # ----------------------------------------------------------------------------- JAX
 

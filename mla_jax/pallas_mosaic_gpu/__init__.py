@@ -53,6 +53,7 @@ from jax import lax
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from mla_jax.combine import combine
 from mla_jax.combine import combine_ref
+from mla_jax.reference import mask_padding
 from mla_spec import DecodeMetadata
 from mla_spec import MLAConfig
 from mla_jax.pallas_mosaic_gpu.config import (
@@ -150,7 +151,9 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
                     else combine(out, lse, out_dtype, col_order=order))
     elif pv_registers:
         out = out[..., order]
-    return out[:, :num_heads], lse[:, :num_heads]
+    out, lse = out[:, :num_heads], lse[:, :num_heads]
+    # a padded bucket's token rows past query_start_loc[-1]: no CTA writes them
+    return mask_padding(out, lse, metadata) if metadata.padded else (out, lse)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "tuning", "interpret", "out_dtype"))

@@ -14,7 +14,7 @@ import by a lazy lookup, so that the package imports without CUDA.
 - `impl`: the seed's backend and Impl (the FA3 call), and `mla_decode` /
   `unsupported_reason`, behind `mla_torch.mla_decode(impl="fa3")`.
 - `graph`: `FA3DecodeGraph`, one decode captured in a full CUDA graph and replayed
-  with other batches.
+  with other batches, and `BucketGraphs`, one such graph a bucket of a serving loop.
 
     from mla_torch import fa3
     out, lse = fa3.mla_decode(q, kv_cache, metadata, config)
@@ -47,9 +47,10 @@ from mla_torch.fa3.impl import (
     mla_decode,
     unsupported_reason,
 )
-from mla_torch.fa3.graph import FA3DecodeGraph
+from mla_torch.fa3.graph import BucketGraphs, FA3DecodeGraph
 
 __all__ = [
+    "BucketGraphs",
     "CAPTURE_SIZE_MSG",
     "FA3DecodeGraph",
     "FA3Provider",

@@ -13,11 +13,11 @@ from __future__ import annotations
 import torch
 
 from mla_spec import DecodeMetadata, MLAConfig
-from mla_torch.fa3.impl import FlashAttnMLAImpl
+from mla_torch.fa3.impl import FlashAttnMLAImpl, mask_padding
 from mla_torch.fa3.metadata import FlashAttnMLAMetadata, FlashAttnMLAMetadataBuilder, cpu_int32
 from mla_torch.fa3.providers import FA3Provider
 
-__all__ = ["FA3DecodeGraph"]
+__all__ = ["BucketGraphs", "FA3DecodeGraph"]
 
 
 class FA3DecodeGraph:
@@ -129,8 +129,9 @@ class FA3DecodeGraph:
             self.q[:T, :, L:].copy_(q[1])
         else:
             self.q[:T].copy_(q)
-        # vLLM's padding: extra requests have no query tokens and no KV.
-        qsl_pad = torch.full((self.max_num_reqs + 1,), T, dtype=torch.int32)
+        # vLLM's padding: extra requests have no query tokens and no KV (query_start_loc repeats the batch's token
+        # count, which a padded bucket's metadata holds below num_decode_tokens)
+        qsl_pad = torch.full((self.max_num_reqs + 1,), int(qsl[-1]), dtype=torch.int32)
         qsl_pad[: R + 1] = qsl
         seq_pad = torch.zeros(self.max_num_reqs, dtype=torch.int32)
         seq_pad[:R] = seq_lens
@@ -153,10 +154,16 @@ class FA3DecodeGraph:
         return FlashAttnMLAMetadata(num_reqs=self.max_num_reqs, num_actual_tokens=T, num_decodes=self.max_num_reqs,
                                     num_decode_tokens=T, decode=decode)
 
+    def _forward(self, attn_metadata):
+        """FA3 on the persistent buffers, then out 0 and lse -inf on the rows past the batch's tokens (a padded
+        bucket's rows: FA3 writes none of them), read from the device's query_start_loc (captured with the rest)."""
+        out, lse = self.impl._forward_decode(self.q, self.kv_cache, attn_metadata)
+        return mask_padding(out, lse, self.query_start_loc)
+
     def run_eager(self, q, metadata: DecodeMetadata):
         """The same call without a graph (on the padded buffers). Returns copies."""
         attn_metadata = self.load(q, metadata)
-        out, lse = self.impl._forward_decode(self.q, self.kv_cache, attn_metadata)
+        out, lse = self._forward(attn_metadata)
         T = self._num_tokens
         return out[:T].clone(), lse[:T].clone()
 
@@ -167,13 +174,13 @@ class FA3DecodeGraph:
         stream = torch.cuda.Stream(device=self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            self.impl._forward_decode(self.q, self.kv_cache, attn_metadata)
+            self._forward(attn_metadata)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         # The warm-up consumed the schedule's semaphore; rebuild before capture.
         attn_metadata = self.load(q, metadata)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            self._out, self._lse = self.impl._forward_decode(self.q, self.kv_cache, attn_metadata)
+            self._out, self._lse = self._forward(attn_metadata)
         self.graph = graph
         self.load(q, metadata)
         graph.replay()
@@ -190,3 +197,44 @@ class FA3DecodeGraph:
     def _outputs(self):
         T = self._num_tokens
         return self._out[:T], (self._lse[:T] if self._lse is not None else None)
+
+
+class BucketGraphs:
+    """A serving loop's CUDA graphs: one `FA3DecodeGraph` a `mla_spec.Bucket`, captured at a bucket's first batch and
+    replayed for every later batch that the bucket is the smallest to fit (`mla_spec.smallest_bucket`), as vLLM
+    captures a full graph per capture size (`mla_spec.capture_size_buckets` gives its sizes as buckets).
+
+        graphs = BucketGraphs(config, kv_cache, buckets)
+        out, lse = graphs(q, metadata)   # exact or padded metadata; q has metadata.num_decode_tokens rows
+
+    The results are views of the bucket graph's outputs (the next call of that bucket overwrites them); rows past
+    the batch's tokens are out 0, lse -inf. Each graph pins its bucket's shapes and, with the builder in
+    full-CUDA-graph mode, FA3's scheduler-metadata buffer and its split count (the config's
+    max_num_splits_for_cuda_graph, for token counts up to 992)."""
+
+    def __init__(self, config: MLAConfig, kv_cache: torch.Tensor, buckets, *, fa3_provider: FA3Provider | None = None):
+        from mla_spec import Bucket
+
+        self.buckets = list(buckets)
+        if not self.buckets or not all(isinstance(b, Bucket) for b in self.buckets):
+            raise ValueError(f"buckets must be a non-empty sequence of mla_spec.Bucket, got {buckets!r}")
+        self.graphs = {
+            b: FA3DecodeGraph(config, kv_cache, max_num_reqs=b.num_reqs, max_num_tokens=b.num_tokens,
+                              max_blocks_per_req=b.max_blocks, max_query_len=b.max_query_len,
+                              max_seq_len=min(b.max_seq_len, b.max_blocks * config.page_size),
+                              fa3_provider=fa3_provider)
+            for b in self.buckets
+        }
+
+    @property
+    def num_captured(self) -> int:
+        """Graphs captured so far (one a bucket used)."""
+        return sum(g.graph is not None for g in self.graphs.values())
+
+    def __call__(self, q, metadata: DecodeMetadata):
+        from mla_spec import smallest_bucket
+
+        graph = self.graphs[smallest_bucket(self.buckets, metadata)]
+        if graph.graph is None:
+            return graph.capture(q, metadata)
+        return graph.replay(q, metadata)

@@ -406,4 +406,16 @@ def mla_decode(q, kv_cache: torch.Tensor, metadata: DecodeMetadata, config: MLAC
     builder, impl = _builder_and_impl(config, str(device))
     attn_metadata = builder.build(metadata, num_blocks=int(kv_cache.shape[0]))
     out, lse = impl._forward_decode(q, kv_cache, attn_metadata)
+    if metadata.padded:  # FA3 writes no row past cu_seqlens_q[-1]: a padded bucket's rows
+        out, lse = mask_padding(out, lse, attn_metadata.decode.query_start_loc)
+    return out, lse
+
+
+def mask_padding(out: torch.Tensor, lse: torch.Tensor, query_start_loc: torch.Tensor):
+    """out 0 and lse -inf on the token rows past query_start_loc[-1] (a device tensor: no host sync, so the
+    masking can be captured in a CUDA graph)."""
+    live = torch.arange(out.shape[0], device=out.device) < query_start_loc[-1].to(out.device)
+    out = torch.where(live[:, None, None], out, torch.zeros((), dtype=out.dtype, device=out.device))
+    if lse is not None:
+        lse = torch.where(live[:, None], lse, torch.full((), float("-inf"), dtype=lse.dtype, device=lse.device))
     return out, lse
