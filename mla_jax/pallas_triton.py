@@ -83,6 +83,7 @@ from mla_jax import combine
 from mla_jax.schedule import (BEGIN_REQ, BEGIN_STEP, END_REQ, END_STEP, FIRST_SLOT, NUM_STEPS, TABLE_COLUMNS,
                               mla_schedule)
 from mla_spec import DecodeMetadata, MLAConfig
+from mla_spec.config import check_config
 
 NUM_SMS_H200 = 132
 """Streaming multiprocessors on the H200 (and H100 SXM): the occupancy target of the heuristic."""
@@ -235,6 +236,7 @@ def heuristic_config(
 def unsupported_reason(config: MLAConfig, device=None) -> str | None:
     """None if the kernel runs `config` (on `device`, or in interpret mode / on the
     current GPU when device is None); otherwise why not."""
+    check_config(config)
     L, R = config.kv_lora_rank, config.qk_rope_head_dim
     if not _is_pow2(L) or L < 16:
         return f"kv_lora_rank must be a power of two >= 16 for the Triton lowering, got kv_lora_rank={L}"
@@ -492,7 +494,12 @@ def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConf
     `tuning=None` picks `heuristic_config(...)`; `metadata.max_num_splits > 0` bounds the
     pieces of each request (chunk mode). Works under jax.jit (config and tuning static); the
     schedule is computed from the traced lengths, so new lengths reuse the compiled call.
+    `interpret` must be a bool.
     """
+    from mla_jax.api import check_interpret
+
+    check_config(config)
+    check_interpret(interpret)
     if tuning is None:
         tuning = heuristic_config(
             config,
@@ -514,7 +521,7 @@ def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConf
         reason = fp8_gpu_reason(tuning)
         if reason is not None:
             raise NotImplementedError(reason)
-    return _mla_decode(q_nope, q_pe, kv_cache, k_scale, metadata, config, tuning, bool(interpret))
+    return _mla_decode(q_nope, q_pe, kv_cache, k_scale, metadata, config, tuning, interpret)
 
 
 # fp8 compiled on a GPU (measured on the H200): every fp8 tile of 64 rows with 64-row KV steps stops with
