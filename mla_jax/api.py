@@ -25,6 +25,8 @@ from mla_spec import (
     validate_inputs,
     validate_k_scale,
 )
+from mla_spec.config import check_config
+from mla_spec.inputs import check_q_pair
 
 jax.tree_util.register_dataclass(
     DecodeMetadata,
@@ -57,8 +59,24 @@ def default_interpret() -> bool:
     return jax.default_backend() == "cpu"
 
 
+def check_interpret(interpret, *, allow_none: bool = False, allow_params: bool = False) -> None:
+    """Raises ValueError naming the value unless `interpret` is a bool (a truthy string or number would turn
+    interpret mode on): also None where `allow_none` (the caller picks the default), and a Mosaic GPU
+    `plgpu.InterpretGPUParams` where `allow_params`."""
+    if isinstance(interpret, bool) or (allow_none and interpret is None):
+        return
+    if allow_params:
+        from jax.experimental.pallas import mosaic_gpu as plgpu
+
+        if isinstance(interpret, plgpu.InterpretGPUParams):
+            return
+    expected = " or ".join(["a bool"] + ["None"] * allow_none + ["a plgpu.InterpretGPUParams"] * allow_params)
+    raise ValueError(f"interpret must be {expected}, got interpret={interpret!r}")
+
+
 def unsupported_reason(impl: str, config: MLAConfig, device=None) -> str | None:
     """Why `impl` cannot run `config` on `device` (None: it can). Interpret mode counts as running."""
+    check_config(config)
     if impl == "xla":
         return None
     mod = _module(impl)
@@ -71,6 +89,7 @@ def unsupported_reason(impl: str, config: MLAConfig, device=None) -> str | None:
 
 def select_impl(config: MLAConfig, device=None) -> tuple[str, dict[str, str]]:
     """The impl "auto" picks, and why each faster one was passed over."""
+    check_config(config)
     device = device or jax.devices()[0]
     skipped = {}
     for impl in _AUTO_ORDER:
@@ -110,9 +129,9 @@ def _is_concrete(x) -> bool:
 
 def split_q(q, config: MLAConfig):
     """`(q_nope, q_pe)` from the packed q `[T, H, L+R]`, or the pair itself."""
+    check_config(config)
+    check_q_pair(q)
     if isinstance(q, tuple):
-        if len(q) != 2:
-            raise ValueError(f"q must be one array or a (q_nope, q_pe) pair, got a tuple of {len(q)}")
         return q
     return q[..., : config.kv_lora_rank], q[..., config.kv_lora_rank :]
 
@@ -136,14 +155,19 @@ def mla_decode(
     (float8_e4m3fn with kv_cache_dtype="fp8_e4m3"). k_scale: the fp8 cache's per-tensor scale
     (real value = fp8 value * k_scale): a float or a 0-d float array, a normal float32 > 0; it is a
     traced value under jax.jit (a new scale does not recompile); 1.0 for other caches.
+    interpret: a bool, or None (interpret mode where JAX has no GPU); for impl="pallas_mosaic_gpu" also a
+    `plgpu.InterpretGPUParams`.
     Validates shapes and dtypes always, metadata and k_scale values when they are concrete (not
     traced), so bad input raises ValueError/NotImplementedError before any kernel runs.
     """
     check_config_and_metadata(config, metadata)
+    check_interpret(interpret, allow_none=True, allow_params=impl == "pallas_mosaic_gpu")
+    check_q_pair(q)
     parts = q if isinstance(q, tuple) else (q,)
-    for x in parts + (kv_cache,):
+    names = ("q_nope", "q_pe") if isinstance(q, tuple) else ("q",)
+    for name, x in zip(names + ("kv_cache",), parts + (kv_cache,)):
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-            raise ValueError(f"q and kv_cache must be arrays, got {type(x).__name__}")
+            raise ValueError(f"q and kv_cache must be arrays, got {name}={type(x).__name__}")
     concrete = all(_is_concrete(x) for x in (metadata.query_start_loc, metadata.seq_lens, metadata.block_table))
     validate_inputs(
         config,

@@ -37,6 +37,7 @@ from mla_jax.combine import combine_ref
 from mla_spec import DecodeMetadata, MLAConfig, check_config_and_metadata, dtype_name, validate_inputs, validate_k_scale
 from mla_spec.dcp import (
     DCPShards,
+    check_partial_sequence,
     check_partials,
     check_world_size,
     local_config,
@@ -69,13 +70,23 @@ def merge_partials(outs, lses, out_dtype=None):
     an empty shard) -> `(out [T, H, L] in out_dtype (default outs' dtype), lse [T, H] float32)`:
     lse = logsumexp over shards, out = sum_s exp(lse_s - lse) * out_s, computed in float32.
     A row with every shard empty gives out 0, lse -inf (no NaN). Shapes and dtypes are checked
-    (ValueError naming them; they are static, so also under jax.jit)."""
+    (ValueError naming them; they are static, so also under jax.jit). outs and lses may also be sequences
+    of W per-shard arrays of one shape; out_dtype a dtype or its name ("bfloat16")."""
+    check_partial_sequence(outs, "outs", "merge_partials")
+    check_partial_sequence(lses, "lses", "merge_partials")
     outs, lses = jnp.asarray(outs), jnp.asarray(lses)
     check_partials(outs, lses, "merge_partials", dtype_name=dtype_name,
                    is_float=lambda d: jnp.issubdtype(d, jnp.floating))
-    out_dtype = outs.dtype if out_dtype is None else out_dtype
-    if not jnp.issubdtype(out_dtype, jnp.floating):
-        raise ValueError(f"merge_partials takes a float out_dtype, got out_dtype={dtype_name(out_dtype)}")
+    if out_dtype is None:
+        out_dtype = outs.dtype
+    else:
+        try:
+            is_float = jnp.issubdtype(out_dtype, jnp.floating)
+        except TypeError:  # not a dtype: "nonsense", 5
+            is_float = False
+        if not is_float:
+            shown = repr(out_dtype) if isinstance(out_dtype, str) else dtype_name(out_dtype)
+            raise ValueError(f"merge_partials takes a float out_dtype, got out_dtype={shown}")
     # the split-KV combine's formula (mla_jax.combine): shards merge as splits do
     return combine_ref(outs.astype(jnp.float32), lses.astype(jnp.float32), out_dtype)
 
@@ -167,6 +178,7 @@ def dcp_mla_decode(
     the metadata is concrete; under an outer `jax.jit` only shapes and dtypes are.
     """
     check_config_and_metadata(config, metadata_shards, metadata_name="metadata_shards")
+    _api.check_interpret(interpret, allow_none=True)
     if impl not in DCP_IMPLS:
         raise ValueError(f"unknown DCP impl={impl!r}; expected one of {DCP_IMPLS}")
     if not isinstance(mesh, Mesh):

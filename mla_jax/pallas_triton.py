@@ -88,6 +88,7 @@ from mla_jax import combine
 from mla_jax.schedule import (BEGIN_REQ, BEGIN_STEP, END_REQ, END_STEP, FIRST_SLOT, NUM_STEPS, TABLE_COLUMNS,
                               Schedule, mla_schedule, prebuilt_or_build)
 from mla_spec import DecodeMetadata, MLAConfig
+from mla_spec.config import check_config
 
 NUM_SMS_H200 = 132
 """Streaming multiprocessors on the H200 (and H100 SXM): the occupancy target of the heuristic."""
@@ -240,6 +241,7 @@ def heuristic_config(
 def unsupported_reason(config: MLAConfig, device=None) -> str | None:
     """None if the kernel runs `config` (on `device`, or in interpret mode / on the
     current GPU when device is None); otherwise why not."""
+    check_config(config)
     L, R = config.kv_lora_rank, config.qk_rope_head_dim
     if not _is_pow2(L) or L < 16:
         return f"kv_lora_rank must be a power of two >= 16 for the Triton lowering, got kv_lora_rank={L}"
@@ -567,14 +569,18 @@ def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConf
     schedule is computed from the traced lengths, so new lengths reuse the compiled call.
     A Schedule in `metadata.scheduler_metadata` (with_schedule: built once a batch) is walked
     as it is instead; it must be for this tuning's num_parts, block_kv and chunk_steps
-    (ValueError otherwise).
+    (ValueError otherwise). `interpret` must be a bool.
     """
+    from mla_jax.api import check_interpret
+
+    check_config(config)
+    check_interpret(interpret)
     tuning = _resolve_tuning(config, metadata, q_nope.shape[0], tuning)
     if config.is_fp8_kv_cache and not interpret:
         reason = fp8_gpu_reason(tuning)
         if reason is not None:
             raise NotImplementedError(reason)
-    return _mla_decode(q_nope, q_pe, kv_cache, k_scale, metadata, config, tuning, bool(interpret))
+    return _mla_decode(q_nope, q_pe, kv_cache, k_scale, metadata, config, tuning, interpret)
 
 
 # fp8 compiled on a GPU (measured on the H200): every fp8 tile of 64 rows with 64-row KV steps stops with

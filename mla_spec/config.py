@@ -26,6 +26,9 @@ Pallas Triton kernel do."""
 FP8_KV_CACHE_ARRAY_DTYPES = {"fp8_e4m3": "float8_e4m3fn"}
 """The array dtype name (torch and JAX/NumPy alike) of the cache for each fp8 `kv_cache_dtype`."""
 
+FP8_E4M3_MAX = 448.0
+"""The largest finite float8_e4m3fn value."""
+
 ATTN_TYPE_DECODER = "decoder"
 
 # The seed's messages (vLLM FlashAttnMLAImpl), kept verbatim.
@@ -43,6 +46,27 @@ FP8_KV_CACHE_MSG = "FlashAttnMLA V1 with FP8 KV cache not yet supported"
 FLOAT32_NORMAL_RANGE = (float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max))
 """Scales (softmax_scale, k_scale) are range-checked here in float64 but used in float32 by every
 kernel: a value outside this range would overflow to inf (NaN out) or flush to 0 / lose precision."""
+
+
+def _largest_fp8_scale() -> float:
+    """The largest float32 `k` with `FP8_E4M3_MAX * k` finite in float32."""
+    k = np.float32(float(np.finfo(np.float32).max) / FP8_E4M3_MAX)
+    with np.errstate(over="ignore"):
+        while not np.isfinite(np.float32(FP8_E4M3_MAX) * k):
+            k = np.nextafter(k, np.float32(0))
+    return float(k)
+
+
+K_SCALE_MAX = _largest_fp8_scale()
+"""The largest fp8 cache scale `k_scale` (7.5956e35 = float32 max / 448): every impl dequantizes in float32, where a
+stored 448 times a larger scale overflows to inf (NaN out)."""
+
+
+def check_config(config, name: str = "config") -> None:
+    """Raises ValueError naming `name` and the type unless `config` is an `MLAConfig` (rather than an
+    AttributeError on its first field)."""
+    if not isinstance(config, MLAConfig):
+        raise ValueError(f"{name} must be an mla_spec.MLAConfig, got {name}={type(config).__name__}")
 
 
 def as_real_float(value):
@@ -64,6 +88,18 @@ def check_float32_scale(name: str, value: float, shown=None) -> None:
         shown = value if shown is None else shown
         raise ValueError(
             f"{name} must be finite, > 0 and a normal float32 ({lo:.6g} <= {name} <= {hi:.6g}), got {name}={shown!r}"
+        )
+
+
+def check_fp8_scale(name: str, value: float, shown=None) -> None:
+    """`check_float32_scale`, and `value <= K_SCALE_MAX`: the largest fp8 value times the scale stays finite in
+    float32."""
+    check_float32_scale(name, value, shown)
+    if value > K_SCALE_MAX:
+        shown = value if shown is None else shown
+        raise ValueError(
+            f"{name} must be <= {K_SCALE_MAX:.6g} (float32 max / {FP8_E4M3_MAX:g}, the largest float8_e4m3fn value: "
+            f"a larger scale turns that value into inf in float32, NaN out), got {name}={shown!r}"
         )
 
 

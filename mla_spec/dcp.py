@@ -34,7 +34,7 @@ import dataclasses
 
 import numpy as np
 
-from mla_spec.config import MLAConfig
+from mla_spec.config import MLAConfig, check_config
 from mla_spec.inputs import check_config_and_metadata
 from mla_spec.metadata import DecodeMetadata
 
@@ -59,6 +59,7 @@ def kernel_seq_lens(local_lens):
 
 def check_world_size(config: MLAConfig, world_size: int) -> None:
     """Raises ValueError unless `world_size` is an int >= 1 equal to `config.dcp_world_size`."""
+    check_config(config)
     if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) or world_size < 1:
         raise ValueError(f"world_size must be an int >= 1, got {world_size=!r}")
     if config.dcp_world_size != world_size:
@@ -84,6 +85,7 @@ def check_single_token_queries(query_start_loc) -> None:
 
 def local_config(config: MLAConfig) -> MLAConfig:
     """The config a per-shard kernel runs with: the same layer, dcp_world_size=1 (it sees one KV shard)."""
+    check_config(config)
     return config.replace(dcp_world_size=1)
 
 
@@ -196,6 +198,7 @@ def shard_batch(
     with `permute_blocks=True`. Unread slots are set to `fill` (NaN by default, so that a
     kernel reading them shows). Every request must have q_len == 1.
     """
+    check_config(config)
     world_size = config.dcp_world_size if world_size is None else world_size
     check_world_size(config, world_size)
     kv_cache = np.asarray(kv_cache)
@@ -238,6 +241,24 @@ def shard_batch(
     return DCPShards(kv_cache=caches, metadata=md, world_size=world_size)
 
 
+def check_partial_sequence(items, name: str, fn: str) -> None:
+    """For `outs` or `lses` given as a list or tuple of W per-shard arrays (before they are stacked): raises
+    ValueError on an empty sequence (W = 0) or on arrays of different shapes, naming the first that differs.
+    A sequence of other things (nested lists of numbers) is left to the caller's conversion."""
+    if not isinstance(items, (list, tuple)):
+        return
+    if len(items) == 0:
+        raise ValueError(f"{fn} needs at least one shard (W >= 1), got an empty {name} (len({name})=0)")
+    if not all(hasattr(x, "shape") for x in items):
+        return
+    first = tuple(items[0].shape)
+    for i, x in enumerate(items):
+        if tuple(x.shape) != first:
+            raise ValueError(
+                f"{fn} takes W partials of one shape, got {name}[{i}].shape={tuple(x.shape)} != {name}[0].shape={first}"
+            )
+
+
 def check_partials(outs, lses, fn: str, *, dtype_name, is_float=None) -> None:
     """Raises ValueError unless outs is `[W, T, H, L]` and lses `[W, T, H]` with W >= 1, both of a
     float dtype (shapes only: fine on traced arrays)."""
@@ -259,6 +280,8 @@ def merge_partials(outs, lses):
     shard) -> `(out [T, H, L], lse [T, H])`; lse = logsumexp over shards,
     out = sum_s exp(lse_s - lse) * out_s. A row with every shard empty gives out 0, lse -inf; a NaN lse (a
     non-finite q entry of that head) gives its row out NaN, lse NaN, never a plausible-looking 0."""
+    check_partial_sequence(outs, "outs", "merge_partials")
+    check_partial_sequence(lses, "lses", "merge_partials")
     outs = np.asarray(outs)
     lses = np.asarray(lses)
     check_partials(outs, lses, "merge_partials", dtype_name=lambda d: np.dtype(d).name)

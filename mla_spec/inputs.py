@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mla_spec.config import FP8_KV_CACHE_ARRAY_DTYPES, MLAConfig, as_real_float, check_float32_scale
+from mla_spec.config import FP8_KV_CACHE_ARRAY_DTYPES, MLAConfig, as_real_float, check_config, check_fp8_scale
 from mla_spec.metadata import DecodeMetadata
 
 FP8_DTYPE_NAMES = tuple(FP8_KV_CACHE_ARRAY_DTYPES.values())
@@ -28,6 +28,7 @@ def dtype_name(dtype) -> str:
 
 def expected_kv_cache_dtype(config: MLAConfig) -> str:
     """The cache's array dtype name: config.dtype with kv_cache_dtype="auto", float8_e4m3fn with "fp8_e4m3"."""
+    check_config(config)
     if config.is_fp8_kv_cache:
         return FP8_KV_CACHE_ARRAY_DTYPES[config.kv_cache_dtype]
     return config.dtype
@@ -36,12 +37,17 @@ def expected_kv_cache_dtype(config: MLAConfig) -> str:
 def check_config_and_metadata(config, metadata, *, metadata_name: str = "metadata") -> None:
     """Raises ValueError (the package's convention for a wrong argument, as for a list q) unless
     `config` is an `MLAConfig` and `metadata` a `DecodeMetadata`."""
-    if not isinstance(config, MLAConfig):
-        raise ValueError(f"config must be an mla_spec.MLAConfig, got config={type(config).__name__}")
+    check_config(config)
     if not isinstance(metadata, DecodeMetadata):
         raise ValueError(
             f"{metadata_name} must be an mla_spec.DecodeMetadata, got {metadata_name}={type(metadata).__name__}"
         )
+
+
+def check_q_pair(q) -> None:
+    """Raises ValueError unless `q` is one array or a `(q_nope, q_pe)` tuple of two (the entry points' q)."""
+    if isinstance(q, tuple) and len(q) != 2:
+        raise ValueError(f"q must be one array or a (q_nope, q_pe) pair, got a tuple of {len(q)}")
 
 
 def validate_k_scale(k_scale, config: MLAConfig, *, concrete: bool = True) -> float | None:
@@ -49,10 +55,12 @@ def validate_k_scale(k_scale, config: MLAConfig, *, concrete: bool = True) -> fl
     it as a float, or None when it is a traced value (`concrete=False`: under `jax.jit` only its
     shape and dtype can be checked).
 
-    k_scale: a Python float (or int), or a 0-d float array (NumPy, torch, JAX); finite, > 0 and a normal float32
-    (1.18e-38 <= k_scale <= 3.4e38: every impl applies it in float32).
+    k_scale: a Python float (or int), or a 0-d float array (NumPy, torch, JAX); finite, > 0, a normal float32, and
+    at most `K_SCALE_MAX` (1.18e-38 <= k_scale <= 7.6e35: every impl dequantizes in float32, where the largest fp8
+    value, 448, times k_scale must stay finite).
     With kv_cache_dtype="auto" there is nothing to scale and k_scale must be 1.0 (a traced value
     is refused there, since it cannot be checked)."""
+    check_config(config)
     if isinstance(k_scale, bool):
         raise ValueError(f"k_scale must be a float or a 0-d float array, got k_scale={k_scale!r}")
     if isinstance(k_scale, (int, float)):
@@ -66,8 +74,8 @@ def validate_k_scale(k_scale, config: MLAConfig, *, concrete: bool = True) -> fl
     else:
         raise ValueError(f"k_scale must be a float or a 0-d float array, got k_scale={k_scale!r}")
     if value is not None:
-        # Used in float32 by every impl: 1e39 would be inf there (NaN out), 1e-60 would be 0.
-        check_float32_scale("k_scale", value, shown=k_scale if isinstance(k_scale, int) else None)
+        # Used in float32 by every impl: 1e39 would be inf there (NaN out), 1e-60 would be 0, and 448 * 1e36 inf.
+        check_fp8_scale("k_scale", value, shown=k_scale if isinstance(k_scale, int) else None)
     if not config.is_fp8_kv_cache and value != 1.0:
         shown = "a traced value" if value is None else repr(value)
         raise ValueError(

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from mla_spec.config import MLAConfig
+from mla_spec.config import MLAConfig, check_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,17 +83,25 @@ def _check_static_int(name: str, value, minimum: int) -> None:
         raise ValueError(f"{name} must be >= {minimum}, got {name}={value}")
 
 
+def check_metadata_arrays(md: DecodeMetadata) -> None:
+    """Raises ValueError naming the first of query_start_loc, seq_lens, block_table that is not an array
+    (NumPy, torch, JAX) of an integer dtype (None, a list, float values)."""
+    for name in ("query_start_loc", "seq_lens", "block_table"):
+        arr = getattr(md, name)
+        if not hasattr(arr, "shape") or not hasattr(arr, "dtype"):
+            raise ValueError(f"{name} must be an array, got {name}={type(arr).__name__}")
+        if not _is_integer_dtype(arr.dtype):
+            raise ValueError(f"{name} must have an integer dtype, got {name}.dtype={arr.dtype}")
+
+
 def validate_metadata(
     md: DecodeMetadata, config: MLAConfig, *, num_blocks: int | None = None, check_values: bool = True
 ) -> None:
     """`DecodeMetadata.validate`: shapes, dtypes and static ints always, array values with
     `check_values` (see `_validate_values`)."""
+    check_config(config)
+    check_metadata_arrays(md)
     qsl, seq_lens, bt = md.query_start_loc, md.seq_lens, md.block_table
-    for name, arr in (("query_start_loc", qsl), ("seq_lens", seq_lens), ("block_table", bt)):
-        if not hasattr(arr, "shape") or not hasattr(arr, "dtype"):
-            raise ValueError(f"{name} must be an array, got {name}={type(arr).__name__}")
-        if not _is_integer_dtype(arr.dtype):
-            raise ValueError(f"{name} must have an integer dtype, got {name}.dtype={arr.dtype}")
     if len(seq_lens.shape) != 1:
         raise ValueError(f"seq_lens must be 1-D, got seq_lens.shape={tuple(seq_lens.shape)}")
     if len(qsl.shape) != 1:
@@ -263,6 +271,11 @@ def _as_block_table(block_table, num_reqs: int) -> np.ndarray:
             raise ValueError(f"block_table must hold integers, got block_table.dtype={block_table.dtype}")
         rows = list(block_table)
     else:
+        if block_table is None or isinstance(block_table, (str, bytes)) or not hasattr(block_table, "__iter__"):
+            raise ValueError(
+                "block_table must be a 2-D integer array or one list of block ids per request, got "
+                f"block_table={block_table!r}"
+            )
         rows = [np.asarray(row) for row in block_table]
         for r, row in enumerate(rows):
             if row.ndim != 1:
@@ -302,6 +315,7 @@ def build_decode_metadata(
     use `split_decodes_and_prefills` first on a mixed batch. `bucket`: the result
     padded to it (`pad_to_bucket`).
     """
+    check_config(config)
     seq = _as_int_vector("seq_lens", seq_lens)
     qlen = _as_int_vector("query_lens", query_lens)
     if seq.shape != qlen.shape:
@@ -433,6 +447,7 @@ class BatchSplit:
 def split_decodes_and_prefills(query_lens: Sequence[int], config: MLAConfig) -> BatchSplit:
     """Orders requests with q_len <= `config.reorder_batch_threshold` first (as vLLM's
     `reorder_batch_to_split_decodes_and_prefills`), and says how many are decodes."""
+    check_config(config)
     qlen = _as_int_vector("query_lens", query_lens)
     is_decode = qlen <= config.reorder_batch_threshold
     order = np.concatenate([np.flatnonzero(is_decode), np.flatnonzero(~is_decode)]).astype(np.int64)

@@ -13,6 +13,9 @@ query_start_loc[-1], give out 0 and lse -inf (whatever q holds there).
 FP8 KV cache (config.kv_cache_dtype="fp8_e4m3"): the cache holds float8_e4m3fn values (any
 float array of such values is accepted here) and the rows above are `cache value * k_scale`
 (vLLM's per-tensor `k_scale` of the MLA latent cache).
+
+q and kv_cache may have any real float dtype (float16/32/64, bfloat16, float8_*); integer, bool,
+complex or object arrays are refused (ValueError naming the dtype) rather than cast.
 """
 
 from __future__ import annotations
@@ -20,8 +23,32 @@ from __future__ import annotations
 import numpy as np
 
 from mla_spec.config import MLAConfig
-from mla_spec.inputs import check_config_and_metadata, expected_kv_cache_dtype, validate_inputs, validate_k_scale
+from mla_spec.inputs import (
+    check_config_and_metadata,
+    check_q_pair,
+    expected_kv_cache_dtype,
+    validate_inputs,
+    validate_k_scale,
+)
 from mla_spec.metadata import DecodeMetadata
+
+
+def _is_real_float(dtype: np.dtype) -> bool:
+    """NumPy's floats, or ml_dtypes' (bfloat16, float8_*: kind "V" to NumPy); not complex, int, bool, object."""
+    return dtype.kind == "f" or (dtype.kind == "V" and dtype.name.startswith(("bfloat", "float")))
+
+
+def _float_array(name: str, x) -> np.ndarray:
+    """`x` as a NumPy array of a real float dtype; ValueError naming `name` otherwise."""
+    if x is None or isinstance(x, (str, bytes)):
+        raise ValueError(f"{name} must be an array, got {name}={type(x).__name__}")
+    try:
+        arr = np.asarray(x)
+    except ValueError as e:  # a ragged nested list
+        raise ValueError(f"{name} must be an array, got a {type(x).__name__} NumPy cannot make one array of: {e}") from e
+    if not _is_real_float(arr.dtype):
+        raise ValueError(f"{name} must have a float dtype, got {name}.dtype={arr.dtype}")
+    return arr
 
 
 def mla_decode(q, kv_cache: np.ndarray, metadata: DecodeMetadata, config: MLAConfig, *, k_scale=1.0):
@@ -29,13 +56,14 @@ def mla_decode(q, kv_cache: np.ndarray, metadata: DecodeMetadata, config: MLACon
 
     k_scale: the fp8 cache's scale (finite, > 0, a normal float32); must be 1.0 with kv_cache_dtype="auto"."""
     check_config_and_metadata(config, metadata)
+    check_q_pair(q)
     if isinstance(q, tuple):
-        q_nope, q_pe = (np.asarray(x) for x in q)
+        q_nope, q_pe = _float_array("q_nope", q[0]), _float_array("q_pe", q[1])
         shapes = (q_nope.shape, q_pe.shape)
     else:
-        q = np.asarray(q)
+        q = _float_array("q", q)
         shapes = (q.shape,)
-    kv_cache = np.asarray(kv_cache)
+    kv_cache = _float_array("kv_cache", kv_cache)
     # The float64 reference accepts inputs of any float dtype (bf16 or fp8 rounding is
     # done by the caller), so dtypes are checked against themselves only.
     validate_inputs(

@@ -8,21 +8,33 @@ impl:
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from mla_spec import DecodeMetadata, MLAConfig, check_config_and_metadata, dtype_name, validate_inputs, validate_k_scale
+from mla_spec.config import check_config
+from mla_spec.inputs import check_q_pair
+from mla_spec.metadata import check_metadata_arrays
 from mla_torch import reference
 
 IMPLS = ("reference", "fa3")
+
+
+def _as_tensor(x) -> torch.Tensor:
+    """`x` (a tensor, or an array-like) as a tensor; NumPy views of any strides (negative ones, e.g. `a[::-1]`,
+    which torch.from_numpy refuses) are copied to contiguous memory first."""
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(x))
+    return torch.as_tensor(np.ascontiguousarray(x))
 
 
 def to_torch_metadata(metadata: DecodeMetadata, device) -> DecodeMetadata:
     """The same metadata with int32 torch tensors on `device`."""
 
     def put(x):
-        if x is None or isinstance(x, torch.Tensor):
-            return x if x is None else x.to(device=device, dtype=torch.int32)
-        return torch.as_tensor(x, dtype=torch.int32, device=device)
+        return None if x is None else _as_tensor(x).to(device=device, dtype=torch.int32)
 
     return metadata.replace(
         query_start_loc=put(metadata.query_start_loc),
@@ -33,19 +45,21 @@ def to_torch_metadata(metadata: DecodeMetadata, device) -> DecodeMetadata:
 
 def split_q(q, config: MLAConfig):
     """`(q_nope, q_pe)` from the packed q `[T, H, L+R]` (views), or the pair itself."""
+    check_config(config)
+    check_q_pair(q)
     if isinstance(q, tuple):
-        if len(q) != 2:
-            raise ValueError(f"q must be one array or a (q_nope, q_pe) pair, got a tuple of {len(q)}")
         return q
     return torch.split(q, [config.kv_lora_rank, config.qk_rope_head_dim], dim=-1)
 
 
 def check_call(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig) -> None:
     """The shared input checks (mla_spec.validate_inputs) on torch tensors."""
+    check_q_pair(q)
     parts = q if isinstance(q, tuple) else (q,)
-    for x in parts + (kv_cache,):
+    names = ("q_nope", "q_pe") if isinstance(q, tuple) else ("q",)
+    for name, x in zip(names + ("kv_cache",), parts + (kv_cache,)):
         if not isinstance(x, torch.Tensor):
-            raise ValueError(f"q and kv_cache must be torch tensors, got {type(x).__name__}")
+            raise ValueError(f"q and kv_cache must be torch tensors, got {name}={type(x).__name__}")
         if x.is_meta:
             raise ValueError(
                 f"q and kv_cache must hold data (a CPU or GPU tensor), got a tensor on device={str(x.device)!r}"
@@ -64,11 +78,12 @@ def check_call(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig) -> None
 
 
 def _host(x):
-    return x.cpu() if isinstance(x, torch.Tensor) else torch.as_tensor(x)
+    return x.cpu() if isinstance(x, torch.Tensor) else _as_tensor(x)
 
 
 def unsupported_reason(impl: str, config: MLAConfig, device=None) -> str | None:
     """Why `impl` cannot run `config` on `device` (None: it can). The reference runs everything."""
+    check_config(config)
     if impl == "reference":
         return None
     if impl == "fa3":
@@ -100,6 +115,7 @@ def mla_decode(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig, *, impl
     if impl not in IMPLS + ("auto",):
         raise ValueError(f"unknown impl={impl!r}; expected one of {IMPLS + ('auto',)}")
     check_config_and_metadata(config, metadata)  # (before anything reads them)
+    check_metadata_arrays(metadata)  # (None or a list would reach torch.as_tensor)
     host_md = metadata.replace(
         query_start_loc=_host(metadata.query_start_loc).numpy(),
         seq_lens=_host(metadata.seq_lens).numpy(),

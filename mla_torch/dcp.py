@@ -22,31 +22,70 @@ import numpy as np
 import torch
 
 from mla_spec import DecodeMetadata, MLAConfig, check_config_and_metadata, dtype_name, validate_inputs, validate_k_scale
-from mla_spec.dcp import check_world_size, local_config, shard_batch, shard_metadata, validate_shards
+from mla_spec.dcp import (
+    check_partial_sequence,
+    check_partials,
+    check_world_size,
+    local_config,
+    shard_batch,
+    shard_metadata,
+    validate_shards,
+)
 
 __all__ = ["dcp_mla_decode_local", "merge_attn_states", "shard_batch"]
 
 IMPLS = ("reference", "fa3")
 
 
-def merge_attn_states(outs, lses, out_dtype: torch.dtype | None = None):
+def _partials_tensor(x, name: str) -> torch.Tensor:
+    """`outs` or `lses` as one stacked tensor: a tensor or NumPy array as it is, a list or tuple of W
+    per-shard tensors or arrays (one shape, W >= 1) stacked; anything else is a ValueError."""
+    def one(item, shown):
+        if isinstance(item, torch.Tensor):
+            return item
+        if isinstance(item, np.ndarray):
+            try:
+                return torch.from_numpy(np.ascontiguousarray(item))
+            except TypeError as e:  # a dtype torch cannot take from NumPy (object, ml_dtypes' bfloat16)
+                raise ValueError(
+                    f"merge_attn_states takes tensors or NumPy arrays of a dtype torch takes, got {shown}.dtype={item.dtype}"
+                ) from e
+        raise ValueError(f"merge_attn_states takes tensors, got {shown}={type(item).__name__}")
+
+    if isinstance(x, (list, tuple)):
+        check_partial_sequence(x, name, "merge_attn_states")
+        return torch.stack([one(item, f"{name}[{i}]") for i, item in enumerate(x)])
+    return one(x, name)
+
+
+def _out_dtype(out_dtype, default: torch.dtype) -> torch.dtype:
+    """`out_dtype` (None: `default`; a torch.dtype, or its name: "bfloat16", "torch.float16") as a float
+    torch.dtype; a ValueError naming anything else."""
+    if out_dtype is None:
+        return default
+    resolved = out_dtype
+    if not isinstance(resolved, torch.dtype):
+        name = out_dtype if isinstance(out_dtype, str) else dtype_name(out_dtype)
+        resolved = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(resolved, torch.dtype) or not resolved.is_floating_point:
+        shown = repr(out_dtype) if isinstance(out_dtype, str) else dtype_name(out_dtype)
+        raise ValueError(f"merge_attn_states takes a float out_dtype, got out_dtype={shown}")
+    return resolved
+
+
+def merge_attn_states(outs, lses, out_dtype: torch.dtype | str | None = None):
     """Exact LSE merge of stacked partials.
 
     outs `[W, T, H, L]` (or a sequence of W `[T, H, L]`), each normalized over its shard;
     lses `[W, T, H]` float32 (-inf for an empty shard). Returns `(out [T, H, L] in out_dtype
-    (default outs' dtype), lse [T, H] float32)`: lse = logsumexp over shards,
+    (default outs' dtype; a torch.dtype or its name), lse [T, H] float32)`: lse = logsumexp over shards,
     out = sum_s exp(lse_s - lse) * out_s, computed in float32. A row with every shard empty
-    gives out 0, lse -inf (no NaN); a NaN lse gives its row out NaN, lse NaN (never a plausible-looking 0)."""
-    if not isinstance(outs, torch.Tensor):
-        outs = torch.stack(list(outs))
-    if not isinstance(lses, torch.Tensor):
-        lses = torch.stack(list(lses))
-    if outs.dim() != 4 or lses.dim() != 3 or tuple(outs.shape[:3]) != tuple(lses.shape):
-        raise ValueError(
-            f"merge_attn_states takes outs [W, T, H, L] and lses [W, T, H], got outs.shape={tuple(outs.shape)}, "
-            f"lses.shape={tuple(lses.shape)}"
-        )
-    out_dtype = outs.dtype if out_dtype is None else out_dtype
+    gives out 0, lse -inf (no NaN); a NaN lse gives its row out NaN, lse NaN (never a plausible-looking 0).
+    Shapes and dtypes are checked as `mla_jax.merge_partials` checks them (ValueError naming them:
+    float outs and lses, W >= 1, one shape per shard, a float out_dtype)."""
+    outs, lses = _partials_tensor(outs, "outs"), _partials_tensor(lses, "lses")
+    check_partials(outs, lses, "merge_attn_states", dtype_name=dtype_name, is_float=lambda d: d.is_floating_point)
+    out_dtype = _out_dtype(out_dtype, outs.dtype)
     lses = lses.float()
     m = lses.amax(dim=0)
     m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))

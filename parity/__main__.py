@@ -36,6 +36,11 @@ def _check(args) -> int:
         print(f"unknown scenarios {unknown}; see `python -m parity list`", file=sys.stderr)
         return 2
     impls = args.impls or runner.default_impls()
+    try:
+        runner.check_comparable(impls)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     dtypes = args.dtypes or ["bfloat16", "float16"]
     env = runner.environment()
     print(f"parity check on {env['device']} (torch {env['torch']}, jax {env['jax']} on {env['jax_backend']}); "
@@ -58,8 +63,12 @@ def _check(args) -> int:
           + f" in {time.perf_counter() - t0:.1f} s")
     report = {"environment": env, "rows": [r.as_dict() for r in rows]}
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+        try:
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=1)
+        except OSError as e:
+            print(f"cannot write {args.json}: {e}", file=sys.stderr)
+            return 2
         print(f"wrote {args.json}")
     if args.png:
         from parity import plots
@@ -68,14 +77,30 @@ def _check(args) -> int:
     return 1 if bad else 0
 
 
+_JSON_KINDS = {list: "list", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+
+
+def _read_json(path: str):
+    """The JSON value in the file at `path`; ValueError with a one-line reason naming the path when it cannot be
+    read (missing, not UTF-8, not JSON)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise ValueError(f"cannot read {path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})") from e
+    except json.JSONDecodeError as e:
+        raise ValueError(f"cannot read {path}: not JSON ({e})") from e
+
+
 def _plot(args) -> int:
     from parity import plots
 
     try:
-        with open(args.results) as f:
-            results = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        print(f"cannot read {args.results}: {e}", file=sys.stderr)
+        results = _read_json(args.results)
+    except ValueError as e:
+        print(e, file=sys.stderr)
         return 2
     try:
         plots.report_kind(results)
@@ -91,16 +116,30 @@ def _merge(args) -> int:
     try:
         results = []
         for path in args.results:
-            with open(path) as f:
-                results.append(json.load(f))
+            result = _read_json(path)
+            if not isinstance(result, dict):
+                got = f"a JSON {_JSON_KINDS.get(type(result), type(result).__name__)}"
+            elif not isinstance(result.get("rows"), list):
+                got = "an object without a 'rows' list"
+            else:
+                results.append(result)
+                continue
+            raise ValueError(f"{path} is not a bench result (a JSON object with a 'rows' list), got {got}")
         merged = bench.merge(results)
-    except (OSError, json.JSONDecodeError, ValueError, KeyError) as e:
-        print(f"cannot merge: {type(e).__name__}: {e}", file=sys.stderr)
+    except ValueError as e:
+        print(f"cannot merge: {e}", file=sys.stderr)
+        return 2
+    except KeyError as e:
+        print(f"cannot merge: a result has no {e} entry", file=sys.stderr)
         return 2
     text, _ = bench.summary(merged["rows"], merged["impls"])
     print(text)
-    with open(args.json, "w") as f:
-        json.dump(merged, f, indent=1)
+    try:
+        with open(args.json, "w") as f:
+            json.dump(merged, f, indent=1)
+    except OSError as e:
+        print(f"cannot write {args.json}: {e}", file=sys.stderr)
+        return 2
     print(f"wrote {args.json} ({len(merged['rows'])} rows, complete={merged['complete']})")
     if args.png:
         from parity import plots

@@ -108,12 +108,15 @@ def nonnegative_int(text: str) -> int:
 
 
 def check_output_path(path: str) -> str | None:
-    """Why `path` cannot be written (its folder missing or not writable, or it is a folder), or None: checked
-    before a run, so that a typo fails at once rather than after the run, with its results lost."""
+    """Why `path` cannot be written (its folder missing or not writable, or it is a folder or a special file such
+    as /dev/full), or None: checked before a run, so that a typo fails at once rather than after the run, with its
+    results lost."""
     if not path:
         return "an empty path"
     if os.path.isdir(path):
         return "it is a directory"
+    if os.path.exists(path) and not os.path.isfile(path):
+        return "it is not a regular file (a device, a pipe or a socket)"
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         return f"its directory {parent!r} does not exist"
@@ -224,6 +227,9 @@ def merge(results: list[dict]) -> dict:
     every shape is there."""
     if not results:
         raise ValueError("merge needs at least one bench result")
+    for i, r in enumerate(results):
+        if not isinstance(r, dict) or not isinstance(r.get("rows"), list):
+            raise ValueError(f"merge takes bench results (dicts with a 'rows' list), got results[{i}]={type(r).__name__}")
     first = results[0]
     for r in results[1:]:
         for key in ("grid", "impls", "xla_flags", "launch_ms", "cooldown_s"):

@@ -264,6 +264,18 @@ def num_items(scenarios, dtypes, impl_names) -> int:
     return len(scenarios) * len(dtypes) * sum(n != BASELINE for n in impl_names)
 
 
+def check_comparable(impl_names) -> None:
+    """Raises ValueError when `impl_names` holds nothing but the baseline: a parity run of the reference alone
+    compares nothing (it would report 0 passed)."""
+    if not any(n != BASELINE for n in impl_names):
+        given = ", ".join(dict.fromkeys(impl_names)) or "none"
+        raise ValueError(
+            f"nothing to compare: the implementations given ({given}) are only the baseline {BASELINE}, and a "
+            "reference alone has nothing to compare against; name at least one other implementation "
+            "(python -m parity list)"
+        )
+
+
 def run_parity(
     scenarios: list[Scenario],
     dtypes: list[str],
@@ -276,6 +288,7 @@ def run_parity(
     unknown = [n for n in impl_names if n not in impls]
     if unknown:
         raise ValueError(f"unknown implementations {unknown}; known: {sorted(impls)}")
+    check_comparable(impl_names)
     rows: list[Row] = []
     for sc in scenarios:
         for dtype in dtypes:

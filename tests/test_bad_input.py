@@ -13,7 +13,9 @@ import mla_jax
 import mla_spec
 import mla_torch
 from mla_jax import dcp as jdcp
+from mla_jax import pallas_triton
 from mla_spec import MLAConfig, reference
+from mla_spec.config import K_SCALE_MAX
 from mla_spec import dcp as sdcp
 from mla_torch import dcp as tdcp
 from parity.scenarios import SCENARIOS, Scenario, make_batch, make_fp8_batch
@@ -85,6 +87,13 @@ CASES = {
     "max_query_len 0": (_case(md=dict(max_query_len=0)), ValueError, "max_query_len=0"),
     "prefill in decode batch": (_case(cfg=BATCH.config.replace(reorder_batch_threshold=4)), ValueError,
                                 "reorder_batch_threshold=4"),
+    "q 3-tuple": (_case(q=(BATCH.q_nope, BATCH.q_pe, BATCH.q_pe)), ValueError,
+                  r"q must be one array or a \(q_nope, q_pe\) pair, got a tuple of 3"),
+    "q 1-tuple": (_case(q=(BATCH.q,)), ValueError, r"q must be one array or a \(q_nope, q_pe\) pair, got a tuple of 1"),
+    "block_table None": (_case(md=dict(block_table=None)), ValueError, "block_table must be an array, got block_table=NoneType"),
+    "seq_lens None": (_case(md=dict(seq_lens=None)), ValueError, "seq_lens must be an array, got seq_lens=NoneType"),
+    "query_start_loc list": (_case(md=dict(query_start_loc=BATCH.metadata.query_start_loc.tolist())), ValueError,
+                             "query_start_loc must be an array, got query_start_loc=list"),
 }
 
 
@@ -141,9 +150,9 @@ def test_unknown_impl_is_named(entry):
 
 
 def test_non_array_inputs_are_rejected():
-    with pytest.raises(ValueError, match="torch tensors, got list"):
+    with pytest.raises(ValueError, match="torch tensors, got q=list"):
         mla_torch.mla_decode([[1.0]], torch.zeros(1), BATCH.metadata, BATCH.config)
-    with pytest.raises(ValueError, match="must be arrays, got list"):
+    with pytest.raises(ValueError, match="must be arrays, got q=list"):
         mla_jax.mla_decode([[1.0]], jnp.zeros(1), BATCH.metadata, BATCH.config)
 
 
@@ -340,10 +349,32 @@ def test_k_scale_outside_float32_normal_range_is_named(entry, k_scale, shown):
         _fp8_entry(entry, k_scale)
 
 
-def test_k_scale_at_the_float32_edges_is_taken():
-    lo, hi = np.finfo(np.float32).tiny, np.finfo(np.float32).max
-    for v in (float(lo), float(hi), np.float32(lo), FP8_K_SCALE):
+def test_k_scale_at_its_edges_is_taken():
+    lo, hi = np.finfo(np.float32).tiny, K_SCALE_MAX
+    for v in (float(lo), hi, np.float32(lo), np.float32(hi), FP8_K_SCALE):
         assert mla_spec.validate_k_scale(v, FP8_BATCH.config) == float(v)
+
+
+def test_k_scale_max_keeps_the_largest_fp8_value_finite_in_float32():
+    fp8_max = np.float32(float(jnp.finfo(jnp.float8_e4m3fn).max))
+    assert fp8_max == 448
+    with np.errstate(over="ignore"):
+        assert np.isfinite(fp8_max * np.float32(K_SCALE_MAX))
+        assert np.isinf(fp8_max * np.nextafter(np.float32(K_SCALE_MAX), np.float32(np.inf)))
+
+
+@pytest.mark.parametrize("entry", ["numpy", "torch", "jax_xla", "jax_pallas_triton"])
+@pytest.mark.parametrize(
+    "k_scale, shown",
+    [(1e36, "1e+36"), (float(np.finfo(np.float32).max), "3.4028234663852886e+38"), (np.float32(1e36), "9.999999616903162e+35"),
+     (10**36, "1" + "0" * 36)],
+    ids=["1e36", "float32-max", "f32-1e36", "int-10**36"],
+)
+def test_k_scale_that_overflows_the_largest_fp8_value_is_named(entry, k_scale, shown):
+    """A normal float32 k_scale above float32 max / 448 passed, and 448 * k_scale was inf in float32: NaN out
+    (1e36 gave NaN out in the torch reference and the JAX impls)."""
+    with pytest.raises(ValueError, match=rf"k_scale must be <= 7.59559e\+35 \(float32 max / 448, .*got k_scale={re.escape(shown)}$"):
+        _fp8_entry(entry, k_scale)
 
 
 @pytest.mark.parametrize("scale, shown", [(1e300, "1e+300"), (1e39, "1e+39"), (1e-300, "1e-300"), (1e-39, "1e-39")])
@@ -421,3 +452,211 @@ def test_validate_shards_refuses_max_seq_len_below_the_longest_shard():
     with pytest.raises(ValueError, match=re.escape(f"metadata_shards.max_seq_len=14 < {longest}")):
         mla_spec.dcp.validate_shards(config, shards.metadata.replace(max_seq_len=14), world_size=2,
                                      num_blocks_local=shards.kv_cache.shape[1])
+
+
+# --- the float64 reference takes real float arrays only ---
+
+@pytest.mark.parametrize(
+    "q, kv, match",
+    [
+        (BATCH.q, np.nan_to_num(BATCH.kv_cache).astype(np.int32), r"kv_cache must have a float dtype, got kv_cache.dtype=int32"),
+        (BATCH.q, BATCH.kv_cache > 0, r"kv_cache must have a float dtype, got kv_cache.dtype=bool"),
+        (BATCH.q.astype(np.int64), BATCH.kv_cache, r"q must have a float dtype, got q.dtype=int64"),
+        (BATCH.q.astype(np.complex64), BATCH.kv_cache, r"q must have a float dtype, got q.dtype=complex64"),
+        ((BATCH.q_nope, BATCH.q_pe.astype(np.complex128)), BATCH.kv_cache,
+         r"q_pe must have a float dtype, got q_pe.dtype=complex128"),
+        (BATCH.q.astype(object), BATCH.kv_cache, r"q must have a float dtype, got q.dtype=object"),
+    ],
+    ids=["int cache", "bool cache", "int q", "complex q", "complex q_pe", "object q"],
+)
+def test_reference_refuses_non_float_arrays(q, kv, match):
+    """An integer cache was run as is, and a complex q silently lost its imaginary part."""
+    with pytest.raises(ValueError, match=match):
+        reference.mla_decode(q, kv, BATCH.metadata, BATCH.config)
+
+
+def test_reference_still_takes_every_float_dtype():
+    for dtype in (np.float16, np.float32, jnp.bfloat16):
+        out, _ = reference.mla_decode(BATCH.q.astype(dtype), BATCH.kv_cache.astype(dtype), BATCH.metadata, BATCH.config)
+        assert out.dtype == np.float64 and np.isfinite(out).all()
+
+
+# --- q as a (q_nope, q_pe) tuple with entries that are not arrays ---
+
+Q_PARTS = {
+    "numpy": (lambda q: reference.mla_decode(q, BATCH.kv_cache, BATCH.metadata, BATCH.config), lambda x: x),
+    "torch": (lambda q: mla_torch.mla_decode(q, torch.from_numpy(BATCH.kv_cache), BATCH.metadata, BATCH.config),
+              torch.from_numpy),
+    "jax": (lambda q: mla_jax.mla_decode(q, JAX_KV, BATCH.metadata, BATCH.config), jnp.asarray),
+}
+
+
+@pytest.mark.parametrize("entry", list(Q_PARTS))
+@pytest.mark.parametrize("bad, shown", [(None, "NoneType"), ("q_nope", "str")])
+@pytest.mark.parametrize("slot", [0, 1])
+def test_q_pair_entries_that_are_not_arrays_are_named(entry, bad, shown, slot):
+    call, conv = Q_PARTS[entry]
+    q = [conv(BATCH.q_nope), conv(BATCH.q_pe)]
+    q[slot] = bad
+    name = ("q_nope", "q_pe")[slot]
+    with pytest.raises(ValueError, match=rf"got {name}={shown}$"):
+        call(tuple(q))
+
+
+# --- interpret= must be a bool (a truthy string turned interpret mode on) ---
+
+JAX_MD = mla_jax.to_jax_metadata(BATCH.metadata)
+
+
+def _mosaic():
+    from mla_jax import pallas_mosaic_gpu
+
+    return pallas_mosaic_gpu
+
+
+INTERPRET_TAKERS = {
+    "mla_decode pallas_triton": (lambda v: mla_jax.mla_decode(JAX_Q, JAX_KV, BATCH.metadata, BATCH.config,
+                                                              impl="pallas_triton", interpret=v), "a bool or None"),
+    "mla_decode xla": (lambda v: mla_jax.mla_decode(JAX_Q, JAX_KV, BATCH.metadata, BATCH.config, interpret=v),
+                       "a bool or None"),
+    "mla_decode pallas_mosaic_gpu": (
+        lambda v: mla_jax.mla_decode(JAX_Q, JAX_KV, BATCH.metadata, BATCH.config, impl="pallas_mosaic_gpu",
+                                     interpret=v), "a bool or None or a plgpu.InterpretGPUParams"),
+    "pallas_triton.mla_decode": (lambda v: pallas_triton.mla_decode(JAX_Q, None, JAX_KV, JAX_MD, BATCH.config,
+                                                                            interpret=v), "a bool"),
+    "pallas_mosaic_gpu.mla_decode": (lambda v: _mosaic().mla_decode(JAX_Q, None, JAX_KV, JAX_MD, BATCH.config,
+                                                                    interpret=v),
+                                     "a bool or a plgpu.InterpretGPUParams"),
+    "dcp_mla_decode": (lambda v: jdcp.dcp_mla_decode(JAX_Q, JAX_KV[None], BATCH.metadata, BATCH.config,
+                                                     mesh=jdcp.make_dcp_mesh(1), impl="pallas_triton", interpret=v),
+                       "a bool or None"),
+}
+
+
+@pytest.mark.parametrize("fn", list(INTERPRET_TAKERS))
+@pytest.mark.parametrize("value", ["no", "False", 1, 0.0, np.bool_(True), [True]], ids=repr)
+def test_interpret_must_be_a_bool(fn, value):
+    call, expected = INTERPRET_TAKERS[fn]
+    with pytest.raises(ValueError, match=rf"^interpret must be {re.escape(expected)}, got interpret={re.escape(repr(value))}$"):
+        call(value)
+
+
+def test_check_interpret_takes_bools_none_and_mosaic_params_where_asked():
+    from mla_jax.api import check_interpret
+
+    for v in (True, False):
+        check_interpret(v)
+    check_interpret(None, allow_none=True)
+    check_interpret(_mosaic().plgpu.InterpretGPUParams(), allow_params=True)
+    with pytest.raises(ValueError, match="interpret must be a bool, got interpret=None"):
+        check_interpret(None)
+    with pytest.raises(ValueError, match="interpret must be a bool, got interpret=InterpretGPUParams"):
+        check_interpret(_mosaic().plgpu.InterpretGPUParams())
+
+
+# --- a non-config as config: the kernels and helpers of both stacks ---
+
+def _config_takers():
+    from mla_torch import fa3
+
+    q_t, kv_t = torch.from_numpy(BATCH.q), torch.from_numpy(BATCH.kv_cache)
+    return {
+        "pallas_triton.mla_decode": lambda c: pallas_triton.mla_decode(JAX_Q, None, JAX_KV, JAX_MD, c),
+        "pallas_triton.unsupported_reason": lambda c: pallas_triton.unsupported_reason(c),
+        "pallas_mosaic_gpu.mla_decode": lambda c: _mosaic().mla_decode(JAX_Q, None, JAX_KV, JAX_MD, c),
+        "pallas_mosaic_gpu.unsupported_reason": lambda c: _mosaic().unsupported_reason(c),
+        "mla_jax.unsupported_reason": lambda c: mla_jax.unsupported_reason("pallas_triton", c),
+        "mla_jax.select_impl": lambda c: mla_jax.select_impl(c),
+        "mla_jax.split_q": lambda c: mla_jax.split_q(JAX_Q, c),
+        "mla_torch.unsupported_reason": lambda c: mla_torch.unsupported_reason("fa3", c),
+        "mla_torch.select_impl": lambda c: mla_torch.select_impl(c),
+        "mla_torch.split_q": lambda c: mla_torch.split_q(q_t, c),
+        "fa3.unsupported_reason": lambda c: fa3.unsupported_reason(c),
+        "FlashAttnMLAImpl.from_config": lambda c: fa3.FlashAttnMLAImpl.from_config(c, "cpu"),
+        "FlashAttnMLAMetadataBuilder": lambda c: fa3.FlashAttnMLAMetadataBuilder(c, "cpu"),
+        "FA3DecodeGraph": lambda c: fa3.FA3DecodeGraph(c, kv_t, max_num_reqs=1, max_num_tokens=1, max_blocks_per_req=1),
+    }
+
+
+CONFIG_TAKERS = _config_takers()
+
+
+@pytest.mark.parametrize("fn", list(CONFIG_TAKERS))
+@pytest.mark.parametrize("config, shown", [({"num_heads": 16}, "dict"), (None, "NoneType")])
+def test_kernels_and_helpers_name_a_non_config(fn, config, shown):
+    """These were AttributeErrors on the config's first field (or, for select_impl on a CPU, no error at all)."""
+    with pytest.raises(ValueError, match=rf"^config must be an mla_spec.MLAConfig, got config={shown}$"):
+        CONFIG_TAKERS[fn](config)
+
+
+# --- metadata in NumPy views of any strides ---
+
+def _reversed_view(a):
+    """`a`'s values in a view with negative strides."""
+    return a[::-1].copy()[::-1]
+
+
+@pytest.mark.parametrize("entry", list(ENTRIES))
+def test_negative_stride_metadata_views_are_taken(entry):
+    """torch.from_numpy refuses negative strides: mla_torch had refused such metadata, which the others take."""
+    md = BATCH.metadata
+    flipped = md.replace(**{name: _reversed_view(getattr(md, name)) for name in ("query_start_loc", "seq_lens",
+                                                                                 "block_table")})
+    assert all(s < 0 for s in flipped.block_table.strides[:1] + flipped.seq_lens.strides)
+    out, lse = ENTRIES[entry](BATCH.q, BATCH.kv_cache, flipped, BATCH.config)
+    want_out, want_lse = ENTRIES[entry](BATCH.q, BATCH.kv_cache, md, BATCH.config)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(want_out))
+    np.testing.assert_array_equal(np.asarray(lse), np.asarray(want_lse))
+    if entry == "torch":
+        t = mla_torch.to_torch_metadata(flipped, "cpu")
+        assert t.block_table.tolist() == md.block_table.tolist()
+
+
+# --- merge_attn_states (torch) checks what merge_partials (JAX) checks ---
+
+MERGES = {
+    "jax": (jdcp.merge_partials, jnp.asarray, "merge_partials"),
+    "numpy": (sdcp.merge_partials, np.asarray, "merge_partials"),
+    "torch": (tdcp.merge_attn_states, torch.from_numpy, "merge_attn_states"),
+}
+
+
+@pytest.mark.parametrize("case", list(MERGE_BAD))
+def test_merge_attn_states_checks_shapes_and_dtypes_as_merge_partials(case):
+    """Integer outs and lses had merged into truncated integers; W = 0 and unequal shapes ended in torch's errors."""
+    out_shape, lse_shape, dtype, match = MERGE_BAD[case]
+    outs, lses = torch.zeros(out_shape, dtype=getattr(torch, dtype)), torch.zeros(lse_shape)
+    with pytest.raises(ValueError, match=match):
+        tdcp.merge_attn_states(outs, lses)
+    with pytest.raises(ValueError, match="merge_attn_states takes float lses, got lses.dtype=int64"):
+        tdcp.merge_attn_states(torch.zeros(W, T, H, L), torch.zeros(W, T, H, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("merge", list(MERGES))
+def test_merges_check_sequences_of_partials(merge):
+    fn, conv, name = MERGES[merge]
+    one_out, one_lse = conv(np.zeros((T, H, L), np.float32)), conv(np.zeros((T, H), np.float32))
+    with pytest.raises(ValueError, match=rf"^{name} needs at least one shard \(W >= 1\), got an empty outs \(len\(outs\)=0\)$"):
+        fn([], [])
+    short_out, short_lse = conv(np.zeros((T - 1, H, L), np.float32)), conv(np.zeros((T - 1, H), np.float32))
+    with pytest.raises(ValueError, match=re.escape(f"{name} takes W partials of one shape, got outs[1].shape="
+                                                   f"{(T - 1, H, L)} != outs[0].shape={(T, H, L)}")):
+        fn([one_out, short_out], [one_lse, short_lse])
+    with pytest.raises(ValueError, match=re.escape(f"got lses[2].shape={(T - 1, H)} != lses[0].shape={(T, H)}")):
+        fn([one_out] * 3, [one_lse, one_lse, short_lse])
+    out, lse = fn([one_out, one_out], (one_lse, one_lse))  # the valid sequence still merges
+    assert tuple(out.shape) == (T, H, L) and tuple(lse.shape) == (T, H)
+
+
+@pytest.mark.parametrize("merge", ["jax", "torch"])
+def test_merges_take_float_out_dtypes_by_name_and_name_the_rest(merge):
+    """A string out_dtype had ended in torch's "Invalid device string"."""
+    fn, conv, name = MERGES[merge]
+    outs, lses = conv(np.zeros((W, T, H, L), np.float32)), conv(np.zeros((W, T, H), np.float32))
+    for given in ("bfloat16", "float16"):
+        out, _ = fn(outs, lses, out_dtype=given)
+        assert mla_spec.dtype_name(out.dtype) == given
+    int32 = torch.int32 if merge == "torch" else jnp.int32
+    for bad, shown in (("int32", "'int32'"), ("nonsense", "'nonsense'"), (int32, "int32"), (5, "5")):
+        with pytest.raises(ValueError, match=rf"^{name} takes a float out_dtype, got out_dtype={re.escape(shown)}$"):
+            fn(outs, lses, out_dtype=bad)

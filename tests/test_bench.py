@@ -383,6 +383,32 @@ def test_merge_refuses_results_timed_with_different_cooldowns():
         bench.merge([a, {**a, "cooldown_s": 3.0}])
 
 
+@pytest.mark.parametrize(
+    "content, said",
+    [
+        (b"[1, 2]", "is not a bench result (a JSON object with a 'rows' list), got a JSON list"),
+        (b'"rows"', "is not a bench result (a JSON object with a 'rows' list), got a JSON string"),
+        (b'{"grid": "smoke"}', "is not a bench result (a JSON object with a 'rows' list), got an object without a "
+                               "'rows' list"),
+        (b"\xff\xfe{}", "not UTF-8 text (byte 0xff at offset 0)"),
+        (b"{", "not JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"),
+    ],
+    ids=["list", "string", "no rows", "not utf-8", "not json"],
+)
+def test_merge_refuses_what_is_not_a_bench_result_in_one_line(content, said, tmp_path, capsys):
+    """A JSON list had raised TypeError (list indices must be integers) with a traceback."""
+    from parity.__main__ import main
+
+    path, out = tmp_path / "shard.json", tmp_path / "merged.json"
+    path.write_bytes(content)
+    assert main(["merge", str(path), "--json", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("cannot merge: ") and str(path) in err and said in err, err
+    assert not out.exists()
+    with pytest.raises(ValueError, match=r"merge takes bench results \(dicts with a 'rows' list\), got results\[0\]=list"):
+        bench.merge([[1, 2]])
+
+
 def test_timeline_summarizes_device_stream_events():
     """parity.timing's trace: only the device planes' stream lines count; busy, span and per-call means in us."""
     from types import SimpleNamespace as NS

@@ -1,6 +1,7 @@
 """The parity harness: comparator, scenarios, runner and CLI."""
 
 import json
+import os
 import pathlib
 import sys
 
@@ -119,6 +120,22 @@ def test_cli_exit_code_is_nonzero_on_failure(monkeypatch, capsys):
                "--quiet"])
     assert rc == 1
     assert "FAIL" in capsys.readouterr().out
+
+
+def test_cli_refuses_a_run_that_compares_nothing(monkeypatch, capsys):
+    """`--impls torch.reference` compared nothing and reported "0 passed" with exit 0."""
+    from parity import runner
+
+    monkeypatch.setattr(runner, "environment", lambda: pytest.fail("ran before refusing"))
+    for impls in ("torch.reference", "torch.reference,torch.reference"):
+        assert main(["--impls", impls, "--scenarios", "single_token", "--quiet"]) == 2
+        captured = capsys.readouterr()
+        assert "passed" not in captured.out
+        err = captured.err.strip()
+        assert "\n" not in err and err.startswith("error: nothing to compare: the implementations given "
+                                                  "(torch.reference) are only the baseline torch.reference"), err
+    with pytest.raises(ValueError, match="nothing to compare"):
+        runner.run_parity([SCENARIOS["single_token"]], ["bfloat16"], ["torch.reference"])
 
 
 def test_cli_rejects_unknown_names(capsys):
@@ -280,6 +297,15 @@ def test_plot_subcommand_refuses_what_it_cannot_draw(tmp_path, capsys):
     assert "neither a parity report nor a bench result" in capsys.readouterr().err
     assert main(["plot", str(tmp_path / "missing.json"), "--png", str(tmp_path / "x.png")]) == 2
     assert "cannot read" in capsys.readouterr().err
+    latin = tmp_path / "latin1.json"  # not UTF-8: had raised UnicodeDecodeError with a traceback
+    latin.write_bytes(b'{"rows": "caf\xe9"}')
+    assert main(["plot", str(latin), "--png", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"cannot read {latin}: not UTF-8 text (byte 0xe9 at offset 13)\n", err
+    listed = tmp_path / "list.json"
+    listed.write_text("[1, 2]")
+    assert main(["plot", str(listed), "--png", str(tmp_path / "x.png")]) == 2
+    assert "expected a JSON object" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # --png is required
         main(["plot", str(BENCH_JSON)])
     assert not (tmp_path / "x.png").exists()
@@ -360,3 +386,52 @@ def test_cli_refuses_an_unwritable_output_path_before_running(argv, tmp_path, ca
     opt = argv[argv.index(bad) - 1]
     assert f"argument {opt}" in err and repr(bad) in err, err
     assert not (tmp_path / "merged.json").exists()
+
+
+def _special_files(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    return [str(fifo)] + (["/dev/full"] if os.path.exists("/dev/full") else [])
+
+
+@pytest.mark.parametrize("argv", [["{opt}", "{path}", "--quiet"], ["check", "{opt}", "{path}", "--quiet"],
+                                  ["bench", "--grid", "smoke", "{opt}", "{path}"]])
+def test_cli_refuses_a_special_file_as_output_before_running(argv, tmp_path, capsys, monkeypatch):
+    """`--json /dev/full` ran the whole check, then lost its results to "No space left on device"."""
+    from parity import bench as bench_mod
+    from parity import runner
+
+    monkeypatch.setattr(runner, "run_parity", lambda *a, **k: pytest.fail("ran before checking the output path"))
+    monkeypatch.setattr(bench_mod, "main", lambda *a, **k: pytest.fail("ran before checking the output path"))
+    for path in _special_files(tmp_path):
+        for opt in ("--json", "--png"):
+            with pytest.raises(SystemExit) as e:
+                main([arg.format(opt=opt, path=path) for arg in argv])
+            assert e.value.code == 2
+            err = capsys.readouterr().err
+            assert f"argument {opt}: cannot write {path!r}: it is not a regular file" in err, err
+
+
+def test_cli_says_so_when_the_report_cannot_be_written(tmp_path, capsys, monkeypatch):
+    """A write that fails after the run (a full disk) is one line naming the path and exit 2, not a traceback."""
+    import builtins
+
+    from parity import bench as bench_mod
+    from parity import runner
+
+    path = tmp_path / "report.json"
+    real_open = builtins.open
+
+    def full_disk(file, mode="r", *a, **k):
+        if str(file) == str(path) and "w" in mode:
+            raise OSError(28, "No space left on device")
+        return real_open(file, mode, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", full_disk)
+    row = runner.Row("single_token", "bfloat16", "jax.xla", runner.BASELINE, "skip", note="stand-in")
+    monkeypatch.setattr(runner, "run_parity", lambda *a, **k: [row])
+    assert bench_mod.check_output_path(str(path)) is None
+    assert main(["--impls", "torch.reference,jax.xla", "--scenarios", "single_token", "--json", str(path), "--quiet"]) == 2
+    captured = capsys.readouterr()
+    assert "0 passed, 0 failed, 1 skipped" in captured.out  # the table was printed before the write
+    assert captured.err == f"cannot write {path}: [Errno 28] No space left on device\n", captured.err

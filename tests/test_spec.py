@@ -5,6 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import mla_spec
+import mla_spec.dcp
 from mla_spec import DecodeMetadata, MLAConfig, build_decode_metadata, split_decodes_and_prefills
 from mla_spec.config import FP8_KV_CACHE_MSG, NON_DECODER_MSG, UNSUPPORTED_FEATURES_MSG
 
@@ -130,6 +132,10 @@ def test_builder_accepts_2d_array_block_table():
         (dict(seq_lens=[], query_lens=[], block_table=[]), "at least one request"),
         (dict(seq_lens=[[4]], query_lens=[[1]], block_table=[[0]]), "1-D"),
         (dict(seq_lens=[600], query_lens=[513], block_table=[list(range(38))]), "reorder_batch_threshold=512"),
+        (dict(seq_lens=[4], query_lens=[1], block_table=None), "block_table must be a 2-D integer array or one list "
+                                                               "of block ids per request, got block_table=None"),
+        (dict(seq_lens=[4], query_lens=[1], block_table=3), "got block_table=3"),
+        (dict(seq_lens=[4], query_lens=[1], block_table="0"), "got block_table='0'"),
     ],
 )
 def test_builder_rejects_bad_batches(kwargs, match):
@@ -302,3 +308,27 @@ def test_config_takes_numpy_ints_as_python_ints():
         MLAConfig(num_heads=np.int64(0))
     with pytest.raises(ValueError, match=r"num_heads must be an int, got num_heads=16.0"):
         MLAConfig(num_heads=16.0)
+
+
+# ----------------------------------------------------------------------------- a non-config as config
+
+_BUILT = build_decode_metadata(seq_lens=[4], query_lens=[1], block_table=[[0]], config=MLAConfig(num_heads=16),
+                               num_blocks=2)
+SPEC_CONFIG_TAKERS = {
+    "build_decode_metadata": lambda c: build_decode_metadata(seq_lens=[4], query_lens=[1], block_table=[[0]], config=c),
+    "split_decodes_and_prefills": lambda c: split_decodes_and_prefills([1, 2], c),
+    "DecodeMetadata.validate": lambda c: _BUILT.validate(c),
+    "validate_k_scale": lambda c: mla_spec.validate_k_scale(1.0, c),
+    "expected_kv_cache_dtype": lambda c: mla_spec.expected_kv_cache_dtype(c),
+    "dcp.shard_batch": lambda c: mla_spec.dcp.shard_batch(np.zeros((2, 64, 576), np.float32), _BUILT, c),
+    "dcp.local_config": lambda c: mla_spec.dcp.local_config(c),
+    "dcp.check_world_size": lambda c: mla_spec.dcp.check_world_size(c, 1),
+}
+
+
+@pytest.mark.parametrize("fn", list(SPEC_CONFIG_TAKERS))
+@pytest.mark.parametrize("config, shown", [({"num_heads": 16}, "dict"), (None, "NoneType"), ("MLAConfig", "str")])
+def test_spec_functions_name_a_non_config(fn, config, shown):
+    """A dict or None as config was an AttributeError on its first field."""
+    with pytest.raises(ValueError, match=rf"^config must be an mla_spec.MLAConfig, got config={shown}$"):
+        SPEC_CONFIG_TAKERS[fn](config)

@@ -56,6 +56,7 @@ from mla_jax.combine import combine_ref
 from mla_jax.reference import mask_padding
 from mla_spec import DecodeMetadata
 from mla_spec import MLAConfig
+from mla_spec.config import check_config
 from mla_jax.pallas_mosaic_gpu.config import (
     BLOCK_H, BLOCK_KV, BT_CHUNK, HEAD_DIM, INFO_WORDS, KV_HALVES_BT_CHUNK, LOG2E, MAX_GRID_YZ, MosaicConfig,
     TRANSPOSED_PV_ROWS, _kv_halves_runs, _q_in_kernel_runs, _tile_geometry, heuristic_config, pair_ring_fits,
@@ -181,6 +182,10 @@ def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConf
     in f16: a bf16 q is converted (exact for |q| in [2^-14, 65504]; larger entries become inf and the
     output NaN, never a silent clamp).
     """
+    from mla_jax.api import check_interpret
+
+    check_config(config)
+    check_interpret(interpret, allow_params=True)
     reason = unsupported_reason(config)
     if reason is not None:
         raise NotImplementedError(f"pallas_mosaic_gpu cannot run this problem: {reason}")
@@ -192,8 +197,6 @@ def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConf
                                   max_query_len=metadata.max_query_len)
     elif not isinstance(tuning, MosaicConfig):
         raise ValueError(f"tuning must be a MosaicConfig, got tuning={tuning!r}")
-    if not isinstance(interpret, plgpu.InterpretGPUParams):
-        interpret = bool(interpret)
     out_dtype = None
     fp8 = config.is_fp8_kv_cache
     if fp8 and q.dtype != jnp.float16:

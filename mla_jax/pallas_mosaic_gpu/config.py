@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import math
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from mla_spec import MLAConfig
+from mla_spec.config import check_config
 
 
 KV_LORA_RANK = 512
@@ -200,6 +201,7 @@ def supported_page_size(page_size: int, block_kv: int = 64) -> bool:
 
 def unsupported_reason(config: MLAConfig, device=None) -> str | None:
     """Why this kernel cannot run `config` (on `device`, when given); None when it can."""
+    check_config(config)
     if config.kv_lora_rank != KV_LORA_RANK or config.qk_rope_head_dim != QK_ROPE_HEAD_DIM:
         return (
             f"needs kv_lora_rank={KV_LORA_RANK} and qk_rope_head_dim={QK_ROPE_HEAD_DIM}, got "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from mla_spec import DecodeMetadata, MLAConfig
+from mla_spec.config import check_config
 from mla_torch.fa3.impl import FlashAttnMLAImpl, mask_padding
 from mla_torch.fa3.metadata import FlashAttnMLAMetadata, FlashAttnMLAMetadataBuilder, cpu_int32
 from mla_torch.fa3.providers import FA3Provider
@@ -46,6 +47,7 @@ class FA3DecodeGraph:
     def __init__(self, config: MLAConfig, kv_cache: torch.Tensor, *, max_num_reqs: int, max_num_tokens: int,
                  max_blocks_per_req: int, max_query_len: int = 1, max_seq_len: int | None = None,
                  fa3_provider: FA3Provider | None = None):
+        check_config(config)
         for name, v in (("max_num_reqs", max_num_reqs), ("max_num_tokens", max_num_tokens),
                         ("max_blocks_per_req", max_blocks_per_req), ("max_query_len", max_query_len)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:

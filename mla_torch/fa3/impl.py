@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from mla_spec import DecodeMetadata, MLAConfig, check_config_and_metadata
-from mla_spec.config import ATTN_TYPE_DECODER, FP8_KV_CACHE_MSG, NON_DECODER_MSG, UNSUPPORTED_FEATURES_MSG
+from mla_spec.config import ATTN_TYPE_DECODER, FP8_KV_CACHE_MSG, NON_DECODER_MSG, UNSUPPORTED_FEATURES_MSG, check_config
 from mla_torch.fa3 import providers
 from mla_torch.fa3.metadata import TORCH_DTYPES, FlashAttnMLAMetadata, FlashAttnMLAMetadataBuilder
 from mla_torch.fa3.providers import MLA_HEAD_DIMS, fa3_unavailable_reason
@@ -200,6 +200,7 @@ class FlashAttnMLAImpl:
 
     @classmethod
     def from_config(cls, config: MLAConfig, device=None, **mla_args) -> "FlashAttnMLAImpl":
+        check_config(config)
         return cls(
             num_heads=config.num_heads,
             head_size=config.head_dim,
@@ -353,6 +354,7 @@ class FlashAttnMLAImpl:
 
 def _config_reason(config: MLAConfig) -> str | None:
     """Why this FA3 path does not take `config`, whatever the machine; None if it does."""
+    check_config(config)
     if config.dtype not in ("bfloat16", "float16"):
         return f"FA3 takes bfloat16/float16 activations (the seed's supported_dtypes), got dtype={config.dtype!r}"
     if is_quantized_kv_cache(config.kv_cache_dtype):

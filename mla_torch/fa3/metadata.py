@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from mla_spec import DecodeMetadata, MLAConfig
+from mla_spec.config import check_config
 from mla_spec.metadata import first_outside_int32
 from mla_torch.fa3 import providers
 from mla_torch.fa3.providers import FA3Provider
@@ -145,8 +146,7 @@ class FlashAttnMLAMetadataBuilder:
                  fa3_provider: FA3Provider | None = None):
         """`fa3_provider`: a given provider (tests); None looks one up, lazily, at the
         first schedule."""
-        if not isinstance(config, MLAConfig):
-            raise ValueError(f"config must be an mla_spec.MLAConfig, got {type(config).__name__}")
+        check_config(config)
         self.config = config
         self.device = torch.device(device)
         self.num_heads = config.num_heads
