@@ -1,5 +1,7 @@
-"""mla_jax: paged MLA decode in JAX; Pallas GPU kernels beside a jnp reference.
+"""mla_jax: paged MLA decode in JAX; Pallas GPU kernels beside a jnp reference, and the cache write
+(`mla_jax.kv_cache`: vLLM's `concat_and_cache_mla`, one scatter into the donated cache).
 
+    kv_cache = mla_jax.write_kv(kv_cache, kv_c, k_pe, slot_mapping, config)
     out, lse = mla_jax.mla_decode(q, kv_cache, metadata, config, impl="pallas_triton")
 """
 
@@ -10,6 +12,7 @@ import jax.experimental.pallas.fuser  # noqa: F401,E402
 
 from mla_jax.api import IMPLS, default_interpret, mla_decode, select_impl, split_q, to_jax_metadata, unsupported_reason
 from mla_jax.dcp import dcp_mla_decode, merge_partials
+from mla_jax.kv_cache import quantize_fp8, write_kv
 
 __all__ = [
     "IMPLS",
@@ -17,8 +20,10 @@ __all__ = [
     "default_interpret",
     "merge_partials",
     "mla_decode",
+    "quantize_fp8",
     "select_impl",
     "split_q",
     "to_jax_metadata",
     "unsupported_reason",
+    "write_kv",
 ]

@@ -4,22 +4,28 @@ Both stacks take the same config, the same metadata and the same checks from her
 that a problem means one thing on both and a bad input gets one message:
 `MLAConfig` (one layer), `DecodeMetadata` (one batch) with `validate`, the builder
 `build_decode_metadata` (with `Bucket` / `pad_to_bucket` for a serving loop's static shapes), vLLM's decode/prefill split `split_decodes_and_prefills`, the
-shared call checks `validate_inputs` (and `validate_k_scale` for an fp8 cache), and
-`reference.mla_decode`, the float64 definition every implementation is compared with.
+shared call checks `validate_inputs` (and `validate_k_scale` for an fp8 cache), the cache
+write's checks `validate_write_kv` / `validate_slot_mapping`, the fp8 cache's quantization
+rule (`mla_spec.fp8`), and `reference.mla_decode`, the float64 definition every
+implementation is compared with.
 
 "The seed" in these modules is vLLM's FlashAttnMLA backend
 (`vllm/v1/attention/backends/mla/flashattn_mla.py`), which `mla_torch.fa3` ports: its
 names, defaults and error messages are kept so that the contract reads as vLLM's.
 """
 
-from mla_spec import reference
+from mla_spec import fp8, reference
 from mla_spec.config import MLAConfig
+from mla_spec.fp8 import FP8_E4M3_MAX, fp8_k_scale, quantize_fp8
 from mla_spec.inputs import (
     check_config_and_metadata,
+    check_kv_cache,
     dtype_name,
     expected_kv_cache_dtype,
     validate_inputs,
     validate_k_scale,
+    validate_slot_mapping,
+    validate_write_kv,
 )
 from mla_spec.metadata import (
     BatchSplit,
@@ -36,16 +42,23 @@ __all__ = [
     "BatchSplit",
     "Bucket",
     "DecodeMetadata",
+    "FP8_E4M3_MAX",
     "MLAConfig",
     "build_decode_metadata",
     "capture_size_buckets",
     "check_config_and_metadata",
+    "check_kv_cache",
     "dtype_name",
     "expected_kv_cache_dtype",
+    "fp8",
+    "fp8_k_scale",
     "pad_to_bucket",
+    "quantize_fp8",
     "reference",
     "smallest_bucket",
     "split_decodes_and_prefills",
     "validate_inputs",
     "validate_k_scale",
+    "validate_slot_mapping",
+    "validate_write_kv",
 ]

@@ -85,6 +85,31 @@ def validate_k_scale(k_scale, config: MLAConfig, *, concrete: bool = True) -> fl
     return value
 
 
+def check_kv_cache(config: MLAConfig, kv_cache_shape: tuple[int, ...], kv_cache_dtype: str) -> None:
+    """The paged cache: `[num_blocks >= 1, page_size, kv_lora_rank + qk_rope_head_dim]` of the dtype the
+    config implies (`expected_kv_cache_dtype`)."""
+    width = config.kv_lora_rank + config.qk_rope_head_dim
+    if len(kv_cache_shape) != 3 or kv_cache_shape[1] != config.page_size or kv_cache_shape[2] != width:
+        raise ValueError(
+            f"kv_cache must be [num_blocks, page_size={config.page_size}, {width}], "
+            f"got kv_cache.shape={tuple(kv_cache_shape)}"
+        )
+    if kv_cache_shape[0] < 1:
+        raise ValueError(f"kv_cache needs at least one block, got kv_cache.shape={tuple(kv_cache_shape)}")
+    expected = expected_kv_cache_dtype(config)
+    if kv_cache_dtype != expected:
+        if config.is_fp8_kv_cache:
+            raise ValueError(
+                f"kv_cache dtype must be {expected} with kv_cache_dtype={config.kv_cache_dtype!r}, "
+                f"got kv_cache.dtype={kv_cache_dtype}"
+            )
+        hint = " (an fp8 cache needs kv_cache_dtype='fp8_e4m3')" if kv_cache_dtype in FP8_DTYPE_NAMES else ""
+        raise ValueError(
+            f"kv_cache dtype must be config.dtype={config.dtype!r} with kv_cache_dtype='auto', "
+            f"got kv_cache.dtype={kv_cache_dtype}{hint}"
+        )
+
+
 def validate_inputs(
     config: MLAConfig,
     metadata: DecodeMetadata,
@@ -126,28 +151,93 @@ def validate_inputs(
         raise ValueError(f"q must have num_heads={H} heads, got q.shape[1]={shape[1]}")
     if q_dtype != config.dtype:
         raise ValueError(f"q dtype must be config.dtype={config.dtype!r}, got q.dtype={q_dtype}")
-    if len(kv_cache_shape) != 3 or kv_cache_shape[1] != config.page_size or kv_cache_shape[2] != L + R:
-        raise ValueError(
-            f"kv_cache must be [num_blocks, page_size={config.page_size}, {L + R}], "
-            f"got kv_cache.shape={tuple(kv_cache_shape)}"
-        )
-    if kv_cache_shape[0] < 1:
-        raise ValueError(f"kv_cache needs at least one block, got kv_cache.shape={tuple(kv_cache_shape)}")
-    expected = expected_kv_cache_dtype(config)
-    if kv_cache_dtype != expected:
-        if config.is_fp8_kv_cache:
-            raise ValueError(
-                f"kv_cache dtype must be {expected} with kv_cache_dtype={config.kv_cache_dtype!r}, "
-                f"got kv_cache.dtype={kv_cache_dtype}"
-            )
-        hint = " (an fp8 cache needs kv_cache_dtype='fp8_e4m3')" if kv_cache_dtype in FP8_DTYPE_NAMES else ""
-        raise ValueError(
-            f"kv_cache dtype must be config.dtype={config.dtype!r} with kv_cache_dtype='auto', "
-            f"got kv_cache.dtype={kv_cache_dtype}{hint}"
-        )
+    check_kv_cache(config, kv_cache_shape, kv_cache_dtype)
     metadata.validate(config, num_blocks=int(kv_cache_shape[0]), check_values=check_values)
     if shape[0] != metadata.num_decode_tokens:
         raise ValueError(
             f"q token count must equal metadata.num_decode_tokens={metadata.num_decode_tokens}, "
             f"got q.shape[0]={shape[0]}"
+        )
+
+
+SLOT_MAPPING_DTYPES = ("int32", "int64")
+"""The dtypes of a cache write's `slot_mapping` (vLLM's is int64)."""
+
+
+def validate_write_kv(
+    config: MLAConfig,
+    *,
+    kv_cache_shape: tuple[int, ...],
+    kv_cache_dtype: str,
+    kv_c_shape: tuple[int, ...],
+    kv_c_dtype: str,
+    k_pe_shape: tuple[int, ...] | None,
+    k_pe_dtype: str | None,
+    slot_mapping_shape: tuple[int, ...],
+    slot_mapping_dtype: str,
+) -> None:
+    """The shapes and dtypes of a cache write (`write_kv` of either stack): `kv_c [T, kv_lora_rank]` and
+    `k_pe [T, qk_rope_head_dim]`, or the packed `kv_c [T, kv_lora_rank + qk_rope_head_dim]` with `k_pe` None
+    (its shape and dtype passed as None), in config.dtype; the cache as `check_kv_cache` says; `slot_mapping [T]`
+    int32 or int64. The values of slot_mapping are `validate_slot_mapping`'s."""
+    if not isinstance(config, MLAConfig):
+        raise ValueError(f"config must be an mla_spec.MLAConfig, got config={type(config).__name__}")
+    L, R = config.kv_lora_rank, config.qk_rope_head_dim
+    if k_pe_shape is None:
+        if len(kv_c_shape) != 2 or kv_c_shape[1] != L + R:
+            raise ValueError(
+                f"packed kv_c (k_pe=None) must be [T, kv_lora_rank + qk_rope_head_dim = {L + R}], "
+                f"got kv_c.shape={tuple(kv_c_shape)}"
+            )
+    else:
+        for name, shape, width in (("kv_c", kv_c_shape, L), ("k_pe", k_pe_shape, R)):
+            if len(shape) != 2 or shape[1] != width:
+                raise ValueError(f"{name} must be [T, {width}], got {name}.shape={tuple(shape)}")
+        if kv_c_shape[0] != k_pe_shape[0]:
+            raise ValueError(
+                f"kv_c and k_pe must have the same token count, got kv_c.shape={tuple(kv_c_shape)}, "
+                f"k_pe.shape={tuple(k_pe_shape)}"
+            )
+    for name, dtype in (("kv_c", kv_c_dtype), ("k_pe", k_pe_dtype)):
+        if dtype is not None and dtype != config.dtype:
+            raise ValueError(f"{name} dtype must be config.dtype={config.dtype!r}, got {name}.dtype={dtype}")
+    check_kv_cache(config, kv_cache_shape, kv_cache_dtype)
+    if tuple(slot_mapping_shape) != (kv_c_shape[0],):
+        raise ValueError(
+            f"slot_mapping must be [T] with T = kv_c.shape[0] = {kv_c_shape[0]}, "
+            f"got slot_mapping.shape={tuple(slot_mapping_shape)}"
+        )
+    if slot_mapping_dtype not in SLOT_MAPPING_DTYPES:
+        raise ValueError(
+            f"slot_mapping dtype must be one of {SLOT_MAPPING_DTYPES}, got slot_mapping.dtype={slot_mapping_dtype}"
+        )
+    num_slots = kv_cache_shape[0] * kv_cache_shape[1]
+    if num_slots >= 2**31:  # the backends index slots in int32 (and need num_slots itself as the dropped index)
+        raise ValueError(
+            f"kv_cache must have fewer than 2**31 slots, got num_blocks * page_size = {num_slots} "
+            f"(kv_cache.shape={tuple(kv_cache_shape)})"
+        )
+
+
+def validate_slot_mapping(slot_mapping, num_slots: int) -> None:
+    """The values of a cache write's `slot_mapping` (read on the host): each -1 (skip the row: padding) or a slot
+    `block * page_size + offset` in [0, num_slots), and no slot twice (which row would win is unspecified)."""
+    arr = np.asarray(slot_mapping)
+    if arr.size == 0:
+        return
+    bad = np.flatnonzero((arr < -1) | (arr >= num_slots))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(
+            f"slot_mapping values must be -1 (skip the row) or a slot in [0, num_blocks * page_size = {num_slots}), "
+            f"got slot_mapping[{i}]={int(arr[i])}"
+        )
+    written = arr[arr >= 0]
+    slots, counts = np.unique(written, return_counts=True)
+    if (counts > 1).any():
+        slot = int(slots[counts > 1][0])
+        first, second = (int(i) for i in np.flatnonzero(arr == slot)[:2])
+        raise ValueError(
+            f"slot_mapping must not write a slot twice, got slot {slot} at slot_mapping[{first}] and "
+            f"slot_mapping[{second}]"
         )

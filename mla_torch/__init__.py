@@ -2,9 +2,11 @@
 
 A port of vLLM's FlashAttnMLA backend on FlashAttention-3 (the `mla_torch.fa3` package:
 FA3 discovery, the backend's builder and Impl, a full-CUDA-graph helper), beside a torch
-reference that runs anywhere (`mla_torch.reference`), and decode context parallelism on
-top of either (`mla_torch.dcp`).
+reference that runs anywhere (`mla_torch.reference`), decode context parallelism on
+top of either (`mla_torch.dcp`), and the cache write (`mla_torch.kv_cache`: vLLM's
+`concat_and_cache_mla`, in place and CUDA-graph capturable).
 
+    kv_cache = mla_torch.write_kv(kv_cache, kv_c, k_pe, slot_mapping, config)
     out, lse = mla_torch.mla_decode(q, kv_cache, metadata, config, impl="fa3")
 """
 
@@ -26,6 +28,7 @@ from mla_torch.fa3 import (
     find_fa3,
     scheduler_metadata_buffer_size,
 )
+from mla_torch.kv_cache import quantize_fp8, write_kv
 
 __all__ = [
     "BucketGraphs",
@@ -46,9 +49,11 @@ __all__ = [
     "find_fa3",
     "merge_attn_states",
     "mla_decode",
+    "quantize_fp8",
     "scheduler_metadata_buffer_size",
     "select_impl",
     "split_q",
     "to_torch_metadata",
     "unsupported_reason",
+    "write_kv",
 ]

@@ -14,6 +14,7 @@ import ml_dtypes
 import numpy as np
 
 from mla_spec import DecodeMetadata, MLAConfig, build_decode_metadata
+from mla_spec.fp8 import FP8_E4M3_MAX, fp8_k_scale, quantize_fp8  # noqa: F401 (FP8_E4M3_MAX: re-exported)
 
 _NP_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32}
 
@@ -130,8 +131,6 @@ def random_scenario(rng: np.random.Generator, *, num_heads=16, page_size=16, max
     )
 
 
-FP8_E4M3_MAX = 448.0
-"""The largest finite float8_e4m3fn value."""
 
 
 def make_fp8_batch(
@@ -158,8 +157,8 @@ def make_fp8_batch(
 
 
 def quantize_e4m3(kv: np.ndarray, amax) -> tuple[np.ndarray, float]:
-    """(fp8, k_scale): `kv` quantized with one per-tensor scale k_scale = amax / 448 (a float32 value; amax: that of
-    the readable slots), the float8_e4m3fn values returned as float32 (exact), NaN where `kv` has NaN."""
-    k_scale = float(np.float32(amax / FP8_E4M3_MAX))
-    scaled = np.clip(kv / np.float32(k_scale), -FP8_E4M3_MAX, FP8_E4M3_MAX)  # NaN stays NaN
-    return scaled.astype(ml_dtypes.float8_e4m3fn).astype(np.float32), k_scale
+    """(fp8, k_scale): `kv` quantized by the cache's rule (`mla_spec.fp8`) with one per-tensor scale k_scale =
+    amax / 448 (a float32 value; amax: that of the readable slots), the float8_e4m3fn values returned as float32
+    (exact), NaN where `kv` has NaN."""
+    k_scale = fp8_k_scale(amax)
+    return quantize_fp8(kv, k_scale), k_scale

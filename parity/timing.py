@@ -35,7 +35,7 @@ import statistics
 import tempfile
 import time
 
-from parity.scenarios import FP8_E4M3_MAX
+from mla_spec.fp8 import fp8_k_scale
 from parity.shapes import Shape
 
 METHOD = __doc__.split("Method ")[1].split("\n\nThe device trace")[0].strip()
@@ -168,14 +168,13 @@ def make_inputs(shape: Shape, seed: int = 0) -> BenchInputs:
 
 def quantize_fp8(kv_cache):
     """(kv_fp8, k_scale): a torch cache (finite values, any float dtype and device) quantized to
-    float8_e4m3fn with one per-tensor scale k_scale = amax(|kv|) / 448 (a float32 value, returned as a
-    Python float; 1.0 for an all-zero cache), vLLM's convention: real value = fp8 value * k_scale."""
-    import torch
+    float8_e4m3fn by the cache's rule (`mla_spec.fp8`, `mla_torch.quantize_fp8`) with one per-tensor scale
+    k_scale = amax(|kv|) / 448 (a float32 value, returned as a Python float; 1.0 for an all-zero cache),
+    vLLM's convention: real value = fp8 value * k_scale."""
+    import mla_torch
 
-    amax = float(kv_cache.abs().amax().float())
-    k_scale = float(torch.tensor(amax / FP8_E4M3_MAX if amax > 0 else 1.0, dtype=torch.float32))
-    scaled = kv_cache.to(torch.float32, copy=True).div_(k_scale).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX)
-    return scaled.to(torch.float8_e4m3fn), k_scale
+    k_scale = fp8_k_scale(float(kv_cache.abs().amax().float()))
+    return mla_torch.quantize_fp8(kv_cache, k_scale), k_scale
 
 
 # ----------------------------------------------------------------------------- runners

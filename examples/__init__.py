@@ -1,0 +1,1 @@
+"""Runnable examples built on the packages (not installed: run them from the repository root)."""
