@@ -167,7 +167,7 @@ def test_xla_matches(d):
     check(*run_jax(b, "xla"), b, f"xla {d}")
 
 
-@_settings(10)
+@_settings(6)
 @given(d=descs())
 def test_pallas_triton_matches(d):
     b = build(d, "float32")

@@ -13,6 +13,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -44,13 +45,12 @@ class Engine:
         self.reqs: list[Request] = []
 
     def _write(self, req: Request, start: int, stop: int):
-        """KV rows for positions [start, stop) of req (new blocks as needed), rounded to the config's dtype."""
+        """KV rows for positions [start, stop) of req (new blocks as needed), rounded to bfloat16 (the config's dtype)."""
         while len(req.blocks) * PAGE < stop:
             req.blocks.append(self.free.pop(self.rng.integers(len(self.free))))
         pos = np.arange(start, stop)
         rows = self.rng.standard_normal((pos.size, self.config.head_dim)).astype(np.float32)
-        self.cache[np.asarray(req.blocks)[pos // PAGE], pos % PAGE] = np.asarray(
-            jnp.asarray(rows, self.config.dtype).astype(jnp.float32))
+        self.cache[np.asarray(req.blocks)[pos // PAGE], pos % PAGE] = rows.astype(ml_dtypes.bfloat16).astype(np.float32)
         req.seq_len = stop
 
     def step(self, max_reqs: int, max_seq: int, min_reqs: int = 1):
@@ -74,10 +74,11 @@ class Engine:
         return query_lens, md
 
 
-def run_loop(impl: str, steps: int, max_reqs: int, max_seq: int, seed: int = 0, ramp: bool = False, **extra):
+def run_loop(impl: str, steps: int, max_reqs: int, max_seq: int, seed: int = 0, ramp: bool = False, heads: int = 16,
+             **extra):
     """The loop on mla_jax.mla_decode(impl=...) under one jax.jit (ramp: step k has at least k + 1 requests);
     returns (compiles, buckets used)."""
-    config = MLAConfig(num_heads=16, page_size=PAGE)
+    config = MLAConfig(num_heads=heads, page_size=PAGE)
     engine = Engine(config, num_blocks=1 + max_reqs * (max_seq // PAGE + 1), seed=seed)
     decode = jax.jit(lambda q, kv, md: mla_jax.mla_decode(q, kv, md, config, impl=impl, **extra))
     tol = TOLERANCES[config.dtype]
@@ -88,8 +89,8 @@ def run_loop(impl: str, steps: int, max_reqs: int, max_seq: int, seed: int = 0, 
         used.add(bucket)
         padded = pad_to_bucket(md, bucket, config, num_blocks=engine.cache.shape[0])
         T = md.num_decode_tokens
-        q = engine.rng.standard_normal((bucket.num_tokens, 16, config.head_dim)).astype(np.float32)
-        q = np.array(jnp.asarray(q, jnp.bfloat16).astype(jnp.float32))
+        q = engine.rng.standard_normal((bucket.num_tokens, heads, config.head_dim)).astype(np.float32)
+        q = q.astype(ml_dtypes.bfloat16).astype(np.float32)
         q[T:] = np.nan  # the padding rows' q: whatever the engine left there
         out, lse = decode(jnp.asarray(q, jnp.bfloat16), jnp.asarray(engine.cache, jnp.bfloat16),
                           mla_jax.to_jax_metadata(padded))
@@ -103,17 +104,19 @@ def run_loop(impl: str, steps: int, max_reqs: int, max_seq: int, seed: int = 0, 
 
 
 def test_xla_loop_compiles_once_per_bucket():
-    """200 steps through three buckets (requests joining and leaving, q_len 1-3): one compile a bucket."""
-    compiles, used = run_loop("xla", steps=200, max_reqs=12, max_seq=380)
+    """200 steps through three buckets (requests joining and leaving, q_len 1-3; 8 heads, to keep the float64
+    reference of every step cheap): one compile a bucket."""
+    compiles, used = run_loop("xla", steps=200, max_reqs=12, max_seq=380, heads=8)
     assert used == set(BUCKETS), f"the loop reached {len(used)} of {len(BUCKETS)} buckets"
     assert compiles == len(used)
 
 
 @pytest.mark.parametrize("impl", ["pallas_triton", "pallas_mosaic_gpu"])
 def test_kernel_loop_compiles_once_per_bucket(impl):
-    """The Pallas kernels in interpret mode, a shorter loop over the two smaller buckets: one compile a bucket."""
+    """The Pallas kernels in interpret mode, a 5-step loop over the two smaller buckets (step k has k + 1 requests:
+    the fifth needs the second bucket): one compile a bucket."""
     if impl == "pallas_mosaic_gpu":
         pytest.importorskip("absl", reason="Mosaic GPU interpret mode needs absl-py")
-    compiles, used = run_loop(impl, steps=8, max_reqs=6, max_seq=120, seed=1, ramp=True, interpret=True)
+    compiles, used = run_loop(impl, steps=5, max_reqs=6, max_seq=120, seed=1, ramp=True, interpret=True)
     assert len(used) == 2, f"the loop reached {len(used)} buckets"
     assert compiles == len(used)
