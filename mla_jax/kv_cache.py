@@ -15,10 +15,9 @@ from jax import lax
 from mla_spec import (
     FP8_E4M3_MAX,
     MLAConfig,
-    dtype_name,
     validate_k_scale,
     validate_slot_mapping,
-    validate_write_kv,
+    validate_write_kv_arrays,
 )
 
 
@@ -86,17 +85,7 @@ def write_kv(kv_cache, kv_c, k_pe, slot_mapping, config: MLAConfig, *, k_scale=1
             continue
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise ValueError(f"{name} must be an array, got {name}={type(x).__name__}")
-    validate_write_kv(
-        config,
-        kv_cache_shape=tuple(kv_cache.shape),
-        kv_cache_dtype=dtype_name(kv_cache.dtype),
-        kv_c_shape=tuple(kv_c.shape),
-        kv_c_dtype=dtype_name(kv_c.dtype),
-        k_pe_shape=None if k_pe is None else tuple(k_pe.shape),
-        k_pe_dtype=None if k_pe is None else dtype_name(k_pe.dtype),
-        slot_mapping_shape=tuple(slot_mapping.shape),
-        slot_mapping_dtype=dtype_name(slot_mapping.dtype),
-    )
+    validate_write_kv_arrays(config, kv_cache, kv_c, k_pe, slot_mapping)
     validate_k_scale(k_scale, config, concrete=not isinstance(k_scale, jax.core.Tracer))
     num_blocks, page_size, _ = kv_cache.shape
     if check_values is None:

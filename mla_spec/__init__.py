@@ -26,6 +26,7 @@ from mla_spec.inputs import (
     validate_k_scale,
     validate_slot_mapping,
     validate_write_kv,
+    validate_write_kv_arrays,
 )
 from mla_spec.metadata import (
     BatchSplit,
@@ -61,4 +62,5 @@ __all__ = [
     "validate_k_scale",
     "validate_slot_mapping",
     "validate_write_kv",
+    "validate_write_kv_arrays",
 ]

@@ -180,8 +180,7 @@ def validate_write_kv(
     `k_pe [T, qk_rope_head_dim]`, or the packed `kv_c [T, kv_lora_rank + qk_rope_head_dim]` with `k_pe` None
     (its shape and dtype passed as None), in config.dtype; the cache as `check_kv_cache` says; `slot_mapping [T]`
     int32 or int64. The values of slot_mapping are `validate_slot_mapping`'s."""
-    if not isinstance(config, MLAConfig):
-        raise ValueError(f"config must be an mla_spec.MLAConfig, got config={type(config).__name__}")
+    check_config(config)
     L, R = config.kv_lora_rank, config.qk_rope_head_dim
     if k_pe_shape is None:
         if len(kv_c_shape) != 2 or kv_c_shape[1] != L + R:
@@ -218,6 +217,21 @@ def validate_write_kv(
             f"(kv_cache.shape={tuple(kv_cache_shape)})"
         )
 
+
+def validate_write_kv_arrays(config: MLAConfig, kv_cache, kv_c, k_pe, slot_mapping) -> None:
+    """`validate_write_kv` on the arrays themselves (NumPy, torch or JAX: anything with a shape and a dtype; k_pe
+    may be None), so that both stacks' write_kv pass them the same way."""
+    validate_write_kv(
+        config,
+        kv_cache_shape=tuple(kv_cache.shape),
+        kv_cache_dtype=dtype_name(kv_cache.dtype),
+        kv_c_shape=tuple(kv_c.shape),
+        kv_c_dtype=dtype_name(kv_c.dtype),
+        k_pe_shape=None if k_pe is None else tuple(k_pe.shape),
+        k_pe_dtype=None if k_pe is None else dtype_name(k_pe.dtype),
+        slot_mapping_shape=tuple(slot_mapping.shape),
+        slot_mapping_dtype=dtype_name(slot_mapping.dtype),
+    )
 
 def validate_slot_mapping(slot_mapping, num_slots: int) -> None:
     """The values of a cache write's `slot_mapping` (read on the host): each -1 (skip the row: padding) or a slot

@@ -12,10 +12,9 @@ import torch
 from mla_spec import (
     FP8_E4M3_MAX,
     MLAConfig,
-    dtype_name,
     validate_k_scale,
     validate_slot_mapping,
-    validate_write_kv,
+    validate_write_kv_arrays,
 )
 
 _BITS_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
@@ -70,17 +69,7 @@ def write_kv(kv_cache: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor | No
             continue
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"{name} must be a torch tensor, got {name}={type(x).__name__}")
-    validate_write_kv(
-        config,
-        kv_cache_shape=tuple(kv_cache.shape),
-        kv_cache_dtype=dtype_name(kv_cache.dtype),
-        kv_c_shape=tuple(kv_c.shape),
-        kv_c_dtype=dtype_name(kv_c.dtype),
-        k_pe_shape=None if k_pe is None else tuple(k_pe.shape),
-        k_pe_dtype=None if k_pe is None else dtype_name(k_pe.dtype),
-        slot_mapping_shape=tuple(slot_mapping.shape),
-        slot_mapping_dtype=dtype_name(slot_mapping.dtype),
-    )
+    validate_write_kv_arrays(config, kv_cache, kv_c, k_pe, slot_mapping)
     tensors = (kv_cache, kv_c, slot_mapping) + (() if k_pe is None else (k_pe,))
     devices = {x.device for x in tensors}
     if len(devices) != 1:

@@ -26,6 +26,17 @@ import sys
 import time
 
 
+def _write_json(path: str, obj) -> bool:
+    """Writes `obj` as JSON to `path`; on an OSError says so on stderr (one line) and returns False."""
+    try:
+        with open(path, "w") as f:
+            json.dump(obj, f, indent=1)
+    except OSError as e:
+        print(f"cannot write {path}: {e}", file=sys.stderr)
+        return False
+    return True
+
+
 def _check(args) -> int:
     from parity import runner
     from parity.scenarios import SCENARIOS
@@ -63,11 +74,7 @@ def _check(args) -> int:
           + f" in {time.perf_counter() - t0:.1f} s")
     report = {"environment": env, "rows": [r.as_dict() for r in rows]}
     if args.json:
-        try:
-            with open(args.json, "w") as f:
-                json.dump(report, f, indent=1)
-        except OSError as e:
-            print(f"cannot write {args.json}: {e}", file=sys.stderr)
+        if not _write_json(args.json, report):
             return 2
         print(f"wrote {args.json}")
     if args.png:
@@ -134,11 +141,7 @@ def _merge(args) -> int:
         return 2
     text, _ = bench.summary(merged["rows"], merged["impls"])
     print(text)
-    try:
-        with open(args.json, "w") as f:
-            json.dump(merged, f, indent=1)
-    except OSError as e:
-        print(f"cannot write {args.json}: {e}", file=sys.stderr)
+    if not _write_json(args.json, merged):
         return 2
     print(f"wrote {args.json} ({len(merged['rows'])} rows, complete={merged['complete']})")
     if args.png:
