@@ -778,7 +778,9 @@ def test_pair_ring_lowers_where_pv_registers_runs():
     from parity import h200 as kernel_hash
 
     changed = 0
-    for problem in kernel_hash.PROBLEMS:
+    # the three fp8 problems where pv_registers runs, one where it does not (B8) and a 16-bit cache (each lowering
+    # takes seconds: the other problems add no path)
+    for problem in [kernel_hash.PROBLEMS[i] for i in (0, 1, 2, 3, 6)]:
         base = kernel_hash.problem_tuning(problem)
         [plain] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, ring_pairs=False))
         [text] = kernel_hash.module_texts(problem, tuning=dataclasses.replace(base, ring_pairs=True))

@@ -184,7 +184,7 @@ def test_pallas_mosaic_gpu_matches(d, dtype):
 # ----------------------------------------------------------------------------- fp8 cache
 
 
-@_settings(6)
+@_settings(4)
 @given(d=descs(), dtype=st.sampled_from(["bfloat16", "float16"]))
 def test_fp8_cache_matches(d, dtype):
     """The torch reference, the jnp reference and the Triton kernel on an fp8 cache with its k_scale, against
@@ -202,7 +202,7 @@ def test_fp8_cache_matches(d, dtype):
 MOSAIC_FP8_HEADS = (16, 8)
 
 
-@_settings(4)
+@_settings(2)
 @given(d=descs(MOSAIC_PAGE_SIZES, MOSAIC_FP8_HEADS), dtype=st.sampled_from(["bfloat16", "float16"]))
 def test_fp8_cache_pallas_mosaic_gpu_matches(d, dtype):
     b = build(d, dtype, fp8=True)
@@ -212,7 +212,7 @@ def test_fp8_cache_pallas_mosaic_gpu_matches(d, dtype):
 # ----------------------------------------------------------------------------- batch invariance
 
 
-@_settings(4)
+@_settings(2)
 @given(d=descs(min_reqs=2))
 def test_batch_invariant_request_0_alone_is_bitwise_the_same(d):
     """MLAConfig(batch_invariant=True): request 0 alone (its block-table row only, no padding) gives the same
