@@ -5,11 +5,13 @@ FA3 discovery, the backend's builder and Impl, a full-CUDA-graph helper), beside
 reference that runs anywhere (`mla_torch.reference`), decode context parallelism on
 top of either (`mla_torch.dcp`), and the cache write (`mla_torch.kv_cache`: vLLM's
 `concat_and_cache_mla`, in place and CUDA-graph capturable). The sparse decode (DeepSeek-V3.2's top-k
-attention, `mla_torch.sparse`) runs on its torch reference.
+attention, `mla_torch.sparse`) runs on its torch reference, on FA3 over one-token pages (vLLM's FlashAttnMLASparse,
+`mla_torch.fa3.sparse`) and on FlashMLA's fp8 kernel (`mla_torch.flashmla`).
 
     kv_cache = mla_torch.write_kv(kv_cache, kv_c, k_pe, slot_mapping, config)
     out, lse = mla_torch.mla_decode(q, kv_cache, metadata, config, impl="fa3")
-    out, lse = mla_torch.sparse_mla_decode(q, kv_cache, sparse_metadata, config, cache_format="fp8_ds_mla")
+    out, lse = mla_torch.sparse_mla_decode(q, kv_cache, sparse_metadata, config, impl="flashmla",
+                                           cache_format="fp8_ds_mla")
 """
 
 from mla_torch.api import IMPLS, check_call, mla_decode, select_impl, split_q, to_torch_metadata, unsupported_reason

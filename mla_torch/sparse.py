@@ -3,10 +3,12 @@ point, several implementations.
 
 impl:
   "reference"  torch reference (CPU or GPU tensors, float32 compute), either cache format
+  "fa3"        FA3 over one-token pages, vLLM's FlashAttnMLASparse (`mla_torch.fa3.sparse`), cache_format "auto"
+  "flashmla"   FlashMLA's fp8 sparse decode (`mla_torch.flashmla`), cache_format "fp8_ds_mla"
 
 The indexer runs per layer, so the indices are usually a device tensor made that layer: their values are checked
 only where reading them is free (NumPy arrays and CPU tensors); on a GPU an entry out of range is a device-side
-indexing error.
+indexing error (the reference) or reads other memory (the kernels).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from mla_spec.sparse import check_cache_format, check_sparse_metadata
 from mla_torch import sparse_reference
 from mla_torch.api import _as_tensor, split_q
 
-SPARSE_IMPLS = ("reference",)
+SPARSE_IMPLS = ("reference", "fa3", "flashmla")
 
 
 def to_torch_sparse_metadata(metadata: SparseMetadata, device) -> SparseMetadata:
@@ -40,6 +42,14 @@ def sparse_unsupported_reason(impl: str, config: MLAConfig, device=None, *, cach
     check_cache_format(cache_format)
     if impl == "reference":
         return None
+    if impl == "fa3":
+        from mla_torch.fa3 import sparse as fa3_sparse
+
+        return fa3_sparse.unsupported_reason(config, device, cache_format)
+    if impl == "flashmla":
+        from mla_torch import flashmla
+
+        return flashmla.unsupported_reason(config, device, cache_format)
     raise ValueError(f"unknown impl={impl!r}; expected one of {SPARSE_IMPLS}")
 
 
@@ -88,7 +98,19 @@ def sparse_mla_decode(q, kv_cache, metadata: SparseMetadata, config: MLAConfig, 
     if len(devices) != 1:
         raise ValueError(f"q and kv_cache must be on one device, got devices={sorted(map(str, devices))}")
     device = kv_cache.device
+    if impl != "reference":
+        reason = sparse_unsupported_reason(impl, config, device, cache_format=cache_format)
+        if reason is not None:
+            raise NotImplementedError(f"impl={impl!r} cannot run this problem: {reason}")
     md = to_torch_sparse_metadata(metadata, device)
-    q_nope, q_pe = split_q(q, config)
-    return sparse_reference.sparse_mla_decode(q_nope, q_pe, kv_cache, md.indices, md.topk_length, config,
-                                              cache_format=cache_format)
+    if impl == "reference":
+        q_nope, q_pe = split_q(q, config)
+        return sparse_reference.sparse_mla_decode(q_nope, q_pe, kv_cache, md.indices, md.topk_length, config,
+                                                  cache_format=cache_format)
+    if impl == "fa3":
+        from mla_torch.fa3 import sparse as fa3_sparse
+
+        return fa3_sparse.sparse_mla_decode(q, kv_cache, md.indices, md.topk_length, config)
+    from mla_torch import flashmla
+
+    return flashmla.sparse_mla_decode(q, kv_cache, md.indices, md.topk_length, config)
