@@ -2,7 +2,7 @@
 point for its implementations.
 
 impl:
-  "reference"  jnp reference (`mla_jax.sparse_reference`: runs anywhere, float32 compute), either cache format
+  "xla"        jnp reference (`mla_jax.sparse_reference`: runs anywhere, float32 compute), either cache format
 
 `SparseMetadata` is a pytree here: indices and topk_length are leaves (T and topk are their static shapes), so a
 jitted decode compiles once per (T, topk) and takes new indices without recompiling.
@@ -22,7 +22,7 @@ from mla_jax.api import _is_concrete, split_q
 
 jax.tree_util.register_dataclass(SparseMetadata, data_fields=["indices", "topk_length"], meta_fields=[])
 
-SPARSE_IMPLS = ("reference",)
+SPARSE_IMPLS = ("xla",)
 
 
 def to_jax_sparse_metadata(metadata: SparseMetadata, device=None) -> SparseMetadata:
@@ -45,12 +45,12 @@ def sparse_unsupported_reason(impl: str, config: MLAConfig, device=None, *, cach
     everything."""
     check_config(config)
     check_cache_format(cache_format)
-    if impl == "reference":
+    if impl == "xla":
         return None
     raise ValueError(f"unknown impl={impl!r}; expected one of {SPARSE_IMPLS}")
 
 
-def sparse_mla_decode(q, kv_cache, metadata: SparseMetadata, config: MLAConfig, *, impl: str = "reference",
+def sparse_mla_decode(q, kv_cache, metadata: SparseMetadata, config: MLAConfig, *, impl: str = "xla",
                       cache_format: str = "auto"):
     """The sparse decode. Returns `(out [T, H, L] in q's dtype, lse [T, H] float32)`.
 

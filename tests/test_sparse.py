@@ -73,7 +73,7 @@ class TestTorchReference(SparseCases):
 
 class TestJaxReference(SparseCases):
     def unsupported_reason(self, config, cache_format):
-        return mla_jax.sparse_unsupported_reason("reference", config, cache_format=cache_format)
+        return mla_jax.sparse_unsupported_reason("xla", config, cache_format=cache_format)
 
     def decode(self, inputs):
         q, kv = jax_inputs(inputs)
