@@ -36,9 +36,15 @@ def quantize_fp8(x, k_scale) -> np.ndarray:
     them to float8_e4m3fn losslessly). k_scale: a float, finite and > 0."""
     with np.errstate(over="ignore", invalid="ignore"):  # inf / NaN in, or a tiny k_scale: saturated below
         y = np.asarray(x, np.float32) / np.float32(k_scale)
-    y = np.clip(y, np.float32(-FP8_E4M3_MAX), np.float32(FP8_E4M3_MAX))  # NaN stays NaN
-    # Round to the e4m3fn grid: 3 mantissa bits at the value's binade (y = m 2**e, 0.5 <= |m| < 1), the
-    # subnormal step below 2**-6. y / step is exact (a power of two); np.round ties to even.
+    return round_to_e4m3fn(y)
+
+
+def round_to_e4m3fn(y) -> np.ndarray:
+    """float32 `y` saturated to [-448, 448] (NaN stays NaN) and rounded to the nearest float8_e4m3fn value, ties to
+    even: the conversion both fp8 caches use (`quantize_fp8` here, `mla_spec.fp8_sparse` per 128-value tile)."""
+    y = np.clip(np.asarray(y, np.float32), np.float32(-FP8_E4M3_MAX), np.float32(FP8_E4M3_MAX))
+    # 3 mantissa bits at the value's binade (y = m 2**e, 0.5 <= |m| < 1), the subnormal step below 2**-6.
+    # y / step is exact (a power of two); np.round ties to even.
     _, exp = np.frexp(y)
     step = np.ldexp(np.float32(1.0), np.maximum(exp - 1, _FP8_E4M3_MIN_EXP) - _FP8_E4M3_MANTISSA_BITS)
     return (np.round(y / step) * step).astype(np.float32)

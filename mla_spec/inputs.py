@@ -123,6 +123,19 @@ def validate_inputs(
     """Validates a call. `q_shapes`/`q_dtypes` hold one entry for the packed
     `q [T, H, L+R]`, or two for the `(q_nope [T,H,L], q_pe [T,H,R])` tuple."""
     check_config_and_metadata(config, metadata)
+    check_q(config, q_shapes, q_dtypes)
+    check_kv_cache(config, kv_cache_shape, kv_cache_dtype)
+    metadata.validate(config, num_blocks=int(kv_cache_shape[0]), check_values=check_values)
+    if q_shapes[0][0] != metadata.num_decode_tokens:
+        raise ValueError(
+            f"q token count must equal metadata.num_decode_tokens={metadata.num_decode_tokens}, "
+            f"got q.shape[0]={q_shapes[0][0]}"
+        )
+
+
+def check_q(config: MLAConfig, q_shapes: tuple[tuple[int, ...], ...], q_dtypes: tuple[str, ...]) -> None:
+    """q's shapes and dtype: one entry for the packed `q [T, H, L+R]`, or two for the `(q_nope [T,H,L],
+    q_pe [T,H,R])` tuple, with config.num_heads heads in config.dtype (the dense and the sparse decode alike)."""
     L, R, H = config.kv_lora_rank, config.qk_rope_head_dim, config.num_heads
     if len(q_shapes) == 1:
         (shape,) = q_shapes
@@ -151,13 +164,6 @@ def validate_inputs(
         raise ValueError(f"q must have num_heads={H} heads, got q.shape[1]={shape[1]}")
     if q_dtype != config.dtype:
         raise ValueError(f"q dtype must be config.dtype={config.dtype!r}, got q.dtype={q_dtype}")
-    check_kv_cache(config, kv_cache_shape, kv_cache_dtype)
-    metadata.validate(config, num_blocks=int(kv_cache_shape[0]), check_values=check_values)
-    if shape[0] != metadata.num_decode_tokens:
-        raise ValueError(
-            f"q token count must equal metadata.num_decode_tokens={metadata.num_decode_tokens}, "
-            f"got q.shape[0]={shape[0]}"
-        )
 
 
 SLOT_MAPPING_DTYPES = ("int32", "int64")
@@ -210,8 +216,14 @@ def validate_write_kv(
         raise ValueError(
             f"slot_mapping dtype must be one of {SLOT_MAPPING_DTYPES}, got slot_mapping.dtype={slot_mapping_dtype}"
         )
+    check_num_slots(kv_cache_shape)
+
+
+def check_num_slots(kv_cache_shape: tuple[int, ...]) -> None:
+    """A paged cache `[num_blocks, page_size, ...]` has fewer than 2**31 slots: the backends index slots
+    (`block * page_size + offset`) in int32, and the cache write needs num_slots itself as its dropped index."""
     num_slots = kv_cache_shape[0] * kv_cache_shape[1]
-    if num_slots >= 2**31:  # the backends index slots in int32 (and need num_slots itself as the dropped index)
+    if num_slots >= 2**31:
         raise ValueError(
             f"kv_cache must have fewer than 2**31 slots, got num_blocks * page_size = {num_slots} "
             f"(kv_cache.shape={tuple(kv_cache_shape)})"

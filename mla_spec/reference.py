@@ -16,13 +16,16 @@ float array of such values is accepted here) and the rows above are `cache value
 
 q and kv_cache may have any real float dtype (float16/32/64, bfloat16, float8_*); integer, bool,
 complex or object arrays are refused (ValueError naming the dtype) rather than cast.
+
+`sparse_mla_decode` defines the sparse decode (DeepSeek-V3.2's top-k attention, `mla_spec.sparse`): the same
+scores, softmax and output, over the slots `metadata.indices` names for each token instead of a causal range.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from mla_spec.config import MLAConfig
+from mla_spec.config import MLAConfig, check_config
 from mla_spec.inputs import (
     check_config_and_metadata,
     check_q_pair,
@@ -30,7 +33,9 @@ from mla_spec.inputs import (
     validate_inputs,
     validate_k_scale,
 )
+from mla_spec.fp8_sparse import dequantize_sparse_fp8
 from mla_spec.metadata import DecodeMetadata
+from mla_spec.sparse import SparseMetadata, check_sparse_metadata, validate_sparse_inputs
 
 
 def _is_real_float(dtype: np.dtype) -> bool:
@@ -106,4 +111,63 @@ def mla_decode(q, kv_cache: np.ndarray, metadata: DecodeMetadata, config: MLACon
         denom = p.sum(axis=-1, keepdims=True)
         out[start:end] = np.einsum("ths,sl->thl", p / denom, kv_c)
         lse[start:end] = (m + np.log(denom))[..., 0]
+    return out, lse
+
+
+def sparse_mla_decode(q, kv_cache: np.ndarray, metadata: SparseMetadata, config: MLAConfig, *,
+                      cache_format: str = "auto"):
+    """Returns `(out [T, H, L] float64, lse [T, H] float64)` of the sparse decode.
+
+    Token t attends to the used entries of `metadata.indices[t]` (the leftmost `topk_length[t]`, or all), each
+    entry that is not -1 one key, a slot named twice counted twice: key j is the cache row at global slot
+    `indices[t, j]` (`kv_cache[slot // page_size, slot % page_size]`). No causal mask. A token with no key gets
+    out 0 and lse -inf. No other slot is read: NaN there never shows.
+
+    kv_cache: `[num_blocks, page_size, 576]` of any real float dtype (cache_format "auto"), or the
+    `uint8 [num_blocks, page_size, 656]` fp8 layout (cache_format "fp8_ds_mla", dequantized by
+    `mla_spec.fp8_sparse.dequantize_sparse_fp8`)."""
+    check_config(config)
+    check_sparse_metadata(metadata)
+    check_q_pair(q)
+    if isinstance(q, tuple):
+        q_nope, q_pe = _float_array("q_nope", q[0]), _float_array("q_pe", q[1])
+        shapes = (q_nope.shape, q_pe.shape)
+    else:
+        q = _float_array("q", q)
+        shapes = (q.shape,)
+    if cache_format == "fp8_ds_mla":
+        kv_cache = np.asarray(kv_cache)
+        kv_dtype = kv_cache.dtype.name
+    else:
+        kv_cache = _float_array("kv_cache", kv_cache)
+        kv_dtype = config.dtype  # (any float dtype: the caller rounds, as in mla_decode)
+    validate_sparse_inputs(config, metadata, q_shapes=shapes, q_dtypes=(config.dtype,) * len(shapes),
+                           kv_cache_shape=kv_cache.shape, kv_cache_dtype=kv_dtype, cache_format=cache_format)
+    L = config.kv_lora_rank
+    if not isinstance(q, tuple):
+        q_nope, q_pe = q[..., :L], q[..., L:]
+    q_nope = q_nope.astype(np.float64)
+    q_pe = q_pe.astype(np.float64)
+    T, H = q_nope.shape[:2]
+    indices = np.asarray(metadata.indices, np.int64)
+    topk = indices.shape[1]
+    used = np.ones(indices.shape, bool)
+    if metadata.topk_length is not None:
+        used = np.arange(topk)[None, :] < np.asarray(metadata.topk_length, np.int64)[:, None]
+    flat = kv_cache.reshape(-1, kv_cache.shape[-1])
+    out = np.zeros((T, H, L), np.float64)
+    lse = np.full((T, H), -np.inf, np.float64)
+    for t in range(T):
+        slots = indices[t][used[t] & (indices[t] != -1)]
+        if slots.size == 0:
+            continue
+        rows = flat[slots]
+        rows = (dequantize_sparse_fp8(rows) if cache_format == "fp8_ds_mla" else rows).astype(np.float64)
+        kv_c, k_pe = rows[:, :L], rows[:, L:]
+        s = (q_nope[t] @ kv_c.T + q_pe[t] @ k_pe.T) * config.softmax_scale  # [H, keys]
+        m = s.max(axis=-1, keepdims=True)
+        p = np.exp(s - m)
+        denom = p.sum(axis=-1, keepdims=True)
+        out[t] = (p / denom) @ kv_c
+        lse[t] = (m + np.log(denom))[:, 0]
     return out, lse

@@ -15,6 +15,8 @@ import by a lazy lookup, so that the package imports without CUDA.
   `unsupported_reason`, behind `mla_torch.mla_decode(impl="fa3")`.
 - `graph`: `FA3DecodeGraph`, one decode captured in a full CUDA graph and replayed
   with other batches, and `BucketGraphs`, one such graph a bucket of a serving loop.
+- `sparse`: the sparse decode (DeepSeek-V3.2's top-k attention) on FA3's paged path over
+  one-token pages, vLLM's FlashAttnMLASparse (behind `mla_torch.sparse_mla_decode(impl="fa3")`).
 
     from mla_torch import fa3
     out, lse = fa3.mla_decode(q, kv_cache, metadata, config)

@@ -42,6 +42,8 @@ __all__ = [
     "KNOWN_KV_CACHE_DTYPES",
     "MultipleOf",
     "is_quantized_kv_cache",
+    "mask_padding",
+    "mask_rows",
     "mla_decode",
     "unsupported_reason",
 ]
@@ -417,6 +419,12 @@ def mask_padding(out: torch.Tensor, lse: torch.Tensor, query_start_loc: torch.Te
     """out 0 and lse -inf on the token rows past query_start_loc[-1] (a device tensor: no host sync, so the
     masking can be captured in a CUDA graph)."""
     live = torch.arange(out.shape[0], device=out.device) < query_start_loc[-1].to(out.device)
+    return mask_rows(out, lse, live)
+
+
+def mask_rows(out: torch.Tensor, lse: torch.Tensor | None, live: torch.Tensor):
+    """out 0 and lse -inf on the token rows where `live` (bool `[T]` on out's device) is False, by `torch.where` on
+    the device (no host sync: capturable in a CUDA graph)."""
     out = torch.where(live[:, None, None], out, torch.zeros((), dtype=out.dtype, device=out.device))
     if lse is not None:
         lse = torch.where(live[:, None], lse, torch.full((), float("-inf"), dtype=lse.dtype, device=lse.device))

@@ -1,0 +1,85 @@
+"""`mla_jax.sparse_mla_decode`: the sparse decode (DeepSeek-V3.2's top-k attention, `mla_spec.sparse`), one entry
+point for its implementations.
+
+impl:
+  "xla"        jnp reference (`mla_jax.sparse_reference`: runs anywhere, float32 compute), either cache format
+
+`SparseMetadata` is a pytree here: indices and topk_length are leaves (T and topk are their static shapes), so a
+jitted decode compiles once per (T, topk) and takes new indices without recompiling.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from mla_spec import MLAConfig, SparseMetadata, dtype_name, validate_sparse_inputs
+from mla_spec.config import check_config
+from mla_spec.inputs import check_q_pair
+from mla_spec.sparse import check_cache_format, check_sparse_metadata
+from mla_jax import sparse_reference
+from mla_jax.api import _is_concrete, split_q
+
+jax.tree_util.register_dataclass(SparseMetadata, data_fields=["indices", "topk_length"], meta_fields=[])
+
+SPARSE_IMPLS = ("xla",)
+
+
+def to_jax_sparse_metadata(metadata: SparseMetadata, device=None) -> SparseMetadata:
+    """The same metadata with int32 jax arrays on `device`."""
+    check_sparse_metadata(metadata)
+
+    def put(x):
+        return None if x is None else jax.device_put(jnp.asarray(x, dtype=jnp.int32), device)
+
+    return metadata.replace(indices=put(metadata.indices), topk_length=put(metadata.topk_length))
+
+
+def _as_int32(x):
+    """`x` as an int32 jax array (NumPy, or a jax array of another integer dtype; traced values too)."""
+    return None if x is None else jnp.asarray(x, dtype=jnp.int32)
+
+
+def sparse_unsupported_reason(impl: str, config: MLAConfig, device=None, *, cache_format: str = "auto") -> str | None:
+    """Why `impl` cannot run `config` with `cache_format` on `device` (None: it can). The reference runs
+    everything."""
+    check_config(config)
+    check_cache_format(cache_format)
+    if impl == "xla":
+        return None
+    raise ValueError(f"unknown impl={impl!r}; expected one of {SPARSE_IMPLS}")
+
+
+def sparse_mla_decode(q, kv_cache, metadata: SparseMetadata, config: MLAConfig, *, impl: str = "xla",
+                      cache_format: str = "auto"):
+    """The sparse decode. Returns `(out [T, H, L] in q's dtype, lse [T, H] float32)`.
+
+    q: `[T, H, L+R]` or `(q_nope [T,H,L], q_pe [T,H,R])` in config.dtype; kv_cache: `[num_blocks, page_size,
+    L+R]` in config.dtype (cache_format "auto") or `uint8 [num_blocks, page_size, 656]` (cache_format
+    "fp8_ds_mla"); metadata: `mla_spec.SparseMetadata` of NumPy or JAX integer arrays. Validates shapes and dtypes
+    always, the index values when they are concrete (not traced).
+    """
+    if impl not in SPARSE_IMPLS:
+        raise ValueError(f"unknown impl={impl!r}; expected one of {SPARSE_IMPLS}")
+    check_config(config)
+    check_sparse_metadata(metadata)
+    check_q_pair(q)
+    parts = q if isinstance(q, tuple) else (q,)
+    names = ("q_nope", "q_pe") if isinstance(q, tuple) else ("q",)
+    for name, x in zip(names + ("kv_cache",), parts + (kv_cache,)):
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            raise ValueError(f"q and kv_cache must be arrays, got {name}={type(x).__name__}")
+    arrays = [x for x in (metadata.indices, metadata.topk_length) if x is not None]
+    validate_sparse_inputs(
+        config,
+        metadata,
+        q_shapes=tuple(tuple(x.shape) for x in parts),
+        q_dtypes=tuple(dtype_name(x.dtype) for x in parts),
+        kv_cache_shape=tuple(kv_cache.shape),
+        kv_cache_dtype=dtype_name(kv_cache.dtype),
+        cache_format=cache_format,
+        check_values=all(_is_concrete(x) for x in arrays),
+    )
+    md = metadata.replace(indices=_as_int32(metadata.indices), topk_length=_as_int32(metadata.topk_length))
+    q_nope, q_pe = split_q(q, config)
+    return sparse_reference.sparse_mla_decode_jit(q_nope, q_pe, kv_cache, md, config, cache_format)
