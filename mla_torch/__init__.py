@@ -32,7 +32,7 @@ from mla_torch.fa3 import (
     find_fa3,
     scheduler_metadata_buffer_size,
 )
-from mla_torch.kv_cache import quantize_fp8, write_kv
+from mla_torch.kv_cache import quantize_fp8, quantize_sparse_fp8, write_kv
 from mla_torch.sparse import SPARSE_IMPLS, sparse_mla_decode, sparse_unsupported_reason, to_torch_sparse_metadata
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "merge_attn_states",
     "mla_decode",
     "quantize_fp8",
+    "quantize_sparse_fp8",
     "scheduler_metadata_buffer_size",
     "select_impl",
     "sparse_mla_decode",

@@ -1,5 +1,6 @@
 """`write_kv`: the new tokens' latent rows written into the paged cache, in place (vLLM's
-`concat_and_cache_mla`), and `quantize_fp8`, the fp8 cache's quantization rule (`mla_spec.fp8`) in torch.
+`concat_and_cache_mla`), `quantize_fp8`, the fp8 cache's quantization rule (`mla_spec.fp8`) in torch, and
+`quantize_sparse_fp8`, the sparse decode's fp8_ds_mla layout (`mla_spec.fp8_sparse`) in torch.
 
 No host synchronization and no data-dependent shapes: a call can be captured in a CUDA graph and replayed with new
 contents in kv_c, k_pe, slot_mapping (and a k_scale tensor).
@@ -15,6 +16,17 @@ from mla_spec import (
     validate_k_scale,
     validate_slot_mapping,
     validate_write_kv_arrays,
+)
+
+from mla_spec.fp8_sparse import (
+    BYTES_PER_TOKEN,
+    MIN_SCALE_BEFORE_ROUNDING,
+    NOPE_DIM,
+    NUM_TILES,
+    ROPE_DIM,
+    ROPE_OFFSET,
+    SCALES_OFFSET,
+    TILE_SIZE,
 )
 
 _BITS_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
@@ -37,6 +49,30 @@ def quantize_fp8(x: torch.Tensor, k_scale) -> torch.Tensor:
     is not the rule (an ulp off on about a third of the values, enough to change some fp8 roundings)."""
     y = x.to(torch.float32) / _scale_tensor(k_scale, x.device)
     return y.clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)  # clamp keeps NaN
+
+
+def quantize_sparse_fp8(kv: torch.Tensor) -> torch.Tensor:
+    """Cache rows `[..., 576]` (`[kv_c | k_pe]`, any float dtype, any device) -> `uint8 [..., 656]` in the fp8_ds_mla
+    layout by FlashMLA's rule, byte for byte as `mla_spec.fp8_sparse.quantize_sparse_fp8` on finite input: the row
+    rounded to bfloat16, per 128-value tile the scale `2 ** ceil(log2(max(amax / 448, 1e-4)))` (the exponent read
+    exactly by frexp, not by a float log2), `float8_e4m3fn(x / scale)`, then the 4 float32 scales and the 64 bfloat16
+    rope values. On the device: the bench and a serving loop quantize caches of gigabytes with it."""
+    if not isinstance(kv, torch.Tensor) or not kv.is_floating_point() or kv.ndim < 1 or kv.shape[-1] != NOPE_DIM + ROPE_DIM:
+        shown = f"shape={tuple(kv.shape)} dtype={kv.dtype}" if isinstance(kv, torch.Tensor) else f"type={type(kv).__name__}"
+        raise ValueError(f"kv must be a float tensor [..., {NOPE_DIM + ROPE_DIM}] ([kv_c | k_pe] rows), got {shown}")
+    lead = kv.shape[:-1]
+    rows = kv.to(torch.bfloat16)
+    tiles = rows[..., :NOPE_DIM].float().reshape(*lead, NUM_TILES, TILE_SIZE)
+    s = torch.maximum(tiles.abs().amax(dim=-1) / FP8_E4M3_MAX,  # float32 division, as FlashMLA's; NaN kept
+                      torch.tensor(MIN_SCALE_BEFORE_ROUNDING, device=kv.device))
+    mant, exp = torch.frexp(s)  # s = mant * 2**exp: ceil(log2(s)) is exp, or exp - 1 where s is a power of two
+    scale = torch.ldexp(torch.ones_like(s), torch.where(mant == 0.5, exp - 1, exp))
+    scale = torch.where(torch.isfinite(s), scale, s)
+    out = torch.empty(*lead, BYTES_PER_TOKEN, dtype=torch.uint8, device=kv.device)
+    out[..., :SCALES_OFFSET] = (tiles / scale[..., None]).to(torch.float8_e4m3fn).view(torch.uint8).reshape(*lead, NOPE_DIM)
+    out[..., SCALES_OFFSET:ROPE_OFFSET] = scale.contiguous().view(torch.uint8)
+    out[..., ROPE_OFFSET:] = rows[..., NOPE_DIM:].contiguous().view(torch.uint8)
+    return out
 
 
 def write_kv(kv_cache: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor | None, slot_mapping: torch.Tensor,

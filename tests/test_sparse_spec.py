@@ -182,6 +182,26 @@ def test_fp8_layout_is_flashmlas_byte_for_byte(device):
         raise AssertionError(f"{len(bad)} bytes differ, first at {i}: ours {ours[i]}, FlashMLA's {theirs[i]}")
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_torch_quantizer_is_mla_specs_byte_for_byte(device, dtype):
+    """mla_torch.quantize_sparse_fp8 (on the device, for caches of gigabytes) gives mla_spec's bytes: rows of every
+    magnitude, float32 input rounded to bfloat16 first, a 3-d cache shape."""
+    import mla_torch
+
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((64, 576)) * np.exp(rng.uniform(-69, 69, (64, 1)))).astype(np.float32)
+    x[0] = 0.0
+    x[1, :128] = 2.0**-5
+    x[2, :128] = 448.0 * 2.0**7
+    x = x.reshape(4, 16, 576)
+    ours = mla_torch.quantize_sparse_fp8(torch.from_numpy(x).to(device=device, dtype=getattr(torch, dtype)))
+    assert ours.dtype == torch.uint8 and tuple(ours.shape) == (4, 16, 656)
+    np.testing.assert_array_equal(ours.cpu().numpy(), quantize_sparse_fp8(x))
+    with pytest.raises(ValueError, match=r"kv must be a float tensor \[\.\.\., 576\].*shape=\(2, 512\)"):
+        mla_torch.quantize_sparse_fp8(torch.zeros(2, 512))
+
+
 def test_fp8_layout_non_finite_tiles_decode_to_nan():
     row = np.ones((2, 576), np.float32)
     row[0, 3] = np.nan
