@@ -116,13 +116,15 @@ def unsupported_reason(config: MLAConfig, device=None, cache_format: str = "fp8_
 
 
 def sparse_mla_decode(q, kv_cache: torch.Tensor, indices: torch.Tensor, topk_length: torch.Tensor | None,
-                      config: MLAConfig, *, interface=None):
+                      config: MLAConfig, *, interface=None, schedule=None):
     """The sparse decode on FlashMLA. q: `[T, H, 576]` or `(q_nope, q_pe)` bf16; kv_cache: `uint8 [num_blocks,
     page_size, 656]` with contiguous rows; indices `[T, topk]` and topk_length `[T]` (or None): integer tensors on
     the cache's device, validated by the caller (`mla_torch.sparse_mla_decode`). Returns `(out [T, H, 512] bf16,
     lse [T, H] float32)`.
 
-    interface: a given FlashMLA interface, skipping the lookup and the device check (for tests). Raises
+    schedule: FlashMLA's `(sched_meta, num_splits)` from `get_mla_metadata()`, reused across calls of the same
+    shapes and indices' count (its first call fills it: vLLM builds it once a step for every layer); None: a new one
+    this call. interface: a given FlashMLA interface, skipping the lookup and the device check (for tests). Raises
     NotImplementedError for a config FlashMLA does not take, RuntimeError where it cannot run."""
     reason = config_reason(config)
     if reason is not None:
@@ -147,7 +149,7 @@ def sparse_mla_decode(q, kv_cache: torch.Tensor, indices: torch.Tensor, topk_len
     width = -(-topk // TOPK_BLOCK) * TOPK_BLOCK
     rows = torch.full((T, 1, width), -1, dtype=torch.int32, device=indices.device)
     rows[:, 0, :topk] = torch.where(used, indices.to(torch.int32), -1)
-    sched, splits = interface.get_mla_metadata()
+    sched, splits = interface.get_mla_metadata() if schedule is None else schedule
     out, lse = interface.flash_mla_with_kvcache(
         q4, kv_cache.unsqueeze(2), None, None, config.kv_lora_rank, sched, splits,
         softmax_scale=config.softmax_scale, causal=False, is_fp8_kvcache=True, indices=rows,

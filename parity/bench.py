@@ -34,6 +34,12 @@ issue's target of 15% of a uniform batch of the same total KV tokens). The summa
 and max of those ratios, overall and per distribution, how many are within 1.15, and the geomean / min / max
 speedup against the first impl over the ragged rows alone.
 
+Sparse rows (the `sparse` grid; `parity.shapes.SparseShape`): the sparse decode of DeepSeek-V3.2, each token reading
+topk scattered rows of its request's cache. `torch.fa3` is vLLM's FA3 path over one-token pages on the bf16 cache,
+`torch.flashmla` FlashMLA's sparse fp8 decode on the fp8_ds_mla layout (it takes no other), the `jax.*` rows
+mla_jax.sparse_mla_decode's kernels (`.fp8`: the fp8_ds_mla layout). Bytes = the selected rows (num_tokens x topk x
+1152, or 656 in the fp8 layout) + the indices + q + out; FLOPs = 2 x H x num_tokens x topk x (576 + 512).
+
 Ceilings (`parity.timing.measure_ceilings`, before the shapes, unless --no-ceilings): the machine's copy and bf16
 matmul rates, stored in the JSON as copy_TBps and matmul_TFLOPps; the roofline (`--png`, parity/plots.py) is drawn
 under them.
@@ -55,12 +61,21 @@ import sys
 import time
 
 from parity import timing
-from parity.shapes import DISTRIBUTIONS, GRIDS, Shape, grid_shapes, parse_shape
+from parity.shapes import DISTRIBUTIONS, GRIDS, Shape, SparseShape, grid_shapes, parse_shape
 
 DEFAULT_IMPLS = ["torch.fa3", "torch.flashmla", "jax.pallas_triton", "jax.pallas_mosaic_gpu"]
 
 FP8_IMPLS = {"jax.pallas_triton.fp8", "jax.pallas_mosaic_gpu.fp8"}
 """Impls that read an fp8 copy of the bf16 cache: 1-byte KV in their bytes, a recorded gap under --check."""
+
+SPARSE_FP8_IMPLS = FP8_IMPLS | {"torch.flashmla"}
+"""On a sparse shape, the impls that read the fp8_ds_mla copy of the cache (FlashMLA's sparse decode takes only that
+layout): 656 bytes a key."""
+
+
+def is_fp8(shape, impl: str) -> bool:
+    """Whether `impl` reads an fp8 copy of the cache on `shape`."""
+    return impl in (SPARSE_FP8_IMPLS if isinstance(shape, SparseShape) else FP8_IMPLS)
 
 
 def arg_type(parse):
@@ -272,8 +287,9 @@ def unavailable_reason(impl: str) -> str | None:
 
 
 def row_bytes(shape: Shape, impl: str) -> int:
-    """The bytes of one row: Shape.bytes, with the KV at 1 byte per element for an fp8 impl."""
-    return shape.bytes(kv_itemsize=1 if impl in FP8_IMPLS else None)
+    """The bytes of one row: Shape.bytes, with the KV at 1 byte per element for an fp8 impl (a sparse shape's: the
+    fp8_ds_mla layout's 656 bytes a key)."""
+    return shape.bytes(kv_itemsize=1 if is_fp8(shape, impl) else None)
 
 
 def run_bench(shapes, impls, reps=7, check=False, log=print, checkpoint=None, progress=None, trace=False,
@@ -290,14 +306,14 @@ def run_bench(shapes, impls, reps=7, check=False, log=print, checkpoint=None, pr
         for name in impls:
             if progress:
                 progress(f"{shape.name} {name}")
-            fp8 = name in FP8_IMPLS
+            fp8 = is_fp8(shape, name)
             nbytes = row_bytes(shape, name)
             row = {"shape": dataclasses.asdict(shape), "name": shape.name, "impl": name,
                    "kv_tokens": shape.kv_tokens, "bytes": nbytes, "flops": shape.flops()}
             if shape.ragged:
                 row.update(twin=shape.uniform_twin().name, max_seq_len=shape.max_seq_len)
             if fp8:
-                row["kv_cache_dtype"] = "fp8_e4m3"
+                row["kv_cache_dtype"] = "fp8_ds_mla" if isinstance(shape, SparseShape) else "fp8_e4m3"
             try:
                 timer, (out, lse) = timing.calibrate(timing.RUNNERS[name], inp, slope=slope, launch_seconds=launch_seconds)
                 if cooldown_s:  # the timed launches start from an idle GPU, not from the last impl's heat

@@ -18,6 +18,11 @@ scale c at which they add up to batch x seq_len, rounded to integers that keep t
 exactly batch x seq_len KV tokens, as many as its uniform twin (`Shape.uniform_twin`, the uniform shape of the same
 name without the distribution's suffix). The draws come from numpy.random.default_rng(seed): the lengths are a
 function of the shape's fields. Every request has q_len query tokens (`Shape.query_lens`).
+
+`SparseShape` is a problem of the sparse decode (DeepSeek-V3.2's top-k attention, `mla_spec.sparse`): `batch`
+requests of `q_len` tokens over caches of `seq_len` tokens each, every token attending to `topk` distinct positions
+of its request drawn uniformly at random (`parity.timing.make_sparse_inputs`), so the rows it reads are scattered
+over the request's pages. Its name ends in `_top<topk>`: H128_B64_S32768_q1_top2048.
 """
 
 from __future__ import annotations
@@ -196,6 +201,71 @@ class Shape:
         return 2 * self.num_heads * self.q_len * self.kv_tokens * (L + R + L)
 
 
+@dataclasses.dataclass(frozen=True)
+class SparseShape:
+    """One sparse-decode bench problem: `batch` requests of `q_len` query tokens, each request's cache `seq_len`
+    tokens long, each token reading `topk` of its request's positions (all distinct; topk <= seq_len)."""
+
+    num_heads: int
+    batch: int
+    seq_len: int
+    q_len: int = 1
+    topk: int = 2048
+    page_size: int = PAGE_SIZE
+    dtype: str = "bfloat16"
+
+    def __post_init__(self):
+        if self.topk > self.seq_len:
+            raise ValueError(f"topk must be <= seq_len (distinct positions), got topk={self.topk}, "
+                             f"seq_len={self.seq_len}")
+
+    ragged = False
+    """(the bench's ragged summary does not apply: every token reads topk keys)"""
+
+    @property
+    def name(self) -> str:
+        return f"H{self.num_heads}_B{self.batch}_S{self.seq_len}_q{self.q_len}_top{self.topk}"
+
+    @property
+    def seq_lens(self) -> tuple[int, ...]:
+        return (self.seq_len,) * self.batch
+
+    @property
+    def query_lens(self) -> tuple[int, ...]:
+        return (self.q_len,) * self.batch
+
+    @property
+    def num_tokens(self) -> int:
+        return self.batch * self.q_len
+
+    @property
+    def num_pages(self) -> int:
+        return self.batch * -(-self.seq_len // self.page_size)
+
+    @property
+    def kv_tokens(self) -> int:
+        """The keys the batch reads: num_tokens x topk (the selected rows, not the cache)."""
+        return self.num_tokens * self.topk
+
+    def bytes(self, L=512, R=64, itemsize=2, kv_itemsize=None) -> int:
+        """The selected rows read once per token (num_tokens x topk rows: 576 values at itemsize, or the fp8_ds_mla
+        layout's 656 bytes where kv_itemsize is 1) + q + out + the indices (4 bytes an entry)."""
+        from mla_spec.fp8_sparse import BYTES_PER_TOKEN
+
+        row = BYTES_PER_TOKEN if kv_itemsize == 1 else (L + R) * (itemsize if kv_itemsize is None else kv_itemsize)
+        q = self.num_tokens * self.num_heads * (L + R) * itemsize
+        out = self.num_tokens * self.num_heads * L * itemsize
+        return self.kv_tokens * (row + 4) + q + out
+
+    def flops(self, L=512, R=64) -> int:
+        """2 x H x num_tokens x topk x (L + R + L)."""
+        return 2 * self.num_heads * self.kv_tokens * (L + R + L)
+
+
+def _sparse_grid(heads, batch_seqs, q_lens, topk=2048):
+    return [SparseShape(h, b, s, q, topk) for q in q_lens for h in heads for b, s in batch_seqs]
+
+
 def _grid(heads, batches, seqs, q_lens):
     return [Shape(h, b, s, q) for q in q_lens for h in heads for b in batches for s in seqs]
 
@@ -228,6 +298,11 @@ GRIDS = {
     # H 16/64/128, B 32-128, mean KV 1k-8k, q_len 1/2/3, 131k or 262k KV tokens a row (fewlong's long requests
     # 45k-126k). 20 shapes: at about 20 s a shape for FA3 and the two Mosaic GPU rows (the H100 fp8 baseline's
     # pace, compiles included) about 7 minutes
+    # the sparse decode (DeepSeek-V3.2, topk 2048): H 16/64/128 x (batch, cache length) from one 128k request to 128
+    # requests of 8k, at q_len 1, and q_len 2 at H 16 and 128 on the two batches that fill the GPU; the caches hold
+    # at most 4M tokens (4.8 GB in bf16). 19 shapes
+    "sparse": _sparse_grid((16, 64, 128), ((1, 131072), (8, 32768), (32, 8192), (64, 65536), (128, 8192)), (1,))
+              + _sparse_grid((16, 128), ((64, 65536), (128, 8192)), (2,)),
     "ragged": _ragged_grid([(16, 64, 4096, 1), (16, 128, 1024, 3), (64, 64, 2048, 1), (128, 32, 4096, 1),
                             (128, 32, 8192, 2)]),
 }
@@ -252,18 +327,23 @@ def grid_shapes(grid: str, shard: tuple[int, int] | None = None, names: list[str
     return shapes
 
 
+_SPARSE_NAME = re.compile(r"H(\d+)_B(\d+)_S(\d+)_q(\d+)_top(\d+)(?:_P(\d+))?")
 _NAME = re.compile(r"H(\d+)_B(\d+)_S(\d+)(?:_q(\d+))?(?:_(" + "|".join(DISTRIBUTIONS) + r")(?:_s(\d+))?)?(?:_P(\d+))?")
 
 
-def parse_shape(name: str) -> Shape:
+def parse_shape(name: str) -> "Shape | SparseShape":
     """A shape from its name: H128_B64_S16384_q1 (q_len 1 where `_q` is left out), then optionally the
     distribution of its KV lengths and its seed (`_tail`, `_random_s3`; uniform where left out, seed 0 where `_s` is
     left out), then optionally `_P<page size>`: H16_B64_S4096_q1_fewlong_P32. Shape.name gives the same name back
-    (without the `_P` suffix)."""
+    (without the `_P` suffix). A name with `_top<k>` after `_q` is a SparseShape: H128_B64_S32768_q1_top2048."""
+    m = _SPARSE_NAME.fullmatch(name)
+    if m:
+        h, b, s, q, k, p = m.groups()
+        return SparseShape(int(h), int(b), int(s), int(q), int(k), **({"page_size": int(p)} if p else {}))
     m = _NAME.fullmatch(name)
     if not m:
         raise ValueError(f"shape must look like H128_B64_S16384_q1 (optionally _random, _tail or _fewlong, with "
-                         f"_s<seed>, then _P64), got {name!r}")
+                         f"_s<seed>, then _P64; or H128_B64_S32768_q1_top2048, a sparse shape), got {name!r}")
     h, b, s, q, dist, seed, p = m.groups()
     kw = {"page_size": int(p)} if p else {}
     if dist:

@@ -36,7 +36,7 @@ import tempfile
 import time
 
 from mla_spec.fp8 import fp8_k_scale
-from parity.shapes import Shape
+from parity.shapes import Shape, SparseShape
 
 METHOD = __doc__.split("Method ")[1].split("\n\nThe device trace")[0].strip()
 """The method in words, as a bench result records it."""
@@ -108,6 +108,7 @@ class BenchInputs:
     metadata: object  # mla_spec.DecodeMetadata (NumPy)
     q: object  # torch [4, T, H, 576] (4 rotating buffers)
     kv_cache: object  # torch [num_blocks, P, 576]
+    sparse: object = None  # a sparse shape's mla_spec.SparseMetadata (torch indices on the GPU); None: dense
 
 
 def shape_config(shape: Shape, **overrides):
@@ -150,11 +151,13 @@ def shape_metadata(shape: Shape, config, block_ids, num_blocks: int | None = Non
 
 
 def make_inputs(shape: Shape, seed: int = 0) -> BenchInputs:
-    """The bench's inputs for `shape` on the GPU: a cache of shape.num_pages + 1 random blocks (block 0 is the block
+    """The bench's inputs for `shape` on the GPU (a SparseShape's: `make_sparse_inputs`): a cache of shape.num_pages + 1 random blocks (block 0 is the block
     tables' padding), the requests' pages at a random permutation of blocks 1.. (`shape_metadata`), and 4 random
     query buffers; drawn with a torch generator seeded `seed`."""
     import torch
 
+    if isinstance(shape, SparseShape):
+        return make_sparse_inputs(shape, seed)
     config = shape_config(shape)
     g = torch.Generator(device="cuda").manual_seed(seed)
     num_blocks = shape.num_pages + 1
@@ -164,6 +167,32 @@ def make_inputs(shape: Shape, seed: int = 0) -> BenchInputs:
     kv = torch.randn(num_blocks, shape.page_size, config.head_dim, generator=g, device="cuda", dtype=dt)
     q = torch.randn(4, shape.num_tokens, shape.num_heads, config.head_dim, generator=g, device="cuda", dtype=dt)
     return BenchInputs(shape, config, md, q, kv)
+
+
+def make_sparse_inputs(shape, seed: int = 0, device: str = "cuda") -> BenchInputs:
+    """The bench's inputs for a SparseShape: a cache of shape.num_pages + 1 random blocks (block 0 unused), request
+    r's pages at a random permutation of blocks 1.., and for each query token `topk` distinct positions of its
+    request's cache drawn uniformly (the top-k of uniform random scores, in that random order) as global slots
+    `block * page_size + offset`: the rows a token reads are scattered over the request's pages, as an indexer's
+    picks over a long context are. `metadata` is the indices' SparseMetadata (torch, on `device`)."""
+    import torch
+
+    from mla_spec import SparseMetadata
+
+    config = shape_config(shape)
+    g = torch.Generator(device=device).manual_seed(seed)
+    P = shape.page_size
+    pages = -(-shape.seq_len // P)
+    perm = (torch.randperm(shape.num_pages, generator=g, device=device) + 1).reshape(shape.batch, pages)
+    scores = torch.rand(shape.num_tokens, shape.seq_len, generator=g, device=device)
+    positions = scores.topk(shape.topk, dim=1).indices  # [T, topk] distinct positions of the token's request
+    request = (torch.arange(shape.num_tokens, device=device) // shape.q_len)[:, None]
+    indices = (perm[request, positions // P] * P + positions % P).to(torch.int32)
+    dt = getattr(torch, shape.dtype)
+    kv = torch.randn(shape.num_pages + 1, P, config.head_dim, generator=g, device=device, dtype=dt)
+    q = torch.randn(4, shape.num_tokens, shape.num_heads, config.head_dim, generator=g, device=device, dtype=dt)
+    md = SparseMetadata(indices=indices)
+    return BenchInputs(shape, config, md, q, kv, sparse=md)
 
 
 def quantize_fp8(kv_cache):
@@ -213,7 +242,39 @@ def _torch_graph_timer(fn, q):
     return time_n
 
 
+def torch_sparse(inp: BenchInputs, impl: str):
+    """A sparse shape's torch runner: "fa3" (vLLM's FA3 path over one-token pages, the bf16 cache) or "flashmla"
+    (FlashMLA's sparse fp8 decode on the cache quantized to the fp8_ds_mla layout, its schedule built once, outside
+    the timed calls, as vLLM builds it once a step for every layer)."""
+    import mla_torch
+    from mla_torch import flashmla
+    from mla_torch.fa3 import sparse as fa3_sparse
+
+    md = inp.sparse
+    if impl == "fa3":
+        reason = fa3_sparse.unsupported_reason(inp.config, inp.kv_cache.device)
+        if reason is not None:
+            raise NotImplementedError(reason)
+
+        def fn(q):
+            return fa3_sparse.sparse_mla_decode(q, inp.kv_cache, md.indices, md.topk_length, inp.config)
+    else:
+        reason = flashmla.unsupported_reason(inp.config, inp.kv_cache.device)
+        if reason is not None:
+            raise NotImplementedError(reason)
+        kv = mla_torch.quantize_sparse_fp8(inp.kv_cache)
+        schedule = flashmla.flashmla_interface().get_mla_metadata()
+
+        def fn(q):
+            return flashmla.sparse_mla_decode(q, kv, md.indices, md.topk_length, inp.config, schedule=schedule)
+
+    fn(inp.q[0])  # (FlashMLA: the first call fills the schedule; later calls and the graph reuse it)
+    return (lambda: fn(inp.q[0])), _torch_graph_timer(fn, inp.q)
+
+
 def torch_fa3(inp: BenchInputs):
+    if inp.sparse is not None:
+        return torch_sparse(inp, "fa3")
     from mla_torch import fa3
 
     device = inp.kv_cache.device
@@ -228,6 +289,8 @@ def torch_fa3(inp: BenchInputs):
 
 
 def torch_flashmla(inp: BenchInputs):
+    if inp.sparse is not None:
+        return torch_sparse(inp, "flashmla")
     import torch
 
     from vllm.third_party.flashmla.flash_mla_interface import flash_mla_with_kvcache, get_mla_metadata
@@ -293,6 +356,8 @@ def jax_kernel(impl: str, tuning=None, fp8: bool = False, interpret: bool = Fals
 
         import mla_jax
 
+        if inp.sparse is not None:
+            return _jax_sparse(impl, inp, fp8, interpret)
         mod = importlib.import_module(f"mla_jax.{impl}")
         config = inp.config.replace(kv_cache_dtype="fp8_e4m3") if fp8 else inp.config
         reason = mod.unsupported_reason(config, None if interpret else jax.devices()[0])
@@ -331,6 +396,44 @@ def jax_kernel(impl: str, tuning=None, fp8: bool = False, interpret: bool = Fals
         return (lambda: jax.block_until_ready(once(qs[0], kv, md, scale))), time_n
 
     return make
+
+
+def _jax_sparse(impl: str, inp: BenchInputs, fp8: bool, interpret: bool):
+    """jax_kernel's runner on a sparse shape: mla_jax.sparse_mla_decode(impl=...) on the bf16 cache, or with fp8
+    on the cache quantized to the fp8_ds_mla layout (mla_torch.quantize_sparse_fp8); the indices traced."""
+    import jax
+
+    import mla_jax
+    import mla_torch
+    from mla_spec import SparseMetadata
+
+    cache_format = "fp8_ds_mla" if fp8 else "auto"
+    if impl not in mla_jax.SPARSE_IMPLS:
+        raise NotImplementedError(f"mla_jax has no sparse impl {impl!r} (it has {mla_jax.SPARSE_IMPLS})")
+    reason = mla_jax.sparse_unsupported_reason(impl, inp.config, None if interpret else jax.devices()[0],
+                                               cache_format=cache_format)
+    if reason is not None:
+        raise NotImplementedError(reason)
+    kv = jax.dlpack.from_dlpack(mla_torch.quantize_sparse_fp8(inp.kv_cache) if fp8 else inp.kv_cache)
+    md = SparseMetadata(indices=jax.dlpack.from_dlpack(inp.sparse.indices))
+    q = jax.dlpack.from_dlpack(inp.q)
+    extra = {"interpret": True} if interpret and impl != "xla" else {}
+
+    def call(qi, kv, md, scale):
+        del scale  # (the fp8_ds_mla layout carries its own scales)
+        return mla_jax.sparse_mla_decode(qi, kv, md, inp.config, impl=impl, cache_format=cache_format, **extra)
+
+    loop = functools.partial(jax.jit, static_argnums=(0, 1))(timed_loop)
+    once = jax.jit(call)
+    qs = tuple(q[k] for k in range(q.shape[0]))
+    scale = jax.numpy.float32(1.0)
+
+    def time_n(n):
+        if n % len(qs):
+            raise ValueError(f"n must be a multiple of {len(qs)}, got {n=}")
+        return lambda: jax.block_until_ready(loop(call, n, qs, kv, md, scale))
+
+    return (lambda: jax.block_until_ready(once(qs[0], kv, md, scale))), time_n
 
 
 RUNNERS = {

@@ -875,3 +875,71 @@ def test_roofline_adds_a_panel_of_ragged_ratios():
     assert [t.get_text() for t in panel.texts] == list(RAGGED)  # grouped by distribution
     # H = 64 has its own marker in the legend
     assert {"H=16", "H=64", "H=128"} <= {t.get_text() for t in fig.legends[0].get_texts()}
+
+
+# ----------------------------------------------------------------------------- sparse grid
+
+
+def test_sparse_shapes_name_bytes_and_flops():
+    from parity.shapes import GRIDS, SparseShape
+
+    s = parse_shape("H128_B64_S65536_q2_top2048")
+    assert s == SparseShape(128, 64, 65536, 2, 2048) and s.name == "H128_B64_S65536_q2_top2048"
+    assert parse_shape("H16_B1_S8192_q1_top64_P16") == SparseShape(16, 1, 8192, 1, 64, page_size=16)
+    assert s.kv_tokens == 128 * 2048 and s.flops() == 2 * 128 * 128 * 2048 * 1088
+    io = 128 * 128 * (576 + 512) * 2
+    assert s.bytes() == 128 * 2048 * (1152 + 4) + io  # bf16 rows and the int32 indices
+    assert bench.row_bytes(s, "torch.flashmla") == 128 * 2048 * (656 + 4) + io  # the fp8_ds_mla layout
+    assert bench.row_bytes(s, "torch.fa3") == s.bytes()
+    assert not bench.is_fp8(Shape(16, 1, 1024), "torch.flashmla") and bench.is_fp8(s, "torch.flashmla")
+    with pytest.raises(ValueError, match="topk must be <= seq_len.*topk=4096, seq_len=2048"):
+        SparseShape(16, 1, 2048, 1, 4096)
+    grid = GRIDS["sparse"]
+    assert len(grid) == 19 and {g.num_heads for g in grid} == {16, 64, 128} and {g.q_len for g in grid} == {1, 2}
+    assert all(g.topk == 2048 and 8192 <= g.seq_len <= 131072 and g.batch * g.seq_len <= 1 << 22 for g in grid)
+
+
+def _tiny_sparse_inputs():
+    from parity.shapes import SparseShape
+
+    return timing.make_sparse_inputs(SparseShape(16, 3, 300, q_len=2, topk=70, page_size=16), device="cpu")
+
+
+def test_sparse_inputs_read_distinct_positions_of_each_tokens_own_request():
+    from mla_spec import build_sparse_metadata
+
+    inp = _tiny_sparse_inputs()
+    s, idx = inp.shape, inp.sparse.indices.numpy()
+    assert idx.shape == (6, 70) and idx.dtype == np.int32 and inp.kv_cache.shape == (3 * 19 + 1, 16, 576)
+    build_sparse_metadata(idx, config=inp.config, num_blocks=inp.kv_cache.shape[0])  # valid slots
+    blocks = idx // 16
+    for t in range(6):
+        assert len(set(idx[t])) == 70, "positions repeat within a token"
+        owner = {int(b) for b in blocks[t]}
+        assert 0 not in owner  # block 0 is nobody's
+        # every slot a token reads is in a page of its own request (requests own disjoint blocks)
+        others = {int(b) for u in range(6) if u // 2 != t // 2 for b in blocks[u]}
+        assert not owner & others
+    assert not np.array_equal(idx[0], idx[1]), "a request's two tokens read different picks"
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_jax_sparse_runner_is_the_reference(fp8):
+    """The jax sparse runner's code path (the cache through DLPack, fp8: the fp8_ds_mla layout quantized by
+    mla_torch, the timed fori_loop) with the jnp path: out / lse against the float64 reference."""
+    import mla_torch
+    from mla_spec import reference as ref
+
+    inp = _tiny_sparse_inputs()
+    once, time_n = timing._jax_sparse("xla", inp, fp8, interpret=True)
+    out, lse = once()
+    kv = mla_torch.quantize_sparse_fp8(inp.kv_cache).numpy() if fp8 else inp.kv_cache.float().numpy()
+    ref_out, ref_lse = ref.sparse_mla_decode(inp.q[0].float().numpy(), kv, inp.sparse.__class__(
+        indices=inp.sparse.indices.numpy()), inp.config, cache_format="fp8_ds_mla" if fp8 else "auto")
+    tol = TOLERANCES["bfloat16"]
+    c_out = compare(np.asarray(out, np.float64), ref_out, rel_tol=tol["out_rel"])
+    c_lse = compare(np.asarray(lse), ref_lse, name="lse", abs_tol=tol["lse_abs"])
+    assert c_out.ok and c_lse.ok, (c_out.message, c_lse.message)
+    time_n(4)()
+    with pytest.raises(NotImplementedError, match="no sparse impl 'pallas_nope'"):
+        timing._jax_sparse("pallas_nope", inp, fp8, interpret=True)
