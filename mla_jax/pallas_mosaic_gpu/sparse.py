@@ -68,7 +68,7 @@ from mla_jax.pallas_mosaic_gpu.output import finish
 from mla_jax.pallas_mosaic_gpu.softmax import accumulate_wgmma
 
 HDR_WORDS = 32  # a token's header row (word 0: its step count), 128 bytes: a TMA's multiple
-IDX_SLOTS = 2 * STAGES  # index chunks staged: a step's chunk TMA'd two steps before its gather
+IDX_SLOTS = STAGES + 1  # index chunks staged: a step's chunk TMA'd one gather before its own
 ROW_BYTES = HEAD_DIM * 2  # a 16-bit cache row
 PIECES = ROW_BYTES // 16  # 16-byte cp.async pieces a row (72)
 WG_THREADS = 128
@@ -112,14 +112,8 @@ def _mgpu():
     return mgpu, mgpu_utils, ir, arith, llvm, nvvm
 
 
-def _bar_ptr(ref):
-    """The shared-memory address of the mbarrier held by `ref` (an int32 [2] view: 8 bytes)."""
-    _, u, _, _, _, _ = _mgpu()
-    return u.memref_ptr(ref)
-
-
 def gather_init(bars):
-    """(compiled) Initialises the gather's mbarriers (int32 [slots, 2]) for WG_THREADS arrivals each; one thread
+    """(compiled) Initialises the gather's mbarriers (int32 [2 slots], 8 bytes each) for WG_THREADS arrivals each; one thread
     of the calling warpgroup. The caller publishes it (a Pallas barrier arrival) before anyone waits."""
 
     @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),))
@@ -129,7 +123,7 @@ def gather_init(bars):
         i32 = ir.IntegerType.get_signless(32)
         base = u.memref_ptr(ref)
         pred = u.single_thread_predicate(u.ThreadSubset.WARPGROUP)
-        for s in range(ir.MemRefType(ref.type).shape[0]):
+        for s in range(ir.MemRefType(ref.type).shape[0] // 2):
             nvvm.mbarrier_init(u.getelementptr(base, [2 * s], i32), u.c(WG_THREADS, i32), predicate=pred)
         nvvm.fence_proxy(nvvm.ProxyKind.async_shared, space=nvvm.SharedSpace.shared_cta)
 
@@ -169,7 +163,10 @@ def gather_rows(kv_flat, dst, idx, bars, slot):
         i32 = ir.IntegerType.get_signless(32)
         i64 = ir.IntegerType.get_signless(64)
         i8 = ir.IntegerType.get_signless(8)
-        tid = arith.remui(arith.index_castui(i32, u.thread_idx()), u.c(WG_THREADS, i32))
+        tid = u.thread_idx()
+        if isinstance(tid.type, ir.IndexType):
+            tid = arith.index_castui(i32, tid)
+        tid = arith.remui(tid, u.c(WG_THREADS, i32))
         row = arith.divui(tid, u.c(2, i32))
         half = arith.remui(tid, u.c(2, i32))
         # the row's slot: the index entry, decoded
@@ -214,9 +211,13 @@ def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, 
     transforms, stages = plan.transforms, plan.stages
     width = HDR_WORDS + steps * BLOCK_KV
 
-    def body(q_ref, kv_ref, sched_ref, out_ref, lse_ref, union, p_smem, x_smem, hdr_smem, idx_smem, gbars,
+    def body(q_ref, kv_ref, sched_ref, out_ref, lse_ref, union, p_smem, x_smem, i_smem,
              hdr_bar, q_bar, idx_bar, kv_ready, kv_consumed, p_ready, p_free, init_bar):
         (q_smem, kv_smem), stage = union
+        # i_smem: row 0 the header (words [0, 32)) and the gather's mbarriers (words [32, 36)), rows 1.. the index
+        # chunks (every scratch buffer takes a multiple of 1 KiB: one buffer for the three)
+        hdr_smem = i_smem.at[0, pl.ds(0, HDR_WORDS)]
+        gbars = i_smem.at[0, pl.ds(HDR_WORDS, 2 * stages)]
         hb = lax.axis_index("h")
         tok = lax.axis_index("tok")
         wg = lax.axis_index("wg")
@@ -231,7 +232,10 @@ def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, 
 
         def load_idx(i):
             plgpu.copy_gmem_to_smem(sched_ref.at[tok, pl.ds(HDR_WORDS + i * BLOCK_KV, BLOCK_KV)],
-                                    idx_smem.at[islot(i)], idx_bar.at[islot(i)])
+                                    idx_chunk(i), idx_bar.at[islot(i)])
+
+        def idx_chunk(i):
+            return i_smem.at[1 + islot(i)]
 
         @pl.when(wg == 1)
         def _():
@@ -244,11 +248,11 @@ def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, 
         n = hdr_smem[0]
 
         def issue(i):
-            """Step i's rows into ring slot i % stages (free), from index chunk i (staged); chunk i + stages
-            staged next."""
+            """Step i's rows into ring slot i % stages (free), from index chunk i (staged); chunk i + 1 staged
+            next (its slot's last reader, step i - 2, is done: step i's slot was free)."""
             slot = lax.rem(i, jnp.int32(stages))
             plgpu.barrier_wait(idx_bar.at[islot(i)])
-            ix = idx_smem.at[islot(i)]
+            ix = idx_chunk(i)
             if interpret:
                 for r in range(BLOCK_KV):
                     e = ix[r]
@@ -258,9 +262,9 @@ def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, 
             else:
                 gather_rows(kv_ref, kv_smem.at[slot], ix, gbars, slot)
 
-            @pl.when(i + stages < n)
+            @pl.when(i + 1 < n)
             def _():
-                load_idx(i + stages)
+                load_idx(i + 1)
 
         def wait_rows(i):
             slot = lax.rem(i, jnp.int32(stages))
@@ -298,7 +302,7 @@ def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, 
 
                 with jax.named_scope("qk"):
                     s = pl.run_scoped(qk, plgpu.ACC((BLOCK_H, BLOCK_KV), jnp.float32))
-                e = plgpu.load(idx_smem.at[islot(k)], layout=col_layout)
+                e = plgpu.load(idx_chunk(k), layout=col_layout)
                 used = lax.broadcast_in_dim(e, s.shape, [1]) >= 0
                 s = jnp.where(used, s * scale_log2, MASK_VALUE)
                 m_new = jnp.maximum(m_i, s.max(axis=1))
@@ -336,8 +340,7 @@ def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, 
         def _():
             plgpu.copy_gmem_to_smem(q_ref.at[tok, pl.ds(hb * hp, hp)],
                                     q_smem if hp == BLOCK_H else q_smem.at[pl.ds(0, hp)], q_bar)
-            for j in range(min(stages, steps)):
-                pl.when(j < n)(functools.partial(load_idx, j))
+            pl.when(n > 0)(functools.partial(load_idx, 0))
 
             @pl.loop(0, jnp.minimum(n, stages))
             def _prologue(i):
@@ -380,9 +383,7 @@ def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, 
         ),
         plgpu.SMEM((BLOCK_H, BLOCK_KV), dtype, transforms=transforms),  # P
         plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H), jnp.float32),  # alpha, the row sums, lse
-        plgpu.SMEM((HDR_WORDS,), jnp.int32),
-        plgpu.SMEM((IDX_SLOTS, BLOCK_KV), jnp.int32),
-        plgpu.SMEM((stages, 2), jnp.int32),  # (compiled) the gather's mbarriers, 8 bytes a slot
+        plgpu.SMEM((1 + IDX_SLOTS, BLOCK_KV), jnp.int32),  # the header, the gather's mbarriers, the index chunks
         plgpu.Barrier(),  # hdr_bar
         plgpu.Barrier(),  # q_bar
         plgpu.Barrier(num_barriers=IDX_SLOTS),  # idx_bar
@@ -398,7 +399,8 @@ def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, 
     return plgpu.kernel(
         body, out_type=out_type, scratch_types=scratch, grid=(num_h_tiles, num_tokens), grid_names=("h", "tok"),
         num_threads=NUM_COMPUTE_WGS, thread_name="wg",
-        compiler_params=plgpu.CompilerParams(approx_math=True, lowering_semantics=plgpu.LoweringSemantics.Lane))
+        compiler_params=plgpu.CompilerParams(approx_math=True, reduction_scratch_bytes=0,
+                                             lowering_semantics=plgpu.LoweringSemantics.Lane))
 
 
 _EMPTY_CTX = Ctx(**{f.name: None for f in dataclasses.fields(Ctx)})
