@@ -43,9 +43,10 @@ by the token's first used slot (a row it reads anyway: in L2, finite) and marks 
 (a fixed arrival count) and the scores mask the marked keys (MASK_VALUE: P is exactly 0 there once a real key is
 seen; a step of only masked keys before the first real one is wiped by alpha = 0). A token's loop runs
 ceil(n / 64) steps, n its last used entry's position + 1 (<= topk_length); a token with no used entry runs none and
-gets out 0 and lse -inf from the output stage (l = 0, m = -inf). The index rows are staged a step ahead in a ring
-of four 64-entry chunks (each chunk TMA'd two steps before its gather), so the producer's index read does not wait
-on global memory in the loop.
+gets out 0 and lse -inf from the output stage (l = 0, m = -inf). The index rows are staged in a ring of three
+64-entry chunks, each TMA'd right after the previous step's gather (one gather ahead of its own: unmeasured whether
+that hides its latency), in one 1 KiB buffer with the header and the gather's mbarriers (every scratch buffer takes
+a multiple of 1 KiB, and q, the two ring slots and P leave about 3 KiB of the 227).
 """
 
 from __future__ import annotations
