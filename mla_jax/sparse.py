@@ -2,7 +2,9 @@
 point for its implementations.
 
 impl:
-  "xla"        jnp reference (`mla_jax.sparse_reference`: runs anywhere, float32 compute), either cache format
+  "xla"                jnp reference (`mla_jax.sparse_reference`: runs anywhere, float32 compute), either cache format
+  "pallas_mosaic_gpu"  the Hopper Mosaic GPU kernel (`mla_jax.pallas_mosaic_gpu.sparse`), the 16-bit cache; interpret
+                       mode (`interpret=True`) on CPU
 
 `SparseMetadata` is a pytree here: indices and topk_length are leaves (T and topk are their static shapes), so a
 jitted decode compiles once per (T, topk) and takes new indices without recompiling.
@@ -22,7 +24,7 @@ from mla_jax.api import _is_concrete, split_q
 
 jax.tree_util.register_dataclass(SparseMetadata, data_fields=["indices", "topk_length"], meta_fields=[])
 
-SPARSE_IMPLS = ("xla",)
+SPARSE_IMPLS = ("xla", "pallas_mosaic_gpu")
 
 
 def to_jax_sparse_metadata(metadata: SparseMetadata, device=None) -> SparseMetadata:
@@ -47,17 +49,25 @@ def sparse_unsupported_reason(impl: str, config: MLAConfig, device=None, *, cach
     check_cache_format(cache_format)
     if impl == "xla":
         return None
+    if impl == "pallas_mosaic_gpu":
+        if cache_format != "auto":
+            return f"cache_format={cache_format!r} (FlashMLA's 656-byte fp8 rows) is not built yet: the 16-bit cache only"
+        from mla_jax.pallas_mosaic_gpu.config import unsupported_reason
+
+        reason = unsupported_reason(config.replace(page_size=64), device)  # (any page size: rows by slot)
+        return reason
     raise ValueError(f"unknown impl={impl!r}; expected one of {SPARSE_IMPLS}")
 
 
 def sparse_mla_decode(q, kv_cache, metadata: SparseMetadata, config: MLAConfig, *, impl: str = "xla",
-                      cache_format: str = "auto"):
+                      cache_format: str = "auto", interpret=False):
     """The sparse decode. Returns `(out [T, H, L] in q's dtype, lse [T, H] float32)`.
 
     q: `[T, H, L+R]` or `(q_nope [T,H,L], q_pe [T,H,R])` in config.dtype; kv_cache: `[num_blocks, page_size,
     L+R]` in config.dtype (cache_format "auto") or `uint8 [num_blocks, page_size, 656]` (cache_format
     "fp8_ds_mla"); metadata: `mla_spec.SparseMetadata` of NumPy or JAX integer arrays. Validates shapes and dtypes
-    always, the index values when they are concrete (not traced).
+    always, the index values when they are concrete (not traced). interpret: (impl "pallas_mosaic_gpu") Mosaic GPU
+    interpret mode, on CPU.
     """
     if impl not in SPARSE_IMPLS:
         raise ValueError(f"unknown impl={impl!r}; expected one of {SPARSE_IMPLS}")
@@ -82,4 +92,12 @@ def sparse_mla_decode(q, kv_cache, metadata: SparseMetadata, config: MLAConfig, 
     )
     md = metadata.replace(indices=_as_int32(metadata.indices), topk_length=_as_int32(metadata.topk_length))
     q_nope, q_pe = split_q(q, config)
+    if impl == "pallas_mosaic_gpu":
+        reason = sparse_unsupported_reason(impl, config, cache_format=cache_format)
+        if reason is not None:
+            raise NotImplementedError(f"impl='pallas_mosaic_gpu' cannot run this problem: {reason}")
+        from mla_jax.pallas_mosaic_gpu.sparse import sparse_decode
+
+        q_full = q if not isinstance(q, tuple) else jnp.concatenate([q_nope, q_pe.astype(q_nope.dtype)], axis=-1)
+        return sparse_decode(q_full, kv_cache, md, config, interpret=interpret)
     return sparse_reference.sparse_mla_decode_jit(q_nope, q_pe, kv_cache, md, config, cache_format)

@@ -80,6 +80,63 @@ class TestJaxReference(SparseCases):
         return mla_jax.sparse_mla_decode(q, kv, inputs.metadata, inputs.config, cache_format=inputs.cache_format)
 
 
+MOSAIC_INTERPRET_CASES = ("minus_one_scattered-bfloat16", "repeats_within_row-bfloat16", "topk_length-bfloat16",
+                          "empty_rows-bfloat16", "topk_1-bfloat16", "page_1-bfloat16", "heads_128-float16",
+                          "minus_one_scattered-float16")
+"""The shared cases the interpret-mode class runs (each a few seconds on one CPU): -1 anywhere, repeats, topk_length
+with NaN past it, empty rows, topk 1, page size 1, 128 heads (two tiles), both 16-bit dtypes. The others (topk 2048:
+32 steps; the 3-step and pairs cases) add interpret time, not paths; they run on the GPU class."""
+
+
+class TestMosaicSparseInterpret(SparseCases):
+    """impl="pallas_mosaic_gpu" in Mosaic GPU interpret mode (the gather there: a 1-row TMA a key; compiled it is
+    cp.async, which only the GPU class runs)."""
+
+    def unsupported_reason(self, config, cache_format):
+        return mla_jax.sparse_unsupported_reason("pallas_mosaic_gpu", config, cache_format=cache_format)
+
+    def _prepare_or_skip(self, case):
+        if case.id not in MOSAIC_INTERPRET_CASES:
+            pytest.skip("interpret mode runs the cases in MOSAIC_INTERPRET_CASES (CI time); the GPU class runs all")
+        return super()._prepare_or_skip(case)
+
+    def decode(self, inputs):
+        q, kv = jax_inputs(inputs)
+        return mla_jax.sparse_mla_decode(q, kv, inputs.metadata, inputs.config, impl="pallas_mosaic_gpu",
+                                         interpret=True)
+
+
+@pytest.mark.gpu
+class TestMosaicSparseGPU(SparseCases):
+    def unsupported_reason(self, config, cache_format):
+        devices = jax.devices("gpu") if any(d.platform == "gpu" for d in jax.devices()) else [None]
+        return mla_jax.sparse_unsupported_reason("pallas_mosaic_gpu", config, devices[0], cache_format=cache_format)
+
+    def decode(self, inputs):
+        q, kv = jax_inputs(inputs)
+        return mla_jax.sparse_mla_decode(q, kv, inputs.metadata, inputs.config, impl="pallas_mosaic_gpu")
+
+
+def test_mosaic_sparse_refuses_fp8_ds_mla_by_name():
+    inputs = prepare(next(c for c in SPARSE_CASES if c.id == "topk_1-bfloat16-fp8_ds_mla"))
+    q, kv = jax_inputs(inputs)
+    with pytest.raises(NotImplementedError, match=r"impl='pallas_mosaic_gpu' cannot run this problem: "
+                                                  r"cache_format='fp8_ds_mla'"):
+        mla_jax.sparse_mla_decode(q, kv, inputs.metadata, inputs.config, impl="pallas_mosaic_gpu",
+                                  cache_format="fp8_ds_mla", interpret=True)
+
+
+@pytest.mark.parametrize("heads, tokens, topk", [(128, 64, 2048), (16, 4, 2048)])
+def test_mosaic_sparse_lowers_for_h200(heads, tokens, topk):
+    """The compiled kernel (its cp.async gather included) lowers for an abstract H200 at DeepSeek-V3.2's decode size
+    and at 16 heads: 36 16-byte cp.async a thread a gather site (prologue, refill), an mbarrier arrival each."""
+    from tools.sparse_ptx import sparse_modules
+
+    (text, _), = sparse_modules(heads, tokens, topk)
+    assert text.count("nvvm.cp.async.shared.global") == 72, text.count("nvvm.cp.async.shared.global")
+    assert text.count("nvvm.cp.async.mbarrier.arrive") == 2
+
+
 def test_jax_reference_under_jit_takes_new_indices_without_recompiling():
     """The metadata is a pytree of traced arrays: new indices (and topk_length) of the same shapes reuse the
     compiled call, and give the reference's answer."""

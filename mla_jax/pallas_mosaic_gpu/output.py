@@ -70,11 +70,14 @@ def finish(kc, half, acc, l_tot, lse, first_tok, ntok):
     o_dst = out_ref.at[split] if split_out else out_ref
     l_dst = lse_ref.at[split] if split_out else lse_ref
     v_cols = pl.ds((half or 0) * V_HALF, V_HALF)
-    if tpt == 1:
+    if tpt == 1:  # (one token: its hp heads, the tile's first rows; hp < 64 only in the sparse kernel)
+        whole = hp == BLOCK_H
         if half is not None:
-            plgpu.copy_smem_to_gmem(stage.at[half], o_dst.at[first_tok, pl.ds(hb * BLOCK_H, BLOCK_H), v_cols])
+            plgpu.copy_smem_to_gmem(stage.at[half] if whole else stage.at[half, pl.ds(0, hp)],
+                                    o_dst.at[first_tok, pl.ds(hb * hp, hp), v_cols])
         if lse is not None:
-            plgpu.copy_smem_to_gmem(x_smem.at[0], l_dst.at[first_tok, pl.ds(hb * BLOCK_H, BLOCK_H)])
+            plgpu.copy_smem_to_gmem(x_smem.at[0] if whole else x_smem.at[0, pl.ds(0, hp)],
+                                    l_dst.at[first_tok, pl.ds(hb * hp, hp)])
     else:
         for j in range(tpt):  # the tile's tokens, straight into out [T, H, 512] and lse [T, H]
 

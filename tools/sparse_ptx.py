@@ -1,0 +1,101 @@
+"""PTX and ptxas's report for the sparse Mosaic GPU kernel (mla_jax.pallas_mosaic_gpu.sparse) on an abstract H200,
+with tools/mosaic_ptx.py's machinery (its venv with JAX's CUDA plugin, a stand-in libcuda, ptxas):
+
+    python -m tools.sparse_ptx --heads 128 --tokens 64 --topk 2048 --out /tmp/ptx
+
+prints registers, spills, and the gather's instruction counts (cp.async, TMA) in the PTX."""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import re
+import sys
+
+
+def sparse_modules(heads: int, tokens: int, topk: int, page: int = 64, num_blocks: int = 256):
+    """(text, bytecode) of the sparse kernel's Mosaic GPU module(s) for one call, lowered for an abstract H200."""
+    import io
+
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.mosaic.gpu import core as mgpu_core
+
+    from mla_jax.pallas_mosaic_gpu import sparse as sp
+    from mla_spec import MLAConfig, SparseMetadata
+    from parity.h200 import lower_for_h200
+
+    cfg = MLAConfig(num_heads=heads, page_size=page)
+    sds = jax.ShapeDtypeStruct
+
+    def fn(q, kv, idx, tl):
+        return sp.sparse_decode(q, kv, SparseMetadata(idx, tl), cfg)
+
+    out = []
+    serde = mgpu_core._run_serde_pass
+
+    def capture(mod, **kw):
+        serialized = serde(mod, **kw)
+        buf = io.BytesIO()
+        serialized.operation.write_bytecode(buf, desired_version=0)
+        out.append((mod.operation.get_asm(enable_debug_info=False), buf.getvalue()))
+        return serialized
+
+    mgpu_core._run_serde_pass = capture
+    try:
+        lower_for_h200(fn, sds((tokens, heads, 576), jnp.bfloat16), sds((num_blocks, page, 576), jnp.bfloat16),
+                       sds((tokens, topk), jnp.int32), sds((tokens,), jnp.int32))
+    finally:
+        mgpu_core._run_serde_pass = serde
+    return out
+
+
+def main(argv=None) -> int:
+    import ctypes
+    import tempfile
+
+    from tools.mosaic_ptx import compile_module, load_stand_in_driver, plugin_library, ptxas_dir, report
+
+    p = argparse.ArgumentParser(prog="python -m tools.sparse_ptx", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--heads", type=int, default=128)
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--topk", type=int, default=2048)
+    p.add_argument("--out")
+    args = p.parse_args(argv)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    modules = sparse_modules(args.heads, args.tokens, args.topk)
+    with tempfile.TemporaryDirectory() as workdir:
+        load_stand_in_driver(workdir)
+        tool_dir = ptxas_dir()
+        os.environ["PATH"] = tool_dir + os.pathsep + os.environ.get("PATH", "")
+        compile_fn = ctypes.CDLL(plugin_library()).MosaicGpuCompile
+        compile_fn.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        compile_fn.restype = ctypes.c_void_p
+        for i, (_, bytecode) in enumerate(modules):
+            ptx, ptxas = compile_module(compile_fn, bytecode, workdir)
+            r = report(ptxas)
+            counts = {name: len(re.findall(pat, ptx)) for name, pat in (
+                ("cp.async (16 B)", r"cp\.async\.cg\.shared\.global"),
+                ("cp.async.mbarrier.arrive", r"cp\.async\.mbarrier\.arrive"),
+                ("TMA loads", r"cp\.async\.bulk\.tensor\.[^ ]*shared::cluster\.global"),
+                ("TMA stores", r"cp\.async\.bulk\.tensor\.[^ ]*global\.shared"),
+                ("wgmma", r"wgmma\.mma_async"))}
+            name = f"sparse_H{args.heads}_T{args.tokens}_topk{args.topk}"
+            print(f"{name} kernel {i}: {r['registers']} registers, {r['spill_stores']} bytes spill stores, "
+                  f"{r['spill_loads']} loads, {r['stack']}-byte stack frame; in the PTX: "
+                  + ", ".join(f"{k} {v}" for k, v in counts.items()))
+            for w in r["warnings"]:
+                print(f"  {w}")
+            if args.out:
+                os.makedirs(args.out, exist_ok=True)
+                with gzip.open(os.path.join(args.out, f"{name}-{i}.ptx.gz"), "wt") as f:
+                    f.write(ptx)
+                with open(os.path.join(args.out, f"{name}-{i}.ptxas"), "w") as f:
+                    f.write(ptxas)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
