@@ -140,7 +140,7 @@ def make_indices(case: Case, rng):
 MIXED = Case("mixed", T=6, H=16, topk=80)
 
 
-def run(case: Case, dtype: str = "bfloat16", fmt: str = "bf16", tuning=None, seed: int = 0):
+def run(case: Case, dtype: str = "bfloat16", fmt: str = "bf16", tuning=None, seed: int = 0, interpret: bool = True):
     """The kernel against the float64 reference, NaN in every slot no used entry names."""
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((case.T, case.H, 576)).astype(NP[dtype])
@@ -157,7 +157,7 @@ def run(case: Case, dtype: str = "bfloat16", fmt: str = "bf16", tuning=None, see
     want_out, want_lse = reference(q.astype(np.float64), rows, indices, topk_length)
     out, lse = sparse_decode(jnp.asarray(q), jnp.asarray(cache), jnp.asarray(indices),
                              None if topk_length is None else jnp.asarray(topk_length), softmax_scale=SCALE,
-                             interpret=True, tuning=tuning)
+                             interpret=interpret, tuning=tuning)
     assert out.shape == (case.T, case.H, 512) and out.dtype == JNP[dtype]
     assert lse.shape == (case.T, case.H) and lse.dtype == jnp.float32
     c_out, c_lse = compare_out_lse(np.asarray(out, np.float32), np.asarray(lse), want_out, want_lse, dtype)
@@ -267,6 +267,23 @@ def test_dequantize_sparse_fp8_jnp():
     assert np.isnan(got.reshape(-1, 576)[6:]).all(axis=1).all()
     with pytest.raises(ValueError, match=r"shape=\(3, 4, 576\)"):
         sparse_triton.dequantize_sparse_fp8_jnp(np.zeros((3, 4, 576), np.uint8))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case, fmt, tuning", [
+    (MIXED, "bf16", None),
+    (MIXED, "fp8", None),
+    (MIXED, "fp8", SparseTritonConfig(block_h=16, block_k=16, num_splits=3)),
+    (Case("v32_h128", T=4, H=128, topk=2048, page_size=64, num_blocks=64, kind="random"), "bf16", None),
+    (Case("v32_h128", T=4, H=128, topk=2048, page_size=64, num_blocks=64, kind="random"), "fp8", None),
+    (Case("v32_h16", T=64, H=16, topk=2048, page_size=64, num_blocks=64, kind="random"), "bf16", None),
+    (Case("topk3", T=3, H=16, topk=3, kind="random"), "fp8", None),
+], ids=["mixed", "mixed_fp8", "mixed_fp8_splits", "h128_bf16", "h128_fp8", "h16_t64", "topk3_fp8"])
+def test_compiled_on_gpu(case, fmt, tuning):
+    """The kernel compiled through the Triton lowering on a GPU, against the same reference."""
+    if jax.default_backend() != "gpu":
+        pytest.skip(f"JAX has no GPU (default backend {jax.default_backend()!r})")
+    run(case, fmt=fmt, tuning=tuning, interpret=False)
 
 
 # ----------------------------------------------------------------------------- Triton lowering, XLA views
