@@ -1,6 +1,6 @@
 """mla_jax: paged MLA decode in JAX; Pallas GPU kernels beside a jnp reference, the cache write
 (`mla_jax.kv_cache`: vLLM's `concat_and_cache_mla`, one scatter into the donated cache), and the sparse decode
-(DeepSeek-V3.2's top-k attention, `mla_jax.sparse`: its jnp reference so far).
+(DeepSeek-V3.2's top-k attention, `mla_jax.sparse`: the jnp reference, the Triton kernel and the Hopper kernel).
 
     kv_cache = mla_jax.write_kv(kv_cache, kv_c, k_pe, slot_mapping, config)
     out, lse = mla_jax.mla_decode(q, kv_cache, metadata, config, impl="pallas_triton")

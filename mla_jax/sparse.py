@@ -3,6 +3,8 @@ point for its implementations.
 
 impl:
   "xla"                jnp reference (`mla_jax.sparse_reference`: runs anywhere, float32 compute), either cache format
+  "pallas_triton"      the Pallas Triton kernel (`mla_jax.sparse_triton`): any GPU the Triton lowering takes, both cache
+                       formats (the fp8_ds_mla rows decoded in registers); interpret mode (`interpret=True`) on CPU
   "pallas_mosaic_gpu"  the Hopper Mosaic GPU kernel (`mla_jax.pallas_mosaic_gpu.sparse`), the 16-bit cache; interpret
                        mode (`interpret=True`) on CPU
 
@@ -24,7 +26,7 @@ from mla_jax.api import _is_concrete, split_q
 
 jax.tree_util.register_dataclass(SparseMetadata, data_fields=["indices", "topk_length"], meta_fields=[])
 
-SPARSE_IMPLS = ("xla", "pallas_mosaic_gpu")
+SPARSE_IMPLS = ("xla", "pallas_triton", "pallas_mosaic_gpu")
 
 
 def to_jax_sparse_metadata(metadata: SparseMetadata, device=None) -> SparseMetadata:
@@ -49,6 +51,20 @@ def sparse_unsupported_reason(impl: str, config: MLAConfig, device=None, *, cach
     check_cache_format(cache_format)
     if impl == "xla":
         return None
+    if impl == "pallas_triton":
+        from mla_jax import sparse_triton
+
+        if (config.kv_lora_rank, config.qk_rope_head_dim) != (sparse_triton.LATENT_DIM, sparse_triton.ROPE_DIM):
+            return (f"needs kv_lora_rank={sparse_triton.LATENT_DIM} and qk_rope_head_dim={sparse_triton.ROPE_DIM} "
+                    f"(DeepSeek's), got kv_lora_rank={config.kv_lora_rank}, "
+                    f"qk_rope_head_dim={config.qk_rope_head_dim}")
+        if config.dtype not in ("bfloat16", "float16"):
+            return f"dtype must be bfloat16 or float16, got dtype={config.dtype!r}"
+        from mla_jax.pallas_triton import unsupported_reason
+
+        # (the device checks of the dense kernel: a GPU, bf16 dots from sm80, fp8 conversions from sm89)
+        fp8 = cache_format == "fp8_ds_mla"
+        return unsupported_reason(config.replace(kv_cache_dtype="fp8_e4m3" if fp8 else "auto"), device)
     if impl == "pallas_mosaic_gpu":
         if cache_format != "auto":
             return f"cache_format={cache_format!r} (FlashMLA's 656-byte fp8 rows) is not built yet: the 16-bit cache only"
@@ -66,8 +82,7 @@ def sparse_mla_decode(q, kv_cache, metadata: SparseMetadata, config: MLAConfig, 
     q: `[T, H, L+R]` or `(q_nope [T,H,L], q_pe [T,H,R])` in config.dtype; kv_cache: `[num_blocks, page_size,
     L+R]` in config.dtype (cache_format "auto") or `uint8 [num_blocks, page_size, 656]` (cache_format
     "fp8_ds_mla"); metadata: `mla_spec.SparseMetadata` of NumPy or JAX integer arrays. Validates shapes and dtypes
-    always, the index values when they are concrete (not traced). interpret: (impl "pallas_mosaic_gpu") Mosaic GPU
-    interpret mode, on CPU.
+    always, the index values when they are concrete (not traced). interpret: (the Pallas impls) interpret mode, on CPU.
     """
     if impl not in SPARSE_IMPLS:
         raise ValueError(f"unknown impl={impl!r}; expected one of {SPARSE_IMPLS}")
@@ -92,6 +107,15 @@ def sparse_mla_decode(q, kv_cache, metadata: SparseMetadata, config: MLAConfig, 
     )
     md = metadata.replace(indices=_as_int32(metadata.indices), topk_length=_as_int32(metadata.topk_length))
     q_nope, q_pe = split_q(q, config)
+    if impl == "pallas_triton":
+        reason = sparse_unsupported_reason(impl, config, cache_format=cache_format)
+        if reason is not None:
+            raise NotImplementedError(f"impl='pallas_triton' cannot run this problem: {reason}")
+        from mla_jax.sparse_triton import sparse_decode as triton_sparse_decode
+
+        q_full = q if not isinstance(q, tuple) else jnp.concatenate([q_nope, q_pe.astype(q_nope.dtype)], axis=-1)
+        return triton_sparse_decode(q_full, kv_cache, md.indices, md.topk_length,
+                                    softmax_scale=config.softmax_scale, interpret=interpret)
     if impl == "pallas_mosaic_gpu":
         reason = sparse_unsupported_reason(impl, config, cache_format=cache_format)
         if reason is not None:

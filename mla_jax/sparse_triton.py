@@ -409,20 +409,4 @@ def _sparse_decode(q, kv_cache, indices, topk_length, *, softmax_scale, tuning, 
     return out, lse
 
 
-def dequantize_sparse_fp8_jnp(cache_u8):
-    """The fp8 656-byte layout in jnp: uint8 [..., 656] -> float32 [..., 576] rows [kv_c * scale | k_pe]. For
-    tests and references (its width-changing bitcasts copy the array; the kernel decodes in registers instead)."""
-    cache_u8 = jnp.asarray(cache_u8)
-    if cache_u8.dtype != jnp.uint8 or cache_u8.ndim < 1 or cache_u8.shape[-1] != FP8_ROW_BYTES:
-        raise ValueError(f"the fp8 cache must be uint8 [..., {FP8_ROW_BYTES}], got shape={cache_u8.shape} "
-                         f"dtype={cache_u8.dtype}")
-    lead = cache_u8.shape[:-1]
-    nope = lax.bitcast_convert_type(cache_u8[..., :FP8_SCALES_OFFSET], jnp.float8_e4m3fn).astype(jnp.float32)
-    scales = lax.bitcast_convert_type(
-        cache_u8[..., FP8_SCALES_OFFSET:FP8_ROPE_OFFSET].reshape(*lead, FP8_NUM_TILES, 4), jnp.float32)
-    rope = lax.bitcast_convert_type(cache_u8[..., FP8_ROPE_OFFSET:].reshape(*lead, ROPE_DIM, 2), jnp.bfloat16)
-    nope = (nope.reshape(*lead, FP8_NUM_TILES, FP8_TILE) * scales[..., None]).reshape(*lead, LATENT_DIM)
-    return jnp.concatenate([nope, rope.astype(jnp.float32)], axis=-1)
-
-
-__all__ = ["SparseTritonConfig", "dequantize_sparse_fp8_jnp", "sparse_decode", "sparse_heuristic"]
+__all__ = ["SparseTritonConfig", "sparse_decode", "sparse_heuristic"]

@@ -80,6 +80,30 @@ class TestJaxReference(SparseCases):
         return mla_jax.sparse_mla_decode(q, kv, inputs.metadata, inputs.config, cache_format=inputs.cache_format)
 
 
+class TestTritonSparseInterpret(SparseCases):
+    """impl="pallas_triton" in Pallas interpret mode: every shared case, both cache formats."""
+
+    def unsupported_reason(self, config, cache_format):
+        return mla_jax.sparse_unsupported_reason("pallas_triton", config, cache_format=cache_format)
+
+    def decode(self, inputs):
+        q, kv = jax_inputs(inputs)
+        return mla_jax.sparse_mla_decode(q, kv, inputs.metadata, inputs.config, impl="pallas_triton",
+                                         cache_format=inputs.cache_format, interpret=True)
+
+
+@pytest.mark.gpu
+class TestTritonSparseGPU(SparseCases):
+    def unsupported_reason(self, config, cache_format):
+        devices = jax.devices("gpu") if any(d.platform == "gpu" for d in jax.devices()) else [None]
+        return mla_jax.sparse_unsupported_reason("pallas_triton", config, devices[0], cache_format=cache_format)
+
+    def decode(self, inputs):
+        q, kv = jax_inputs(inputs)
+        return mla_jax.sparse_mla_decode(q, kv, inputs.metadata, inputs.config, impl="pallas_triton",
+                                         cache_format=inputs.cache_format)
+
+
 MOSAIC_INTERPRET_CASES = ("minus_one_scattered-bfloat16", "repeats_within_row-bfloat16", "topk_length-bfloat16",
                           "empty_rows-bfloat16", "topk_1-bfloat16", "page_1-bfloat16", "heads_128-float16",
                           "minus_one_scattered-float16")

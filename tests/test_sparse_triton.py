@@ -1,6 +1,6 @@
 """The sparse Pallas Triton kernel (mla_jax.sparse_triton, DeepSeek-V3.2 DSA top-k decode) in interpret mode.
 
-Against a float64 NumPy reference written here: -1 scattered, slots repeated across tokens and within a row,
+Against mla_spec's float64 reference: -1 scattered, slots repeated across tokens and within a row,
 topk_length short and 0, a row of -1 only (out 0, lse -inf), topk 1, 2, 3 and 2048, 8 to 128 heads, pages of
 1, 16 and 64, bf16 and fp16 q, the bf16/fp16 cache and the fp8 656-byte layout, the heuristic's tuning and
 explicit ones (splits merged by LSE). Every cache slot that no used entry names holds NaN (in the fp8 layout:
@@ -21,6 +21,10 @@ import pytest
 
 from mla_jax import sparse_triton
 from mla_jax.sparse_triton import SparseTritonConfig, sparse_decode, sparse_heuristic
+from mla_spec import MLAConfig, SparseMetadata
+from mla_spec import reference as spec_reference
+from mla_spec.fp8_sparse import dequantize_sparse_fp8
+from mla_spec.fp8_sparse import quantize_sparse_fp8 as quantize_fp8
 from parity.compare import compare_out_lse
 from parity.h200 import lower_for_h200
 
@@ -33,44 +37,20 @@ NP = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 
 
 def reference(q, rows, indices, topk_length=None):
-    """float64: q [T, H, 576], rows [num_slots, 576] -> out [T, H, 512], lse [T, H] (out 0, lse -inf for a token
-    without a used entry)."""
-    T, H, _ = q.shape
-    out, lse = np.zeros((T, H, 512)), np.full((T, H), -np.inf)
-    for t in range(T):
-        n = indices.shape[1] if topk_length is None else topk_length[t]
-        used = [i for i in indices[t, :n] if i >= 0]
-        if used:
-            k = rows[used]
-            s = SCALE * q[t] @ k.T  # [H, n]
-            m = s.max(axis=1, keepdims=True)
-            p = np.exp(s - m)
-            out[t] = p @ k[:, :512] / p.sum(axis=1, keepdims=True)
-            lse[t] = (m + np.log(p.sum(axis=1, keepdims=True)))[:, 0]
-    return out, lse
-
-
-def quantize_fp8(kv):
-    """[..., 576] float -> uint8 [..., 656]: bf16 rows, a power-of-two scale per 128 latent values (FlashMLA's
-    rule), e4m3 latent, little-endian float32 scales and bf16 rope."""
-    lead = kv.shape[:-1]
-    x = kv.astype(ml_dtypes.bfloat16).astype(np.float32)
-    tiles = x[..., :512].reshape(*lead, 4, 128)
-    scales = np.exp2(np.ceil(np.log2(np.maximum(np.abs(tiles).max(-1) / 448, 1e-4)))).astype(np.float32)
-    out = np.empty(lead + (656,), np.uint8)
-    out[..., :512] = (tiles / scales[..., None]).astype(ml_dtypes.float8_e4m3fn).reshape(*lead, 512).view(np.uint8)
-    out[..., 512:528] = scales.astype("<f4").view(np.uint8).reshape(*lead, 16)
-    out[..., 528:] = x[..., 512:].astype(ml_dtypes.bfloat16).view("<u2").view(np.uint8).reshape(*lead, 128)
-    return out
+    """float64 (mla_spec's sparse reference, the definition): q [T, H, 576], rows [num_slots, 576] (float, or the
+    uint8 fp8 layout) -> out [T, H, 512], lse [T, H]."""
+    fp8 = rows.dtype == np.uint8
+    config = MLAConfig(num_heads=q.shape[1], page_size=1, softmax_scale=SCALE, dtype="float32")
+    md = SparseMetadata(indices=np.asarray(indices, np.int32),
+                        topk_length=None if topk_length is None else np.asarray(topk_length, np.int32))
+    out, lse = spec_reference.sparse_mla_decode(np.asarray(q, np.float64), rows[:, None], md, config,
+                                                cache_format="fp8_ds_mla" if fp8 else "auto")
+    return np.asarray(out, np.float64), np.asarray(lse, np.float64)
 
 
 def dequantize_fp8(cache):
-    """uint8 [..., 656] -> float64 [..., 576]."""
-    lead = cache.shape[:-1]
-    values = cache[..., :512].view(ml_dtypes.float8_e4m3fn).astype(np.float64).reshape(*lead, 4, 128)
-    scales = np.ascontiguousarray(cache[..., 512:528]).view("<f4").astype(np.float64)
-    rope = np.ascontiguousarray(cache[..., 528:]).view("<u2").view(ml_dtypes.bfloat16).astype(np.float64)
-    return np.concatenate([(values * scales[..., None]).reshape(*lead, 512), rope], axis=-1)
+    """uint8 [..., 656] -> float64 [..., 576] (mla_spec's decode; exact in float32)."""
+    return dequantize_sparse_fp8(cache).astype(np.float64)
 
 
 def used_slots(indices, topk_length):
@@ -253,20 +233,6 @@ def test_new_indices_reuse_the_compiled_call():
         c_out, c_lse = compare_out_lse(np.asarray(out, np.float32), np.asarray(lse), *want, "bfloat16")
         assert c_out.ok and c_lse.ok, (c_out.message, c_lse.message)
     assert len(traces) == 1 and fn._cache_size() == 1
-
-
-def test_dequantize_sparse_fp8_jnp():
-    """The jnp helper against the NumPy decode, NaN bytes included."""
-    rng = np.random.default_rng(5)
-    cache = quantize_fp8(rng.standard_normal((3, 4, 576)).astype(np.float32) * 5)
-    cache = poison(cache, keep=np.arange(6))
-    got = np.asarray(sparse_triton.dequantize_sparse_fp8_jnp(cache), np.float64)
-    want = dequantize_fp8(cache)
-    assert got.shape == (3, 4, 576)
-    np.testing.assert_array_equal(got, want)  # exact: e4m3 times a power of two, bf16 widened
-    assert np.isnan(got.reshape(-1, 576)[6:]).all(axis=1).all()
-    with pytest.raises(ValueError, match=r"shape=\(3, 4, 576\)"):
-        sparse_triton.dequantize_sparse_fp8_jnp(np.zeros((3, 4, 576), np.uint8))
 
 
 @pytest.mark.gpu
