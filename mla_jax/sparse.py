@@ -22,7 +22,7 @@ from mla_spec.config import check_config
 from mla_spec.inputs import check_q_pair
 from mla_spec.sparse import check_cache_format, check_sparse_metadata
 from mla_jax import sparse_reference
-from mla_jax.api import _is_concrete, split_q
+from mla_jax.api import _is_concrete, check_interpret, default_interpret, split_q
 
 jax.tree_util.register_dataclass(SparseMetadata, data_fields=["indices", "topk_length"], meta_fields=[])
 
@@ -76,16 +76,20 @@ def sparse_unsupported_reason(impl: str, config: MLAConfig, device=None, *, cach
 
 
 def sparse_mla_decode(q, kv_cache, metadata: SparseMetadata, config: MLAConfig, *, impl: str = "xla",
-                      cache_format: str = "auto", interpret=False):
+                      cache_format: str = "auto", interpret: bool | None = None):
     """The sparse decode. Returns `(out [T, H, L] in q's dtype, lse [T, H] float32)`.
 
     q: `[T, H, L+R]` or `(q_nope [T,H,L], q_pe [T,H,R])` in config.dtype; kv_cache: `[num_blocks, page_size,
     L+R]` in config.dtype (cache_format "auto") or `uint8 [num_blocks, page_size, 656]` (cache_format
     "fp8_ds_mla"); metadata: `mla_spec.SparseMetadata` of NumPy or JAX integer arrays. Validates shapes and dtypes
-    always, the index values when they are concrete (not traced). interpret: (the Pallas impls) interpret mode, on CPU.
+    always, the index values when they are concrete (not traced). interpret: (the Pallas impls) a bool, or None (interpret mode where JAX has no GPU, as
+    `mla_jax.mla_decode`).
     """
     if impl not in SPARSE_IMPLS:
         raise ValueError(f"unknown impl={impl!r}; expected one of {SPARSE_IMPLS}")
+    check_interpret(interpret, allow_none=True)
+    if interpret is None:
+        interpret = default_interpret()
     check_config(config)
     check_sparse_metadata(metadata)
     check_q_pair(q)

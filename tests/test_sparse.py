@@ -462,6 +462,19 @@ def test_entry_points_refuse_naming_the_value(call, q, kv, md, kw, message):
         call(q, kv, md, SMALL_CFG, **kw)
 
 
+def test_jax_entry_point_takes_interpret_as_the_dense_one():
+    """interpret: a bool, or None (interpret mode where JAX has no GPU, as mla_jax.mla_decode); anything else is
+    refused by name (a truthy string would turn interpret mode on)."""
+    with pytest.raises(ValueError, match=r"interpret must be a bool or None, got interpret='yes'"):
+        _call_jax(_Q, _KV, _MD, SMALL_CFG.replace(dtype="bfloat16"), impl="pallas_triton", interpret="yes")
+    cfg = SMALL_CFG.replace(num_heads=8, dtype="bfloat16")
+    q = jnp.asarray(np.random.default_rng(0).standard_normal((2, 8, 576)), jnp.bfloat16)
+    kv = jnp.asarray(np.random.default_rng(1).standard_normal((2, 4, 576)), jnp.bfloat16)
+    out, lse = mla_jax.sparse_mla_decode(q, kv, _MD, cfg, impl="pallas_triton")  # (interpret mode where JAX has no GPU)
+    ref_out, ref_lse = mla_jax.sparse_mla_decode(q, kv, _MD, cfg)
+    np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), atol=1e-3)
+
+
 @pytest.mark.parametrize("call", CALLS)
 def test_entry_points_refuse_an_fp8_e4m3_config_and_other_head_dims_for_fp8_ds_mla(call):
     with pytest.raises(ValueError, match=r"takes kv_cache_dtype='auto' \(its fp8 cache is cache_format='fp8_ds_mla'\), "
