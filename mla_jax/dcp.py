@@ -61,6 +61,7 @@ __all__ = [
     "local_len",
     "local_seq_lens",
     "make_dcp_mesh",
+    "merge_over_axis",
     "merge_partials",
     "shard_batch",
     "shard_metadata",
