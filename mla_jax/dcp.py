@@ -16,6 +16,12 @@ position, so each shard attends to all its local tokens. q_len > 1 raises ValueE
 Empty shards (seq_len <= s): the kernels validate `seq_len >= 1`, so the kernel runs them
 with a dummy length 1 and their partial is then overwritten with `lse = -inf`, `out = 0`.
 
+Padded buckets (`mla_spec.dcp`: pad to the bucket, then shard): padding requests (q_len 0,
+seq_len 0) and token rows past `query_start_loc[-1]` are (0, -inf) on every shard, so after
+the merge too. The stacked shapes and static ints of a padded batch are its bucket's, so
+`dcp_mla_decode` (its own jitted shard_map, or inside the caller's `jax.jit`) compiles once
+per bucket.
+
 Merge on device s, with (o_s, lse_s) its partial:
     m = pmax(lse_s);  w_s = exp(lse_s - m);  W = psum(w_s);  out = psum(w_s * o_s) / W;
     lse = m + log(W)
@@ -55,12 +61,13 @@ __all__ = [
     "local_len",
     "local_seq_lens",
     "make_dcp_mesh",
+    "merge_over_axis",
     "merge_partials",
     "shard_batch",
     "shard_metadata",
 ]
 
-DCP_IMPLS = ("xla", "pallas_triton")
+DCP_IMPLS = ("xla", "pallas_triton", "pallas_mosaic_gpu")
 
 
 def merge_partials(outs, lses, out_dtype=None):
@@ -91,59 +98,77 @@ def merge_partials(outs, lses, out_dtype=None):
     return combine_ref(outs.astype(jnp.float32), lses.astype(jnp.float32), out_dtype)
 
 
-def _local_partial(q_nope, q_pe, kv_cache, md: DecodeMetadata, config: MLAConfig, impl: str, interpret: bool,
-                   k_scale=None):
-    """One shard's `(out float32 [T,H,L], lse [T,H])`, empty shards (md.seq_lens == 0) set to
-    (0, -inf). One token per request, so token t is request t. k_scale: the fp8 cache's scale
-    (None for other caches, where the kernels take none)."""
-    empty = md.seq_lens == 0  # [T]
-    kmd = md.replace(seq_lens=jnp.maximum(md.seq_lens, 1))
+def _local_partial(q, kv_cache, md: DecodeMetadata, config: MLAConfig, impl: str, interpret: bool, k_scale=None):
+    """One shard's `(out float32 [T,H,L], lse [T,H])`. q: `(q_packed,)` or `(q_nope, q_pe)`.
+    The rows of a token whose request has no KV on this shard (md.seq_lens == 0: an empty shard,
+    or a padding request) and the padding rows past query_start_loc[-1] are set to (0, -inf).
+    k_scale: the fp8 cache's scale (None for other caches, where the kernels take none)."""
+    T = q[0].shape[0]
+    qsl, seq_lens = md.query_start_loc, md.seq_lens
+    t = jnp.arange(T, dtype=qsl.dtype)
+    req = jnp.clip(jnp.searchsorted(qsl, t, side="right") - 1, 0, seq_lens.shape[0] - 1)
+    empty = (t >= qsl[-1]) | (seq_lens[req] == 0)  # [T]
+    # the dummy length 1 for a real request's empty shard; a padding request (q_len 0) keeps 0
+    kmd = md.replace(seq_lens=jnp.where(qsl[1:] > qsl[:-1], jnp.maximum(seq_lens, 1), seq_lens))
     lc = local_config(config)
     if impl == "xla":
         from mla_jax import reference
 
+        q_nope, q_pe = q if len(q) == 2 else _api.split_q(q[0], config)
         extra = () if k_scale is None else (k_scale,)
         out, lse = reference.mla_decode(q_nope, q_pe, kv_cache, kmd, lc, *extra)
     else:
-        from mla_jax import pallas_triton
-
+        # the Pallas kernels read a packed q themselves (as mla_jax.mla_decode passes it)
+        mod = _api._module(impl)
+        q_nope, q_pe = q if len(q) == 2 else (q[0], None)
         extra = {} if k_scale is None else dict(k_scale=k_scale)
-        out, lse = pallas_triton.mla_decode(q_nope, q_pe, kv_cache, kmd, lc, interpret=interpret, **extra)
+        out, lse = mod.mla_decode(q_nope, q_pe, kv_cache, kmd, lc, interpret=interpret, **extra)
     out = jnp.where(empty[:, None, None], 0.0, out.astype(jnp.float32))
     lse = jnp.where(empty[:, None], -jnp.inf, lse)
     return out, lse
 
 
+def merge_over_axis(o, lse, axis_name: str, out_dtype):
+    """The exact LSE merge inside a `shard_map`: this device's partial `o [T,H,L]` float32,
+    `lse [T,H]` with the other devices' of `axis_name` -> `(out [T,H,L] in out_dtype, lse [T,H]
+    float32)`, the same on every device (pmax, then psum of the weights and of the weighted
+    outs: two all-reduces of [T,H] and one of [T,H,L]). `merge_partials`' formula."""
+    m = jax.lax.pmax(lse, axis_name)
+    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+    w = jnp.exp(lse - m_safe)  # 0 on an empty shard
+    w_sum = jax.lax.psum(w, axis_name)
+    acc = jax.lax.psum(jnp.where(w[..., None] > 0, w[..., None] * o, 0.0), axis_name)
+    out = acc / jnp.where(w_sum > 0, w_sum, 1.0)[..., None]
+    out = jnp.where(jnp.isnan(w_sum)[..., None], jnp.nan, out)  # a NaN shard: NaN, not 0 (combine_ref's rule)
+    return out.astype(out_dtype), m_safe + jnp.log(w_sum)
+
+
 @functools.lru_cache(maxsize=64)
 def _build(mesh: Mesh, axis_name: str, config: MLAConfig, impl: str, interpret: bool,
-           max_seq_len: int, num_decode_tokens: int, max_num_splits: int):
+           max_seq_len: int, num_decode_tokens: int, max_num_splits: int, padded: bool, return_partials: bool):
     """The jitted `shard_map` of one (mesh, config, impl, static metadata ints), built once: each
-    device computes its shard's partial, then the exact LSE merge runs through pmax/psum."""
+    device computes its shard's partial, then the exact LSE merge runs through pmax/psum
+    (`merge_over_axis`). With return_partials the partials come back too, stacked over the axis."""
     spec = PartitionSpec(axis_name)
 
-    def body(q_nope, q_pe, kv_cache, qsl, seq_lens, block_table, k_scale):
+    def body(q, kv_cache, qsl, seq_lens, block_table, k_scale):
         md = DecodeMetadata(
             query_start_loc=qsl[0], seq_lens=seq_lens[0], block_table=block_table[0], max_query_len=1,
             max_seq_len=max_seq_len, num_decode_tokens=num_decode_tokens, max_num_splits=max_num_splits,
+            padded=padded,
         )
-        o, lse = _local_partial(q_nope, q_pe, kv_cache[0], md, config, impl, interpret,
+        o, lse = _local_partial(q, kv_cache[0], md, config, impl, interpret,
                                 k_scale if config.is_fp8_kv_cache else None)
-        m = jax.lax.pmax(lse, axis_name)
-        m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
-        w = jnp.exp(lse - m_safe)  # 0 on an empty shard
-        w_sum = jax.lax.psum(w, axis_name)
-        acc = jax.lax.psum(jnp.where(w[..., None] > 0, w[..., None] * o, 0.0), axis_name)
-        out = acc / jnp.where(w_sum > 0, w_sum, 1.0)[..., None]
-        out = jnp.where(jnp.isnan(w_sum)[..., None], jnp.nan, out)  # a NaN shard: NaN, not 0 (combine_ref's rule)
-        return out.astype(q_nope.dtype), m_safe + jnp.log(w_sum)
+        out, lse_all = merge_over_axis(o, lse, axis_name, q[0].dtype)
+        return (out, lse_all, o[None], lse[None]) if return_partials else (out, lse_all)
 
     replicated = PartitionSpec()
     mapped = jax.shard_map(
         body,
         mesh=mesh,
-        in_specs=(replicated, replicated, spec, spec, spec, spec, replicated),
-        out_specs=(replicated, replicated),
-        # The Pallas kernel's out_shape carries no vma (under check_vma=True, jax 0.11 asks for
+        in_specs=(replicated, spec, spec, spec, spec, replicated),
+        out_specs=(replicated, replicated) + ((spec, spec) if return_partials else ()),
+        # The Pallas kernels' out_shape carries no vma (under check_vma=True, jax 0.11 asks for
         # manual_axis_type on its ShapeDtypeStruct), so the check runs on the XLA path only; the
         # outputs are psum/pmax results, replicated by construction.
         check_vma=impl == "xla",
@@ -162,16 +187,20 @@ def dcp_mla_decode(
     impl: str = "xla",
     interpret: bool | None = None,
     k_scale=1.0,
+    return_partials: bool = False,
 ):
     """Paged MLA decode with the KV sharded across the `axis_name` axis of `mesh`.
 
     q: `[T, H, L+R]` or `(q_nope, q_pe)`, replicated; kv_cache_shards: `[W, num_blocks_local,
     P, L+R]`; metadata_shards: the stacked `DecodeMetadata` (see the module docstring; from
-    `shard_batch`). `config.dcp_world_size` must equal the mesh axis size W. impl: "xla" or
-    "pallas_triton" (interpret: None = on CPU). k_scale: the fp8 cache's per-tensor scale (one
-    for all shards; kv_cache_dtype="fp8_e4m3"), 1.0 otherwise, as in `mla_jax.mla_decode`.
-    Returns `(out [T, H, L] in q's dtype, lse [T, H] float32)`, replicated over the mesh; equal
-    to the single-device result on the unsharded batch up to rounding.
+    `shard_batch`; a batch padded to a bucket, then sharded, has padded=True and T = the
+    bucket's token rows). `config.dcp_world_size` must equal the mesh axis size W. impl: "xla",
+    "pallas_triton" or "pallas_mosaic_gpu" (interpret: None = on CPU). k_scale: the fp8 cache's
+    per-tensor scale (one for all shards; kv_cache_dtype="fp8_e4m3"), 1.0 otherwise, as in
+    `mla_jax.mla_decode`. Returns `(out [T, H, L] in q's dtype, lse [T, H] float32)`, replicated
+    over the mesh; equal to the single-device result on the unsharded batch up to rounding;
+    padding rows (0, -inf). With `return_partials=True` also the shards' partials `(outs [W, T,
+    H, L] float32, lses [W, T, H])`, sharded over the axis (empty shards (0, -inf)).
 
     Shard s of the stacks runs on device s of the mesh axis (other mesh axes, if any, see the
     same data). Per-shard values (block ids in range, one token per request) are checked when
@@ -228,7 +257,9 @@ def dcp_mla_decode(
             raise NotImplementedError(f"impl={impl!r} cannot run this problem: {reason}")
     if interpret is None:
         interpret = _api.default_interpret()
-    q_nope, q_pe = _api.split_q(q, config)
+    if not isinstance(return_partials, bool):
+        raise ValueError(f"return_partials must be a bool, got return_partials={return_partials!r}")
+    _api.split_q(q, config)  # (checks a pair)
     sharded = NamedSharding(mesh, PartitionSpec(axis_name))
     replicated = NamedSharding(mesh, PartitionSpec())
 
@@ -239,10 +270,10 @@ def dcp_mla_decode(
     fn = _build(
         mesh, axis_name, config, impl, bool(interpret) if impl != "xla" else False,
         int(metadata_shards.max_seq_len), int(metadata_shards.num_decode_tokens), int(metadata_shards.max_num_splits),
+        bool(metadata_shards.padded), return_partials,
     )
     return fn(
-        put(q_nope, sharding=replicated),
-        put(q_pe, sharding=replicated),
+        tuple(put(x, sharding=replicated) for x in parts),
         put(kv_cache_shards),
         put(metadata_shards.query_start_loc, jnp.int32),
         put(metadata_shards.seq_lens, jnp.int32),

@@ -12,6 +12,11 @@ or "fa3") with `dcp_world_size=1`: the kernel sees one local KV shard. (vLLM's D
 with `num_heads * dcp_world_size` heads after an all-gather of q over the DCP group; here
 every rank has all heads already, so the plain call is the same computation.) Empty shards
 run at a dummy length 1 and their partial is overwritten with `lse = -inf`, `out = 0`.
+
+A batch padded to a bucket and then sharded (`mla_spec.dcp`; padded=True) runs the same way:
+each shard's call takes the padded metadata, and the rows of padding requests (q_len 0,
+seq_len 0) and the token rows past `query_start_loc[-1]` are (0, -inf) in every partial and
+after the merge.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from mla_spec.dcp import (
     local_config,
     shard_batch,
     shard_metadata,
+    token_requests,
     validate_shards,
 )
 
@@ -112,9 +118,11 @@ def dcp_mla_decode_local(
     q: `[T, H, L+R]` or `(q_nope, q_pe)`; kv_cache_shards: `[W, num_blocks_local, P, L+R]` (a
     tensor, or a sequence of W caches; a cache may sit on its own device: q is copied there
     and the partials come back to q's device for the merge); metadata_shards: the stacked
-    `DecodeMetadata` (`mla_spec.dcp`), NumPy arrays or torch tensors. `config.dcp_world_size`
-    is W. impl: "reference" or "fa3". k_scale: the fp8 cache's per-tensor scale (one for all
-    shards), passed to each shard's call when kv_cache_dtype="fp8_e4m3", 1.0 otherwise.
+    `DecodeMetadata` (`mla_spec.dcp`), NumPy arrays or torch tensors; padded=True for a batch
+    padded to a bucket, then sharded (q then has the bucket's token rows; padding rows come back
+    out 0, lse -inf). `config.dcp_world_size` is W. impl: "reference" or "fa3". k_scale: the
+    fp8 cache's per-tensor scale (one for all shards), passed to each shard's call when
+    kv_cache_dtype="fp8_e4m3", 1.0 otherwise.
     Returns `(out [T, H, L] in q's dtype, lse [T, H] float32)`, and with
     `return_partials=True` also the stacked partials `(outs [W,T,H,L] float32, lses [W,T,H])`.
     """
@@ -167,6 +175,8 @@ def dcp_mla_decode_local(
     validate_k_scale(k_scale, config)
     extra = dict(k_scale=k_scale) if config.is_fp8_kv_cache else {}
     q_device = (q[0] if isinstance(q, tuple) else q).device
+    # token row t is request req[t]'s (one token a real request); rows past query_start_loc[-1] are padding
+    req, real = token_requests(host_md.query_start_loc[0], int(parts[0].shape[0]))
     outs, lses = [], []
     for s in range(world_size):
         md = shard_metadata(host_md, s, for_kernel=True)
@@ -175,7 +185,7 @@ def dcp_mla_decode_local(
         with torch.cuda.device(cache.device) if cache.device.type == "cuda" else contextlib.nullcontext():
             out, lse = mla_decode(q_s, cache, md, lc, impl=impl, **extra)
         out, lse = out.to(q_device), lse.to(q_device)
-        empty = torch.as_tensor(host_md.seq_lens[s] == 0, device=out.device)  # token t is request t
+        empty = torch.as_tensor(~real | (np.asarray(host_md.seq_lens[s])[req] == 0), device=out.device)
         outs.append(torch.where(empty[:, None, None], torch.zeros((), device=out.device), out.float()))
         lses.append(torch.where(empty[:, None], torch.full((), float("-inf"), device=lse.device), lse.float()))
     outs, lses = torch.stack(outs), torch.stack(lses)

@@ -25,7 +25,7 @@ import torch
 import mla_jax
 import mla_torch
 from mla_jax import dcp as jdcp
-from mla_spec import reference
+from mla_spec import Bucket, pad_to_bucket, reference
 from mla_spec import dcp as sdcp
 from mla_torch import dcp as tdcp
 from parity.compare import compare_out_lse
@@ -83,6 +83,42 @@ def _check(out, lse, ref_out, ref_lse, dtype, what):
     assert c_lse.ok, f"{what}: {c_lse.message}"
 
 
+def _bucket_for(md, extra_reqs=2, extra_tokens=3):
+    """A bucket the batch fits with room to spare: padding requests, padding token rows, wider
+    block tables and a longer bound than its own."""
+    return Bucket(num_reqs=md.num_reqs + extra_reqs, num_tokens=int(md.num_decode_tokens) + extra_tokens,
+                  max_blocks=md.max_blocks + 2, max_seq_len=md.max_seq_len + 40)
+
+
+@functools.lru_cache(maxsize=None)
+def _padded_case(name: str, world_size: int, fp8: bool = False, fill: float = math.nan, page_tail: str = "nan"):
+    """(batch, k_scale, q, shards, ref_out, ref_lse): the scenario's global batch padded to a bucket
+    (`pad_to_bucket`: 2 padding requests, 3 padding token rows whose q is NaN), then sharded. Block 0,
+    which the padding block-table entries name, holds NaN in the global cache; in the local caches it
+    holds `fill` (NaN by default). ref_*: the float64 reference of the real tokens."""
+    if fp8:
+        batch, k_scale, _, ref_out, ref_lse = _fp8_case(name, world_size)
+    else:
+        (batch, _, ref_out, ref_lse), k_scale = _case(name, world_size, page_tail=page_tail), 1.0
+    assert np.isnan(batch.kv_cache[0]).all(), "block 0 (the padding's) holds NaN"
+    md = batch.metadata
+    padded = pad_to_bucket(md, _bucket_for(md), batch.config, num_blocks=batch.kv_cache.shape[0])
+    shards = sdcp.shard_batch(batch.kv_cache, padded, batch.config, permute_blocks=True, fill=fill)
+    q = np.concatenate([batch.q, np.full((3,) + batch.q.shape[1:], np.nan, np.float32)])
+    return batch, k_scale, q, shards, ref_out, ref_lse
+
+
+def _check_padded(out, lse, ref_out, ref_lse, dtype, what):
+    """The real rows against the reference; the padding rows past them out 0, lse -inf."""
+    out = np.asarray(out, np.float32) if not isinstance(out, torch.Tensor) else out.float().cpu().numpy()
+    lse = np.asarray(lse) if not isinstance(lse, torch.Tensor) else lse.float().cpu().numpy()
+    T = ref_out.shape[0]
+    assert out.shape[0] == T + 3 and lse.shape[0] == T + 3, (out.shape, lse.shape)
+    _check(out[:T], lse[:T], ref_out, ref_lse, dtype, what)
+    assert (out[T:] == 0).all(), f"{what}: padding rows' out {out[T:].min()} .. {out[T:].max()}, expected 0"
+    assert (lse[T:] == -np.inf).all(), f"{what}: padding rows' lse {lse[T:].min()} .. {lse[T:].max()}, expected -inf"
+
+
 # ----------------------------------------------------------------------------------------
 # Layout and sharding
 # ----------------------------------------------------------------------------------------
@@ -130,6 +166,55 @@ def test_shard_batch_rejects_multi_token_queries_and_world_mismatch():
         sdcp.shard_batch(batch.kv_cache, batch.metadata, cfg2)
     with pytest.raises(ValueError, match=r"config.dcp_world_size=1, world_size=2"):
         sdcp.shard_batch(batch.kv_cache, batch.metadata, batch.config, world_size=2)
+
+
+def test_shard_batch_of_a_padded_batch_has_its_buckets_shapes():
+    """Pad, then shard: the stacked arrays' shapes and static ints are functions of the bucket and W
+    alone (one compile per bucket), padding requests hold no KV anywhere, padded carries through."""
+    bucket = Bucket(num_reqs=6, num_tokens=8, max_blocks=5, max_seq_len=70)
+    seen = set()
+    for seq_lens in [(1, 2, 3, 5), (17, 60), (9, 33, 70, 2, 4)]:
+        sc = Scenario("b", seq_lens=seq_lens, query_lens=(1,) * len(seq_lens), page_size=16)
+        batch = make_batch(sc, "bfloat16", dcp_world_size=4)
+        padded = pad_to_bucket(batch.metadata, bucket, batch.config, num_blocks=batch.kv_cache.shape[0])
+        shards = sdcp.shard_batch(batch.kv_cache, padded, batch.config, permute_blocks=True)
+        md = shards.metadata
+        seen.add((shards.kv_cache.shape, md.query_start_loc.shape, md.seq_lens.shape, md.block_table.shape,
+                  md.max_query_len, md.max_seq_len, md.num_decode_tokens, md.padded))
+        R = len(seq_lens)
+        assert md.padded and (md.seq_lens[:, R:] == 0).all() and (md.block_table[:, R:] == 0).all()
+        np.testing.assert_array_equal(md.seq_lens.sum(axis=0)[:R], seq_lens)
+        sdcp.shard_metadata(md, 3, for_kernel=True).validate(sdcp.local_config(batch.config),
+                                                             num_blocks=shards.kv_cache.shape[1])
+    # local bound ceil(70 / 4) = 18 tokens in 2 pages of 16; 1 + 6 requests x 2 pages local blocks
+    assert seen == {((4, 13, 16, 576), (4, 7), (4, 6), (4, 6, 2), 1, 18, 8, True)}, seen
+
+
+def test_dcp_padding_is_accepted_only_where_padded_says_so():
+    sc = Scenario("p", seq_lens=(5, 9), query_lens=(1, 1), page_size=16)
+    batch = make_batch(sc, "bfloat16", dcp_world_size=2)
+    padded = pad_to_bucket(batch.metadata, Bucket(num_reqs=4, num_tokens=4, max_blocks=2, max_seq_len=32),
+                           batch.config)
+    qsl = padded.query_start_loc  # [0, 1, 2, 2, 2]
+    sdcp.check_single_token_queries(qsl, padded=True, seq_lens=padded.seq_lens)
+    with pytest.raises(ValueError, match=r"q_len=0 for request 2 \(a padding request, q_len 0 and seq_len 0, "
+                                         r"needs padded=True: pad_to_bucket\)"):
+        sdcp.check_single_token_queries(qsl)
+    with pytest.raises(ValueError, match=r"got q_len=0 with seq_len=7 for request 3"):
+        sdcp.check_single_token_queries(qsl, padded=True, seq_lens=[5, 9, 0, 7])
+    with pytest.raises(ValueError, match=r"q_len=2 for request 1"):
+        sdcp.check_single_token_queries([0, 1, 3, 3], padded=True)
+    shards = sdcp.shard_batch(batch.kv_cache, padded, batch.config)
+    nbl = shards.kv_cache.shape[1]
+    with pytest.raises(ValueError, match=r"q_len=0 for request 2 \(a padding request"):
+        sdcp.validate_shards(batch.config, shards.metadata.replace(padded=False), world_size=2, num_blocks_local=nbl)
+    # a padding request that holds KV on a shard
+    bad = shards.metadata.replace(seq_lens=shards.metadata.seq_lens + np.array([[0, 0, 0, 1], [0, 0, 0, 0]], np.int32))
+    with pytest.raises(ValueError, match=r"q_len=0 with seq_len=1 for request 3"):
+        sdcp.validate_shards(batch.config, bad, world_size=2, num_blocks_local=nbl)
+    with pytest.raises(ValueError, match=r"num_blocks_local must be an int that holds the batch's local pages "
+                                         r"\(block 0 unused: >= 3\), got num_blocks_local=1"):
+        sdcp.shard_batch(batch.kv_cache, padded, batch.config, num_blocks_local=1)
 
 
 # ----------------------------------------------------------------------------------------
@@ -271,6 +356,21 @@ def test_jax_dcp_on_a_one_device_mesh_equals_mla_decode(impl):
     _check(out.astype(jnp.float32), lse, ref_out, ref_lse, "bfloat16", impl)
 
 
+@pytest.mark.parametrize("impl", ["xla", "pallas_mosaic_gpu"])
+def test_jax_dcp_padded_bucket_on_a_one_device_mesh(impl):
+    """A batch padded to a bucket, then sharded (W = 1): the real rows as the reference, the padding
+    rows (NaN q, NaN block 0) out 0, lse -inf. (The Triton kernel: the mesh cases below. The Mosaic GPU
+    kernel runs here only: on a 2-device CPU mesh its interpreter fails, "Barrier remains allocated",
+    its simulated memory being one per process while each device's kernel checks at its end that no
+    barrier is left, the other device's included; test_jax_dcp_*_on_two_gpus run it compiled.)"""
+    if impl == "pallas_mosaic_gpu":
+        pytest.importorskip("absl", reason="Mosaic GPU interpret mode needs absl-py")
+    batch, _, q, shards, ref_out, ref_lse = _padded_case("short_empty_shards", 1)
+    out, lse = jdcp.dcp_mla_decode(jnp.asarray(q, jnp.bfloat16), jnp.asarray(shards.kv_cache, jnp.bfloat16),
+                                   shards.metadata, batch.config, mesh=jdcp.make_dcp_mesh(1), impl=impl)
+    _check_padded(out.astype(jnp.float32), lse, ref_out, ref_lse, "bfloat16", f"padded W=1 {impl}")
+
+
 def test_jax_dcp_rejects_bad_calls():
     batch, shards, _, _ = _case("short_empty_shards", 2)
     mesh1 = jdcp.make_dcp_mesh(1)
@@ -283,8 +383,8 @@ def test_jax_dcp_rejects_bad_calls():
         jdcp.dcp_mla_decode(q, kv, shards.metadata, cfg1, mesh=mesh1)
     with pytest.raises(ValueError, match=r"axis_name='tp'"):
         jdcp.dcp_mla_decode(q, kv, shards.metadata, batch.config, mesh=mesh1, axis_name="tp")
-    with pytest.raises(ValueError, match=r"impl='pallas_mosaic_gpu'"):
-        jdcp.dcp_mla_decode(q, kv, shards.metadata, batch.config, mesh=mesh1, impl="pallas_mosaic_gpu")
+    with pytest.raises(ValueError, match=r"impl='fa3'"):
+        jdcp.dcp_mla_decode(q, kv, shards.metadata, batch.config, mesh=mesh1, impl="fa3")
     # A stacked metadata claiming two query tokens for request 0.
     md = shards.metadata
     bad = md.replace(query_start_loc=md.query_start_loc + np.array([0, 1, 1, 1, 1], np.int32), max_query_len=2)
@@ -343,6 +443,66 @@ def test_dcp_mesh_fp8(world_size, impl, name):
     _check(out.astype(jnp.float32), lse, ref_out, ref_lse, "bfloat16", f"fp8 {name} W={world_size} {impl}")
 
 
+# Two padded buckets (the subprocess's time: an interpret-mode compile is ~5 s): the Triton kernel at W = 4,
+# the fp8 cache through xla at W = 2 (where the tree has it); xla runs padded in the compile-count loop below too.
+MESH_PADDED_CASES = [(4, "pallas_triton", False)] + ([(2, "xla", True)] if HAS_FP8 else [])
+
+
+@pytest.mark.parametrize("world_size,impl,fp8", MESH_PADDED_CASES)
+def test_dcp_mesh_padded_bucket(world_size, impl, fp8):
+    """Pad to a bucket, then shard: padding requests (q_len 0, seq_len 0; no KV on any shard), padding
+    token rows with NaN q, NaN in block 0 and in every unread local slot. The real rows match the
+    reference; the padding rows come out 0 / -inf after the merge."""
+    if len(jax.devices()) < world_size:
+        pytest.skip(f"needs {world_size} JAX devices, have {len(jax.devices())} (test_dcp_mesh_cpu_in_subprocess)")
+    batch, k_scale, q, shards, ref_out, ref_lse = _padded_case("short_empty_shards", world_size, fp8)
+    kv = jnp.asarray(shards.kv_cache, jnp.float8_e4m3fn if fp8 else jnp.bfloat16)
+    out, lse = jdcp.dcp_mla_decode(jnp.asarray(q, jnp.bfloat16), kv, shards.metadata, batch.config,
+                                   mesh=jdcp.make_dcp_mesh(world_size), impl=impl, k_scale=k_scale)
+    assert out.sharding.is_fully_replicated
+    _check_padded(out.astype(jnp.float32), lse, ref_out, ref_lse, "bfloat16",
+                  f"padded {'fp8 ' if fp8 else ''}W={world_size} {impl}")
+
+
+DCP_LOOP_BUCKETS = (Bucket(num_reqs=4, num_tokens=6, max_blocks=4, max_seq_len=64),
+                    Bucket(num_reqs=8, num_tokens=10, max_blocks=8, max_seq_len=128))
+
+
+def test_dcp_mesh_padded_loop_compiles_once_per_bucket():
+    """A serving loop's use, W = 2: six batches of different lengths and sizes, each padded to the
+    smaller bucket that fits, then sharded, through one `jax.jit` around dcp_mla_decode: one compile
+    a bucket, every step against the float64 reference, padding rows 0 / -inf."""
+    if len(jax.devices()) < 2:
+        pytest.skip(f"needs 2 JAX devices, have {len(jax.devices())} (test_dcp_mesh_cpu_in_subprocess)")
+    from mla_jax import to_jax_metadata
+    from mla_spec import smallest_bucket
+
+    rng = np.random.default_rng(5)
+    mesh = jdcp.make_dcp_mesh(2)
+    config = Scenario("loop", (1,), (1,), num_heads=8, page_size=16).config("bfloat16", dcp_world_size=2)
+    decode = jax.jit(lambda q, kv, md: jdcp.dcp_mla_decode(q, kv, md, config, mesh=mesh, impl="xla"))
+    used = []
+    for step, n in enumerate((2, 4, 7, 3, 8, 1)):
+        seq_lens = tuple(int(x) for x in rng.integers(1, 120 if n > 4 else 60, size=n))
+        sc = Scenario(f"loop{step}", seq_lens, (1,) * n, num_heads=8, page_size=16)
+        batch = make_batch(sc, "bfloat16", seed=step, dcp_world_size=2)
+        assert batch.config == config
+        bucket = smallest_bucket(DCP_LOOP_BUCKETS, batch.metadata)
+        used.append(bucket)
+        padded = pad_to_bucket(batch.metadata, bucket, config, num_blocks=batch.kv_cache.shape[0])
+        shards = sdcp.shard_batch(batch.kv_cache, padded, config, permute_blocks=True, seed=step)
+        q = np.full((bucket.num_tokens,) + batch.q.shape[1:], np.nan, np.float32)
+        q[:n] = batch.q
+        out, lse = decode(jnp.asarray(q, jnp.bfloat16), jnp.asarray(shards.kv_cache, jnp.bfloat16),
+                          to_jax_metadata(shards.metadata))
+        ref_out, ref_lse = reference.mla_decode(batch.q, batch.kv_cache, batch.metadata, config)
+        out, lse = np.asarray(out.astype(jnp.float32)), np.asarray(lse)
+        _check(out[:n], lse[:n], ref_out, ref_lse, "bfloat16", f"step {step} ({bucket})")
+        assert (out[n:] == 0).all() and (lse[n:] == -np.inf).all(), f"step {step}: padding rows not 0 / -inf"
+    assert set(used) == set(DCP_LOOP_BUCKETS)
+    assert decode._cache_size() == len(DCP_LOOP_BUCKETS)
+
+
 def test_dcp_mesh_cpu_in_subprocess():
     if len(jax.devices()) >= 4:
         pytest.skip("this process has >= 4 JAX devices: test_dcp_mesh runs here")
@@ -356,7 +516,8 @@ def test_dcp_mesh_cpu_in_subprocess():
     tail = proc.stdout[-4000:] + proc.stderr[-2000:]
     assert proc.returncode == 0, tail
     m = re.search(r"(\d+) passed", proc.stdout)
-    assert m and int(m.group(1)) == len(MESH_CASES) + len(MESH_FP8_CASES) and "skipped" not in proc.stdout.splitlines()[-1], tail
+    expected = len(MESH_CASES) + len(MESH_FP8_CASES) + len(MESH_PADDED_CASES) + 1  # + the compile-count loop
+    assert m and int(m.group(1)) == expected and "skipped" not in proc.stdout.splitlines()[-1], tail
 
 
 # ----------------------------------------------------------------------------------------
@@ -390,6 +551,21 @@ def test_torch_dcp_local_fp8_cache():
     kv = torch.tensor(shards.kv_cache).to(torch.float8_e4m3fn)
     out, lse = tdcp.dcp_mla_decode_local(q, kv, shards.metadata, batch.config, impl="reference", k_scale=k_scale)
     _check(out, lse, ref_out, ref_lse, "bfloat16", "fp8 DCP vs float64 reference")
+
+
+@pytest.mark.parametrize("world_size,fp8", [(2, False), (4, False)] + ([(4, True)] if HAS_FP8 else []))
+def test_torch_dcp_local_reference_padded_bucket(world_size, fp8):
+    """Pad to a bucket, then shard, through the torch reference: padding requests hold no KV on any
+    shard and their partials are (0, -inf) on every shard, as are the padding token rows (NaN q);
+    the merge gives the real rows the reference's values and the padding rows out 0, lse -inf."""
+    batch, k_scale, q, shards, ref_out, ref_lse = _padded_case("short_empty_shards", world_size, fp8)
+    kv = torch.tensor(shards.kv_cache).to(torch.float8_e4m3fn if fp8 else torch.bfloat16)
+    out, lse, (outs, lses) = tdcp.dcp_mla_decode_local(
+        torch.tensor(q).to(torch.bfloat16), kv, shards.metadata, batch.config, impl="reference",
+        k_scale=k_scale, return_partials=True)
+    T = ref_out.shape[0]
+    assert torch.isneginf(lses[:, T:]).all() and (outs[:, T:] == 0).all()
+    _check_padded(out, lse, ref_out, ref_lse, "bfloat16", f"padded torch reference W={world_size} fp8={fp8}")
 
 
 def test_torch_dcp_local_checks_world_size():
@@ -449,6 +625,26 @@ def test_fa3_dcp_with_one_gpu_per_rank():
     _check(out, lse, ref_out, ref_lse, "bfloat16", "DCP FA3, one GPU per rank, vs float64 reference")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("per_rank", [False, True], ids=["one_gpu", "gpu_per_rank"])
+def test_fa3_dcp_padded_bucket(per_rank):
+    """FA3 through a padded bucket (W = 2): padding requests and NaN padding q rows, NaN in every
+    local block 0 (which padding block-table entries name); finite garbage in page tails (FA3 reads
+    them: README). On one GPU, or each rank's cache on its own GPU."""
+    reason = _fa3_reason()
+    if reason:
+        pytest.skip(f"FA3 cannot run: {reason}")
+    if per_rank and torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs, torch sees {torch.cuda.device_count()}")
+    batch, _, q, shards, ref_out, ref_lse = _padded_case("mixed_page_64", 2, fill=1e4, page_tail="finite")
+    kv = shards.kv_cache.copy()
+    kv[:, 0] = np.nan
+    caches = [torch.tensor(kv[s]).to(f"cuda:{s if per_rank else 0}", torch.bfloat16) for s in range(2)]
+    out, lse = tdcp.dcp_mla_decode_local(torch.tensor(q).to("cuda:0", torch.bfloat16), caches, shards.metadata,
+                                         batch.config, impl="fa3")
+    _check_padded(out, lse, ref_out, ref_lse, "bfloat16", f"padded DCP FA3 ({'per rank' if per_rank else 'one GPU'})")
+
+
 def _jax_gpus():
     try:
         return jax.devices("gpu")
@@ -456,8 +652,11 @@ def _jax_gpus():
         return []
 
 
+JAX_GPU_IMPLS = ["xla", "pallas_triton", "pallas_mosaic_gpu"]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["xla", "pallas_triton"])
+@pytest.mark.parametrize("impl", JAX_GPU_IMPLS)
 @pytest.mark.parametrize("name", list(DCP_SCENARIOS))
 def test_jax_dcp_on_two_gpus(impl, name):
     gpus = _jax_gpus()
@@ -471,3 +670,37 @@ def test_jax_dcp_on_two_gpus(impl, name):
     )
     assert out.sharding.is_fully_replicated and {d.platform for d in out.sharding.device_set} == {"gpu"}
     _check(out.astype(jnp.float32), lse, ref_out, ref_lse, "bfloat16", f"{name} {impl} on 2 GPUs")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_FP8, reason=FP8_SKIP)
+@pytest.mark.parametrize("impl", JAX_GPU_IMPLS)
+def test_jax_dcp_fp8_on_two_gpus(impl):
+    gpus = _jax_gpus()
+    if len(gpus) < 2:
+        pytest.skip(f"needs 2 JAX GPUs, have {len(gpus)}")
+    batch, k_scale, shards, ref_out, ref_lse = _fp8_case("mixed_page_64", 2)
+    out, lse = jdcp.dcp_mla_decode(
+        jnp.asarray(batch.q, jnp.bfloat16), jnp.asarray(shards.kv_cache, jnp.float8_e4m3fn), shards.metadata,
+        batch.config, mesh=jdcp.make_dcp_mesh(2, devices=gpus), impl=impl, interpret=False, k_scale=k_scale,
+    )
+    _check(out.astype(jnp.float32), lse, ref_out, ref_lse, "bfloat16", f"fp8 {impl} on 2 GPUs")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("impl", JAX_GPU_IMPLS)
+def test_jax_dcp_padded_bucket_on_two_gpus(impl, fp8):
+    """Pad to a bucket, then shard, on two GPUs: padding requests, NaN padding q rows, NaN block 0."""
+    gpus = _jax_gpus()
+    if len(gpus) < 2:
+        pytest.skip(f"needs 2 JAX GPUs, have {len(gpus)}")
+    if fp8 and not HAS_FP8:
+        pytest.skip(FP8_SKIP)
+    batch, k_scale, q, shards, ref_out, ref_lse = _padded_case("short_empty_shards", 2, fp8)
+    kv = jnp.asarray(shards.kv_cache, jnp.float8_e4m3fn if fp8 else jnp.bfloat16)
+    out, lse = jdcp.dcp_mla_decode(jnp.asarray(q, jnp.bfloat16), kv, shards.metadata, batch.config,
+                                   mesh=jdcp.make_dcp_mesh(2, devices=gpus), impl=impl, interpret=False,
+                                   k_scale=k_scale)
+    assert {d.platform for d in out.sharding.device_set} == {"gpu"}
+    _check_padded(out.astype(jnp.float32), lse, ref_out, ref_lse, "bfloat16", f"padded fp8={fp8} {impl} on 2 GPUs")
