@@ -1,5 +1,7 @@
 """Sparse MLA decode on Hopper (DeepSeek-V3.2's DSA, `mla_spec.sparse`): the dense Mosaic GPU kernel's one-chain
-step with each 64-key step gathered from arbitrary cache slots.
+step with each 64-key step gathered from arbitrary cache slots. This module: the 16-bit cache; the fp8_ds_mla cache
+is `sparse_fp8.py`'s kernel (the same schedule, gather mbarriers and output stage; `sparse_decode` picks by
+cache_format).
 
 Work split. One CTA per (query token, 64-row head tile): H >= 64 fills H // 64 tiles of one token; H < 64 (8, 16,
 32 after padding) uses the tile's first H rows, one token a CTA. Tokens are not packed into a tile as the dense
