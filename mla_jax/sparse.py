@@ -5,7 +5,8 @@ impl:
   "xla"                jnp reference (`mla_jax.sparse_reference`: runs anywhere, float32 compute), either cache format
   "pallas_triton"      the Pallas Triton kernel (`mla_jax.sparse_triton`): any GPU the Triton lowering takes, both cache
                        formats (the fp8_ds_mla rows decoded in registers); interpret mode (`interpret=True`) on CPU
-  "pallas_mosaic_gpu"  the Hopper Mosaic GPU kernel (`mla_jax.pallas_mosaic_gpu.sparse`), the 16-bit cache; interpret
+  "pallas_mosaic_gpu"  the Hopper Mosaic GPU kernel (`mla_jax.pallas_mosaic_gpu.sparse`), both cache formats (the
+                       fp8_ds_mla rows dequantized to bf16 in shared memory: `sparse_fp8`, bfloat16 q); interpret
                        mode (`interpret=True`) on CPU
 
 `SparseMetadata` is a pytree here: indices and topk_length are leaves (T and topk are their static shapes), so a
@@ -66,8 +67,10 @@ def sparse_unsupported_reason(impl: str, config: MLAConfig, device=None, *, cach
         fp8 = cache_format == "fp8_ds_mla"
         return unsupported_reason(config.replace(kv_cache_dtype="fp8_e4m3" if fp8 else "auto"), device)
     if impl == "pallas_mosaic_gpu":
-        if cache_format != "auto":
-            return f"cache_format={cache_format!r} (FlashMLA's 656-byte fp8 rows) is not built yet: the 16-bit cache only"
+        if cache_format == "fp8_ds_mla" and config.dtype != "bfloat16":
+            # (the dequantized cache runs the wgmmas in bf16: exact for every power-of-two scale; f16 is not)
+            return (f"cache_format='fp8_ds_mla' needs dtype='bfloat16' (the cache is dequantized to bfloat16, exact "
+                    f"for every scale, and the wgmmas take q in bfloat16), got dtype={config.dtype!r}")
         from mla_jax.pallas_mosaic_gpu.config import unsupported_reason
 
         reason = unsupported_reason(config.replace(page_size=64), device)  # (any page size: rows by slot)
@@ -127,5 +130,5 @@ def sparse_mla_decode(q, kv_cache, metadata: SparseMetadata, config: MLAConfig, 
         from mla_jax.pallas_mosaic_gpu.sparse import sparse_decode
 
         q_full = q if not isinstance(q, tuple) else jnp.concatenate([q_nope, q_pe.astype(q_nope.dtype)], axis=-1)
-        return sparse_decode(q_full, kv_cache, md, config, interpret=interpret)
+        return sparse_decode(q_full, kv_cache, md, config, cache_format=cache_format, interpret=interpret)
     return sparse_reference.sparse_mla_decode_jit(q_nope, q_pe, kv_cache, md, config, cache_format)

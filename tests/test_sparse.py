@@ -106,10 +106,14 @@ class TestTritonSparseGPU(SparseCases):
 
 MOSAIC_INTERPRET_CASES = ("minus_one_scattered-bfloat16", "repeats_within_row-bfloat16", "topk_length-bfloat16",
                           "empty_rows-bfloat16", "topk_1-bfloat16", "page_1-bfloat16", "heads_128-float16",
-                          "minus_one_scattered-float16")
+                          "minus_one_scattered-float16", "minus_one_scattered-bfloat16-fp8_ds_mla",
+                          "topk_length-bfloat16-fp8_ds_mla", "empty_rows-bfloat16-fp8_ds_mla",
+                          "heads_128-bfloat16-fp8_ds_mla")
 """The shared cases the interpret-mode class runs (each a few seconds on one CPU): -1 anywhere, repeats, topk_length
-with NaN past it, empty rows, topk 1, page size 1, 128 heads (two tiles), both 16-bit dtypes. The others (topk 2048:
-32 steps; the 3-step and pairs cases) add interpret time, not paths; they run on the GPU class."""
+with NaN past it, empty rows, topk 1, page size 1, 128 heads (two tiles), both 16-bit dtypes; the fp8_ds_mla cache
+(its own kernel, sparse_fp8.py) with -1 anywhere, topk_length with NaN bytes past it, empty rows and 128 heads. The
+others (topk 2048: 32 steps; the 3-step and pairs cases) add interpret time, not paths; they run on the GPU
+class."""
 
 
 class TestMosaicSparseInterpret(SparseCases):
@@ -127,7 +131,7 @@ class TestMosaicSparseInterpret(SparseCases):
     def decode(self, inputs):
         q, kv = jax_inputs(inputs)
         return mla_jax.sparse_mla_decode(q, kv, inputs.metadata, inputs.config, impl="pallas_mosaic_gpu",
-                                         interpret=True)
+                                         cache_format=inputs.cache_format, interpret=True)
 
 
 @pytest.mark.gpu
@@ -138,16 +142,27 @@ class TestMosaicSparseGPU(SparseCases):
 
     def decode(self, inputs):
         q, kv = jax_inputs(inputs)
-        return mla_jax.sparse_mla_decode(q, kv, inputs.metadata, inputs.config, impl="pallas_mosaic_gpu")
+        return mla_jax.sparse_mla_decode(q, kv, inputs.metadata, inputs.config, impl="pallas_mosaic_gpu",
+                                         cache_format=inputs.cache_format)
 
 
-def test_mosaic_sparse_refuses_fp8_ds_mla_by_name():
+def test_mosaic_sparse_refuses_fp8_ds_mla_with_float16_by_name():
+    """The fp8_ds_mla cache runs its wgmmas in bf16 (the dequantized values are exact there, not in f16): a float16
+    q is refused, naming the dtype, by the entry point and by the kernel module."""
     inputs = prepare(next(c for c in SPARSE_CASES if c.id == "topk_1-bfloat16-fp8_ds_mla"))
     q, kv = jax_inputs(inputs)
+    cfg = inputs.config.replace(dtype="float16")
+    assert "needs dtype='bfloat16'" in mla_jax.sparse_unsupported_reason("pallas_mosaic_gpu", cfg,
+                                                                         cache_format="fp8_ds_mla")
     with pytest.raises(NotImplementedError, match=r"impl='pallas_mosaic_gpu' cannot run this problem: "
-                                                  r"cache_format='fp8_ds_mla'"):
-        mla_jax.sparse_mla_decode(q, kv, inputs.metadata, inputs.config, impl="pallas_mosaic_gpu",
+                                                  r"cache_format='fp8_ds_mla' needs dtype='bfloat16'.*"
+                                                  r"got dtype='float16'"):
+        mla_jax.sparse_mla_decode(q.astype(jnp.float16), kv, inputs.metadata, cfg, impl="pallas_mosaic_gpu",
                                   cache_format="fp8_ds_mla", interpret=True)
+    from mla_jax.pallas_mosaic_gpu.sparse import sparse_decode
+
+    with pytest.raises(NotImplementedError, match=r"got q.dtype=float16"):
+        sparse_decode(q.astype(jnp.float16), kv, inputs.metadata, cfg, cache_format="fp8_ds_mla", interpret=True)
 
 
 @pytest.mark.parametrize("heads, tokens, topk", [(128, 64, 2048), (16, 4, 2048)])
@@ -158,6 +173,18 @@ def test_mosaic_sparse_lowers_for_h200(heads, tokens, topk):
 
     (text, _), = sparse_modules(heads, tokens, topk)
     assert text.count("nvvm.cp.async.shared.global") == 72, text.count("nvvm.cp.async.shared.global")
+    assert text.count("nvvm.cp.async.mbarrier.arrive") == 2
+
+
+@pytest.mark.parametrize("heads, tokens, topk", [(128, 64, 2048), (16, 4, 2048)])
+def test_mosaic_sparse_fp8_lowers_for_h200(heads, tokens, topk):
+    """The fp8_ds_mla kernel (sparse_fp8.py, its cp.async gather included) lowers for an abstract H200: a gather
+    site (prologue, refill) is 22 cp.async a thread (16 latent and 4 rope units of 16 bytes, 2 scales of 4 bytes)
+    and an mbarrier arrival; the conversion is two loops (one a warpgroup) of 64-column chunks."""
+    from tools.sparse_ptx import sparse_modules
+
+    (text, _), = sparse_modules(heads, tokens, topk, fp8=True)
+    assert text.count("nvvm.cp.async.shared.global") == 44, text.count("nvvm.cp.async.shared.global")
     assert text.count("nvvm.cp.async.mbarrier.arrive") == 2
 
 

@@ -2,6 +2,7 @@
 with tools/mosaic_ptx.py's machinery (its venv with JAX's CUDA plugin, a stand-in libcuda, ptxas):
 
     python -m tools.sparse_ptx --heads 128 --tokens 64 --topk 2048 --out /tmp/ptx
+    python -m tools.sparse_ptx --fp8 ...    # the fp8_ds_mla cache's kernel (sparse_fp8.py)
 
 prints registers, spills, and the gather's instruction counts (cp.async, TMA) in the PTX."""
 
@@ -14,8 +15,9 @@ import re
 import sys
 
 
-def sparse_modules(heads: int, tokens: int, topk: int, page: int = 64, num_blocks: int = 256):
-    """(text, bytecode) of the sparse kernel's Mosaic GPU module(s) for one call, lowered for an abstract H200."""
+def sparse_modules(heads: int, tokens: int, topk: int, page: int = 64, num_blocks: int = 256, fp8: bool = False):
+    """(text, bytecode) of the sparse kernel's Mosaic GPU module(s) for one call, lowered for an abstract H200
+    (fp8: on the fp8_ds_mla cache, uint8 [num_blocks, page, 656])."""
     import io
 
     import jax
@@ -30,7 +32,7 @@ def sparse_modules(heads: int, tokens: int, topk: int, page: int = 64, num_block
     sds = jax.ShapeDtypeStruct
 
     def fn(q, kv, idx, tl):
-        return sp.sparse_decode(q, kv, SparseMetadata(idx, tl), cfg)
+        return sp.sparse_decode(q, kv, SparseMetadata(idx, tl), cfg, cache_format="fp8_ds_mla" if fp8 else "auto")
 
     out = []
     serde = mgpu_core._run_serde_pass
@@ -44,7 +46,8 @@ def sparse_modules(heads: int, tokens: int, topk: int, page: int = 64, num_block
 
     mgpu_core._run_serde_pass = capture
     try:
-        lower_for_h200(fn, sds((tokens, heads, 576), jnp.bfloat16), sds((num_blocks, page, 576), jnp.bfloat16),
+        kv = sds((num_blocks, page, 656), jnp.uint8) if fp8 else sds((num_blocks, page, 576), jnp.bfloat16)
+        lower_for_h200(fn, sds((tokens, heads, 576), jnp.bfloat16), kv,
                        sds((tokens, topk), jnp.int32), sds((tokens,), jnp.int32))
     finally:
         mgpu_core._run_serde_pass = serde
@@ -62,10 +65,11 @@ def main(argv=None) -> int:
     p.add_argument("--heads", type=int, default=128)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--topk", type=int, default=2048)
+    p.add_argument("--fp8", action="store_true", help="the fp8_ds_mla cache's kernel")
     p.add_argument("--out")
     args = p.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    modules = sparse_modules(args.heads, args.tokens, args.topk)
+    modules = sparse_modules(args.heads, args.tokens, args.topk, fp8=args.fp8)
     with tempfile.TemporaryDirectory() as workdir:
         load_stand_in_driver(workdir)
         tool_dir = ptxas_dir()
@@ -78,11 +82,12 @@ def main(argv=None) -> int:
             r = report(ptxas)
             counts = {name: len(re.findall(pat, ptx)) for name, pat in (
                 ("cp.async (16 B)", r"cp\.async\.cg\.shared\.global"),
+                ("cp.async (4 B)", r"cp\.async\.ca\.shared\.global"),
                 ("cp.async.mbarrier.arrive", r"cp\.async\.mbarrier\.arrive"),
                 ("TMA loads", r"cp\.async\.bulk\.tensor\.[^ ]*shared::cluster\.global"),
                 ("TMA stores", r"cp\.async\.bulk\.tensor\.[^ ]*global\.shared"),
                 ("wgmma", r"wgmma\.mma_async"))}
-            name = f"sparse_H{args.heads}_T{args.tokens}_topk{args.topk}"
+            name = f"sparse{'_fp8' if args.fp8 else ''}_H{args.heads}_T{args.tokens}_topk{args.topk}"
             print(f"{name} kernel {i}: {r['registers']} registers, {r['spill_stores']} bytes spill stores, "
                   f"{r['spill_loads']} loads, {r['stack']}-byte stack frame; in the PTX: "
                   + ", ".join(f"{k} {v}" for k, v in counts.items()))

@@ -1,5 +1,7 @@
 """Sparse MLA decode on Hopper (DeepSeek-V3.2's DSA, `mla_spec.sparse`): the dense Mosaic GPU kernel's one-chain
-step with each 64-key step gathered from arbitrary cache slots.
+step with each 64-key step gathered from arbitrary cache slots. This module: the 16-bit cache; the fp8_ds_mla cache
+is `sparse_fp8.py`'s kernel (the same schedule, gather mbarriers and output stage; `sparse_decode` picks by
+cache_format).
 
 Work split. One CTA per (query token, 64-row head tile): H >= 64 fills H // 64 tiles of one token; H < 64 (8, 16,
 32 after padding) uses the tile's first H rows, one token a CTA. Tokens are not packed into a tile as the dense
@@ -407,7 +409,7 @@ def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, 
 _EMPTY_CTX = Ctx(**{f.name: None for f in dataclasses.fields(Ctx)})
 
 
-def _sparse_decode(q, kv_cache, indices, topk_length, softmax_scale: float, interpret: bool):
+def _sparse_decode(q, kv_cache, indices, topk_length, softmax_scale: float, interpret: bool, fp8: bool):
     T, num_heads, _ = q.shape
     heads = _kernel_heads(num_heads)
     hp = min(heads, BLOCK_H)
@@ -415,30 +417,44 @@ def _sparse_decode(q, kv_cache, indices, topk_length, softmax_scale: float, inte
         q = jnp.pad(q, ((0, 0), (0, heads - num_heads), (0, 0)))
     num_slots = kv_cache.shape[0] * kv_cache.shape[1]
     sched, steps = encode_indices(indices, topk_length, num_slots)
+    if fp8:  # the fp8_ds_mla cache: its own kernel (sparse_fp8.py)
+        from mla_jax.pallas_mosaic_gpu.sparse_fp8 import sparse_decode_fp8
+
+        out, lse = sparse_decode_fp8(q, kv_cache.reshape(num_slots, kv_cache.shape[-1]), sched, heads=heads, hp=hp,
+                                     scale_log2=softmax_scale * LOG2E, interpret=interpret)
+        return out[:, :num_heads], lse[:, :num_heads]
     kernel = _build_sparse_kernel(dtype=q.dtype, num_tokens=T, num_slots=num_slots, heads=heads, hp=hp,
                                   steps=steps, scale_log2=softmax_scale * LOG2E, interpret=interpret)
     out, lse = kernel(q, kv_cache.reshape(num_slots, HEAD_DIM), sched)
     return out[:, :num_heads], lse[:, :num_heads]
 
 
-@functools.partial(jax.jit, static_argnames=("softmax_scale", "interpret"))
-def _sparse_decode_jit(q, kv_cache, indices, topk_length, softmax_scale, interpret):
+@functools.partial(jax.jit, static_argnames=("softmax_scale", "interpret", "fp8"))
+def _sparse_decode_jit(q, kv_cache, indices, topk_length, softmax_scale, interpret, fp8):
     if interpret:
         params = interpret if isinstance(interpret, plgpu.InterpretGPUParams) else plgpu.InterpretGPUParams()
         with plgpu.force_gpu_interpret_mode(params):
-            return _sparse_decode(q, kv_cache, indices, topk_length, softmax_scale, True)
-    return _sparse_decode(q, kv_cache, indices, topk_length, softmax_scale, False)
+            return _sparse_decode(q, kv_cache, indices, topk_length, softmax_scale, True, fp8)
+    return _sparse_decode(q, kv_cache, indices, topk_length, softmax_scale, False, fp8)
 
 
-def sparse_decode(q, kv_cache, metadata, config, *, interpret=False, tuning=None):
-    """The sparse decode on the 16-bit cache: `(out [T, H, 512] in q's dtype, lse [T, H] float32)`.
+def sparse_decode(q, kv_cache, metadata, config, *, cache_format="auto", interpret=False, tuning=None):
+    """The sparse decode: `(out [T, H, 512] in q's dtype, lse [T, H] float32)`.
 
-    q [T, H, 576] in config.dtype (bfloat16 / float16); kv_cache [num_blocks, page_size, 576] of the same dtype (any
-    page size: rows are read by global slot); metadata: a `SparseMetadata` of int32 jax arrays (validated by the
-    caller, `mla_jax.sparse_mla_decode`). tuning: none yet (must be None). jit-compatible."""
+    q [T, H, 576] in config.dtype (bfloat16 / float16; bfloat16 with the fp8_ds_mla cache); kv_cache
+    [num_blocks, page_size, 576] of q's dtype (cache_format "auto") or uint8 [num_blocks, page_size, 656]
+    (cache_format "fp8_ds_mla": sparse_fp8.py's kernel) (any page size: rows are read by global slot); metadata: a
+    `SparseMetadata` of int32 jax arrays (validated by the caller, `mla_jax.sparse_mla_decode`). tuning: none yet
+    (must be None). jit-compatible."""
     if tuning is not None:
         raise ValueError(f"the sparse Mosaic GPU kernel has no tuning yet, got tuning={tuning!r}")
     if q.ndim != 3 or q.shape[-1] != HEAD_DIM:
         raise ValueError(f"q must be [T, H, {HEAD_DIM}], got q.shape={tuple(q.shape)}")
+    if cache_format not in ("auto", "fp8_ds_mla"):
+        raise ValueError(f"unknown cache_format={cache_format!r}; expected one of ('auto', 'fp8_ds_mla')")
+    fp8 = cache_format == "fp8_ds_mla"
+    if fp8 and jnp.dtype(q.dtype) != jnp.bfloat16:
+        raise NotImplementedError(f"the fp8_ds_mla cache needs a bfloat16 q (the dequantized cache's wgmmas run in "
+                                  f"bfloat16), got q.dtype={jnp.dtype(q.dtype).name}")
     return _sparse_decode_jit(q, kv_cache, metadata.indices, metadata.topk_length, float(config.softmax_scale),
-                              interpret)
+                              interpret, fp8)
