@@ -265,20 +265,15 @@ def test_fa3_still_refuses_fp8_with_the_seed_message():
 
 # ----------------------------------------------------------------------------- Mosaic GPU
 
-# (scenario, dtype, tuning): H = 16 with up to 8 query tokens at page 16 (the heuristic's pick: plain scores),
-# transposed scores with 3 splits, H = 128 at page 64 in fp16 (two head tiles a token)
+# (scenario, dtype, tuning): one case a code path and its boundaries (each 4-12 s in interpret mode). H = 16 with up
+# to 8 query tokens at page 16 (the heuristic's pick: plain scores)
 MOSAIC_FP8_CASES = [
     ("spec_decode_page_16", "bfloat16", None),
-    ("spec_decode_page_16", "bfloat16", dict(num_splits=3, transpose="scores")),
-    ("heads_128", "float16", dict(num_splits=2)),
-    ("contiguous_blocks", "bfloat16", dict(num_splits=2)),
     # the next step converted under this one's P @ V (transposed scores of at most 32 rows): H = 16 at q_len 1 (16
     # rows) in fp16, with 4 splits, at q_len 2 (32 rows); H = 8 (8 rows)
     ("page_size_16", "float16", dict(transpose="scores")),
     ("decode_mixed_lengths", "bfloat16", dict(num_splits=4, transpose="scores")),
-    ("contiguous_blocks", "bfloat16", dict(transpose="scores")),
     ("decode_q2_page_32", "float16", dict(num_splits=2, transpose="scores")),
-    ("heads_8_page_8", "bfloat16", dict(transpose="scores")),
     ("heads_8_page_8", "bfloat16", dict(num_splits=2, transpose="scores")),
     # P @ V transposed too (transposed_pv): 16 rows with splits, 32 rows
     ("page_size_16", "float16", dict(num_splits=2, transpose="scores_and_pv")),
@@ -286,27 +281,23 @@ MOSAIC_FP8_CASES = [
     # the heuristic's pick at H = 8, q_len 2 (16 rows)
     ("heads_8_q2", "bfloat16", None),
     # each warpgroup its own half of a split's steps (kv_halves): 16 rows at page 16 with 2 splits, pages of 64
-    # (one step a page) with 3 splits (a warpgroup with no step where a split has one), page 8 at H = 8 with q_len 2
-    # (16 rows, two tokens: causal masks), one split in fp16, pages of two steps, and each warpgroup's block table
-    # past its first chunk (page 8, one split: warpgroup 0 crosses from chunk 0 to 1, warpgroup 1 from 1 to 2)
+    # (one step a page) with 3 splits in fp16 (a warpgroup with no step where a split has one), page 8 at H = 8 with
+    # q_len 2 (16 rows, two tokens: causal masks), pages of two steps, and each warpgroup's block table past its
+    # first chunk (page 8, one split: warpgroup 0 crosses from chunk 0 to 1, warpgroup 1 from 1 to 2)
     ("page_size_16", "bfloat16", dict(num_splits=2, transpose="scores_and_pv", warpgroup_halves=True)),
     ("decode_mixed_lengths", "float16", dict(num_splits=3, transpose="scores_and_pv", warpgroup_halves=True)),
     ("heads_8_q2", "bfloat16", dict(transpose="scores_and_pv", warpgroup_halves=True)),
-    ("contiguous_blocks", "float16", dict(transpose="scores_and_pv", warpgroup_halves=True)),
     ("page_128", "bfloat16", dict(num_splits=2, transpose="scores_and_pv", warpgroup_halves=True)),
     ("long_page_8", "bfloat16", dict(transpose="scores_and_pv", warpgroup_halves=True)),
-    # P @ V's left operand from the fp8 slot too, two slots a warpgroup (pv_registers; compiled only: interpret mode
-    # runs V's f16 copies): 2 splits at page 16, pages of two steps
-    ("page_size_16", "bfloat16", dict(num_splits=2, transpose="scores_and_pv", warpgroup_halves=True, v_from_ring=True)),
-    ("page_128", "float16", dict(num_splits=2, transpose="scores_and_pv", warpgroup_halves=True, v_from_ring=True)),
-    # kv_halves at 32 rows (H = 16 at q_len 2, H = 32 at q_len 1, H = 8 at q_len 4), where it needs pv_registers
+    # (v_from_ring at 16 rows is compiled only: interpret mode runs V's f16 copies, the kv_halves cases above; its
+    # lowering is tested below) kv_halves at 32 rows (H = 16 at q_len 2, H = 32 at q_len 1, H = 8 at q_len 4), where it needs pv_registers
     # (interpret mode: V's copies): 2 splits at page 32 (a q_len-1 request beside q_len-2 ones), block tables past a
     # chunk at page 16 in fp16, H = 32 with 3 splits, H = 8 with four tokens a tile (2 splits)
     ("decode_q2_page_32", "bfloat16", dict(num_splits=2, transpose="scores_and_pv", warpgroup_halves=True, v_from_ring=True, pv_in_flight=1)),
     ("long_q2_page_16", "float16", dict(transpose="scores_and_pv", warpgroup_halves=True, v_from_ring=True, pv_in_flight=2)),
     ("heads_32", "bfloat16", dict(num_splits=3, transpose="scores_and_pv", warpgroup_halves=True, v_from_ring=True)),
     ("heads_8_q4", "bfloat16", dict(num_splits=2, transpose="scores_and_pv", warpgroup_halves=True, v_from_ring=True, pv_in_flight=1)),
-    # the default fp8 path at H = 128 with a bf16 q, 2 splits
+    # the default fp8 path at H = 128 (two head tiles a token) with a bf16 q, 2 splits
     ("heads_128", "bfloat16", dict(num_splits=2)),
 ]
 
