@@ -290,8 +290,8 @@ MOSAIC_FP8_CASES = [
     ("page_128", "bfloat16", dict(num_splits=2, transpose="scores_and_pv", warpgroup_halves=True)),
     ("long_page_8", "bfloat16", dict(transpose="scores_and_pv", warpgroup_halves=True)),
     # (v_from_ring at 16 rows is compiled only: interpret mode runs V's f16 copies, the kv_halves cases above; its
-    # lowering is tested below) kv_halves at 32 rows (H = 16 at q_len 2, H = 32 at q_len 1, H = 8 at q_len 4), where it needs pv_registers
-    # (interpret mode: V's copies): 2 splits at page 32 (a q_len-1 request beside q_len-2 ones), block tables past a
+    # lowering is tested below) kv_halves at 32 rows (H = 16 at q_len 2, H = 32 at q_len 1, H = 8 at q_len 4), where
+    # it needs pv_registers (interpret mode: V's copies): 2 splits at page 32 (a q_len-1 request beside q_len-2 ones), block tables past a
     # chunk at page 16 in fp16, H = 32 with 3 splits, H = 8 with four tokens a tile (2 splits)
     ("decode_q2_page_32", "bfloat16", dict(num_splits=2, transpose="scores_and_pv", warpgroup_halves=True, v_from_ring=True, pv_in_flight=1)),
     ("long_q2_page_16", "float16", dict(transpose="scores_and_pv", warpgroup_halves=True, v_from_ring=True, pv_in_flight=2)),
