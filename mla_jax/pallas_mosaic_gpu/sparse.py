@@ -204,13 +204,39 @@ def gather_rows(kv_flat, dst, idx, bars, slot):
 # ---------------------------------------------------------------------------------------------------------------
 
 
+_EMPTY_CTX = Ctx(**{f.name: None for f in dataclasses.fields(Ctx)})
+
+
+def sparse_plan(*, dtype, num_tokens: int, heads: int, hp: int, scale_log2: float, interpret: bool):
+    """The dense kernel's plan for a sparse CTA (both sparse kernels build theirs here): one token a CTA, its hp heads
+    in the tile's first rows, no split-KV (the output stage in the output's dtype, `out_stage_dtype`)."""
+    plan = make_plan(dtype=dtype, page_size=BLOCK_KV, num_tokens=num_tokens, heads=heads, hp=hp,
+                     num_h_tiles=heads // hp, q_tiles=1, num_reqs=num_tokens, num_splits=1, bt_chunk=BLOCK_KV,
+                     scale_log2=scale_log2, interpret=interpret)
+    return dataclasses.replace(plan, tpt=1, q_toks=1)
+
+
+def out_stage_dtype(plan):
+    """The output stage's (and the output's) dtype of a sparse plan."""
+    return plan.stage_dtype
+
+
+def sparse_ctx(plan, hb, out_ref, lse_ref, stage, x_smem) -> Ctx:
+    """What the dense output stage (`output.finish`) reads, for a sparse CTA."""
+    return dataclasses.replace(_EMPTY_CTX, plan=plan, hb=hb, split=0, out_ref=out_ref, lse_ref=lse_ref, stage=stage,
+                               x_smem=x_smem)
+
+
+def finish_token(kc, half, acc, l_tot, lse, tok):
+    """The dense output stage for the CTA's one token: its final out columns of `half` and (lse not None) its lse."""
+    finish(kc, half, acc, l_tot, lse, tok, 1)
+
+
 def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, hp: int, steps: int,
                          scale_log2: float, interpret: bool):
     num_h_tiles = heads // hp
-    plan = make_plan(dtype=dtype, page_size=BLOCK_KV, num_tokens=num_tokens, heads=heads, hp=hp,
-                     num_h_tiles=num_h_tiles, q_tiles=1, num_reqs=num_tokens, num_splits=1, bt_chunk=BLOCK_KV,
-                     scale_log2=scale_log2, interpret=interpret)
-    plan = dataclasses.replace(plan, tpt=1, q_toks=1)  # a token a CTA, its hp heads in the tile's first rows
+    plan = sparse_plan(dtype=dtype, num_tokens=num_tokens, heads=heads, hp=hp, scale_log2=scale_log2,
+                       interpret=interpret)
     transforms, stages = plan.transforms, plan.stages
     width = HDR_WORDS + steps * BLOCK_KV
 
@@ -224,8 +250,7 @@ def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, 
         hb = lax.axis_index("h")
         tok = lax.axis_index("tok")
         wg = lax.axis_index("wg")
-        kc = dataclasses.replace(_EMPTY_CTX, plan=plan, hb=hb, split=0, out_ref=out_ref, lse_ref=lse_ref,
-                                 stage=stage, x_smem=x_smem)
+        kc = sparse_ctx(plan, hb, out_ref, lse_ref, stage, x_smem)
         accumulate = functools.partial(accumulate_wgmma, interpret=interpret)
         row_layout = plgpu.Layout.WGMMA.reduce(1)
         col_layout = plgpu.Layout.WGMMA.reduce(0)
@@ -337,7 +362,7 @@ def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, 
             plgpu.commit_smem()
             plgpu.barrier_arrive(p_ready)
             lse = (m_i + jnp.log(l_i) * (1.0 / LN2)) * LN2
-            finish(kc, 0, acc, l_i, lse, tok, 1)
+            finish_token(kc, 0, acc, l_i, lse, tok)
 
         @pl.when(wg == 1)
         def _():
@@ -374,15 +399,15 @@ def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, 
                 plgpu.barrier_wait(kv_consumed.at[lax.rem(i, jnp.int32(stages))])
 
             plgpu.barrier_wait(p_ready)
-            finish(kc, 1, acc, plgpu.load(x_smem.at[plan.sums_row], layout=row_layout), None, tok, 1)
+            finish_token(kc, 1, acc, plgpu.load(x_smem.at[plan.sums_row], layout=row_layout), None, tok)
 
-    stage_cols = 128 // jnp.dtype(plan.stage_dtype).itemsize
+    stage_cols = 128 // jnp.dtype(out_stage_dtype(plan)).itemsize
     stage_transforms = (plgpu.TilingTransform((8, stage_cols)), plgpu.SwizzleTransform(128))
     scratch = [
         plgpu.RefUnion(
             (plgpu.SMEM((BLOCK_H, HEAD_DIM), dtype, transforms=transforms),
              plgpu.SMEM((stages, BLOCK_KV, HEAD_DIM), dtype, transforms=transforms)),
-            plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), plan.stage_dtype, transforms=stage_transforms),
+            plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), out_stage_dtype(plan), transforms=stage_transforms),
         ),
         plgpu.SMEM((BLOCK_H, BLOCK_KV), dtype, transforms=transforms),  # P
         plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H), jnp.float32),  # alpha, the row sums, lse
@@ -396,7 +421,7 @@ def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, 
         plgpu.Barrier(),  # p_free
         plgpu.Barrier(),  # init_bar: the gather's mbarriers initialised
     ]
-    out_type = (jax.ShapeDtypeStruct((num_tokens, heads, KV_LORA_RANK), plan.stage_dtype),
+    out_type = (jax.ShapeDtypeStruct((num_tokens, heads, KV_LORA_RANK), out_stage_dtype(plan)),
                 jax.ShapeDtypeStruct((num_tokens, heads), jnp.float32))
     del width
     return plgpu.kernel(
@@ -406,7 +431,6 @@ def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, 
                                              lowering_semantics=plgpu.LoweringSemantics.Lane))
 
 
-_EMPTY_CTX = Ctx(**{f.name: None for f in dataclasses.fields(Ctx)})
 
 
 def _sparse_decode(q, kv_cache, indices, topk_length, softmax_scale: float, interpret: bool, fp8: bool):

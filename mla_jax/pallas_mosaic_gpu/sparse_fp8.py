@@ -58,7 +58,6 @@ the hand-offs' order; the cp.async addresses are checked only where it runs (a G
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -68,12 +67,14 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from mla_jax.pallas_mosaic_gpu.config import (
-    BLOCK_H, BLOCK_KV, HEAD_DIM, KV_LORA_RANK, LN2, MASK_VALUE, NUM_COMPUTE_WGS, V_HALF, make_plan,
+    BLOCK_H, BLOCK_KV, HEAD_DIM, KV_LORA_RANK, LN2, MASK_VALUE, NUM_COMPUTE_WGS, V_HALF,
 )
 from mla_jax.pallas_mosaic_gpu.layouts import FP8_RING_TILES
-from mla_jax.pallas_mosaic_gpu.output import finish
 from mla_jax.pallas_mosaic_gpu.softmax import accumulate_wgmma
-from mla_jax.pallas_mosaic_gpu.sparse import HDR_WORDS, IDX_SLOTS, WG_THREADS, _EMPTY_CTX, _mgpu, gather_init, gather_wait
+from mla_jax.pallas_mosaic_gpu.sparse import (
+    HDR_WORDS, IDX_SLOTS, WG_THREADS, _mgpu, finish_token, gather_init, gather_wait, out_stage_dtype, sparse_ctx,
+    sparse_plan,
+)
 
 ROW_BYTES = 656  # mla_spec.fp8_sparse.BYTES_PER_TOKEN
 SCALES_OFFSET = KV_LORA_RANK  # 4 float32 scales
@@ -169,10 +170,8 @@ def convert_columns(lat, scales, rope, conv, w: int):
 def _build_sparse_fp8_kernel(*, num_tokens: int, heads: int, hp: int, scale_log2: float, interpret: bool):
     dtype = jnp.bfloat16
     num_h_tiles = heads // hp
-    plan = make_plan(dtype=dtype, page_size=BLOCK_KV, num_tokens=num_tokens, heads=heads, hp=hp,
-                     num_h_tiles=num_h_tiles, q_tiles=1, num_reqs=num_tokens, num_splits=1, bt_chunk=BLOCK_KV,
-                     scale_log2=scale_log2, interpret=interpret)
-    plan = dataclasses.replace(plan, tpt=1, q_toks=1)  # a token a CTA, its hp heads in the tile's first rows
+    plan = sparse_plan(dtype=dtype, num_tokens=num_tokens, heads=heads, hp=hp, scale_log2=scale_log2,
+                       interpret=interpret)
     transforms = plan.transforms
 
     def body(*refs):
@@ -191,8 +190,7 @@ def _build_sparse_fp8_kernel(*, num_tokens: int, heads: int, hp: int, scale_log2
         hb = lax.axis_index("h")
         tok = lax.axis_index("tok")
         wg = lax.axis_index("wg")
-        kc = dataclasses.replace(_EMPTY_CTX, plan=plan, hb=hb, split=0, out_ref=out_ref, lse_ref=lse_ref,
-                                 stage=stage, x_smem=x_smem)
+        kc = sparse_ctx(plan, hb, out_ref, lse_ref, stage, x_smem)
         accumulate = functools.partial(accumulate_wgmma, interpret=interpret)
         row_layout = plgpu.Layout.WGMMA.reduce(1)
         col_layout = plgpu.Layout.WGMMA.reduce(0)
@@ -308,7 +306,7 @@ def _build_sparse_fp8_kernel(*, num_tokens: int, heads: int, hp: int, scale_log2
             plgpu.commit_smem()
             plgpu.barrier_arrive(p_ready)
             lse = (m_i + jnp.log(l_i) * (1.0 / LN2)) * LN2
-            finish(kc, 0, acc, l_i, lse, tok, 1)
+            finish_token(kc, 0, acc, l_i, lse, tok)
 
         @pl.when(wg == 1)
         def _():
@@ -333,9 +331,9 @@ def _build_sparse_fp8_kernel(*, num_tokens: int, heads: int, hp: int, scale_log2
 
             acc = lax.fori_loop(0, n, step, zeros_acc())
             plgpu.barrier_wait(p_ready)
-            finish(kc, 1, acc, plgpu.load(x_smem.at[plan.sums_row], layout=row_layout), None, tok, 1)
+            finish_token(kc, 1, acc, plgpu.load(x_smem.at[plan.sums_row], layout=row_layout), None, tok)
 
-    stage_cols = 128 // jnp.dtype(plan.stage_dtype).itemsize
+    stage_cols = 128 // jnp.dtype(out_stage_dtype(plan)).itemsize
     stage_transforms = (plgpu.TilingTransform((8, stage_cols)), plgpu.SwizzleTransform(128))
     scratch = [
         plgpu.RefUnion(
@@ -344,7 +342,7 @@ def _build_sparse_fp8_kernel(*, num_tokens: int, heads: int, hp: int, scale_log2
              plgpu.SMEM((BLOCK_KV, KV_LORA_RANK), jnp.float8_e4m3fn, transforms=FP8_RING_TILES),  # gathered: latent
              plgpu.SMEM((BLOCK_KV, ROPE_DIM), dtype, transforms=ROPE_TILES),  # gathered: rope
              plgpu.SMEM((NUM_TILES, BLOCK_KV), jnp.float32)),  # gathered: scales, transposed
-            plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), plan.stage_dtype, transforms=stage_transforms),
+            plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), out_stage_dtype(plan), transforms=stage_transforms),
         ),
         plgpu.SMEM((BLOCK_H, BLOCK_KV), dtype, transforms=transforms),  # P
         plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H), jnp.float32),  # alpha, the row sums, lse
@@ -358,7 +356,7 @@ def _build_sparse_fp8_kernel(*, num_tokens: int, heads: int, hp: int, scale_log2
         plgpu.Barrier(),  # p_free
         plgpu.Barrier(),  # init_bar: the gather's mbarrier initialised
     ]
-    out_type = (jax.ShapeDtypeStruct((num_tokens, heads, KV_LORA_RANK), plan.stage_dtype),
+    out_type = (jax.ShapeDtypeStruct((num_tokens, heads, KV_LORA_RANK), out_stage_dtype(plan)),
                 jax.ShapeDtypeStruct((num_tokens, heads), jnp.float32))
     return plgpu.kernel(
         body, out_type=out_type, scratch_types=scratch, grid=(num_h_tiles, num_tokens), grid_names=("h", "tok"),
