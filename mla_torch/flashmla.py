@@ -148,7 +148,10 @@ def sparse_mla_decode(q, kv_cache: torch.Tensor, indices: torch.Tensor, topk_len
     topk = indices.shape[1]
     width = -(-topk // TOPK_BLOCK) * TOPK_BLOCK
     rows = torch.full((T, 1, width), -1, dtype=torch.int32, device=indices.device)
-    rows[:, 0, :topk] = torch.where(used, indices.to(torch.int32), -1)
+    # (a slot out of range, possible only in unvalidated GPU indices, is clamped into the cache: a wrong answer for
+    # its token, never an out-of-bounds read)
+    num_slots = kv_cache.shape[0] * kv_cache.shape[1]
+    rows[:, 0, :topk] = torch.where(used, indices.clamp(0, num_slots - 1).to(torch.int32), -1)
     sched, splits = interface.get_mla_metadata() if schedule is None else schedule
     out, lse = interface.flash_mla_with_kvcache(
         q4, kv_cache.unsqueeze(2), None, None, config.kv_lora_rank, sched, splits,

@@ -46,7 +46,10 @@ def sparse_mla_decode(q_nope, q_pe, kv_cache, indices, topk_length, config: MLAC
     device = q_nope.device
     indices = indices.to(device=device, dtype=torch.long)
     used = used_entries(indices, topk_length)
-    rows = kv_cache.reshape(-1, kv_cache.shape[-1])[torch.where(used, indices, 0)]  # [T, topk, W]
+    kv_flat = kv_cache.reshape(-1, kv_cache.shape[-1])
+    # (a slot out of range, possible only in unvalidated GPU indices, reads a clamped row: a wrong answer for its
+    # token, never an out-of-bounds read)
+    rows = kv_flat[torch.where(used, indices.clamp(0, kv_flat.shape[0] - 1), 0)]  # [T, topk, W]
     rows = dequantize_sparse_fp8(rows) if cache_format == "fp8_ds_mla" else rows.float()
     rows = torch.where(used[..., None], rows, torch.zeros((), device=device))  # NaN in slot 0 stays out
     kv_c, k_pe = rows[..., :L], rows[..., L:]

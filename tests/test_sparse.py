@@ -282,10 +282,13 @@ class TestFA3StandIn(SparseCases):
 def test_fa3_block_table_is_the_used_entries_in_order_then_the_first_repeated():
     indices = torch.tensor([[5, -1, 7, 5, -1], [-1, -1, -1, -1, -1], [9, 8, 7, 6, 5], [1, 2, 3, 4, 6]], dtype=torch.int32)
     topk_length = torch.tensor([5, 5, 2, 0], dtype=torch.int32)
-    block_table, seqused_k = fa3_sparse.compact_block_table(indices, topk_length)
+    block_table, seqused_k = fa3_sparse.compact_block_table(indices, topk_length, num_slots=16)
     assert seqused_k.tolist() == [3, 0, 2, 0]
     assert block_table.tolist() == [[5, 7, 5, 5, 5], [0] * 5, [9, 8, 9, 9, 9], [0] * 5]
     assert block_table.dtype == torch.int32
+    # a slot past the cache (unvalidated GPU indices) is clamped into it, before the int32 cast
+    wide = torch.tensor([[3, 2**40, 20]], dtype=torch.int64)
+    assert fa3_sparse.compact_block_table(wide, None, num_slots=16)[0].tolist() == [[3, 15, 15]]
 
 
 def test_fa3_call_is_vllms_and_batch_invariant_takes_one_split(monkeypatch):
@@ -348,6 +351,8 @@ class FakeFlashMLA:
         assert q.dtype == torch.bfloat16 and d == 576 and h in (64, 128) and s_q == 1
         assert k_cache.dtype == torch.uint8 and k_cache.shape[2:] == (1, 656) and k_cache.stride(1) == 656
         assert indices.dtype == torch.int32 and indices.shape[:2] == (b, s_q) and indices.shape[2] % 64 == 0
+        num_slots = k_cache.shape[0] * k_cache.shape[1]
+        assert int(indices.min()) >= -1 and int(indices.max()) < num_slots, "an index off the cache"
         cfg = MLAConfig(num_heads=h, page_size=k_cache.shape[1], softmax_scale=softmax_scale)
         out, lse = torch_sparse_reference.sparse_mla_decode(
             q[:, 0, :, :512], q[:, 0, :, 512:], k_cache[:, :, 0], indices[:, 0], None, cfg, cache_format="fp8_ds_mla")
@@ -372,6 +377,51 @@ class TestFlashMLAStandIn(SparseCases):
         q, kv = torch_inputs(inputs)
         return mla_torch.sparse_mla_decode(q, kv, inputs.metadata, inputs.config, impl="flashmla",
                                            cache_format="fp8_ds_mla")
+
+
+def _out_of_range(inputs):
+    """The case's metadata with token 0's first three entries out of range (past the cache, int32's max, -7): what
+    unvalidated GPU indices could hold."""
+    idx = np.array(inputs.metadata.indices)
+    num_slots = int(np.prod(inputs.kv_cache.shape[:2]))
+    idx[0, :3] = [num_slots + 5, 2**31 - 1, -7]
+    return inputs.metadata.replace(indices=idx.astype(np.int32))
+
+
+@pytest.mark.parametrize("impl", ["reference", "fa3", "flashmla"])
+def test_torch_paths_never_read_past_the_cache_on_unvalidated_indices(impl, monkeypatch):
+    """Indices out of range that nobody validated (check_values=False, as for GPU tensors): a wrong answer for
+    that token at most, never a read past the cache (the stand-ins assert every slot they are handed is in it), and
+    the other tokens' results unchanged."""
+    fmt = "fp8_ds_mla" if impl == "flashmla" else "auto"
+    case = next(c for c in SPARSE_CASES if c.id == "minus_one_scattered-bfloat16" + ("-fp8_ds_mla" if fmt != "auto" else ""))
+    inputs = prepare(case)
+    if impl == "fa3":
+        fake = FakeSparseFA3(inputs.config)
+        monkeypatch.setattr(fa3_providers, "require_fa3", lambda device=None: fake.provider)
+        monkeypatch.setattr(fa3_sparse, "unsupported_reason", lambda *a, **k: None)
+    if impl == "flashmla":
+        monkeypatch.setattr(flashmla, "_find_flashmla", lambda: (FakeFlashMLA(), None))
+        monkeypatch.setattr(flashmla, "_device_reason", lambda device=None: None)
+    q, kv = torch_inputs(inputs)
+    good = mla_torch.sparse_mla_decode(q, kv, inputs.metadata, inputs.config, impl=impl, cache_format=fmt)
+    out, lse = mla_torch.sparse_mla_decode(q, kv, _out_of_range(inputs), inputs.config, impl=impl, cache_format=fmt,
+                                           check_values=False)
+    # (token 0 reads clamped slots, which hold NaN here like every slot no valid entry names: its answer is wrong)
+    assert torch.equal(out[1:], good[0][1:]) and torch.equal(lse[1:], good[1][1:])
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas_triton", "pallas_mosaic_gpu"])
+def test_jax_paths_never_read_past_the_cache_on_traced_indices(impl):
+    """The same under jax.jit, where the indices are traced and not validated: every path clamps or skips such an
+    entry, and the other tokens' results are unchanged."""
+    inputs = prepare(next(c for c in SPARSE_CASES if c.id == "minus_one_scattered-bfloat16"))
+    q, kv = jax_inputs(inputs)
+    run = jax.jit(lambda q, kv, md: mla_jax.sparse_mla_decode(q, kv, md, inputs.config, impl=impl))
+    good = run(q, kv, inputs.metadata)
+    out, lse = run(q, kv, _out_of_range(inputs))
+    np.testing.assert_array_equal(np.asarray(out[1:], np.float32), np.asarray(good[0][1:], np.float32))
+    np.testing.assert_array_equal(np.asarray(lse[1:]), np.asarray(good[1][1:]))
 
 
 def test_flashmla_gets_padded_heads_and_rows_with_topk_length_as_minus_one():

@@ -56,12 +56,14 @@ def unsupported_reason(config: MLAConfig, device=None, cache_format: str = "auto
     return config_reason(config, cache_format) or fa3_unavailable_reason(device)
 
 
-def compact_block_table(indices: torch.Tensor, topk_length: torch.Tensor | None):
+def compact_block_table(indices: torch.Tensor, topk_length: torch.Tensor | None, num_slots: int):
     """`(block_table int32 [T, topk], seqused_k int32 [T])`: each row's used entries (not -1, left of topk_length)
     moved to the front in their order, the rest of the row the token's first used slot (0 where it has none)."""
     T, topk = indices.shape
-    indices = indices.to(torch.int32)
     used = used_entries(indices, topk_length)
+    # (a slot out of range, possible only in unvalidated GPU indices, is clamped into the cache: a wrong answer for
+    # its token, never an out-of-bounds read; clamped before the int32 cast, which could wrap a wider value)
+    indices = indices.clamp(0, num_slots - 1).to(torch.int32)
     counts = used.sum(dim=1, dtype=torch.int32)
     position = torch.cumsum(used, dim=1, dtype=torch.int64) - 1
     # Unused entries land in a spare last column, cut off below (which of them wins there does not matter).
@@ -94,7 +96,7 @@ def sparse_mla_decode(q, kv_cache: torch.Tensor, indices: torch.Tensor, topk_len
     L, R = config.kv_lora_rank, config.qk_rope_head_dim
     q_nope, q_pe = q if isinstance(q, tuple) else torch.split(q, [L, R], dim=-1)
     T, topk = indices.shape
-    block_table, seqused_k = compact_block_table(indices, topk_length)
+    block_table, seqused_k = compact_block_table(indices, topk_length, kv_cache.shape[0] * kv_cache.shape[1])
     pages = kv_cache.view(-1, 1, 1, L + R)  # one-token pages, one KV head
     out, lse = fa3.flash_attn_varlen_func(
         q=q_pe,
