@@ -43,6 +43,9 @@ TOPK_BLOCK = 64
 
 @functools.lru_cache(maxsize=1)
 def _find_flashmla():  # once per process: a failing `import vllm...` is slow to repeat
+    """(FlashMLA's interface module, None), or (None, why each module was passed over): the first of
+    FLASHMLA_MODULES that imports and has flash_mla_with_kvcache and get_mla_metadata (the dense decode, which the
+    bench drives through parity.runner, takes any such module)."""
     reasons = []
     for name in FLASHMLA_MODULES:
         try:
@@ -53,23 +56,35 @@ def _find_flashmla():  # once per process: a failing `import vllm...` is slow to
         if not (hasattr(mod, "flash_mla_with_kvcache") and hasattr(mod, "get_mla_metadata")):
             reasons.append(f"{name}: no flash_mla_with_kvcache / get_mla_metadata")
             continue
-        params = inspect.signature(mod.flash_mla_with_kvcache).parameters
-        if "indices" not in params or "is_fp8_kvcache" not in params:
-            reasons.append(f"{name}: flash_mla_with_kvcache takes no indices / is_fp8_kvcache (no sparse decode)")
-            continue
-        if "cache_seqlens" in inspect.signature(mod.get_mla_metadata).parameters:
-            reasons.append(f"{name}: get_mla_metadata takes cache_seqlens, an older interface than this wrapper drives")
-            continue
         return mod, None
     return None, "FlashMLA does not import: " + "; ".join(reasons)
 
 
 def flashmla_interface():
-    """FlashMLA's Python interface with the sparse decode; ImportError saying why each module was passed over."""
+    """FlashMLA's Python interface; ImportError saying why each module was passed over."""
     mod, reason = _find_flashmla()
     if mod is None:
         raise ImportError(reason)
     return mod
+
+
+def _sparse_interface_reason(mod) -> str | None:
+    """Why `mod`'s interface cannot run the sparse decode this wrapper drives (None: it can)."""
+    params = inspect.signature(mod.flash_mla_with_kvcache).parameters
+    if "indices" not in params or "is_fp8_kvcache" not in params:
+        return "FlashMLA's flash_mla_with_kvcache takes no indices / is_fp8_kvcache (no sparse decode)"
+    if "cache_seqlens" in inspect.signature(mod.get_mla_metadata).parameters:
+        return "FlashMLA's get_mla_metadata takes cache_seqlens, an older interface than this wrapper drives"
+    return None
+
+
+def _sparse_lookup() -> tuple[object, str | None]:
+    """(the interface, None) where it runs the sparse decode, else (None, why not)."""
+    mod, reason = _find_flashmla()
+    if mod is None:
+        return None, reason
+    reason = _sparse_interface_reason(mod)
+    return (None, reason) if reason else (mod, None)
 
 
 def padded_heads(num_heads: int) -> int:
@@ -111,7 +126,7 @@ def unsupported_reason(config: MLAConfig, device=None, cache_format: str = "fp8_
     import."""
     reason = config_reason(config, cache_format) or _device_reason(device)
     if reason is None:
-        _, reason = _find_flashmla()
+        _, reason = _sparse_lookup()
     return reason
 
 
@@ -133,7 +148,9 @@ def sparse_mla_decode(q, kv_cache: torch.Tensor, indices: torch.Tensor, topk_len
         reason = _device_reason(kv_cache.device)
         if reason is not None:
             raise RuntimeError(f"FlashMLA cannot run here: {reason}")
-        interface = flashmla_interface()
+        interface, reason = _sparse_lookup()
+        if interface is None:
+            raise RuntimeError(f"FlashMLA cannot run here: {reason}")
     if kv_cache.stride(-1) != 1 or kv_cache.stride(1) != BYTES_PER_TOKEN:
         raise ValueError(
             f"kv_cache rows must be contiguous ({BYTES_PER_TOKEN} bytes a token), "

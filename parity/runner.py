@@ -8,8 +8,6 @@ if present) and shared with JAX through DLPack (zero-copy on the GPU).
 from __future__ import annotations
 
 import dataclasses
-import functools
-import importlib
 import inspect
 import sys
 import time
@@ -18,6 +16,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from mla_torch.flashmla import flashmla_interface  # (the package's one FlashMLA lookup; the sparse decode's too)
 from parity.compare import Comparison, compare_out_lse
 from parity.scenarios import SCENARIOS, Batch, Scenario, make_batch
 
@@ -128,33 +127,6 @@ def _numpy_reference() -> Impl:
         return reference.mla_decode(b.q, b.kv_cache, b.metadata, b.config)
 
     return Impl("numpy.reference", run, lambda batch: None)
-
-
-FLASHMLA_MODULES = ("vllm.third_party.flashmla.flash_mla_interface", "flash_mla")
-
-
-def flashmla_interface():
-    """FlashMLA's Python interface: vLLM's build (`vllm.third_party.flashmla`), else the
-    upstream `flash_mla` package. Raises ImportError saying why each was passed over."""
-    mod, reason = _find_flashmla()
-    if mod is None:
-        raise ImportError(reason)
-    return mod
-
-
-@functools.lru_cache(maxsize=1)
-def _find_flashmla():  # once per process: a failing `import vllm...` is slow to repeat
-    reasons = []
-    for name in FLASHMLA_MODULES:
-        try:
-            mod = importlib.import_module(name)
-        except Exception as e:  # noqa: BLE001 - any import failure means "not here"
-            reasons.append(f"{name}: {type(e).__name__}: {e}"[:300])
-            continue
-        if hasattr(mod, "flash_mla_with_kvcache") and hasattr(mod, "get_mla_metadata"):
-            return mod, None
-        reasons.append(f"{name}: no flash_mla_with_kvcache / get_mla_metadata")
-    return None, "FlashMLA does not import: " + "; ".join(reasons)
 
 
 def flashmla_unsupported_reason(config, query_lens=None) -> str | None:

@@ -570,12 +570,16 @@ def test_torch_entry_point_refuses_non_tensors_and_meta_tensors():
 
 
 def test_check_values_reads_host_indices_and_can_be_turned_off():
-    """check_values defaults to reading host arrays (a CPU tensor here); off, the bad slot reaches the gather."""
+    """check_values defaults to reading host arrays (a CPU tensor here); off, the bad slot is not refused but clamped
+    into the cache by the gather (slot 99 of 8 reads slot 7: a wrong answer for token 0, no read past the cache)."""
     md = SparseMetadata(torch.tensor([[0, 99], [1, 2]], dtype=torch.int32))
     with pytest.raises(ValueError, match=r"got indices\[0, 1\]=99"):
         mla_torch.sparse_mla_decode(torch.from_numpy(_Q), torch.from_numpy(_KV), md, SMALL_CFG)
-    with pytest.raises(IndexError):  # unchecked, the reference's gather is the one to refuse it
-        mla_torch.sparse_mla_decode(torch.from_numpy(_Q), torch.from_numpy(_KV), md, SMALL_CFG, check_values=False)
+    kv = torch.randn(_KV.shape)
+    out, lse = mla_torch.sparse_mla_decode(torch.from_numpy(_Q), kv, md, SMALL_CFG, check_values=False)
+    clamped = mla_torch.sparse_mla_decode(torch.from_numpy(_Q), kv, md.replace(indices=torch.tensor(
+        [[0, 7], [1, 2]], dtype=torch.int32)), SMALL_CFG)
+    assert torch.equal(out, clamped[0]) and torch.equal(lse, clamped[1])
 
 
 # ----------------------------------------------------------------------------------------
