@@ -37,7 +37,9 @@ from mla_torch.fa3 import providers as fa3_providers
 from mla_torch.fa3 import sparse as fa3_sparse
 from parity.scenarios import round_to
 from tests.cases import to_numpy
-from tests.sparse_cases import SPARSE_CASES, SparseCases, SparseInputs, assert_sparse_matches, prepare
+from tests.sparse_cases import (
+    SPARSE_CASES, SparseCase, SparseCases, SparseInputs, SparseScenario, assert_sparse_matches, prepare,
+)
 
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 JAX_DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16, "float32": jnp.float32}
@@ -165,19 +167,78 @@ def test_mosaic_sparse_refuses_fp8_ds_mla_with_float16_by_name():
         sparse_decode(q.astype(jnp.float16), kv, inputs.metadata, cfg, cache_format="fp8_ds_mla", interpret=True)
 
 
-@pytest.mark.parametrize("heads, tokens, topk", [(128, 64, 2048), (16, 4, 2048)])
-def test_mosaic_sparse_lowers_for_h200(heads, tokens, topk):
+SPLIT_SCENARIO = SparseScenario("splits", num_tokens=4, topk=200, minus_one=0.1, topk_length=(200, 150, 0, 70))
+"""4 steps in 3 splits of 2 (split 2 always empty): token 0's first split only masked keys (its entries [0, 128) set
+to -1 below), token 1's topk_length cutting split 1 (step 2 only, 22 of its 64 entries used), token 2 with no used
+entry (no split runs a step), token 3's steps all in split 0 (split 1 empty)."""
+
+
+@pytest.mark.parametrize("cache_format", ["auto", "fp8_ds_mla"])
+def test_mosaic_sparse_splits_interpret(cache_format):
+    """num_splits 3 (each CTA a split's steps, float32 partials, merged by lse) against the float64 reference."""
+    from mla_jax.pallas_mosaic_gpu.sparse import sparse_decode
+
+    case = SparseCase(SPLIT_SCENARIO, cache_format=cache_format)
+    inputs = prepare(case)
+    indices = inputs.metadata.indices.copy()
+    indices[0, :128] = -1
+    metadata = inputs.metadata.replace(indices=indices)
+    ref_out, ref_lse = reference.sparse_mla_decode(inputs.q, inputs.kv_cache, metadata, inputs.config,
+                                                   cache_format=cache_format)
+    inputs = dataclasses.replace(inputs, metadata=metadata, ref_out=ref_out, ref_lse=ref_lse)
+    q, kv = jax_inputs(inputs)
+    md = SparseMetadata(jnp.asarray(indices), jnp.asarray(metadata.topk_length))
+    out, lse = sparse_decode(q, kv, md, inputs.config, cache_format=cache_format, interpret=True, num_splits=3)
+    assert_sparse_matches(out, lse, inputs, case, f"mosaic sparse 3 splits {case.id}")
+
+
+def test_mosaic_sparse_num_splits_heuristic():
+    """The split heuristic at the sparse bench grid's shapes (parity.shapes GRIDS["sparse"], topk 2048: 32 steps):
+    one wave of CTAs (132 // (T x head tiles)), at least 4 steps a split (at most 8 splits), 1 where the tokens
+    fill the SMs; and sparse_decode refuses a bad num_splits by value."""
+    from mla_jax.pallas_mosaic_gpu.sparse import sparse_decode, sparse_num_splits
+    from parity.shapes import GRIDS
+
+    got = {(s.num_heads, s.batch * s.q_len): sparse_num_splits(s.batch * s.q_len, max(1, s.num_heads // 64), 32)
+           for s in GRIDS["sparse"]}
+    assert got == {(16, 1): 8, (16, 8): 8, (16, 32): 4, (16, 64): 2, (16, 128): 1, (16, 256): 1,
+                   (64, 1): 8, (64, 8): 8, (64, 32): 4, (64, 64): 2, (64, 128): 1,
+                   (128, 1): 8, (128, 8): 8, (128, 32): 2, (128, 64): 1, (128, 128): 1, (128, 256): 1}, got
+    assert sparse_num_splits(1, 1, 3) == 1  # fewer steps than 2 splits of 4
+    assert sparse_num_splits(1, 2, 8) == 2
+    inputs = prepare(next(c for c in SPARSE_CASES if c.id == "topk_1-bfloat16"))
+    q, kv = jax_inputs(inputs)
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match=rf"num_splits={bad!r}"):
+            sparse_decode(q, kv, inputs.metadata, inputs.config, interpret=True, num_splits=bad)
+
+
+LOWERING_SHAPES = [(128, 64, 2048, 1), (16, 4, 2048, 8), (16, 1, 2048, 8), (128, 8, 2048, 8)]
+"""(heads, tokens, topk, the heuristic's num_splits): DeepSeek-V3.2's decode size (unsplit) and small batches, where
+each CTA writes a split's float32 partials."""
+
+
+def _assert_partials(text, heads, tokens, splits):
+    """The module's outputs: float32 partials [splits, T, H, 512] and [splits, T, H] exactly when it splits."""
+    partials = f"memref<{splits}x{tokens}x{heads}x512xf32>" in text and f"memref<{splits}x{tokens}x{heads}xf32>" in text
+    assert partials == (splits > 1), (splits, partials)
+
+
+@pytest.mark.parametrize("heads, tokens, topk, splits", LOWERING_SHAPES)
+def test_mosaic_sparse_lowers_for_h200(heads, tokens, topk, splits):
     """The compiled kernel (its cp.async gather included) lowers for an abstract H200 at DeepSeek-V3.2's decode size
-    and at 16 heads: 36 16-byte cp.async a thread a gather site (prologue, refill), an mbarrier arrival each."""
+    and at small batches (the heuristic's splits): 36 16-byte cp.async a thread a gather site (prologue, refill),
+    an mbarrier arrival each."""
     from tools.sparse_ptx import sparse_modules
 
     (text, _), = sparse_modules(heads, tokens, topk)
     assert text.count("nvvm.cp.async.shared.global") == 72, text.count("nvvm.cp.async.shared.global")
     assert text.count("nvvm.cp.async.mbarrier.arrive") == 2
+    _assert_partials(text, heads, tokens, splits)
 
 
-@pytest.mark.parametrize("heads, tokens, topk", [(128, 64, 2048), (16, 4, 2048)])
-def test_mosaic_sparse_fp8_lowers_for_h200(heads, tokens, topk):
+@pytest.mark.parametrize("heads, tokens, topk, splits", LOWERING_SHAPES)
+def test_mosaic_sparse_fp8_lowers_for_h200(heads, tokens, topk, splits):
     """The fp8_ds_mla kernel (sparse_fp8.py, its cp.async gather included) lowers for an abstract H200: a gather
     site (prologue, refill) is 22 cp.async a thread (16 latent and 4 rope units of 16 bytes, 2 scales of 4 bytes)
     and an mbarrier arrival; the conversion is two loops (one a warpgroup) of 64-column chunks."""
@@ -186,6 +247,7 @@ def test_mosaic_sparse_fp8_lowers_for_h200(heads, tokens, topk):
     (text, _), = sparse_modules(heads, tokens, topk, fp8=True)
     assert text.count("nvvm.cp.async.shared.global") == 44, text.count("nvvm.cp.async.shared.global")
     assert text.count("nvvm.cp.async.mbarrier.arrive") == 2
+    _assert_partials(text, heads, tokens, splits)
 
 
 def test_jax_reference_under_jit_takes_new_indices_without_recompiling():

@@ -15,9 +15,11 @@ import re
 import sys
 
 
-def sparse_modules(heads: int, tokens: int, topk: int, page: int = 64, num_blocks: int = 256, fp8: bool = False):
+def sparse_modules(heads: int, tokens: int, topk: int, page: int = 64, num_blocks: int = 256, fp8: bool = False,
+                   num_splits: int | None = None):
     """(text, bytecode) of the sparse kernel's Mosaic GPU module(s) for one call, lowered for an abstract H200
-    (fp8: on the fp8_ds_mla cache, uint8 [num_blocks, page, 656])."""
+    (fp8: on the fp8_ds_mla cache, uint8 [num_blocks, page, 656]; num_splits: sparse_decode's, None the
+    heuristic's)."""
     import io
 
     import jax
@@ -32,7 +34,8 @@ def sparse_modules(heads: int, tokens: int, topk: int, page: int = 64, num_block
     sds = jax.ShapeDtypeStruct
 
     def fn(q, kv, idx, tl):
-        return sp.sparse_decode(q, kv, SparseMetadata(idx, tl), cfg, cache_format="fp8_ds_mla" if fp8 else "auto")
+        return sp.sparse_decode(q, kv, SparseMetadata(idx, tl), cfg, cache_format="fp8_ds_mla" if fp8 else "auto",
+                                num_splits=num_splits)
 
     out = []
     serde = mgpu_core._run_serde_pass
@@ -66,10 +69,11 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--topk", type=int, default=2048)
     p.add_argument("--fp8", action="store_true", help="the fp8_ds_mla cache's kernel")
+    p.add_argument("--num-splits", type=int, help="splits of each token's steps (default: the heuristic's)")
     p.add_argument("--out")
     args = p.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    modules = sparse_modules(args.heads, args.tokens, args.topk, fp8=args.fp8)
+    modules = sparse_modules(args.heads, args.tokens, args.topk, fp8=args.fp8, num_splits=args.num_splits)
     with tempfile.TemporaryDirectory() as workdir:
         load_stand_in_driver(workdir)
         tool_dir = ptxas_dir()
@@ -87,7 +91,8 @@ def main(argv=None) -> int:
                 ("TMA loads", r"cp\.async\.bulk\.tensor\.[^ ]*shared::cluster\.global"),
                 ("TMA stores", r"cp\.async\.bulk\.tensor\.[^ ]*global\.shared"),
                 ("wgmma", r"wgmma\.mma_async"))}
-            name = f"sparse{'_fp8' if args.fp8 else ''}_H{args.heads}_T{args.tokens}_topk{args.topk}"
+            splits = "" if args.num_splits is None else f"_s{args.num_splits}"
+            name = f"sparse{'_fp8' if args.fp8 else ''}_H{args.heads}_T{args.tokens}_topk{args.topk}{splits}"
             print(f"{name} kernel {i}: {r['registers']} registers, {r['spill_stores']} bytes spill stores, "
                   f"{r['spill_loads']} loads, {r['stack']}-byte stack frame; in the PTX: "
                   + ", ".join(f"{k} {v}" for k, v in counts.items()))

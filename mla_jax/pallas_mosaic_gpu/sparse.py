@@ -3,12 +3,21 @@ step with each 64-key step gathered from arbitrary cache slots. This module: the
 is `sparse_fp8.py`'s kernel (the same schedule, gather mbarriers and output stage; `sparse_decode` picks by
 cache_format).
 
-Work split. One CTA per (query token, 64-row head tile): H >= 64 fills H // 64 tiles of one token; H < 64 (8, 16,
-32 after padding) uses the tile's first H rows, one token a CTA. Tokens are not packed into a tile as the dense
-kernel packs them, because two tokens of a tile would need the same keys and here every token has its own. There is
-no split over topk: at DeepSeek-V3.2's decode size (128 heads / TP, 64 tokens and more) the grid already has T x
-H / 64 CTAs; at H <= 64 and a few tokens the SMs are under-filled (T CTAs), which a topk split with
-`mla_jax.combine` would fix. That split is not built (an open question, unmeasured).
+Work split. One CTA per (query token, 64-row head tile, split): H >= 64 fills H // 64 tiles of one token; H < 64 (8,
+16, 32 after padding) uses the tile's first H rows, one token a CTA. Tokens are not packed into a tile as the dense
+kernel packs them, because two tokens of a tile would need the same keys and here every token has its own. A
+token's steps (steps = ceil(topk / 64)) are cut into num_splits splits of S = ceil(steps / num_splits) whole steps:
+split s runs the token's steps [s S, min((s + 1) S, n)) (n from the token's header; a split past n runs none), its
+index chunk ring and gather pipeline starting at step s S (ring slots and mbarrier parities count from there). With
+one split the CTA writes the final out and lse (the dense output stage, `finish_token`); with more, each writes its
+float32 partial (`write_partial`: out normalized over its steps [S, T, H, 512], its lse [S, T, H]; out 0 and lse -inf
+where it ran no step or saw only masked keys) through a float32 stage [2, 64, 256] (128 KiB, a member of the union
+over q and the ring, as the 16-bit stage: it fits, the union is 216 KiB here and 185 KiB in sparse_fp8.py), and
+`mla_jax.combine` merges them by lse (an lse -inf partial weighs 0; a NaN lse gives NaN; interpret mode: its jnp
+formula). `sparse_num_splits` picks num_splits: one wave of CTAs, num_sms // (T x head tiles) a (token, head tile),
+at least MIN_STEPS_PER_SPLIT = 4 steps a split (the Triton sparse kernel's value), 1 where T x head tiles fill the
+SMs (DeepSeek-V3.2's decode size, 128 heads and 64 tokens: 128 CTAs); at topk 2048 and 1 to 8 tokens, 8 splits.
+Unmeasured: its values, and what the partials' write and the merge cost against the idle SMs they fill.
 
 The step is the dense kernel's FlashMLA split (one_chain.py): warpgroup 0 computes S = Q K^T of 64 keys, the
 online softmax and P, hands P and alpha over, and does P @ V for output columns [0, 256); warpgroup 1 does P @ V for
@@ -62,8 +71,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from mla_jax.combine import combine, combine_ref
 from mla_jax.pallas_mosaic_gpu.config import (
-    BLOCK_H, BLOCK_KV, HEAD_DIM, KV_LORA_RANK, LN2, LOG2E, MASK_VALUE, NUM_COMPUTE_WGS, STAGES, V_HALF,
+    BLOCK_H, BLOCK_KV, HEAD_DIM, KV_LORA_RANK, LN2, LOG2E, MASK_VALUE, NUM_COMPUTE_WGS, NUM_SMS_H200, STAGES, V_HALF,
     _kernel_heads, make_plan,
 )
 from mla_jax.pallas_mosaic_gpu.kernel import Ctx
@@ -75,6 +85,22 @@ IDX_SLOTS = STAGES + 1  # index chunks staged: a step's chunk TMA'd one gather b
 ROW_BYTES = HEAD_DIM * 2  # a 16-bit cache row
 PIECES = ROW_BYTES // 16  # 16-byte cp.async pieces a row (72)
 WG_THREADS = 128
+MIN_STEPS_PER_SPLIT = 4
+"""`sparse_num_splits`'s least 64-key steps a split: the Triton sparse kernel's value (mla_jax.sparse_triton: a split
+writes a 64 x 512 float32 partial that the merge reads back), unmeasured for this kernel."""
+
+
+def sparse_num_splits(num_tokens: int, head_tiles: int, steps: int, num_sms: int = NUM_SMS_H200) -> int:
+    """Splits of each token's steps (the heuristic): as many as fill the SMs in one wave, num_sms // (num_tokens x
+    head_tiles) CTAs a (token, head tile) (one CTA fits an SM: 195-226 KiB of shared memory), at most steps //
+    MIN_STEPS_PER_SPLIT, at least 1 (1 where the tokens' CTAs alone fill the SMs). Unmeasured."""
+    ctas = max(1, num_tokens) * head_tiles
+    return max(1, min(num_sms // ctas, steps // MIN_STEPS_PER_SPLIT))
+
+
+def split_steps(steps: int, num_splits: int) -> int:
+    """Steps a split takes (split s: the token's steps [s S, min((s + 1) S, n)))."""
+    return -(-steps // num_splits)
 
 
 def encode_indices(indices, topk_length, num_slots: int):
@@ -232,13 +258,64 @@ def finish_token(kc, half, acc, l_tot, lse, tok):
     finish(kc, half, acc, l_tot, lse, tok, 1)
 
 
+def write_partial(kc, split, tok, half, acc, l_tot, lse):
+    """A split's float32 partial of the CTA's token (num_splits > 1; kc.out_ref o_part [S, T, H, 512], kc.lse_ref
+    lse_part [S, T, H], kc.stage float32 [2, 64, 256]): out columns of `half` normalized by l_tot (0 where l_tot is
+    0: no step run, or only masked keys, whose l the caller zeroed) and (lse not None) the lse, through the stage
+    (aliasing q and the ring, as finish's: every warpgroup is past its last read of them) by TMA to
+    o_part[split, tok, head rows] and lse_part[split, tok, head rows]."""
+    hp, hb, stage, x_smem = kc.plan.hp, kc.hb, kc.stage, kc.x_smem
+    whole = hp == BLOCK_H
+    rows = pl.ds(hb * hp, hp)
+    if half is not None:
+        inv = jnp.where(l_tot > 0.0, 1.0 / jnp.maximum(l_tot, 1e-30), 0.0)
+        stage[half] = acc * lax.broadcast_in_dim(inv, acc.shape, [0])
+    if lse is not None:
+        x_smem[0] = lse
+    plgpu.commit_smem()
+    if half is not None:
+        plgpu.copy_smem_to_gmem(stage.at[half] if whole else stage.at[half, pl.ds(0, hp)],
+                                kc.out_ref.at[split, tok, rows, pl.ds(half * V_HALF, V_HALF)])
+    if lse is not None:
+        plgpu.copy_smem_to_gmem(x_smem.at[0] if whole else x_smem.at[0, pl.ds(0, hp)], kc.lse_ref.at[split, tok, rows])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def split_range(n, num_splits: int, steps: int):
+    """(lo, n_local): the split's first step and its step count, from the token's step count n; (None, n) unsplit."""
+    if num_splits == 1:
+        return None, n
+    per = split_steps(steps, num_splits)
+    lo = lax.axis_index("split") * per
+    return lo, jnp.clip(n - lo, 0, per)
+
+
+def kernel_grid(num_h_tiles: int, num_tokens: int, num_splits: int):
+    """(grid, grid_names) of a sparse kernel: (h, tok), and split with num_splits > 1."""
+    if num_splits == 1:
+        return (num_h_tiles, num_tokens), ("h", "tok")
+    return (num_h_tiles, num_tokens, num_splits), ("h", "tok", "split")
+
+
+def kernel_out_type(num_tokens: int, heads: int, num_splits: int, out_dtype):
+    """(out, lse) shapes: the final [T, H, 512] in out_dtype and [T, H], or float32 partials [S, T, H, 512] and
+    [S, T, H]."""
+    if num_splits == 1:
+        return (jax.ShapeDtypeStruct((num_tokens, heads, KV_LORA_RANK), out_dtype),
+                jax.ShapeDtypeStruct((num_tokens, heads), jnp.float32))
+    return (jax.ShapeDtypeStruct((num_splits, num_tokens, heads, KV_LORA_RANK), jnp.float32),
+            jax.ShapeDtypeStruct((num_splits, num_tokens, heads), jnp.float32))
+
+
 def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, hp: int, steps: int,
-                         scale_log2: float, interpret: bool):
+                         scale_log2: float, interpret: bool, num_splits: int = 1):
     num_h_tiles = heads // hp
     plan = sparse_plan(dtype=dtype, num_tokens=num_tokens, heads=heads, hp=hp, scale_log2=scale_log2,
                        interpret=interpret)
     transforms, stages = plan.transforms, plan.stages
     width = HDR_WORDS + steps * BLOCK_KV
+    partial = num_splits > 1
+    stage_dtype = jnp.float32 if partial else out_stage_dtype(plan)  # fp32 [2, 64, 256]: 128 KiB, in the union
 
     def body(q_ref, kv_ref, sched_ref, out_ref, lse_ref, union, p_smem, x_smem, i_smem,
              hdr_bar, q_bar, idx_bar, kv_ready, kv_consumed, p_ready, p_free, init_bar):
@@ -255,11 +332,18 @@ def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, 
         row_layout = plgpu.Layout.WGMMA.reduce(1)
         col_layout = plgpu.Layout.WGMMA.reduce(0)
 
+        def done(half, acc, l_tot, lse):
+            if partial:
+                write_partial(kc, lax.axis_index("split"), tok, half, acc, l_tot, lse)
+            else:
+                finish_token(kc, half, acc, l_tot, lse, tok)
+
         def islot(i):
             return lax.rem(i, jnp.int32(IDX_SLOTS))
 
         def load_idx(i):
-            plgpu.copy_gmem_to_smem(sched_ref.at[tok, pl.ds(HDR_WORDS + i * BLOCK_KV, BLOCK_KV)],
+            c = i if lo is None else lo + i  # the token's step (i: the split's)
+            plgpu.copy_gmem_to_smem(sched_ref.at[tok, pl.ds(HDR_WORDS + c * BLOCK_KV, BLOCK_KV)],
                                     idx_chunk(i), idx_bar.at[islot(i)])
 
         def idx_chunk(i):
@@ -273,7 +357,8 @@ def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, 
             plgpu.barrier_arrive(init_bar)
 
         plgpu.barrier_wait(hdr_bar)
-        n = hdr_smem[0]
+        # the split's steps [lo, lo + n) of the token's (steps, ring slots, parities below count from lo)
+        lo, n = split_range(hdr_smem[0], num_splits, steps)
 
         def issue(i):
             """Step i's rows into ring slot i % stages (free), from index chunk i (staged); chunk i + 1 staged
@@ -358,11 +443,13 @@ def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, 
             def _():
                 plgpu.barrier_wait(p_free)
 
+            if partial:  # no used key in the split's steps (m the mask's): l 0, so out 0 and lse -inf
+                l_i = jnp.where(m_i > MASK_VALUE, l_i, 0.0)
             x_smem[plan.sums_row] = l_i
             plgpu.commit_smem()
             plgpu.barrier_arrive(p_ready)
             lse = (m_i + jnp.log(l_i) * (1.0 / LN2)) * LN2
-            finish_token(kc, 0, acc, l_i, lse, tok)
+            done(0, acc, l_i, lse)
 
         @pl.when(wg == 1)
         def _():
@@ -399,15 +486,15 @@ def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, 
                 plgpu.barrier_wait(kv_consumed.at[lax.rem(i, jnp.int32(stages))])
 
             plgpu.barrier_wait(p_ready)
-            finish_token(kc, 1, acc, plgpu.load(x_smem.at[plan.sums_row], layout=row_layout), None, tok)
+            done(1, acc, plgpu.load(x_smem.at[plan.sums_row], layout=row_layout), None)
 
-    stage_cols = 128 // jnp.dtype(out_stage_dtype(plan)).itemsize
+    stage_cols = 128 // jnp.dtype(stage_dtype).itemsize
     stage_transforms = (plgpu.TilingTransform((8, stage_cols)), plgpu.SwizzleTransform(128))
     scratch = [
         plgpu.RefUnion(
             (plgpu.SMEM((BLOCK_H, HEAD_DIM), dtype, transforms=transforms),
              plgpu.SMEM((stages, BLOCK_KV, HEAD_DIM), dtype, transforms=transforms)),
-            plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), out_stage_dtype(plan), transforms=stage_transforms),
+            plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), stage_dtype, transforms=stage_transforms),
         ),
         plgpu.SMEM((BLOCK_H, BLOCK_KV), dtype, transforms=transforms),  # P
         plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H), jnp.float32),  # alpha, the row sums, lse
@@ -421,11 +508,11 @@ def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, 
         plgpu.Barrier(),  # p_free
         plgpu.Barrier(),  # init_bar: the gather's mbarriers initialised
     ]
-    out_type = (jax.ShapeDtypeStruct((num_tokens, heads, KV_LORA_RANK), out_stage_dtype(plan)),
-                jax.ShapeDtypeStruct((num_tokens, heads), jnp.float32))
+    out_type = kernel_out_type(num_tokens, heads, num_splits, out_stage_dtype(plan))
+    grid, grid_names = kernel_grid(num_h_tiles, num_tokens, num_splits)
     del width
     return plgpu.kernel(
-        body, out_type=out_type, scratch_types=scratch, grid=(num_h_tiles, num_tokens), grid_names=("h", "tok"),
+        body, out_type=out_type, scratch_types=scratch, grid=grid, grid_names=grid_names,
         num_threads=NUM_COMPUTE_WGS, thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True, reduction_scratch_bytes=0,
                                              lowering_semantics=plgpu.LoweringSemantics.Lane))
@@ -433,7 +520,8 @@ def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, 
 
 
 
-def _sparse_decode(q, kv_cache, indices, topk_length, softmax_scale: float, interpret: bool, fp8: bool):
+def _sparse_decode(q, kv_cache, indices, topk_length, softmax_scale: float, interpret: bool, fp8: bool,
+                   num_splits: int | None):
     T, num_heads, _ = q.shape
     heads = _kernel_heads(num_heads)
     hp = min(heads, BLOCK_H)
@@ -441,37 +529,47 @@ def _sparse_decode(q, kv_cache, indices, topk_length, softmax_scale: float, inte
         q = jnp.pad(q, ((0, 0), (0, heads - num_heads), (0, 0)))
     num_slots = kv_cache.shape[0] * kv_cache.shape[1]
     sched, steps = encode_indices(indices, topk_length, num_slots)
+    if num_splits is None:
+        num_splits = sparse_num_splits(T, heads // hp, steps)
     if fp8:  # the fp8_ds_mla cache: its own kernel (sparse_fp8.py)
         from mla_jax.pallas_mosaic_gpu.sparse_fp8 import sparse_decode_fp8
 
         out, lse = sparse_decode_fp8(q, kv_cache.reshape(num_slots, kv_cache.shape[-1]), sched, heads=heads, hp=hp,
-                                     scale_log2=softmax_scale * LOG2E, interpret=interpret)
-        return out[:, :num_heads], lse[:, :num_heads]
-    kernel = _build_sparse_kernel(dtype=q.dtype, num_tokens=T, num_slots=num_slots, heads=heads, hp=hp,
-                                  steps=steps, scale_log2=softmax_scale * LOG2E, interpret=interpret)
-    out, lse = kernel(q, kv_cache.reshape(num_slots, HEAD_DIM), sched)
+                                     steps=steps, scale_log2=softmax_scale * LOG2E, interpret=interpret,
+                                     num_splits=num_splits)
+    else:
+        kernel = _build_sparse_kernel(dtype=q.dtype, num_tokens=T, num_slots=num_slots, heads=heads, hp=hp,
+                                      steps=steps, scale_log2=softmax_scale * LOG2E, interpret=interpret,
+                                      num_splits=num_splits)
+        out, lse = kernel(q, kv_cache.reshape(num_slots, HEAD_DIM), sched)
+    if num_splits > 1:  # the splits' float32 partials merged by lse (interpret mode: the merge's jnp formula)
+        out, lse = combine_ref(out, lse, q.dtype) if interpret else combine(out, lse, q.dtype)
     return out[:, :num_heads], lse[:, :num_heads]
 
 
-@functools.partial(jax.jit, static_argnames=("softmax_scale", "interpret", "fp8"))
-def _sparse_decode_jit(q, kv_cache, indices, topk_length, softmax_scale, interpret, fp8):
+@functools.partial(jax.jit, static_argnames=("softmax_scale", "interpret", "fp8", "num_splits"))
+def _sparse_decode_jit(q, kv_cache, indices, topk_length, softmax_scale, interpret, fp8, num_splits):
     if interpret:
         params = interpret if isinstance(interpret, plgpu.InterpretGPUParams) else plgpu.InterpretGPUParams()
         with plgpu.force_gpu_interpret_mode(params):
-            return _sparse_decode(q, kv_cache, indices, topk_length, softmax_scale, True, fp8)
-    return _sparse_decode(q, kv_cache, indices, topk_length, softmax_scale, False, fp8)
+            return _sparse_decode(q, kv_cache, indices, topk_length, softmax_scale, True, fp8, num_splits)
+    return _sparse_decode(q, kv_cache, indices, topk_length, softmax_scale, False, fp8, num_splits)
 
 
-def sparse_decode(q, kv_cache, metadata, config, *, cache_format="auto", interpret=False, tuning=None):
+def sparse_decode(q, kv_cache, metadata, config, *, cache_format="auto", interpret=False, tuning=None,
+                  num_splits=None):
     """The sparse decode: `(out [T, H, 512] in q's dtype, lse [T, H] float32)`.
 
     q [T, H, 576] in config.dtype (bfloat16 / float16; bfloat16 with the fp8_ds_mla cache); kv_cache
     [num_blocks, page_size, 576] of q's dtype (cache_format "auto") or uint8 [num_blocks, page_size, 656]
     (cache_format "fp8_ds_mla": sparse_fp8.py's kernel) (any page size: rows are read by global slot); metadata: a
     `SparseMetadata` of int32 jax arrays (validated by the caller, `mla_jax.sparse_mla_decode`). tuning: none yet
-    (must be None). jit-compatible."""
+    (must be None). num_splits: splits of each token's steps (an int >= 1; None: `sparse_num_splits`'s pick).
+    jit-compatible."""
     if tuning is not None:
         raise ValueError(f"the sparse Mosaic GPU kernel has no tuning yet, got tuning={tuning!r}")
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
+        raise ValueError(f"num_splits must be None or an int >= 1, got num_splits={num_splits!r}")
     if q.ndim != 3 or q.shape[-1] != HEAD_DIM:
         raise ValueError(f"q must be [T, H, {HEAD_DIM}], got q.shape={tuple(q.shape)}")
     if cache_format not in ("auto", "fp8_ds_mla"):
@@ -481,4 +579,4 @@ def sparse_decode(q, kv_cache, metadata, config, *, cache_format="auto", interpr
         raise NotImplementedError(f"the fp8_ds_mla cache needs a bfloat16 q (the dequantized cache's wgmmas run in "
                                   f"bfloat16), got q.dtype={jnp.dtype(q.dtype).name}")
     return _sparse_decode_jit(q, kv_cache, metadata.indices, metadata.topk_length, float(config.softmax_scale),
-                              interpret, fp8)
+                              interpret, fp8, num_splits)

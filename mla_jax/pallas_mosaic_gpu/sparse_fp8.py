@@ -2,10 +2,11 @@
 (`mla_spec.fp8_sparse`: a row is 656 bytes, 512 float8_e4m3fn latent values, 4 float32 scales one per 128 of them,
 64 bfloat16 rope values; the cache is uint8 [num_blocks, page_size, 656], read in place).
 
-What stays the 16-bit kernel's: one CTA per (token, 64-row head tile), FlashMLA's split of a 64-key step (warpgroup
-0 the scores, the online softmax and P, and P @ V for output columns [0, 256); warpgroup 1 P @ V for [256, 512) and
-the gather), the index schedule (`encode_indices`: masked entries replaced by the token's first used slot and masked
-in the scores, so no NaN row is ever read and every step gathers 64 rows), the output stage.
+What stays the 16-bit kernel's: one CTA per (token, 64-row head tile, split of the token's steps: the partials and
+their merge as there), FlashMLA's split of a 64-key step (warpgroup 0 the scores, the online softmax and P, and P @
+V for output columns [0, 256); warpgroup 1 P @ V for [256, 512) and the gather), the index schedule
+(`encode_indices`: masked entries replaced by the token's first used slot and masked in the scores, so no NaN row is
+ever read and every step gathers 64 rows), the output stage.
 
 The arithmetic: dequantize to bfloat16, wgmmas in bfloat16. A scale is per key row and per 128 latent columns, so
 it cannot be folded into the scores and the output as the dense kernel's per-tensor k_scale is: V needs its values
@@ -23,16 +24,17 @@ broadcast from a row vector). The rope values are bf16 already: copied into the 
 So q must be bfloat16 (the wgmmas' other operand); a float16 q would need rounding to bf16 (inexact) and is
 refused by name (`mla_jax.sparse_unsupported_reason`).
 
-Shared memory (227 KiB a CTA). The 16-bit kernel holds q (64 x 576 x 2 = 72 KiB), two ring slots (144 KiB), P
-(8 KiB) and 2 KiB of vectors, indices and barriers: 226 KiB. Here a gathered step is 41 KiB: the latent
-[64, 512] fp8 (32 KiB, tiled (8, 64) with the 64-byte swizzle: the dense kernel's fp8 ring layout, which its
-conversion loads in WGMMA_8BIT), the rope [64, 64] bf16 (8 KiB, tiled (8, 64), 128-byte swizzle) and the scales
-[4, 64] float32 (1 KiB, transposed: scale tile t of the 64 rows is one row, read as a row vector). The converted
-step is 72 KiB. q 72 + conv 72 + P 8 + 2 = 154 KiB leaves 73 KiB: one gathered slot (41), not two (82). So the
-pipeline is one fp8 slot and one converted step (195 KiB in all; the output stage, 64 KiB, aliases q and the
-buffers as before). Rejected: two fp8 slots with a converted step (236 KiB); two converted steps (298); a converted
-step in halves as the dense kernel's overlap_dequant (three 32 KiB V buffers; more barriers, not needed to fit);
-32-key steps (wgmma N = 32 halves the scores' efficiency and doubles the hand-offs).
+Shared memory (227 KiB a CTA). The 16-bit kernel holds q (64 x 576 x 2 = 72 KiB), two ring slots (144 KiB), P (8
+KiB) and 2 KiB of vectors, indices and barriers: 226 KiB. Here a gathered step is 41 KiB: the latent [64, 512] fp8
+(32 KiB, tiled (8, 64) with the 64-byte swizzle: the dense kernel's fp8 ring layout, which its conversion loads in
+WGMMA_8BIT), the rope [64, 64] bf16 (8 KiB, tiled (8, 64), 128-byte swizzle) and the scales [4, 64] float32 (1 KiB,
+transposed: scale tile t of the 64 rows is one row, read as a row vector). The converted step is 72 KiB. q 72 + conv
+72 + P 8 + 2 = 154 KiB leaves 73 KiB: one gathered slot (41), not two (82). So the pipeline is one fp8 slot and one
+converted step (195 KiB in all; the output stage, 64 KiB, or 128 KiB in float32 for a split's partials, aliases q
+and the buffers as before: the union is 185 KiB). Rejected: two fp8 slots with a converted step (236 KiB); two
+converted steps (298); a converted step in halves as the dense kernel's overlap_dequant (three 32 KiB V buffers;
+more barriers, not needed to fit); 32-key steps (wgmma N = 32 halves the scores' efficiency and doubles the
+hand-offs).
 
 The step. Step k's 64 rows land in the fp8 slot (gathered during step k - 1); each warpgroup converts its own
 columns of step k right after its own P @ V of step k - 1 (warpgroup 0 V's [0, 256) and the rope, warpgroup 1
@@ -72,8 +74,8 @@ from mla_jax.pallas_mosaic_gpu.config import (
 from mla_jax.pallas_mosaic_gpu.layouts import FP8_RING_TILES
 from mla_jax.pallas_mosaic_gpu.softmax import accumulate_wgmma
 from mla_jax.pallas_mosaic_gpu.sparse import (
-    HDR_WORDS, IDX_SLOTS, WG_THREADS, _mgpu, finish_token, gather_init, gather_wait, out_stage_dtype, sparse_ctx,
-    sparse_plan,
+    HDR_WORDS, IDX_SLOTS, WG_THREADS, _mgpu, finish_token, gather_init, gather_wait, kernel_grid, kernel_out_type,
+    out_stage_dtype, sparse_ctx, sparse_plan, split_range, write_partial,
 )
 
 ROW_BYTES = 656  # mla_spec.fp8_sparse.BYTES_PER_TOKEN
@@ -167,12 +169,15 @@ def convert_columns(lat, scales, rope, conv, w: int):
         conv.at[:, pl.ds(KV_LORA_RANK, ROPE_DIM)][...] = plgpu.load(rope, layout=plgpu.Layout.WGMMA)
 
 
-def _build_sparse_fp8_kernel(*, num_tokens: int, heads: int, hp: int, scale_log2: float, interpret: bool):
+def _build_sparse_fp8_kernel(*, num_tokens: int, heads: int, hp: int, scale_log2: float, interpret: bool,
+                             steps: int = 1, num_splits: int = 1):
     dtype = jnp.bfloat16
     num_h_tiles = heads // hp
     plan = sparse_plan(dtype=dtype, num_tokens=num_tokens, heads=heads, hp=hp, scale_log2=scale_log2,
                        interpret=interpret)
     transforms = plan.transforms
+    partial = num_splits > 1
+    stage_dtype = jnp.float32 if partial else out_stage_dtype(plan)  # fp32 [2, 64, 256]: 128 KiB, in the union
 
     def body(*refs):
         if interpret:  # the cache's three typed views
@@ -195,6 +200,12 @@ def _build_sparse_fp8_kernel(*, num_tokens: int, heads: int, hp: int, scale_log2
         row_layout = plgpu.Layout.WGMMA.reduce(1)
         col_layout = plgpu.Layout.WGMMA.reduce(0)
 
+        def done(half, acc, l_tot, lse):
+            if partial:
+                write_partial(kc, lax.axis_index("split"), tok, half, acc, l_tot, lse)
+            else:
+                finish_token(kc, half, acc, l_tot, lse, tok)
+
         def islot(i):
             return lax.rem(i, jnp.int32(IDX_SLOTS))
 
@@ -202,7 +213,8 @@ def _build_sparse_fp8_kernel(*, num_tokens: int, heads: int, hp: int, scale_log2
             return i_smem.at[1 + islot(i)]
 
         def load_idx(i):
-            plgpu.copy_gmem_to_smem(sched_ref.at[tok, pl.ds(HDR_WORDS + i * BLOCK_KV, BLOCK_KV)],
+            c = i if lo is None else lo + i  # the token's step (i: the split's)
+            plgpu.copy_gmem_to_smem(sched_ref.at[tok, pl.ds(HDR_WORDS + c * BLOCK_KV, BLOCK_KV)],
                                     idx_chunk(i), idx_bar.at[islot(i)])
 
         @pl.when(wg == 1)
@@ -213,7 +225,8 @@ def _build_sparse_fp8_kernel(*, num_tokens: int, heads: int, hp: int, scale_log2
             plgpu.barrier_arrive(init_bar)
 
         plgpu.barrier_wait(hdr_bar)
-        n = hdr_smem[0]
+        # the split's steps [lo, lo + n) of the token's (steps, slots, parities below count from lo)
+        lo, n = split_range(hdr_smem[0], num_splits, steps)
 
         def issue(i):
             """(warpgroup 1) Step i's rows into the fp8 slot (free), from index chunk i (staged); chunk i + 1
@@ -302,11 +315,13 @@ def _build_sparse_fp8_kernel(*, num_tokens: int, heads: int, hp: int, scale_log2
             def _():
                 plgpu.barrier_wait(p_free)
 
+            if partial:  # no used key in the split's steps (m the mask's): l 0, so out 0 and lse -inf
+                l_i = jnp.where(m_i > MASK_VALUE, l_i, 0.0)
             x_smem[plan.sums_row] = l_i
             plgpu.commit_smem()
             plgpu.barrier_arrive(p_ready)
             lse = (m_i + jnp.log(l_i) * (1.0 / LN2)) * LN2
-            finish_token(kc, 0, acc, l_i, lse, tok)
+            done(0, acc, l_i, lse)
 
         @pl.when(wg == 1)
         def _():
@@ -331,9 +346,9 @@ def _build_sparse_fp8_kernel(*, num_tokens: int, heads: int, hp: int, scale_log2
 
             acc = lax.fori_loop(0, n, step, zeros_acc())
             plgpu.barrier_wait(p_ready)
-            finish_token(kc, 1, acc, plgpu.load(x_smem.at[plan.sums_row], layout=row_layout), None, tok)
+            done(1, acc, plgpu.load(x_smem.at[plan.sums_row], layout=row_layout), None)
 
-    stage_cols = 128 // jnp.dtype(out_stage_dtype(plan)).itemsize
+    stage_cols = 128 // jnp.dtype(stage_dtype).itemsize
     stage_transforms = (plgpu.TilingTransform((8, stage_cols)), plgpu.SwizzleTransform(128))
     scratch = [
         plgpu.RefUnion(
@@ -342,7 +357,7 @@ def _build_sparse_fp8_kernel(*, num_tokens: int, heads: int, hp: int, scale_log2
              plgpu.SMEM((BLOCK_KV, KV_LORA_RANK), jnp.float8_e4m3fn, transforms=FP8_RING_TILES),  # gathered: latent
              plgpu.SMEM((BLOCK_KV, ROPE_DIM), dtype, transforms=ROPE_TILES),  # gathered: rope
              plgpu.SMEM((NUM_TILES, BLOCK_KV), jnp.float32)),  # gathered: scales, transposed
-            plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), out_stage_dtype(plan), transforms=stage_transforms),
+            plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), stage_dtype, transforms=stage_transforms),
         ),
         plgpu.SMEM((BLOCK_H, BLOCK_KV), dtype, transforms=transforms),  # P
         plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H), jnp.float32),  # alpha, the row sums, lse
@@ -356,10 +371,10 @@ def _build_sparse_fp8_kernel(*, num_tokens: int, heads: int, hp: int, scale_log2
         plgpu.Barrier(),  # p_free
         plgpu.Barrier(),  # init_bar: the gather's mbarrier initialised
     ]
-    out_type = (jax.ShapeDtypeStruct((num_tokens, heads, KV_LORA_RANK), out_stage_dtype(plan)),
-                jax.ShapeDtypeStruct((num_tokens, heads), jnp.float32))
+    out_type = kernel_out_type(num_tokens, heads, num_splits, out_stage_dtype(plan))
+    grid, grid_names = kernel_grid(num_h_tiles, num_tokens, num_splits)
     return plgpu.kernel(
-        body, out_type=out_type, scratch_types=scratch, grid=(num_h_tiles, num_tokens), grid_names=("h", "tok"),
+        body, out_type=out_type, scratch_types=scratch, grid=grid, grid_names=grid_names,
         num_threads=NUM_COMPUTE_WGS, thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True, reduction_scratch_bytes=0,
                                              lowering_semantics=plgpu.LoweringSemantics.Lane))
@@ -376,11 +391,13 @@ def typed_views(kv_flat):
     return lat, sc.T, rope
 
 
-def sparse_decode_fp8(q, kv_flat, sched, *, heads: int, hp: int, scale_log2: float, interpret: bool):
+def sparse_decode_fp8(q, kv_flat, sched, *, heads: int, hp: int, steps: int, scale_log2: float, interpret: bool,
+                      num_splits: int = 1):
     """(sparse._sparse_decode) q [T, heads, 576] bfloat16 (heads padded), kv_flat uint8 [num_slots, 656], sched
-    (encode_indices) -> (out [T, heads, 512] bfloat16, lse [T, heads] float32)."""
+    (encode_indices, `steps` 64-entry chunks a token) -> (out [T, heads, 512] bfloat16, lse [T, heads] float32),
+    or with num_splits > 1 the splits' float32 partials (out [S, T, heads, 512], lse [S, T, heads])."""
     kernel = _build_sparse_fp8_kernel(num_tokens=q.shape[0], heads=heads, hp=hp, scale_log2=scale_log2,
-                                      interpret=interpret)
+                                      interpret=interpret, steps=steps, num_splits=num_splits)
     if interpret:
         return kernel(q, *typed_views(kv_flat), sched)
     return kernel(q, kv_flat, sched)
