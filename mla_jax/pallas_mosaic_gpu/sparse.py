@@ -281,6 +281,85 @@ def write_partial(kc, split, tok, half, acc, l_tot, lse):
     plgpu.wait_smem_to_gmem(0)
 
 
+def write_token(kc, partial: bool, tok, half, acc, l_tot, lse):
+    """A warpgroup's share of the CTA's output: the split's fp32 partial (`write_partial`) or the token's final out
+    and lse (`finish_token`)."""
+    if partial:
+        write_partial(kc, lax.axis_index("split"), tok, half, acc, l_tot, lse)
+    else:
+        finish_token(kc, half, acc, l_tot, lse, tok)
+
+
+def index_chunk(i_smem, i):
+    """Step i's 64 encoded entries: row 1 + i % IDX_SLOTS of i_smem (row 0: the header and the gather's mbarriers)."""
+    return i_smem.at[1 + lax.rem(i, jnp.int32(IDX_SLOTS))]
+
+
+def load_index_chunk(sched_ref, i_smem, idx_bar, tok, lo, i):
+    """TMA of the split's step i's entries (the token's step lo + i; lo None: unsplit) into index_chunk(i)."""
+    c = i if lo is None else lo + i
+    plgpu.copy_gmem_to_smem(sched_ref.at[tok, pl.ds(HDR_WORDS + c * BLOCK_KV, BLOCK_KV)], index_chunk(i_smem, i),
+                            idx_bar.at[lax.rem(i, jnp.int32(IDX_SLOTS))])
+
+
+def load_q(q_ref, q_smem, tok, hb, hp: int, q_bar):
+    """The token's hp heads of head tile hb into q's tile (its first hp rows)."""
+    plgpu.copy_gmem_to_smem(q_ref.at[tok, pl.ds(hb * hp, hp)], q_smem if hp == BLOCK_H else q_smem.at[pl.ds(0, hp)],
+                            q_bar)
+
+
+def zeros_acc():
+    return plgpu.layout_cast(jnp.full((BLOCK_H, V_HALF), 0.0, jnp.float32), plgpu.Layout.WGMMA)
+
+
+def rescale(acc, f):
+    return acc * lax.broadcast_in_dim(f, acc.shape, [0])
+
+
+def masked_softmax(s, chunk, m_i, l_i, scale_log2: float):
+    """One step's online softmax over its 64 keys: scores s [64, 64], the step's encoded entries `chunk` (a masked
+    entry < 0 scores MASK_VALUE), the running max m_i and sum l_i -> (P, alpha, m_new, l_new), exp2 in fp32."""
+    e = plgpu.load(chunk, layout=plgpu.Layout.WGMMA.reduce(0))
+    used = lax.broadcast_in_dim(e, s.shape, [1]) >= 0
+    s = jnp.where(used, s * scale_log2, MASK_VALUE)
+    m_new = jnp.maximum(m_i, s.max(axis=1))
+    alpha = jnp.exp2(m_i - m_new)
+    p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
+    return p, alpha, m_new, l_i * alpha + p.sum(axis=1)
+
+
+def hand_over_p(k, p, alpha, p_smem, x_smem, p_free, p_ready):
+    """(warpgroup 0) Step k's P and rescale factor to warpgroup 1, once it has read step k - 1's."""
+
+    @pl.when(k > 0)
+    def _():
+        plgpu.barrier_wait(p_free)
+
+    p_smem[...] = p.astype(p_smem.dtype)
+    x_smem[0] = alpha
+    plgpu.commit_smem()
+    plgpu.barrier_arrive(p_ready)
+
+
+def finish_scores_warpgroup(kc, partial: bool, tok, n, acc, m_i, l_i, p_free, p_ready):
+    """(warpgroup 0, after its n steps) the row sums to warpgroup 1 (once it has read the last P), then its half of
+    the output and the lse (natural log). With splits, a split with no used key (m still the mask's) gets l 0, so
+    out 0 and lse -inf."""
+    x_smem = kc.x_smem
+
+    @pl.when(n > 0)
+    def _():
+        plgpu.barrier_wait(p_free)
+
+    if partial:
+        l_i = jnp.where(m_i > MASK_VALUE, l_i, 0.0)
+    x_smem[kc.plan.sums_row] = l_i
+    plgpu.commit_smem()
+    plgpu.barrier_arrive(p_ready)
+    lse = (m_i + jnp.log(l_i) * (1.0 / LN2)) * LN2
+    write_token(kc, partial, tok, 0, acc, l_i, lse)
+
+
 def split_range(n, num_splits: int, steps: int):
     """(lo, n_local): the split's first step and its step count, from the token's step count n; (None, n) unsplit."""
     if num_splits == 1:
@@ -330,24 +409,12 @@ def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, 
         kc = sparse_ctx(plan, hb, out_ref, lse_ref, stage, x_smem)
         accumulate = functools.partial(accumulate_wgmma, interpret=interpret)
         row_layout = plgpu.Layout.WGMMA.reduce(1)
-        col_layout = plgpu.Layout.WGMMA.reduce(0)
-
-        def done(half, acc, l_tot, lse):
-            if partial:
-                write_partial(kc, lax.axis_index("split"), tok, half, acc, l_tot, lse)
-            else:
-                finish_token(kc, half, acc, l_tot, lse, tok)
-
-        def islot(i):
-            return lax.rem(i, jnp.int32(IDX_SLOTS))
 
         def load_idx(i):
-            c = i if lo is None else lo + i  # the token's step (i: the split's)
-            plgpu.copy_gmem_to_smem(sched_ref.at[tok, pl.ds(HDR_WORDS + c * BLOCK_KV, BLOCK_KV)],
-                                    idx_chunk(i), idx_bar.at[islot(i)])
+            load_index_chunk(sched_ref, i_smem, idx_bar, tok, lo, i)
 
         def idx_chunk(i):
-            return i_smem.at[1 + islot(i)]
+            return index_chunk(i_smem, i)
 
         @pl.when(wg == 1)
         def _():
@@ -364,7 +431,7 @@ def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, 
             """Step i's rows into ring slot i % stages (free), from index chunk i (staged); chunk i + 1 staged
             next (its slot's last reader, step i - 2, is done: step i's slot was free)."""
             slot = lax.rem(i, jnp.int32(stages))
-            plgpu.barrier_wait(idx_bar.at[islot(i)])
+            plgpu.barrier_wait(idx_bar.at[lax.rem(i, jnp.int32(IDX_SLOTS))])
             ix = idx_chunk(i)
             if interpret:
                 for r in range(BLOCK_KV):
@@ -386,15 +453,9 @@ def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, 
             else:
                 gather_wait(gbars, slot, lax.rem(lax.div(i, jnp.int32(stages)), jnp.int32(2)))
 
-        def zeros_acc():
-            return plgpu.layout_cast(jnp.full((BLOCK_H, V_HALF), 0.0, jnp.float32), plgpu.Layout.WGMMA)
-
         def pv(acc, half, slot):
             v = kv_smem.at[slot, :, pl.ds(half * V_HALF, V_HALF)]
             return accumulate(acc, lambda acc_ref: plgpu.wgmma(acc_ref, p_smem, v))
-
-        def rescale(acc, f):
-            return acc * lax.broadcast_in_dim(f, acc.shape, [0])
 
         @pl.when(wg == 0)
         def _():
@@ -415,22 +476,8 @@ def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, 
 
                 with jax.named_scope("qk"):
                     s = pl.run_scoped(qk, plgpu.ACC((BLOCK_H, BLOCK_KV), jnp.float32))
-                e = plgpu.load(idx_chunk(k), layout=col_layout)
-                used = lax.broadcast_in_dim(e, s.shape, [1]) >= 0
-                s = jnp.where(used, s * scale_log2, MASK_VALUE)
-                m_new = jnp.maximum(m_i, s.max(axis=1))
-                alpha = jnp.exp2(m_i - m_new)
-                p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
-                l_i = l_i * alpha + p.sum(axis=1)
-
-                @pl.when(k > 0)
-                def _():
-                    plgpu.barrier_wait(p_free)
-
-                p_smem[...] = p.astype(dtype)
-                x_smem[0] = alpha
-                plgpu.commit_smem()
-                plgpu.barrier_arrive(p_ready)
+                p, alpha, m_new, l_i = masked_softmax(s, idx_chunk(k), m_i, l_i, scale_log2)
+                hand_over_p(k, p, alpha, p_smem, x_smem, p_free, p_ready)
                 acc = rescale(acc, alpha)
                 with jax.named_scope("pv"):
                     acc = pv(acc, 0, slot)
@@ -439,22 +486,11 @@ def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, 
 
             acc, m_i, l_i = lax.fori_loop(0, n, step, (zeros_acc(), m_i, l_i))
 
-            @pl.when(n > 0)
-            def _():
-                plgpu.barrier_wait(p_free)
-
-            if partial:  # no used key in the split's steps (m the mask's): l 0, so out 0 and lse -inf
-                l_i = jnp.where(m_i > MASK_VALUE, l_i, 0.0)
-            x_smem[plan.sums_row] = l_i
-            plgpu.commit_smem()
-            plgpu.barrier_arrive(p_ready)
-            lse = (m_i + jnp.log(l_i) * (1.0 / LN2)) * LN2
-            done(0, acc, l_i, lse)
+            finish_scores_warpgroup(kc, partial, tok, n, acc, m_i, l_i, p_free, p_ready)
 
         @pl.when(wg == 1)
         def _():
-            plgpu.copy_gmem_to_smem(q_ref.at[tok, pl.ds(hb * hp, hp)],
-                                    q_smem if hp == BLOCK_H else q_smem.at[pl.ds(0, hp)], q_bar)
+            load_q(q_ref, q_smem, tok, hb, hp, q_bar)
             pl.when(n > 0)(functools.partial(load_idx, 0))
 
             @pl.loop(0, jnp.minimum(n, stages))
@@ -486,7 +522,7 @@ def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, 
                 plgpu.barrier_wait(kv_consumed.at[lax.rem(i, jnp.int32(stages))])
 
             plgpu.barrier_wait(p_ready)
-            done(1, acc, plgpu.load(x_smem.at[plan.sums_row], layout=row_layout), None)
+            write_token(kc, partial, tok, 1, acc, plgpu.load(x_smem.at[plan.sums_row], layout=row_layout), None)
 
     stage_cols = 128 // jnp.dtype(stage_dtype).itemsize
     stage_transforms = (plgpu.TilingTransform((8, stage_cols)), plgpu.SwizzleTransform(128))

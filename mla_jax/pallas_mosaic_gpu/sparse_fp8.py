@@ -68,14 +68,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from mla_jax.pallas_mosaic_gpu.config import (
-    BLOCK_H, BLOCK_KV, HEAD_DIM, KV_LORA_RANK, LN2, MASK_VALUE, NUM_COMPUTE_WGS, V_HALF,
-)
+from mla_jax.pallas_mosaic_gpu.config import BLOCK_H, BLOCK_KV, HEAD_DIM, KV_LORA_RANK, NUM_COMPUTE_WGS, V_HALF
 from mla_jax.pallas_mosaic_gpu.layouts import FP8_RING_TILES
 from mla_jax.pallas_mosaic_gpu.softmax import accumulate_wgmma
 from mla_jax.pallas_mosaic_gpu.sparse import (
-    HDR_WORDS, IDX_SLOTS, WG_THREADS, _mgpu, finish_token, gather_init, gather_wait, kernel_grid, kernel_out_type,
-    out_stage_dtype, sparse_ctx, sparse_plan, split_range, write_partial,
+    HDR_WORDS, IDX_SLOTS, WG_THREADS, _mgpu, finish_scores_warpgroup, gather_init, gather_wait, hand_over_p,
+    index_chunk, kernel_grid, kernel_out_type, load_index_chunk, load_q, masked_softmax, out_stage_dtype, rescale,
+    sparse_ctx, sparse_plan, split_range, write_token, zeros_acc,
 )
 
 ROW_BYTES = 656  # mla_spec.fp8_sparse.BYTES_PER_TOKEN
@@ -198,24 +197,12 @@ def _build_sparse_fp8_kernel(*, num_tokens: int, heads: int, hp: int, scale_log2
         kc = sparse_ctx(plan, hb, out_ref, lse_ref, stage, x_smem)
         accumulate = functools.partial(accumulate_wgmma, interpret=interpret)
         row_layout = plgpu.Layout.WGMMA.reduce(1)
-        col_layout = plgpu.Layout.WGMMA.reduce(0)
-
-        def done(half, acc, l_tot, lse):
-            if partial:
-                write_partial(kc, lax.axis_index("split"), tok, half, acc, l_tot, lse)
-            else:
-                finish_token(kc, half, acc, l_tot, lse, tok)
-
-        def islot(i):
-            return lax.rem(i, jnp.int32(IDX_SLOTS))
 
         def idx_chunk(i):
-            return i_smem.at[1 + islot(i)]
+            return index_chunk(i_smem, i)
 
         def load_idx(i):
-            c = i if lo is None else lo + i  # the token's step (i: the split's)
-            plgpu.copy_gmem_to_smem(sched_ref.at[tok, pl.ds(HDR_WORDS + c * BLOCK_KV, BLOCK_KV)],
-                                    idx_chunk(i), idx_bar.at[islot(i)])
+            load_index_chunk(sched_ref, i_smem, idx_bar, tok, lo, i)
 
         @pl.when(wg == 1)
         def _():
@@ -231,7 +218,7 @@ def _build_sparse_fp8_kernel(*, num_tokens: int, heads: int, hp: int, scale_log2
         def issue(i):
             """(warpgroup 1) Step i's rows into the fp8 slot (free), from index chunk i (staged); chunk i + 1
             staged next (its slot's last reader, the scores of step i - 2, is done: the slot was free)."""
-            plgpu.barrier_wait(idx_bar.at[islot(i)])
+            plgpu.barrier_wait(idx_bar.at[lax.rem(i, jnp.int32(IDX_SLOTS))])
             ix = idx_chunk(i)
             if interpret:
                 for r in range(BLOCK_KV):
@@ -261,15 +248,9 @@ def _build_sparse_fp8_kernel(*, num_tokens: int, heads: int, hp: int, scale_log2
             with jax.named_scope("deq_wait"):
                 plgpu.barrier_wait(deq_ready)
 
-        def zeros_acc():
-            return plgpu.layout_cast(jnp.full((BLOCK_H, V_HALF), 0.0, jnp.float32), plgpu.Layout.WGMMA)
-
         def pv(acc, half):
             v = conv.at[:, pl.ds(half * V_HALF, V_HALF)]
             return accumulate(acc, lambda acc_ref: plgpu.wgmma(acc_ref, p_smem, v))
-
-        def rescale(acc, f):
-            return acc * lax.broadcast_in_dim(f, acc.shape, [0])
 
         @pl.when(wg == 0)
         def _():
@@ -288,22 +269,8 @@ def _build_sparse_fp8_kernel(*, num_tokens: int, heads: int, hp: int, scale_log2
 
                 with jax.named_scope("qk"):
                     s = pl.run_scoped(qk, plgpu.ACC((BLOCK_H, BLOCK_KV), jnp.float32))
-                e = plgpu.load(idx_chunk(k), layout=col_layout)
-                used = lax.broadcast_in_dim(e, s.shape, [1]) >= 0
-                s = jnp.where(used, s * scale_log2, MASK_VALUE)
-                m_new = jnp.maximum(m_i, s.max(axis=1))
-                alpha = jnp.exp2(m_i - m_new)
-                p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
-                l_i = l_i * alpha + p.sum(axis=1)
-
-                @pl.when(k > 0)
-                def _():
-                    plgpu.barrier_wait(p_free)
-
-                p_smem[...] = p.astype(dtype)
-                x_smem[0] = alpha
-                plgpu.commit_smem()
-                plgpu.barrier_arrive(p_ready)
+                p, alpha, m_new, l_i = masked_softmax(s, idx_chunk(k), m_i, l_i, scale_log2)
+                hand_over_p(k, p, alpha, p_smem, x_smem, p_free, p_ready)
                 acc = rescale(acc, alpha)
                 with jax.named_scope("pv"):
                     acc = pv(acc, 0)
@@ -311,22 +278,11 @@ def _build_sparse_fp8_kernel(*, num_tokens: int, heads: int, hp: int, scale_log2
 
             acc, m_i, l_i = lax.fori_loop(0, n, step, (zeros_acc(), m_i, l_i))
 
-            @pl.when(n > 0)
-            def _():
-                plgpu.barrier_wait(p_free)
-
-            if partial:  # no used key in the split's steps (m the mask's): l 0, so out 0 and lse -inf
-                l_i = jnp.where(m_i > MASK_VALUE, l_i, 0.0)
-            x_smem[plan.sums_row] = l_i
-            plgpu.commit_smem()
-            plgpu.barrier_arrive(p_ready)
-            lse = (m_i + jnp.log(l_i) * (1.0 / LN2)) * LN2
-            done(0, acc, l_i, lse)
+            finish_scores_warpgroup(kc, partial, tok, n, acc, m_i, l_i, p_free, p_ready)
 
         @pl.when(wg == 1)
         def _():
-            plgpu.copy_gmem_to_smem(q_ref.at[tok, pl.ds(hb * hp, hp)],
-                                    q_smem if hp == BLOCK_H else q_smem.at[pl.ds(0, hp)], q_bar)
+            load_q(q_ref, q_smem, tok, hb, hp, q_bar)
 
             pl.when(n > 0)(functools.partial(load_idx, 0))
 
@@ -346,7 +302,7 @@ def _build_sparse_fp8_kernel(*, num_tokens: int, heads: int, hp: int, scale_log2
 
             acc = lax.fori_loop(0, n, step, zeros_acc())
             plgpu.barrier_wait(p_ready)
-            done(1, acc, plgpu.load(x_smem.at[plan.sums_row], layout=row_layout), None)
+            write_token(kc, partial, tok, 1, acc, plgpu.load(x_smem.at[plan.sums_row], layout=row_layout), None)
 
     stage_cols = 128 // jnp.dtype(stage_dtype).itemsize
     stage_transforms = (plgpu.TilingTransform((8, stage_cols)), plgpu.SwizzleTransform(128))
