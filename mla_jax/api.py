@@ -136,6 +136,18 @@ def split_q(q, config: MLAConfig):
     return q[..., : config.kv_lora_rank], q[..., config.kv_lora_rank :]
 
 
+def array_parts(q, kv_cache) -> tuple:
+    """q's parts (`(q,)` or `(q_nope, q_pe)`), after checking that they and kv_cache are arrays (ValueError naming
+    the one that is not)."""
+    check_q_pair(q)
+    parts = q if isinstance(q, tuple) else (q,)
+    names = ("q_nope", "q_pe") if isinstance(q, tuple) else ("q",)
+    for name, x in zip(names + ("kv_cache",), parts + (kv_cache,)):
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            raise ValueError(f"q and kv_cache must be arrays, got {name}={type(x).__name__}")
+    return parts
+
+
 def mla_decode(
     q,
     kv_cache,
@@ -162,12 +174,7 @@ def mla_decode(
     """
     check_config_and_metadata(config, metadata)
     check_interpret(interpret, allow_none=True, allow_params=impl == "pallas_mosaic_gpu")
-    check_q_pair(q)
-    parts = q if isinstance(q, tuple) else (q,)
-    names = ("q_nope", "q_pe") if isinstance(q, tuple) else ("q",)
-    for name, x in zip(names + ("kv_cache",), parts + (kv_cache,)):
-        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-            raise ValueError(f"q and kv_cache must be arrays, got {name}={type(x).__name__}")
+    parts = array_parts(q, kv_cache)
     concrete = all(_is_concrete(x) for x in (metadata.query_start_loc, metadata.seq_lens, metadata.block_table))
     validate_inputs(
         config,

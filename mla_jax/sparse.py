@@ -20,10 +20,9 @@ import jax.numpy as jnp
 
 from mla_spec import MLAConfig, SparseMetadata, dtype_name, validate_sparse_inputs
 from mla_spec.config import check_config
-from mla_spec.inputs import check_q_pair
 from mla_spec.sparse import check_cache_format, check_sparse_metadata
 from mla_jax import sparse_reference
-from mla_jax.api import _is_concrete, check_interpret, default_interpret, split_q
+from mla_jax.api import _is_concrete, array_parts, check_interpret, default_interpret, split_q
 
 jax.tree_util.register_dataclass(SparseMetadata, data_fields=["indices", "topk_length"], meta_fields=[])
 
@@ -95,12 +94,7 @@ def sparse_mla_decode(q, kv_cache, metadata: SparseMetadata, config: MLAConfig, 
         interpret = default_interpret()
     check_config(config)
     check_sparse_metadata(metadata)
-    check_q_pair(q)
-    parts = q if isinstance(q, tuple) else (q,)
-    names = ("q_nope", "q_pe") if isinstance(q, tuple) else ("q",)
-    for name, x in zip(names + ("kv_cache",), parts + (kv_cache,)):
-        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-            raise ValueError(f"q and kv_cache must be arrays, got {name}={type(x).__name__}")
+    parts = array_parts(q, kv_cache)
     arrays = [x for x in (metadata.indices, metadata.topk_length) if x is not None]
     validate_sparse_inputs(
         config,

@@ -52,8 +52,9 @@ def split_q(q, config: MLAConfig):
     return torch.split(q, [config.kv_lora_rank, config.qk_rope_head_dim], dim=-1)
 
 
-def check_call(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig) -> None:
-    """The shared input checks (mla_spec.validate_inputs) on torch tensors."""
+def tensor_parts(q, kv_cache) -> tuple:
+    """q's parts (`(q,)` or `(q_nope, q_pe)`), after checking that they and kv_cache are torch tensors holding data
+    (ValueError naming the one that is not)."""
     check_q_pair(q)
     parts = q if isinstance(q, tuple) else (q,)
     names = ("q_nope", "q_pe") if isinstance(q, tuple) else ("q",)
@@ -64,6 +65,18 @@ def check_call(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig) -> None
             raise ValueError(
                 f"q and kv_cache must hold data (a CPU or GPU tensor), got a tensor on device={str(x.device)!r}"
             )
+    return parts
+
+
+def check_one_device(parts, kv_cache) -> None:
+    devices = {x.device for x in parts + (kv_cache,)}
+    if len(devices) != 1:
+        raise ValueError(f"q and kv_cache must be on one device, got devices={sorted(map(str, devices))}")
+
+
+def check_call(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig) -> None:
+    """The shared input checks (mla_spec.validate_inputs) on torch tensors."""
+    parts = tensor_parts(q, kv_cache)
     validate_inputs(
         config,
         metadata,
@@ -72,9 +85,7 @@ def check_call(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig) -> None
         kv_cache_shape=tuple(kv_cache.shape),
         kv_cache_dtype=dtype_name(kv_cache.dtype),
     )
-    devices = {x.device for x in parts + (kv_cache,)}
-    if len(devices) != 1:
-        raise ValueError(f"q and kv_cache must be on one device, got devices={sorted(map(str, devices))}")
+    check_one_device(parts, kv_cache)
 
 
 def _host(x):

@@ -17,10 +17,9 @@ import torch
 
 from mla_spec import MLAConfig, SparseMetadata, dtype_name, validate_sparse_inputs
 from mla_spec.config import check_config
-from mla_spec.inputs import check_q_pair
 from mla_spec.sparse import check_cache_format, check_sparse_metadata
 from mla_torch import sparse_reference
-from mla_torch.api import _as_tensor, split_q
+from mla_torch.api import _as_tensor, check_one_device, split_q, tensor_parts
 
 SPARSE_IMPLS = ("reference", "fa3", "flashmla")
 
@@ -72,16 +71,7 @@ def sparse_mla_decode(q, kv_cache, metadata: SparseMetadata, config: MLAConfig, 
         raise ValueError(f"unknown impl={impl!r}; expected one of {SPARSE_IMPLS}")
     check_config(config)
     check_sparse_metadata(metadata)
-    check_q_pair(q)
-    parts = q if isinstance(q, tuple) else (q,)
-    names = ("q_nope", "q_pe") if isinstance(q, tuple) else ("q",)
-    for name, x in zip(names + ("kv_cache",), parts + (kv_cache,)):
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"q and kv_cache must be torch tensors, got {name}={type(x).__name__}")
-        if x.is_meta:
-            raise ValueError(
-                f"q and kv_cache must hold data (a CPU or GPU tensor), got a tensor on device={str(x.device)!r}"
-            )
+    parts = tensor_parts(q, kv_cache)
     if check_values is None:
         check_values = _readable(metadata.indices) and _readable(metadata.topk_length)
     validate_sparse_inputs(
@@ -94,9 +84,7 @@ def sparse_mla_decode(q, kv_cache, metadata: SparseMetadata, config: MLAConfig, 
         cache_format=cache_format,
         check_values=check_values,
     )
-    devices = {x.device for x in parts + (kv_cache,)}
-    if len(devices) != 1:
-        raise ValueError(f"q and kv_cache must be on one device, got devices={sorted(map(str, devices))}")
+    check_one_device(parts, kv_cache)
     device = kv_cache.device
     if impl != "reference":
         reason = sparse_unsupported_reason(impl, config, device, cache_format=cache_format)
