@@ -69,7 +69,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu_triton
 
 from mla_jax import combine
-from mla_jax.pallas_triton import FP8_GPU_MAX_ROWS, MAX_ROWS, NUM_SMS_H200
+from mla_jax.pallas_triton import (
+    _LN2, _LOG2E, _NEG_BIG, FP8_GPU_MAX_ROWS, MAX_ROWS, NUM_SMS_H200, _cdiv, _is_pow2, _next_pow2,
+)
+from mla_spec.fp8_sparse import BYTES_PER_TOKEN, NUM_TILES, ROPE_OFFSET, SCALES_OFFSET, TILE_SIZE
 
 LATENT_DIM = 512
 """Latent (nope-absorbed) columns of q and of a cache row: DeepSeek's kv_lora_rank."""
@@ -77,34 +80,11 @@ ROPE_DIM = 64
 """Rope columns of q and of a cache row."""
 HEAD_DIM = LATENT_DIM + ROPE_DIM
 
-FP8_ROW_BYTES = 656
-"""Bytes of one token in the fp8 layout: 512 e4m3 values, 4 float32 scales, 64 bfloat16 values."""
-FP8_TILE = 128
-"""Latent values per float32 scale in the fp8 layout."""
-FP8_NUM_TILES = LATENT_DIM // FP8_TILE
-FP8_SCALES_OFFSET = LATENT_DIM
-FP8_ROPE_OFFSET = FP8_SCALES_OFFSET + 4 * FP8_NUM_TILES
-
 MIN_STEPS_PER_SPLIT = 4
 """The heuristic's least block_k steps in one split: each split writes an M x 512 float32 partial that the merge
 reads back, which a range of fewer steps would not pay for."""
 
-_NEG_BIG = -1e30  # finite start value of the running max, so that exp2(m_old - m_new) never sees inf - inf
-_LN2 = math.log(2.0)
-_LOG2E = math.log2(math.e)
 _Q_DTYPES = ("bfloat16", "float16")
-
-
-def _is_pow2(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x >= 1 and (x & (x - 1)) == 0
-
-
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, int(x) - 1).bit_length()
-
-
-def _cdiv(a, b):
-    return (a + b - 1) // b
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,19 +182,19 @@ def _load_rows_fp8(kv_ref, row, valid, kv_dtype):
     """The gathered rows of the fp8 656-byte cache [num_slots, 656] uint8, dequantized in registers to kv_dtype:
     (4 kv_c tiles [block_k, 128], k_pe [block_k, 64]). Rows not valid are not read (every byte 0: value 0)."""
     # The 4 float32 scales from their 16 little-endian bytes: byte b of every scale, shifted into place.
-    scale_bytes = _load_bytes(kv_ref, row, valid, FP8_SCALES_OFFSET + lax.broadcasted_iota(jnp.int32, (1, 16), 1))
+    scale_bytes = _load_bytes(kv_ref, row, valid, SCALES_OFFSET + lax.broadcasted_iota(jnp.int32, (1, 16), 1))
     scale_bits = functools.reduce(lax.bitwise_or, [lax.shift_left(byte, jnp.int32(8 * b))
                                                    for b, byte in enumerate(_split_last(scale_bytes, 4))])
-    scales = _split_last(lax.bitcast_convert_type(scale_bits, jnp.float32), FP8_NUM_TILES)  # 4 x [block_k, 1]
-    col_t = lax.broadcasted_iota(jnp.int32, (1, FP8_TILE), 1)
+    scales = _split_last(lax.bitcast_convert_type(scale_bits, jnp.float32), NUM_TILES)  # 4 x [block_k, 1]
+    col_t = lax.broadcasted_iota(jnp.int32, (1, TILE_SIZE), 1)
     tiles = []
     for i, scale in enumerate(scales):
-        fp8 = plgpu_triton.load(kv_ref.at[row[:, None], FP8_TILE * i + col_t], mask=valid[:, None], other=0)
+        fp8 = plgpu_triton.load(kv_ref.at[row[:, None], TILE_SIZE * i + col_t], mask=valid[:, None], other=0)
         values = lax.bitcast_convert_type(fp8, jnp.float8_e4m3fn).astype(jnp.float32)
         tiles.append((values * scale).astype(kv_dtype))
     # Rope: 128 bytes, paired (low, high) into bfloat16 bit patterns, widened to float32 bits (<< 16).
     rope_bytes = _load_bytes(kv_ref, row, valid,
-                             FP8_ROPE_OFFSET + lax.broadcasted_iota(jnp.int32, (1, 2 * ROPE_DIM), 1))
+                             ROPE_OFFSET + lax.broadcasted_iota(jnp.int32, (1, 2 * ROPE_DIM), 1))
     low, high = _split_last(rope_bytes, 2)
     rope_bits = lax.shift_left(low, jnp.int32(16)) | lax.shift_left(high, jnp.int32(24))
     k_pe = lax.bitcast_convert_type(rope_bits, jnp.float32).astype(kv_dtype)
@@ -236,7 +216,7 @@ def _sparse_kernel(*refs, has_length: bool, fp8: bool, num_heads: int, topk: int
     split = pl.program_id(2)
     row_ok = head < num_heads
     kv_dtype = q_ref.dtype
-    tile = FP8_TILE if fp8 else LATENT_DIM
+    tile = TILE_SIZE if fp8 else LATENT_DIM
     num_tiles = LATENT_DIM // tile
     col_tile = lax.broadcasted_iota(jnp.int32, (1, tile), 1)
     col_r = lax.broadcasted_iota(jnp.int32, (1, ROPE_DIM), 1)
@@ -306,14 +286,14 @@ def _check_inputs(q, kv_cache, indices, topk_length, softmax_scale) -> None:
         raise ValueError(f"q's dtype must be one of {_Q_DTYPES}, got q.dtype={_dtype_name(q)}")
     if kv_cache.ndim != 3:
         raise ValueError(f"kv_cache must be [num_blocks, page_size, {HEAD_DIM}] or uint8 [num_blocks, page_size, "
-                         f"{FP8_ROW_BYTES}] (rank 3), got kv_cache.shape={kv_cache.shape}")
+                         f"{BYTES_PER_TOKEN}] (rank 3), got kv_cache.shape={kv_cache.shape}")
     if _is_fp8_layout(kv_cache.dtype):
-        if kv_cache.shape[2] != FP8_ROW_BYTES:
-            raise ValueError(f"the fp8 cache (uint8) must be [num_blocks, page_size, {FP8_ROW_BYTES}] "
-                             f"({FP8_ROW_BYTES} bytes a token), got kv_cache.shape={kv_cache.shape}")
+        if kv_cache.shape[2] != BYTES_PER_TOKEN:
+            raise ValueError(f"the fp8 cache (uint8) must be [num_blocks, page_size, {BYTES_PER_TOKEN}] "
+                             f"({BYTES_PER_TOKEN} bytes a token), got kv_cache.shape={kv_cache.shape}")
     else:
         if _dtype_name(kv_cache) != _dtype_name(q):
-            raise ValueError(f"kv_cache's dtype must be q's ({_dtype_name(q)}) or uint8 (the fp8 {FP8_ROW_BYTES}-byte "
+            raise ValueError(f"kv_cache's dtype must be q's ({_dtype_name(q)}) or uint8 (the fp8 {BYTES_PER_TOKEN}-byte "
                              f"layout), got kv_cache.dtype={_dtype_name(kv_cache)}")
         if kv_cache.shape[2] != HEAD_DIM:
             raise NotImplementedError(f"the sparse Triton kernel takes cache rows of {HEAD_DIM} values, got "
