@@ -56,18 +56,36 @@ def _float_array(name: str, x) -> np.ndarray:
     return arr
 
 
+def _q_parts(q) -> tuple:
+    """q's parts as float arrays: `(q,)` packed or `(q_nope, q_pe)` (ValueError naming a part that is not)."""
+    check_q_pair(q)
+    if isinstance(q, tuple):
+        return _float_array("q_nope", q[0]), _float_array("q_pe", q[1])
+    return (_float_array("q", q),)
+
+
+def _split_float64(parts, L: int):
+    """(q_nope, q_pe) in float64 from `_q_parts`' parts (a packed q split at L)."""
+    q_nope, q_pe = parts if len(parts) == 2 else (parts[0][..., :L], parts[0][..., L:])
+    return q_nope.astype(np.float64), q_pe.astype(np.float64)
+
+
+def _softmax(s):
+    """(P, lse) of scores s [..., keys]: P normalized over the last axis, lse its natural-log sum (keys at -inf
+    are masked; a row with at least one key)."""
+    m = s.max(axis=-1, keepdims=True)
+    p = np.exp(s - m)
+    denom = p.sum(axis=-1, keepdims=True)
+    return p / denom, (m + np.log(denom))[..., 0]
+
+
 def mla_decode(q, kv_cache: np.ndarray, metadata: DecodeMetadata, config: MLAConfig, *, k_scale=1.0):
     """Returns `(out [T, H, L] float64, lse [T, H] float64)`.
 
     k_scale: the fp8 cache's scale (finite, > 0, a normal float32); must be 1.0 with kv_cache_dtype="auto"."""
     check_config_and_metadata(config, metadata)
-    check_q_pair(q)
-    if isinstance(q, tuple):
-        q_nope, q_pe = _float_array("q_nope", q[0]), _float_array("q_pe", q[1])
-        shapes = (q_nope.shape, q_pe.shape)
-    else:
-        q = _float_array("q", q)
-        shapes = (q.shape,)
+    parts = _q_parts(q)
+    shapes = tuple(x.shape for x in parts)
     kv_cache = _float_array("kv_cache", kv_cache)
     # The float64 reference accepts inputs of any float dtype (bf16 or fp8 rounding is
     # done by the caller), so dtypes are checked against themselves only.
@@ -81,10 +99,7 @@ def mla_decode(q, kv_cache: np.ndarray, metadata: DecodeMetadata, config: MLACon
     )
     k_scale = validate_k_scale(k_scale, config)
     L = config.kv_lora_rank
-    if not isinstance(q, tuple):
-        q_nope, q_pe = q[..., :L], q[..., L:]
-    q_nope = q_nope.astype(np.float64)
-    q_pe = q_pe.astype(np.float64)
+    q_nope, q_pe = _split_float64(parts, L)
     T, H = q_nope.shape[:2]
     out = np.zeros((T, H, L), np.float64)
     lse = np.full((T, H), -np.inf, np.float64)  # (rows of no request: padding)
@@ -106,11 +121,8 @@ def mla_decode(q, kv_cache: np.ndarray, metadata: DecodeMetadata, config: MLACon
         s *= config.softmax_scale
         q_pos = seq_len - q_len + np.arange(q_len)
         s = np.where(pos[None, None, :] <= q_pos[:, None, None], s, -np.inf)
-        m = s.max(axis=-1, keepdims=True)
-        p = np.exp(s - m)
-        denom = p.sum(axis=-1, keepdims=True)
-        out[start:end] = np.einsum("ths,sl->thl", p / denom, kv_c)
-        lse[start:end] = (m + np.log(denom))[..., 0]
+        p, lse[start:end] = _softmax(s)
+        out[start:end] = np.einsum("ths,sl->thl", p, kv_c)
     return out, lse
 
 
@@ -128,13 +140,8 @@ def sparse_mla_decode(q, kv_cache: np.ndarray, metadata: SparseMetadata, config:
     `mla_spec.fp8_sparse.dequantize_sparse_fp8`)."""
     check_config(config)
     check_sparse_metadata(metadata)
-    check_q_pair(q)
-    if isinstance(q, tuple):
-        q_nope, q_pe = _float_array("q_nope", q[0]), _float_array("q_pe", q[1])
-        shapes = (q_nope.shape, q_pe.shape)
-    else:
-        q = _float_array("q", q)
-        shapes = (q.shape,)
+    parts = _q_parts(q)
+    shapes = tuple(x.shape for x in parts)
     if cache_format == "fp8_ds_mla":
         kv_cache = np.asarray(kv_cache)
         kv_dtype = kv_cache.dtype.name
@@ -144,10 +151,7 @@ def sparse_mla_decode(q, kv_cache: np.ndarray, metadata: SparseMetadata, config:
     validate_sparse_inputs(config, metadata, q_shapes=shapes, q_dtypes=(config.dtype,) * len(shapes),
                            kv_cache_shape=kv_cache.shape, kv_cache_dtype=kv_dtype, cache_format=cache_format)
     L = config.kv_lora_rank
-    if not isinstance(q, tuple):
-        q_nope, q_pe = q[..., :L], q[..., L:]
-    q_nope = q_nope.astype(np.float64)
-    q_pe = q_pe.astype(np.float64)
+    q_nope, q_pe = _split_float64(parts, L)
     T, H = q_nope.shape[:2]
     indices = np.asarray(metadata.indices, np.int64)
     topk = indices.shape[1]
@@ -165,9 +169,6 @@ def sparse_mla_decode(q, kv_cache: np.ndarray, metadata: SparseMetadata, config:
         rows = (dequantize_sparse_fp8(rows) if cache_format == "fp8_ds_mla" else rows).astype(np.float64)
         kv_c, k_pe = rows[:, :L], rows[:, L:]
         s = (q_nope[t] @ kv_c.T + q_pe[t] @ k_pe.T) * config.softmax_scale  # [H, keys]
-        m = s.max(axis=-1, keepdims=True)
-        p = np.exp(s - m)
-        denom = p.sum(axis=-1, keepdims=True)
-        out[t] = (p / denom) @ kv_c
-        lse[t] = (m + np.log(denom))[:, 0]
+        p, lse[t] = _softmax(s)
+        out[t] = p @ kv_c
     return out, lse
