@@ -384,18 +384,26 @@ def jax_kernel(impl: str, tuning=None, fp8: bool = False, interpret: bool = Fals
                 return mod.mla_decode(qi, None, kv, md, config, tuning=tuning, k_scale=scale, **extra)
             return mod.mla_decode(qi, None, kv, md, config, tuning=tuning, **extra)
 
-        loop = functools.partial(jax.jit, static_argnums=(0, 1))(timed_loop)
-        once = jax.jit(call)
-        qs = tuple(q[k] for k in range(q.shape[0]))  # 4 separate buffers (sliced once, outside the loop)
-
-        def time_n(n):
-            if n % len(qs):
-                raise ValueError(f"n must be a multiple of {len(qs)}, got {n=}")
-            return lambda: jax.block_until_ready(loop(call, n, qs, kv, md, scale))
-
-        return (lambda: jax.block_until_ready(once(qs[0], kv, md, scale))), time_n
+        return _jax_runner(call, q, kv, md, scale)
 
     return make
+
+
+def _jax_runner(call, q, *args):
+    """(call_once, time_n) of a JAX runner: call(q_i, *args) -> (out, lse) jitted once, and n of them in one jitted
+    `timed_loop` over q's 4 buffers (sliced once, outside the loop)."""
+    import jax
+
+    loop = functools.partial(jax.jit, static_argnums=(0, 1))(timed_loop)
+    once = jax.jit(call)
+    qs = tuple(q[k] for k in range(q.shape[0]))
+
+    def time_n(n):
+        if n % len(qs):
+            raise ValueError(f"n must be a multiple of {len(qs)}, got {n=}")
+        return lambda: jax.block_until_ready(loop(call, n, qs, *args))
+
+    return (lambda: jax.block_until_ready(once(qs[0], *args))), time_n
 
 
 def _jax_sparse(impl: str, inp: BenchInputs, fp8: bool, interpret: bool):
@@ -419,21 +427,10 @@ def _jax_sparse(impl: str, inp: BenchInputs, fp8: bool, interpret: bool):
     q = jax.dlpack.from_dlpack(inp.q)
     extra = {"interpret": True} if interpret and impl != "xla" else {}
 
-    def call(qi, kv, md, scale):
-        del scale  # (the fp8_ds_mla layout carries its own scales)
+    def call(qi, kv, md):  # (the fp8_ds_mla layout carries its own scales: no k_scale)
         return mla_jax.sparse_mla_decode(qi, kv, md, inp.config, impl=impl, cache_format=cache_format, **extra)
 
-    loop = functools.partial(jax.jit, static_argnums=(0, 1))(timed_loop)
-    once = jax.jit(call)
-    qs = tuple(q[k] for k in range(q.shape[0]))
-    scale = jax.numpy.float32(1.0)
-
-    def time_n(n):
-        if n % len(qs):
-            raise ValueError(f"n must be a multiple of {len(qs)}, got {n=}")
-        return lambda: jax.block_until_ready(loop(call, n, qs, kv, md, scale))
-
-    return (lambda: jax.block_until_ready(once(qs[0], kv, md, scale))), time_n
+    return _jax_runner(call, q, kv, md)
 
 
 RUNNERS = {
