@@ -866,7 +866,7 @@ def test_q_in_kernel_addresses_convert_q_in_place(rows, wgs, permute):
 
 
 def test_q_in_kernel_lowers_and_skips_the_wrappers_conversion():
-    """q_in_kernel (an abstract H200, no GPU) lowers on the 6 fp8 problems of parity.h200, each with 8
+    """q_in_kernel (an abstract H200, no GPU) lowers on 4 fp8 problems of parity.h200, each with 8
     cvt.rn.f16x2.f32 a thread and item (kv_halves: each warpgroup half the tile's rows; else warpgroup 0 all), and
     the jitted call then has no f16 conversion of q before the kernel (the default has one); where it does not run
     (a 16-bit cache, interpret mode) nothing changes; the kernel builder refuses it where it cannot run."""
@@ -876,7 +876,9 @@ def test_q_in_kernel_lowers_and_skips_the_wrappers_conversion():
     from mla_jax import pallas_mosaic_gpu as mg
     from parity import h200 as kernel_hash
 
-    for problem in kernel_hash.PROBLEMS:
+    # the fp8 problems of 16 rows with and without v_from_ring, 32 rows, B1's one chain and 64 rows, and a 16-bit
+    # cache (problems 1 and 3 add no path here)
+    for problem in [kernel_hash.PROBLEMS[i] for i in (0, 2, 4, 5, 6)]:
         heads, batch, seq_len, q_len, fp8 = problem
         base = kernel_hash.problem_tuning(problem)
         on = dataclasses.replace(base, q_in_kernel=True)
