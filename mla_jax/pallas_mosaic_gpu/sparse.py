@@ -386,6 +386,45 @@ def kernel_out_type(num_tokens: int, heads: int, num_splits: int, out_dtype):
             jax.ShapeDtypeStruct((num_splits, num_tokens, heads), jnp.float32))
 
 
+def token_steps(sched_ref, hdr_smem, hdr_bar, gbars, init_bar, wg, tok, num_splits: int, steps: int,
+                interpret: bool):
+    """A CTA's start, both warpgroups: warpgroup 1 stages the token's header (and, compiled, initialises the
+    gather's mbarriers gbars), then arrives on init_bar; both wait for the header. Returns the split's steps
+    (lo, n): steps [lo, lo + n) of the token's (ring slots and parities count from lo)."""
+
+    @pl.when(wg == 1)
+    def _():
+        plgpu.copy_gmem_to_smem(sched_ref.at[tok, pl.ds(0, HDR_WORDS)], hdr_smem, hdr_bar)
+        if not interpret:
+            gather_init(gbars)
+        plgpu.barrier_arrive(init_bar)
+
+    plgpu.barrier_wait(hdr_bar)
+    return split_range(hdr_smem[0], num_splits, steps)
+
+
+def start_scores(init_bar, q_bar, row_layout):
+    """(warpgroup 0) Waits for the gather's mbarriers and q; returns the online softmax's initial (m_i, l_i)."""
+    plgpu.barrier_wait(init_bar)
+    plgpu.barrier_wait(q_bar)
+    return (plgpu.layout_cast(jnp.full((BLOCK_H,), -jnp.inf, jnp.float32), row_layout),
+            plgpu.layout_cast(jnp.full((BLOCK_H,), 0.0, jnp.float32), row_layout))
+
+
+def slot_of_entry(e):
+    """The cache slot an index entry names: e, or -e - 1 for a masked entry (its token's first used slot)."""
+    return jnp.where(e >= 0, e, -1 - e)
+
+
+def launch(body, out_type, scratch, grid, grid_names):
+    """plgpu.kernel for a sparse kernel's body: the two compute warpgroups ("wg"), lane semantics."""
+    return plgpu.kernel(
+        body, out_type=out_type, scratch_types=scratch, grid=grid, grid_names=grid_names,
+        num_threads=NUM_COMPUTE_WGS, thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True, reduction_scratch_bytes=0,
+                                             lowering_semantics=plgpu.LoweringSemantics.Lane))
+
+
 def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, hp: int, steps: int,
                          scale_log2: float, interpret: bool, num_splits: int = 1):
     num_h_tiles = heads // hp
@@ -416,16 +455,7 @@ def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, 
         def idx_chunk(i):
             return index_chunk(i_smem, i)
 
-        @pl.when(wg == 1)
-        def _():
-            plgpu.copy_gmem_to_smem(sched_ref.at[tok, pl.ds(0, HDR_WORDS)], hdr_smem, hdr_bar)
-            if not interpret:
-                gather_init(gbars)
-            plgpu.barrier_arrive(init_bar)
-
-        plgpu.barrier_wait(hdr_bar)
-        # the split's steps [lo, lo + n) of the token's (steps, ring slots, parities below count from lo)
-        lo, n = split_range(hdr_smem[0], num_splits, steps)
+        lo, n = token_steps(sched_ref, hdr_smem, hdr_bar, gbars, init_bar, wg, tok, num_splits, steps, interpret)
 
         def issue(i):
             """Step i's rows into ring slot i % stages (free), from index chunk i (staged); chunk i + 1 staged
@@ -435,8 +465,7 @@ def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, 
             ix = idx_chunk(i)
             if interpret:
                 for r in range(BLOCK_KV):
-                    e = ix[r]
-                    s = jnp.where(e >= 0, e, -1 - e)
+                    s = slot_of_entry(ix[r])
                     plgpu.copy_gmem_to_smem(kv_ref.at[pl.ds(s, 1)], kv_smem.at[slot, pl.ds(r, 1)],
                                             kv_ready.at[slot])
             else:
@@ -459,10 +488,7 @@ def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, 
 
         @pl.when(wg == 0)
         def _():
-            plgpu.barrier_wait(init_bar)
-            plgpu.barrier_wait(q_bar)
-            m_i = plgpu.layout_cast(jnp.full((BLOCK_H,), -jnp.inf, jnp.float32), row_layout)
-            l_i = plgpu.layout_cast(jnp.full((BLOCK_H,), 0.0, jnp.float32), row_layout)
+            m_i, l_i = start_scores(init_bar, q_bar, row_layout)
 
             def step(k, carry):
                 acc, m_i, l_i = carry
@@ -547,11 +573,7 @@ def _build_sparse_kernel(*, dtype, num_tokens: int, num_slots: int, heads: int, 
     out_type = kernel_out_type(num_tokens, heads, num_splits, out_stage_dtype(plan))
     grid, grid_names = kernel_grid(num_h_tiles, num_tokens, num_splits)
     del width
-    return plgpu.kernel(
-        body, out_type=out_type, scratch_types=scratch, grid=grid, grid_names=grid_names,
-        num_threads=NUM_COMPUTE_WGS, thread_name="wg",
-        compiler_params=plgpu.CompilerParams(approx_math=True, reduction_scratch_bytes=0,
-                                             lowering_semantics=plgpu.LoweringSemantics.Lane))
+    return launch(body, out_type, scratch, grid, grid_names)
 
 
 

@@ -72,9 +72,9 @@ from mla_jax.pallas_mosaic_gpu.config import BLOCK_H, BLOCK_KV, HEAD_DIM, KV_LOR
 from mla_jax.pallas_mosaic_gpu.layouts import FP8_RING_TILES
 from mla_jax.pallas_mosaic_gpu.softmax import accumulate_wgmma
 from mla_jax.pallas_mosaic_gpu.sparse import (
-    HDR_WORDS, IDX_SLOTS, WG_THREADS, _mgpu, finish_scores_warpgroup, gather_init, gather_wait, hand_over_p,
-    index_chunk, kernel_grid, kernel_out_type, load_index_chunk, load_q, masked_softmax, out_stage_dtype, rescale,
-    sparse_ctx, sparse_plan, split_range, write_token, zeros_acc,
+    HDR_WORDS, IDX_SLOTS, WG_THREADS, _mgpu, finish_scores_warpgroup, gather_wait, hand_over_p,
+    index_chunk, kernel_grid, kernel_out_type, launch, load_index_chunk, load_q, masked_softmax, out_stage_dtype,
+    rescale, slot_of_entry, sparse_ctx, sparse_plan, start_scores, token_steps, write_token, zeros_acc,
 )
 
 ROW_BYTES = 656  # mla_spec.fp8_sparse.BYTES_PER_TOKEN
@@ -204,16 +204,7 @@ def _build_sparse_fp8_kernel(*, num_tokens: int, heads: int, hp: int, scale_log2
         def load_idx(i):
             load_index_chunk(sched_ref, i_smem, idx_bar, tok, lo, i)
 
-        @pl.when(wg == 1)
-        def _():
-            plgpu.copy_gmem_to_smem(sched_ref.at[tok, pl.ds(0, HDR_WORDS)], hdr_smem, hdr_bar)
-            if not interpret:
-                gather_init(gbars)
-            plgpu.barrier_arrive(init_bar)
-
-        plgpu.barrier_wait(hdr_bar)
-        # the split's steps [lo, lo + n) of the token's (steps, slots, parities below count from lo)
-        lo, n = split_range(hdr_smem[0], num_splits, steps)
+        lo, n = token_steps(sched_ref, hdr_smem, hdr_bar, gbars, init_bar, wg, tok, num_splits, steps, interpret)
 
         def issue(i):
             """(warpgroup 1) Step i's rows into the fp8 slot (free), from index chunk i (staged); chunk i + 1
@@ -222,8 +213,7 @@ def _build_sparse_fp8_kernel(*, num_tokens: int, heads: int, hp: int, scale_log2
             ix = idx_chunk(i)
             if interpret:
                 for r in range(BLOCK_KV):
-                    e = ix[r]
-                    s = jnp.where(e >= 0, e, -1 - e)
+                    s = slot_of_entry(ix[r])
                     plgpu.copy_gmem_to_smem(lat_g.at[pl.ds(s, 1)], lat.at[pl.ds(r, 1)], kv_ready)
                     plgpu.copy_gmem_to_smem(rope_g.at[pl.ds(s, 1)], rope.at[pl.ds(r, 1)], kv_ready)
                     plgpu.copy_gmem_to_smem(sc_g.at[:, pl.ds(s, 1)], scales.at[:, pl.ds(r, 1)], kv_ready)
@@ -254,10 +244,7 @@ def _build_sparse_fp8_kernel(*, num_tokens: int, heads: int, hp: int, scale_log2
 
         @pl.when(wg == 0)
         def _():
-            plgpu.barrier_wait(init_bar)
-            plgpu.barrier_wait(q_bar)
-            m_i = plgpu.layout_cast(jnp.full((BLOCK_H,), -jnp.inf, jnp.float32), row_layout)
-            l_i = plgpu.layout_cast(jnp.full((BLOCK_H,), 0.0, jnp.float32), row_layout)
+            m_i, l_i = start_scores(init_bar, q_bar, row_layout)
 
             def step(k, carry):
                 acc, m_i, l_i = carry
@@ -329,11 +316,7 @@ def _build_sparse_fp8_kernel(*, num_tokens: int, heads: int, hp: int, scale_log2
     ]
     out_type = kernel_out_type(num_tokens, heads, num_splits, out_stage_dtype(plan))
     grid, grid_names = kernel_grid(num_h_tiles, num_tokens, num_splits)
-    return plgpu.kernel(
-        body, out_type=out_type, scratch_types=scratch, grid=grid, grid_names=grid_names,
-        num_threads=NUM_COMPUTE_WGS, thread_name="wg",
-        compiler_params=plgpu.CompilerParams(approx_math=True, reduction_scratch_bytes=0,
-                                             lowering_semantics=plgpu.LoweringSemantics.Lane))
+    return launch(body, out_type, scratch, grid, grid_names)
 
 
 def typed_views(kv_flat):
