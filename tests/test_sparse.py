@@ -73,37 +73,42 @@ class TestTorchReference(SparseCases):
         return mla_torch.sparse_mla_decode(q, kv, inputs.metadata, inputs.config, cache_format=inputs.cache_format)
 
 
-class TestJaxReference(SparseCases):
+class JaxSparseCases(SparseCases):
+    """A JAX implementation, `impl`, through mla_jax.sparse_mla_decode: `interpret` as the call's argument (None:
+    the default, compiled on a GPU), asked about the GPU when `on_gpu` (the GPU classes) and about no device
+    otherwise."""
+
+    impl = "xla"
+    interpret = None
+    on_gpu = False
+
     def unsupported_reason(self, config, cache_format):
-        return mla_jax.sparse_unsupported_reason("xla", config, cache_format=cache_format)
+        device = None
+        if self.on_gpu and any(d.platform == "gpu" for d in jax.devices()):
+            device = jax.devices("gpu")[0]
+        return mla_jax.sparse_unsupported_reason(self.impl, config, device, cache_format=cache_format)
 
     def decode(self, inputs):
         q, kv = jax_inputs(inputs)
-        return mla_jax.sparse_mla_decode(q, kv, inputs.metadata, inputs.config, cache_format=inputs.cache_format)
+        return mla_jax.sparse_mla_decode(q, kv, inputs.metadata, inputs.config, impl=self.impl,
+                                         cache_format=inputs.cache_format, interpret=self.interpret)
 
 
-class TestTritonSparseInterpret(SparseCases):
+class TestJaxReference(JaxSparseCases):
+    impl = "xla"
+
+
+class TestTritonSparseInterpret(JaxSparseCases):
     """impl="pallas_triton" in Pallas interpret mode: every shared case, both cache formats."""
 
-    def unsupported_reason(self, config, cache_format):
-        return mla_jax.sparse_unsupported_reason("pallas_triton", config, cache_format=cache_format)
-
-    def decode(self, inputs):
-        q, kv = jax_inputs(inputs)
-        return mla_jax.sparse_mla_decode(q, kv, inputs.metadata, inputs.config, impl="pallas_triton",
-                                         cache_format=inputs.cache_format, interpret=True)
+    impl = "pallas_triton"
+    interpret = True
 
 
 @pytest.mark.gpu
-class TestTritonSparseGPU(SparseCases):
-    def unsupported_reason(self, config, cache_format):
-        devices = jax.devices("gpu") if any(d.platform == "gpu" for d in jax.devices()) else [None]
-        return mla_jax.sparse_unsupported_reason("pallas_triton", config, devices[0], cache_format=cache_format)
-
-    def decode(self, inputs):
-        q, kv = jax_inputs(inputs)
-        return mla_jax.sparse_mla_decode(q, kv, inputs.metadata, inputs.config, impl="pallas_triton",
-                                         cache_format=inputs.cache_format)
+class TestTritonSparseGPU(JaxSparseCases):
+    impl = "pallas_triton"
+    on_gpu = True
 
 
 MOSAIC_INTERPRET_CASES = ("minus_one_scattered-bfloat16", "repeats_within_row-bfloat16", "topk_length-bfloat16",
@@ -118,34 +123,23 @@ others (topk 2048: 32 steps; the 3-step and pairs cases) add interpret time, not
 class."""
 
 
-class TestMosaicSparseInterpret(SparseCases):
+class TestMosaicSparseInterpret(JaxSparseCases):
     """impl="pallas_mosaic_gpu" in Mosaic GPU interpret mode (the gather there: a 1-row TMA a key; compiled it is
     cp.async, which only the GPU class runs)."""
 
-    def unsupported_reason(self, config, cache_format):
-        return mla_jax.sparse_unsupported_reason("pallas_mosaic_gpu", config, cache_format=cache_format)
+    impl = "pallas_mosaic_gpu"
+    interpret = True
 
     def _prepare_or_skip(self, case):
         if case.id not in MOSAIC_INTERPRET_CASES:
             pytest.skip("interpret mode runs the cases in MOSAIC_INTERPRET_CASES (CI time); the GPU class runs all")
         return super()._prepare_or_skip(case)
 
-    def decode(self, inputs):
-        q, kv = jax_inputs(inputs)
-        return mla_jax.sparse_mla_decode(q, kv, inputs.metadata, inputs.config, impl="pallas_mosaic_gpu",
-                                         cache_format=inputs.cache_format, interpret=True)
-
 
 @pytest.mark.gpu
-class TestMosaicSparseGPU(SparseCases):
-    def unsupported_reason(self, config, cache_format):
-        devices = jax.devices("gpu") if any(d.platform == "gpu" for d in jax.devices()) else [None]
-        return mla_jax.sparse_unsupported_reason("pallas_mosaic_gpu", config, devices[0], cache_format=cache_format)
-
-    def decode(self, inputs):
-        q, kv = jax_inputs(inputs)
-        return mla_jax.sparse_mla_decode(q, kv, inputs.metadata, inputs.config, impl="pallas_mosaic_gpu",
-                                         cache_format=inputs.cache_format)
+class TestMosaicSparseGPU(JaxSparseCases):
+    impl = "pallas_mosaic_gpu"
+    on_gpu = True
 
 
 def test_mosaic_sparse_refuses_fp8_ds_mla_with_float16_by_name():
