@@ -40,6 +40,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from mla_jax import api as _api  # registers DecodeMetadata as a pytree
 from mla_jax.combine import combine_ref
+from mla_jax.reference import token_positions
 from mla_spec import DecodeMetadata, MLAConfig, check_config_and_metadata, dtype_name, validate_inputs, validate_k_scale
 from mla_spec.dcp import (
     DCPShards,
@@ -105,9 +106,8 @@ def _local_partial(q, kv_cache, md: DecodeMetadata, config: MLAConfig, impl: str
     k_scale: the fp8 cache's scale (None for other caches, where the kernels take none)."""
     T = q[0].shape[0]
     qsl, seq_lens = md.query_start_loc, md.seq_lens
-    t = jnp.arange(T, dtype=qsl.dtype)
-    req = jnp.clip(jnp.searchsorted(qsl, t, side="right") - 1, 0, seq_lens.shape[0] - 1)
-    empty = (t >= qsl[-1]) | (seq_lens[req] == 0)  # [T]
+    req, _ = token_positions(md, T)  # (past qsl[-1]: one past the last request, clamped by the gather below)
+    empty = (jnp.arange(T) >= qsl[-1]) | (seq_lens[req] == 0)  # [T]
     # the dummy length 1 for a real request's empty shard; a padding request (q_len 0) keeps 0
     kmd = md.replace(seq_lens=jnp.where(qsl[1:] > qsl[:-1], jnp.maximum(seq_lens, 1), seq_lens))
     lc = local_config(config)
