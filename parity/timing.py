@@ -389,21 +389,29 @@ def jax_kernel(impl: str, tuning=None, fp8: bool = False, interpret: bool = Fals
     return make
 
 
-def _jax_runner(call, q, *args):
-    """(call_once, time_n) of a JAX runner: call(q_i, *args) -> (out, lse) jitted once, and n of them in one jitted
-    `timed_loop` over q's 4 buffers (sliced once, outside the loop)."""
+def jax_time_n(call, qs, *args):
+    """n -> a callable that runs n calls of call(q_i, *args), cycling over the buffers qs, in one jitted
+    `timed_loop`, and waits for them (n a multiple of len(qs))."""
     import jax
 
     loop = functools.partial(jax.jit, static_argnums=(0, 1))(timed_loop)
-    once = jax.jit(call)
-    qs = tuple(q[k] for k in range(q.shape[0]))
 
     def time_n(n):
         if n % len(qs):
             raise ValueError(f"n must be a multiple of {len(qs)}, got {n=}")
         return lambda: jax.block_until_ready(loop(call, n, qs, *args))
 
-    return (lambda: jax.block_until_ready(once(qs[0], *args))), time_n
+    return time_n
+
+
+def _jax_runner(call, q, *args):
+    """(call_once, time_n) of a JAX runner: call(q_i, *args) -> (out, lse) jitted once, and n of them in one jitted
+    `timed_loop` over q's 4 buffers (sliced once, outside the loop; jax_time_n)."""
+    import jax
+
+    once = jax.jit(call)
+    qs = tuple(q[k] for k in range(q.shape[0]))
+    return (lambda: jax.block_until_ready(once(qs[0], *args))), jax_time_n(call, qs, *args)
 
 
 def _jax_sparse(impl: str, inp: BenchInputs, fp8: bool, interpret: bool):

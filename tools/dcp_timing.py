@@ -83,22 +83,6 @@ def _timer(loop_fn, *, calls: int | None, launch_seconds: float):
     return timer
 
 
-def _loop(call, qs, *args):
-    """n -> a callable that runs n calls of call(q, *args) in one jitted fori_loop (parity.timing.timed_loop)."""
-    import functools
-
-    import jax
-
-    loop = functools.partial(jax.jit, static_argnums=(0, 1))(timing.timed_loop)
-
-    def time_n(n):
-        if n % len(qs):
-            raise ValueError(f"n must be a multiple of {len(qs)}, got {n=}")
-        return lambda: jax.block_until_ready(loop(call, n, qs, *args))
-
-    return time_n
-
-
 def measure(shape: Shape, *, impl: str, world_size: int, reps: int, calls: int | None, launch_seconds: float,
             interpret: bool, seed: int = 0) -> dict:
     """One shape's row: the times (seconds per call) of the one-device decode, the DCP decode and both merges, the
@@ -164,10 +148,10 @@ def measure(shape: Shape, *, impl: str, world_size: int, reps: int, calls: int |
     del out1, lse1, outd, lsed, outm, lsem, outp, lsep
 
     timers = {
-        "one_device": _loop(one, qs, kv, md1),
-        "dcp": _loop(dcp, qs_mesh, kv_shards, md_shards),
-        "merge": _loop(merge, outs_g, lses_g),
-        "psum_merge": _loop(psum_merge, outs_m, lses),
+        "one_device": timing.jax_time_n(one, qs, kv, md1),
+        "dcp": timing.jax_time_n(dcp, qs_mesh, kv_shards, md_shards),
+        "merge": timing.jax_time_n(merge, outs_g, lses_g),
+        "psum_merge": timing.jax_time_n(psum_merge, outs_m, lses),
     }
     seconds, n_calls = {}, {}
     for name, time_n in timers.items():
