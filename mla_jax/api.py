@@ -27,6 +27,7 @@ from mla_spec import (
 )
 from mla_spec.config import check_config
 from mla_spec.inputs import check_q_pair
+from mla_spec.metadata import check_fits_int32
 
 jax.tree_util.register_dataclass(
     DecodeMetadata,
@@ -49,7 +50,7 @@ _AUTO_ORDER = ("pallas_mosaic_gpu", "pallas_triton", "xla")
 
 
 def _module(impl: str):
-    if impl not in _MODULES:
+    if not isinstance(impl, str) or impl not in _MODULES:
         raise ValueError(f"unknown impl={impl!r}; expected one of {IMPLS + ('auto',)}")
     return importlib.import_module(_MODULES[impl])
 
@@ -115,11 +116,21 @@ def to_jax_metadata(metadata: DecodeMetadata, device=None) -> DecodeMetadata:
 
     schedule = metadata.scheduler_metadata
     return metadata.replace(
-        query_start_loc=put(metadata.query_start_loc),
-        seq_lens=put(metadata.seq_lens),
-        block_table=put(metadata.block_table),
+        query_start_loc=put(fits_int32("query_start_loc", metadata.query_start_loc)),
+        seq_lens=put(fits_int32("seq_lens", metadata.seq_lens)),
+        block_table=put(fits_int32("block_table", metadata.block_table)),
         scheduler_metadata=jax.tree.map(put, schedule) if isinstance(schedule, Schedule) else None,
     )
+
+
+def fits_int32(name: str, x):
+    """`x`, after checking that its values fit in int32 where they can be read (not traced) and its dtype is wider
+    (mla_spec.metadata.check_fits_int32: ValueError naming the entry), so the int32 cast cannot wrap one."""
+    if x is not None and not isinstance(x, jax.core.Tracer):
+        dtype = np.dtype(x.dtype) if isinstance(x, (np.ndarray, jax.Array)) else None
+        if dtype is None or not np.can_cast(dtype, np.int32):
+            check_fits_int32(name, np.asarray(x))
+    return x
 
 
 def _is_concrete(x) -> bool:
@@ -136,6 +147,16 @@ def split_q(q, config: MLAConfig):
     return q[..., : config.kv_lora_rank], q[..., config.kv_lora_rank :]
 
 
+def check_jax_arrays(**arrays) -> None:
+    """ValueError naming the first argument that is an array of another library (a torch tensor: it has a shape
+    and a dtype, but JAX reads neither its values nor its traced form): the jitted calls take NumPy and JAX arrays.
+    None and non-arrays pass here, for the callers' own checks to name."""
+    for name, x in arrays.items():
+        if hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, (np.ndarray, jax.Array)):
+            raise ValueError(f"{name} must be a NumPy or JAX array, got {name}={type(x).__module__}."
+                             f"{type(x).__name__}")
+
+
 def array_parts(q, kv_cache) -> tuple:
     """q's parts (`(q,)` or `(q_nope, q_pe)`), after checking that they and kv_cache are arrays (ValueError naming
     the one that is not)."""
@@ -145,6 +166,7 @@ def array_parts(q, kv_cache) -> tuple:
     for name, x in zip(names + ("kv_cache",), parts + (kv_cache,)):
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise ValueError(f"q and kv_cache must be arrays, got {name}={type(x).__name__}")
+        check_jax_arrays(**{name: x})
     return parts
 
 
@@ -175,6 +197,8 @@ def mla_decode(
     check_config_and_metadata(config, metadata)
     check_interpret(interpret, allow_none=True, allow_params=impl == "pallas_mosaic_gpu")
     parts = array_parts(q, kv_cache)
+    check_jax_arrays(query_start_loc=metadata.query_start_loc, seq_lens=metadata.seq_lens,
+                     block_table=metadata.block_table)
     concrete = all(_is_concrete(x) for x in (metadata.query_start_loc, metadata.seq_lens, metadata.block_table))
     validate_inputs(
         config,

@@ -77,9 +77,10 @@ def merge_partials(outs, lses, out_dtype=None):
     outs `[W, T, H, L]` (each normalized over its shard), lses `[W, T, H]` float32 (-inf for
     an empty shard) -> `(out [T, H, L] in out_dtype (default outs' dtype), lse [T, H] float32)`:
     lse = logsumexp over shards, out = sum_s exp(lse_s - lse) * out_s, computed in float32.
-    A row with every shard empty gives out 0, lse -inf (no NaN). Shapes and dtypes are checked
-    (ValueError naming them; they are static, so also under jax.jit). outs and lses may also be sequences
-    of W per-shard arrays of one shape; out_dtype a dtype or its name ("bfloat16")."""
+    A row with every shard empty gives out 0, lse -inf (no NaN); a NaN lse gives its row out NaN, lse NaN, and a
+    +inf lse (which no decode returns) out NaN, lse +inf (never a plausible-looking finite row). Shapes and dtypes
+    are checked (ValueError naming them; they are static, so also under jax.jit). outs and lses may also be
+    sequences of W per-shard arrays of one shape; out_dtype a dtype or its name ("bfloat16")."""
     check_partial_sequence(outs, "outs", "merge_partials")
     check_partial_sequence(lses, "lses", "merge_partials")
     outs, lses = jnp.asarray(outs), jnp.asarray(lses)
@@ -220,6 +221,9 @@ def dcp_mla_decode(
     for x in parts + (kv_cache_shards,):
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise ValueError(f"q and kv_cache_shards must be arrays, got {type(x).__name__}")
+    _api.check_jax_arrays(q=parts[0], kv_cache_shards=kv_cache_shards,
+                          query_start_loc=metadata_shards.query_start_loc, seq_lens=metadata_shards.seq_lens,
+                          block_table=metadata_shards.block_table)
     if len(kv_cache_shards.shape) != 4 or kv_cache_shards.shape[0] != world_size:
         raise ValueError(
             f"kv_cache_shards must be [world_size={world_size}, num_blocks_local, page_size, "
@@ -283,7 +287,10 @@ def dcp_mla_decode(
 
 
 def make_dcp_mesh(world_size: int, axis_name: str = "dcp", devices=None) -> Mesh:
-    """A 1-D mesh of the first `world_size` devices (of `devices`, default `jax.devices()`)."""
+    """A 1-D mesh of the first `world_size` devices (of `devices`, default `jax.devices()`); world_size an int >= 1
+    (ValueError naming it otherwise)."""
+    if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) or world_size < 1:
+        raise ValueError(f"world_size must be an int >= 1, got {world_size=!r}")
     devices = jax.devices() if devices is None else list(devices)
     if len(devices) < world_size:
         raise ValueError(f"need {world_size=} devices, got {len(devices)} ({devices[0].platform})")

@@ -19,6 +19,8 @@ from mla_spec import (
     validate_slot_mapping,
     validate_write_kv_arrays,
 )
+from mla_spec.fp8 import check_quantize_scale
+from mla_jax.api import check_jax_arrays
 
 
 def quantize_fp8(x, k_scale):
@@ -27,7 +29,9 @@ def quantize_fp8(x, k_scale):
 
     XLA rewrites a division by a broadcast scalar as a multiplication by its reciprocal, which is an ulp off on
     about a third of the values (enough to change some fp8 roundings); the broadcast scale passes through an
-    optimization barrier so that the division stays a division."""
+    optimization barrier so that the division stays a division. A k_scale given as a number is checked as the
+    decode's is (ValueError naming it); an array's value is not read here (traced, or a device sync)."""
+    check_quantize_scale(k_scale)
     y = x.astype(jnp.float32)
     scale = lax.optimization_barrier(jnp.broadcast_to(jnp.asarray(k_scale, jnp.float32), y.shape))
     return jnp.clip(y / scale, -FP8_E4M3_MAX, FP8_E4M3_MAX).astype(jnp.float8_e4m3fn)  # clip keeps NaN
@@ -85,6 +89,7 @@ def write_kv(kv_cache, kv_c, k_pe, slot_mapping, config: MLAConfig, *, k_scale=1
             continue
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise ValueError(f"{name} must be an array, got {name}={type(x).__name__}")
+        check_jax_arrays(**{name: x})
     validate_write_kv_arrays(config, kv_cache, kv_c, k_pe, slot_mapping)
     validate_k_scale(k_scale, config, concrete=not isinstance(k_scale, jax.core.Tracer))
     num_blocks, page_size, _ = kv_cache.shape

@@ -510,7 +510,8 @@ def _mla_decode(q_nope, q_pe, kv_cache, k_scale, metadata: DecodeMetadata, confi
     seq_lens = _kernel_seq_lens(metadata, config)
     # (built ahead by with_schedule, once a batch, or here; the kernel cuts pieces by tuning.chunk_steps, so the
     # schedule's must be the same)
-    schedule = prebuilt_or_build(metadata, lambda: _schedule(metadata, config, tuning), num_parts=tuning.num_parts,
+    schedule = prebuilt_or_build(metadata, lambda: _schedule_jit(metadata.replace(scheduler_metadata=None), config,
+                                                                 tuning), num_parts=tuning.num_parts,
                                  block_kv=tuning.block_kv, chunk_steps=tuning.chunk_steps)
     max_q = metadata.max_query_len
     q_tiles = _cdiv(max_q, tuning.block_q)

@@ -262,7 +262,9 @@ def prebuilt_or_build(metadata, build, *, num_parts: int, block_kv: int, chunk_s
 
     A prebuilt schedule must fit the call: num_parts and block_kv as the tuning runs (and chunk_steps, where the
     kernel cuts pieces by its own chunk_steps; None: not compared), one split_offsets entry per request plus one.
-    ValueError naming the values otherwise. Its table's values are not checked: under jit they are traced."""
+    ValueError naming the values otherwise. Where the lengths and the schedule are concrete (an eager call), it must
+    also be the one `build()` gives for this batch's lengths: a schedule of other lengths walks their steps (wrong
+    out and lse), so a ValueError says to build it again. Under jit the values are traced and not compared."""
     schedule = metadata.scheduler_metadata
     if not isinstance(schedule, Schedule):
         return build()
@@ -277,6 +279,14 @@ def prebuilt_or_build(metadata, build, *, num_parts: int, block_kv: int, chunk_s
         raise ValueError(f"metadata.scheduler_metadata holds a work schedule of {schedule.num_reqs} requests, the "
                          f"batch has num_reqs={metadata.num_reqs}: build it with with_schedule(metadata, config, "
                          "tuning=...)")
+    arrays = (metadata.seq_lens, metadata.query_start_loc, schedule.table, schedule.split_offsets)
+    if not any(isinstance(x, jax.core.Tracer) for x in arrays):
+        fresh = build()
+        if not (np.array_equal(np.asarray(fresh.table), np.asarray(schedule.table))
+                and np.array_equal(np.asarray(fresh.split_offsets), np.asarray(schedule.split_offsets))):
+            raise ValueError("metadata.scheduler_metadata holds a work schedule built for other lengths than the "
+                             "batch's seq_lens and query_start_loc: build it again with with_schedule(metadata, "
+                             "config, tuning=...) whenever they change")
     return schedule
 
 

@@ -22,7 +22,7 @@ from mla_spec import MLAConfig, SparseMetadata, dtype_name, validate_sparse_inpu
 from mla_spec.config import check_config
 from mla_spec.sparse import check_cache_format, check_sparse_metadata
 from mla_jax import sparse_reference
-from mla_jax.api import _is_concrete, array_parts, check_interpret, default_interpret, split_q
+from mla_jax.api import _is_concrete, array_parts, check_interpret, check_jax_arrays, default_interpret, fits_int32, split_q
 
 jax.tree_util.register_dataclass(SparseMetadata, data_fields=["indices", "topk_length"], meta_fields=[])
 
@@ -36,7 +36,8 @@ def to_jax_sparse_metadata(metadata: SparseMetadata, device=None) -> SparseMetad
     def put(x):
         return None if x is None else jax.device_put(jnp.asarray(x, dtype=jnp.int32), device)
 
-    return metadata.replace(indices=put(metadata.indices), topk_length=put(metadata.topk_length))
+    return metadata.replace(indices=put(fits_int32("indices", metadata.indices)),
+                            topk_length=put(fits_int32("topk_length", metadata.topk_length)))
 
 
 def _as_int32(x):
@@ -95,6 +96,7 @@ def sparse_mla_decode(q, kv_cache, metadata: SparseMetadata, config: MLAConfig, 
     check_config(config)
     check_sparse_metadata(metadata)
     parts = array_parts(q, kv_cache)
+    check_jax_arrays(indices=metadata.indices, topk_length=metadata.topk_length)
     arrays = [x for x in (metadata.indices, metadata.topk_length) if x is not None]
     validate_sparse_inputs(
         config,

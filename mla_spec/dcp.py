@@ -49,7 +49,8 @@ import dataclasses
 import numpy as np
 
 from mla_spec.config import MLAConfig, check_config
-from mla_spec.inputs import check_config_and_metadata
+from mla_spec.inputs import (_FLOAT_DTYPE_NAMES, check_config_and_metadata, check_kv_cache, dtype_name,
+                              expected_kv_cache_dtype)
 from mla_spec.metadata import DecodeMetadata
 
 
@@ -337,9 +338,15 @@ def shard_batch(
     Unread slots (local block 0, the padding target of the block tables, among them) are set
     to `fill` (NaN by default, so that a kernel reading them shows). Every real request must
     have q_len == 1; a batch padded to a bucket (padded=True) is sharded into the stacked form
-    of that bucket, whatever its lengths.
+    of that bucket, whatever its lengths. The cache's shape is checked against the config as the
+    decode checks it (`check_kv_cache`), and its dtype must be a float one (NumPy batches hold a
+    16-bit or fp8 cache's values as float32): ValueError naming them otherwise.
     """
+    check_config(config)
     kv_cache = np.asarray(kv_cache)
+    check_kv_cache(config, tuple(kv_cache.shape), expected_kv_cache_dtype(config))
+    if dtype_name(kv_cache.dtype) not in _FLOAT_DTYPE_NAMES + ("float8_e4m3fn",):
+        raise ValueError(f"kv_cache must hold floats, got kv_cache.dtype={dtype_name(kv_cache.dtype)}")
     md, source = shard_layout(metadata, config, world_size=world_size, num_blocks=int(kv_cache.shape[0]),
                               num_blocks_local=num_blocks_local, permute_blocks=permute_blocks, seed=seed)
     flat = kv_cache.reshape(-1, kv_cache.shape[-1])
@@ -385,7 +392,8 @@ def merge_partials(outs, lses):
     outs `[W, T, H, L]` (each normalized over its shard), lses `[W, T, H]` (-inf for an empty
     shard) -> `(out [T, H, L], lse [T, H])`; lse = logsumexp over shards,
     out = sum_s exp(lse_s - lse) * out_s. A row with every shard empty gives out 0, lse -inf; a NaN lse (a
-    non-finite q entry of that head) gives its row out NaN, lse NaN, never a plausible-looking 0."""
+    non-finite q entry of that head) gives its row out NaN, lse NaN, and a +inf lse (which no decode returns) out
+    NaN, lse +inf: never a plausible-looking finite row."""
     check_partial_sequence(outs, "outs", "merge_partials")
     check_partial_sequence(lses, "lses", "merge_partials")
     outs = np.asarray(outs)

@@ -14,6 +14,8 @@ and `mla_jax.quantize_fp8` are the same rule on their stacks, checked bitwise ag
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 FP8_E4M3_MAX = 448.0
@@ -26,14 +28,41 @@ _FP8_E4M3_MIN_EXP = -6
 
 def fp8_k_scale(amax) -> float:
     """The per-tensor scale that maps the largest magnitude `amax` onto 448: float32(amax / 448) as a Python float
-    (1.0 when amax is 0, a cache of zeros)."""
-    amax = float(amax)
-    return float(np.float32(amax / FP8_E4M3_MAX)) if amax > 0 else 1.0
+    (1.0 when amax is 0, a cache of zeros). ValueError naming amax where it is not finite and >= 0, or where its
+    scale is not one a cache may have (`mla_spec.config.check_fp8_scale`: a normal float32, at most K_SCALE_MAX)."""
+    from mla_spec.config import check_fp8_scale
+
+    value = float(amax)
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"amax must be finite and >= 0, got amax={amax!r}")
+    if value == 0:
+        return 1.0
+    with np.errstate(over="ignore"):  # (a scale past float32: refused below)
+        scale = float(np.float32(value / FP8_E4M3_MAX))
+    try:
+        check_fp8_scale("amax / 448", scale)
+    except ValueError as e:
+        raise ValueError(f"amax={amax!r} gives no usable k_scale: {e}") from None
+    return scale
+
+
+def check_quantize_scale(k_scale) -> None:
+    """The quantizers' check of a k_scale whose value can be read without a device sync (a Python number, or a 0-d
+    NumPy array): finite, > 0, a normal float32, at most K_SCALE_MAX (`mla_spec.config.check_fp8_scale`, the
+    decode's rule); ValueError naming k_scale otherwise. Device and traced scales are the caller's to check."""
+    from mla_spec.config import check_fp8_scale
+
+    if isinstance(k_scale, bool):
+        raise ValueError(f"k_scale must be a float or a 0-d float array, got k_scale={k_scale!r}")
+    if isinstance(k_scale, (int, float, np.number)) or (isinstance(k_scale, np.ndarray) and k_scale.shape == ()):
+        check_fp8_scale("k_scale", float(k_scale), shown=k_scale)
 
 
 def quantize_fp8(x, k_scale) -> np.ndarray:
     """`x` (any float array) quantized by the rule above: float32 values, each exactly a float8_e4m3fn value (cast
-    them to float8_e4m3fn losslessly). k_scale: a float, finite and > 0."""
+    them to float8_e4m3fn losslessly). k_scale: a float, finite, > 0, a normal float32 and at most K_SCALE_MAX
+    (ValueError naming it otherwise)."""
+    check_quantize_scale(k_scale)
     with np.errstate(over="ignore", invalid="ignore"):  # inf / NaN in, or a tiny k_scale: saturated below
         y = np.asarray(x, np.float32) / np.float32(k_scale)
     return round_to_e4m3fn(y)

@@ -137,6 +137,11 @@ def validate_metadata(
         raise ValueError(
             f"max_query_len must be <= max_seq_len, got max_query_len={md.max_query_len}, max_seq_len={md.max_seq_len}"
         )
+    if md.max_query_len > config.reorder_batch_threshold:  # (the kernels size query tiles and partials by it)
+        raise ValueError(
+            f"max_query_len={md.max_query_len} > reorder_batch_threshold={config.reorder_batch_threshold}: a decode "
+            "batch holds decodes only (split prefills off with mla_spec.split_decodes_and_prefills)"
+        )
 
 
 def _validate_values(md: DecodeMetadata, config: MLAConfig, num_blocks: int | None) -> None:
@@ -145,9 +150,7 @@ def _validate_values(md: DecodeMetadata, config: MLAConfig, num_blocks: int | No
     arrays = {name: np.asarray(getattr(md, name)) for name in ("query_start_loc", "seq_lens", "block_table")}
     # The backends run int32 metadata: a wider value must not wrap into a plausible one on the cast.
     for name, arr in arrays.items():
-        i = first_outside_int32(arr)
-        if i is not None:
-            raise ValueError(f"{name} values must fit in int32, got {name}[{', '.join(map(str, i))}]={int(arr[i])}")
+        check_fits_int32(name, arr)
     qsl = arrays["query_start_loc"].astype(np.int64)
     seq_lens = arrays["seq_lens"].astype(np.int64)
     bt = arrays["block_table"].astype(np.int64)
@@ -246,6 +249,15 @@ def first_outside_int32(arr: np.ndarray):
         if arr.dtype == object else (arr < _INT32.min) | (arr > _INT32.max)
     hits = np.argwhere(bad)
     return tuple(int(i) for i in hits[0]) if hits.size else None
+
+
+def check_fits_int32(name: str, arr) -> None:
+    """Raises ValueError naming the first entry of `arr` (a NumPy array, or values NumPy can read) outside int32:
+    the backends cast metadata to int32, and a wider value must not wrap into a plausible one (2**32 + 3 into 3)."""
+    arr = np.asarray(arr)
+    i = first_outside_int32(arr)
+    if i is not None:
+        raise ValueError(f"{name} values must fit in int32, got {name}[{', '.join(map(str, i))}]={int(arr[i])}")
 
 
 def _as_int_vector(name: str, values) -> np.ndarray:

@@ -29,7 +29,7 @@ import numpy as np
 from mla_spec.config import MLAConfig, check_config
 from mla_spec.fp8_sparse import BYTES_PER_TOKEN, NOPE_DIM, ROPE_DIM
 from mla_spec.inputs import check_kv_cache, check_num_slots, check_q
-from mla_spec.metadata import _check_static_int, _exact_ints, _is_integer_dtype, first_outside_int32
+from mla_spec.metadata import _check_static_int, _exact_ints, _is_integer_dtype, check_fits_int32
 
 SPARSE_CACHE_FORMATS = ("auto", "fp8_ds_mla")
 """The caches a sparse decode reads: "auto", `[num_blocks, page_size, 576]` in config.dtype (the dense decode's);
@@ -113,9 +113,7 @@ def _validate_values(md: SparseMetadata, num_slots: int | None) -> None:
         arrays["topk_length"] = np.asarray(md.topk_length)
     # The backends cast to int32: a wider value must not wrap into a plausible slot.
     for name, arr in arrays.items():
-        i = first_outside_int32(arr)
-        if i is not None:
-            raise ValueError(f"{name} values must fit in int32, got {name}[{', '.join(map(str, i))}]={int(arr[i])}")
+        check_fits_int32(name, arr)
     T, topk = indices.shape
     used = np.ones((T, topk), bool)
     if md.topk_length is not None:
@@ -145,9 +143,7 @@ def _as_int_array(name: str, values, ndim: int) -> np.ndarray:
         raise ValueError(f"{name} must be {ndim}-D, got {name}.shape={arr.shape}")
     if arr.size and _exact_ints(arr) is None:
         raise ValueError(f"{name} must hold integers, got {name}.dtype={arr.dtype}")
-    i = first_outside_int32(arr)
-    if i is not None:  # before the int32 cast below, which would wrap 2**32 + 3 to 3
-        raise ValueError(f"{name} values must fit in int32, got {name}[{', '.join(map(str, i))}]={int(arr[i])}")
+    check_fits_int32(name, arr)  # (before the int32 cast below)
     return arr.astype(np.int32)
 
 

@@ -14,7 +14,7 @@ import torch
 from mla_spec import DecodeMetadata, MLAConfig, check_config_and_metadata, dtype_name, validate_inputs, validate_k_scale
 from mla_spec.config import check_config
 from mla_spec.inputs import check_q_pair
-from mla_spec.metadata import check_metadata_arrays
+from mla_spec.metadata import check_fits_int32, check_metadata_arrays
 from mla_torch import reference
 
 IMPLS = ("reference", "fa3")
@@ -33,14 +33,27 @@ def _as_tensor(x) -> torch.Tensor:
 def to_torch_metadata(metadata: DecodeMetadata, device) -> DecodeMetadata:
     """The same metadata with int32 torch tensors on `device`."""
 
-    def put(x):
-        return None if x is None else _as_tensor(x).to(device=device, dtype=torch.int32)
+    def put(name, x):
+        return None if x is None else int32_tensor(name, x).to(device=device)
 
     return metadata.replace(
-        query_start_loc=put(metadata.query_start_loc),
-        seq_lens=put(metadata.seq_lens),
-        block_table=put(metadata.block_table),
+        query_start_loc=put("query_start_loc", metadata.query_start_loc),
+        seq_lens=put("seq_lens", metadata.seq_lens),
+        block_table=put("block_table", metadata.block_table),
     )
+
+
+_NARROW_INTS = (torch.int8, torch.int16, torch.int32, torch.uint8, torch.bool)
+
+
+def int32_tensor(name: str, x) -> torch.Tensor:
+    """`x` as an int32 tensor on its device, after checking that its values fit in int32 where its dtype is wider
+    (mla_spec.metadata.check_fits_int32: ValueError naming the entry; it reads the values, on the host), so the
+    cast cannot wrap one."""
+    t = _as_tensor(x)
+    if t.dtype not in _NARROW_INTS and t.numel():
+        check_fits_int32(name, t.detach().cpu().numpy())
+    return t.to(dtype=torch.int32)
 
 
 def split_q(q, config: MLAConfig):

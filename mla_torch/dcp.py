@@ -86,7 +86,8 @@ def merge_attn_states(outs, lses, out_dtype: torch.dtype | str | None = None):
     lses `[W, T, H]` float32 (-inf for an empty shard). Returns `(out [T, H, L] in out_dtype
     (default outs' dtype; a torch.dtype or its name), lse [T, H] float32)`: lse = logsumexp over shards,
     out = sum_s exp(lse_s - lse) * out_s, computed in float32. A row with every shard empty
-    gives out 0, lse -inf (no NaN); a NaN lse gives its row out NaN, lse NaN (never a plausible-looking 0).
+    gives out 0, lse -inf (no NaN); a NaN lse gives its row out NaN, lse NaN, and a +inf lse (which no decode
+    returns) out NaN, lse +inf (never a plausible-looking finite row).
     Shapes and dtypes are checked as `mla_jax.merge_partials` checks them (ValueError naming them:
     float outs and lses, W >= 1, one shape per shard, a float out_dtype)."""
     outs, lses = _partials_tensor(outs, "outs"), _partials_tensor(lses, "lses")

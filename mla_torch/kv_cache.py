@@ -17,7 +17,7 @@ from mla_spec import (
     validate_slot_mapping,
     validate_write_kv_arrays,
 )
-
+from mla_spec.fp8 import check_quantize_scale
 from mla_spec.fp8_sparse import (
     BYTES_PER_TOKEN,
     MIN_SCALE_BEFORE_ROUNDING,
@@ -46,7 +46,10 @@ def quantize_fp8(x: torch.Tensor, k_scale) -> torch.Tensor:
     [-448, 448], rounded to nearest even. k_scale: a float or a 0-d float tensor (on x's device for a CUDA graph).
 
     The divisor is a tensor on x's device: with a Python-number divisor CUDA computes `x * (1 / k_scale)`, which
-    is not the rule (an ulp off on about a third of the values, enough to change some fp8 roundings)."""
+    is not the rule (an ulp off on about a third of the values, enough to change some fp8 roundings). A k_scale
+    given as a number is checked as the decode's is (ValueError naming it); a tensor's value is not read here (no
+    device sync)."""
+    check_quantize_scale(k_scale)
     y = x.to(torch.float32) / _scale_tensor(k_scale, x.device)
     return y.clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)  # clamp keeps NaN
 

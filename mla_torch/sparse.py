@@ -19,7 +19,7 @@ from mla_spec import MLAConfig, SparseMetadata, dtype_name, validate_sparse_inpu
 from mla_spec.config import check_config
 from mla_spec.sparse import check_cache_format, check_sparse_metadata
 from mla_torch import sparse_reference
-from mla_torch.api import _as_tensor, check_one_device, split_q, tensor_parts
+from mla_torch.api import check_one_device, int32_tensor, split_q, tensor_parts
 
 SPARSE_IMPLS = ("reference", "fa3", "flashmla")
 
@@ -28,10 +28,10 @@ def to_torch_sparse_metadata(metadata: SparseMetadata, device) -> SparseMetadata
     """The same metadata with int32 torch tensors on `device`."""
     check_sparse_metadata(metadata)
 
-    def put(x):
-        return None if x is None else _as_tensor(x).to(device=device, dtype=torch.int32)
+    def put(name, x):
+        return None if x is None else int32_tensor(name, x).to(device=device)
 
-    return metadata.replace(indices=put(metadata.indices), topk_length=put(metadata.topk_length))
+    return metadata.replace(indices=put("indices", metadata.indices), topk_length=put("topk_length", metadata.topk_length))
 
 
 def sparse_unsupported_reason(impl: str, config: MLAConfig, device=None, *, cache_format: str = "auto") -> str | None:

@@ -660,3 +660,149 @@ def test_merges_take_float_out_dtypes_by_name_and_name_the_rest(merge):
     for bad, shown in (("int32", "'int32'"), ("nonsense", "'nonsense'"), (int32, "int32"), (5, "5")):
         with pytest.raises(ValueError, match=rf"^{name} takes a float out_dtype, got out_dtype={re.escape(shown)}$"):
             fn(outs, lses, out_dtype=bad)
+
+
+# ----------------------------------------------------------------------------- converters, schedules, foreign arrays
+
+
+def _wide(md, field, index, value):
+    arr = np.asarray(getattr(md, field)).astype(np.int64)
+    arr[index] = value
+    return md.replace(**{field: arr})
+
+
+@pytest.mark.parametrize("field,index", [("block_table", (0, 0)), ("seq_lens", (1,)), ("query_start_loc", (2,))])
+def test_metadata_converters_refuse_values_the_int32_cast_would_wrap(field, index):
+    bad = _wide(BATCH.metadata, field, index, 2**32 + 3)
+    where = ", ".join(map(str, index))
+    msg = re.escape(f"{field} values must fit in int32, got {field}[{where}]={2**32 + 3}")
+    with pytest.raises(ValueError, match=msg):
+        mla_jax.to_jax_metadata(bad)
+    with pytest.raises(ValueError, match=msg):
+        mla_torch.to_torch_metadata(bad, "cpu")
+    with pytest.raises(ValueError, match=msg):  # (an int64 tensor: the same check on its values)
+        mla_torch.to_torch_metadata(bad.replace(**{field: torch.from_numpy(getattr(bad, field))}), "cpu")
+    # in range, the int64 arrays convert
+    fine = _wide(BATCH.metadata, field, index, np.asarray(getattr(BATCH.metadata, field))[index])
+    assert mla_jax.to_jax_metadata(fine).block_table.dtype == jnp.int32
+    assert mla_torch.to_torch_metadata(fine, "cpu").block_table.dtype == torch.int32
+
+
+def test_sparse_converters_refuse_values_the_int32_cast_would_wrap():
+    md = mla_spec.SparseMetadata(np.array([[0, 5, -1], [2**32 + 7, 2, 3]], np.int64))
+    msg = re.escape(f"indices values must fit in int32, got indices[1, 0]={2**32 + 7}")
+    with pytest.raises(ValueError, match=msg):
+        mla_jax.to_jax_sparse_metadata(md)
+    with pytest.raises(ValueError, match=msg):
+        mla_torch.to_torch_sparse_metadata(md, "cpu")
+
+
+def test_a_prebuilt_schedule_of_other_lengths_is_refused_where_the_lengths_are_concrete():
+    cfg = MLAConfig(num_heads=16, page_size=16, dtype="float32")
+    table = [[3, 1], [0, 2, 4]]
+    short = mla_spec.build_decode_metadata(seq_lens=[5, 10], query_lens=[1, 1], block_table=table, config=cfg,
+                                           num_blocks=5)
+    long = mla_spec.build_decode_metadata(seq_lens=[20, 40], query_lens=[1, 1], block_table=table, config=cfg,
+                                          num_blocks=5)
+    tuning = pallas_triton.TritonConfig(block_h=16, block_kv=16, num_parts=2)
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.standard_normal((2, 16, 576), dtype=np.float32))
+    kv = jnp.asarray(rng.standard_normal((5, 16, 576), dtype=np.float32))
+    stale = long.replace(scheduler_metadata=pallas_triton.with_schedule(short, cfg, tuning=tuning).scheduler_metadata)
+    with pytest.raises(ValueError, match="work schedule built for other lengths"):
+        mla_jax.mla_decode(q, kv, stale, cfg, impl="pallas_triton", tuning=tuning, interpret=True)
+    # the schedule of these lengths runs, and matches the reference
+    ahead = pallas_triton.with_schedule(mla_jax.to_jax_metadata(long), cfg, tuning=tuning)
+    out, lse = mla_jax.mla_decode(q, kv, ahead, cfg, impl="pallas_triton", tuning=tuning, interpret=True)
+    ref_out, ref_lse = reference.mla_decode(np.asarray(q), np.asarray(kv), long, cfg)
+    np.testing.assert_allclose(np.asarray(out), ref_out, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(lse), ref_lse, atol=1e-4)
+
+
+def test_jax_entry_points_refuse_torch_tensors_naming_them():
+    q, kv, md, cfg = _case()
+    t = lambda x: torch.from_numpy(np.ascontiguousarray(x))
+    msg = lambda name: re.escape(f"{name} must be a NumPy or JAX array, got {name}=torch.Tensor")
+    with pytest.raises(ValueError, match=msg("q")):
+        mla_jax.mla_decode(t(q), jnp.asarray(kv), md, cfg)
+    with pytest.raises(ValueError, match=msg("kv_cache")):
+        mla_jax.mla_decode(jnp.asarray(q), t(kv), md, cfg)
+    with pytest.raises(ValueError, match=msg("block_table")):
+        mla_jax.mla_decode(jnp.asarray(q), jnp.asarray(kv), md.replace(block_table=t(md.block_table)), cfg)
+    cache = jnp.zeros((2, 16, 576), jnp.float32)
+    with pytest.raises(ValueError, match=msg("slot_mapping")):
+        mla_jax.write_kv(cache, jnp.ones((3, 512)), jnp.ones((3, 64)), torch.tensor([0, 5, 32]),
+                         MLAConfig(num_heads=16, page_size=16, dtype="float32"))
+    sparse_cfg = MLAConfig(num_heads=16, page_size=16, dtype="float32")
+    indices = torch.tensor([[0, 5, -1], [32, 2, 3]], dtype=torch.int32)  # (32: outside the 2 x 16 slots)
+    with pytest.raises(ValueError, match=msg("indices")):
+        mla_jax.sparse_mla_decode(jnp.zeros((2, 16, 576)), jnp.zeros((2, 16, 576)), mla_spec.SparseMetadata(indices),
+                                  sparse_cfg)
+
+
+@pytest.mark.parametrize("impl", [["xla"], {"xla": 1}])
+def test_jax_unhashable_impl_is_a_value_error(impl):
+    q, kv, md, cfg = _case()
+    with pytest.raises(ValueError, match="unknown impl="):
+        mla_jax.mla_decode(jnp.asarray(q), jnp.asarray(kv), md, cfg, impl=impl)
+    with pytest.raises(ValueError, match="unknown impl="):
+        mla_jax.unsupported_reason(impl, cfg)
+
+
+@pytest.mark.parametrize("k_scale", [0.0, -1.0, float("nan"), float("inf"), 1e-45, 2 * K_SCALE_MAX, True])
+def test_quantizers_refuse_a_bad_k_scale(k_scale):
+    x = np.array([1.0, -2.0, 3.0], np.float32)
+    for quantize, arr in ((mla_spec.quantize_fp8, x), (mla_torch.quantize_fp8, torch.from_numpy(x)),
+                          (mla_jax.quantize_fp8, jnp.asarray(x))):
+        with pytest.raises(ValueError, match="k_scale"):
+            quantize(arr, k_scale)
+
+
+@pytest.mark.parametrize("amax,match", [(float("nan"), "amax must be finite"), (-3.0, "amax must be finite"),
+                                        (float("inf"), "amax must be finite"), (1e300, "amax=1e\\+300 gives no"),
+                                        (1e-40, "amax=1e-40 gives no")])
+def test_fp8_k_scale_refuses_an_amax_without_a_usable_scale(amax, match):
+    with pytest.raises(ValueError, match=match):
+        mla_spec.fp8_k_scale(amax)
+    assert mla_spec.fp8_k_scale(0.0) == 1.0 and mla_spec.fp8_k_scale(448.0) == 1.0
+
+
+def test_shard_batch_checks_the_cache_against_the_config():
+    cfg1 = MLAConfig(num_heads=16, page_size=16, dtype="float32")
+    cfg2 = cfg1.replace(dcp_world_size=2)
+    md = mla_spec.build_decode_metadata(seq_lens=[20, 40], query_lens=[1, 1], block_table=[[3, 1], [0, 2, 4]],
+                                        config=cfg1, num_blocks=5)
+    kv = np.zeros((5, 16, 576), np.float32)
+    for bad in (np.zeros((5, 32, 576), np.float32), kv[..., :100], kv[0], kv[:, :8]):
+        with pytest.raises(ValueError, match=re.escape(f"got kv_cache.shape={bad.shape}")):
+            sdcp.shard_batch(bad, md, cfg2)
+    with pytest.raises(ValueError, match="got kv_cache.dtype=int32"):
+        sdcp.shard_batch(kv.astype(np.int32), md, cfg2)
+    assert sdcp.shard_batch(kv, md, cfg2).kv_cache.shape == (2, 4, 16, 576)
+
+
+@pytest.mark.parametrize("world_size", [-1, 0, True, 2.0, None])
+def test_make_dcp_mesh_refuses_a_bad_world_size(world_size):
+    with pytest.raises(ValueError, match=re.escape(f"world_size must be an int >= 1, got world_size={world_size!r}")):
+        jdcp.make_dcp_mesh(world_size)
+
+
+def test_max_query_len_above_the_decode_threshold_is_refused():
+    md = BATCH.metadata.replace(max_query_len=2**20, max_seq_len=2**20)
+    with pytest.raises(ValueError, match=re.escape(f"max_query_len=1048576 > reorder_batch_threshold="
+                                                   f"{BATCH.config.reorder_batch_threshold}")):
+        md.validate(BATCH.config, num_blocks=NUM_BLOCKS)
+    with pytest.raises(ValueError, match="max_query_len=1048576"):  # (shapes only: under jit too)
+        md.validate(BATCH.config, check_values=False)
+
+
+def test_merges_turn_a_positive_infinite_lse_into_a_nan_row():
+    """(documented: no decode returns lse +inf; the row comes out NaN, never finite)"""
+    outs = np.ones((2, 3, 4, 8), np.float32)
+    lses = np.zeros((2, 3, 4), np.float32)
+    lses[0, 0, 0] = np.inf
+    for out, lse in (mla_torch.merge_attn_states(torch.from_numpy(outs), torch.from_numpy(lses)),
+                     mla_jax.merge_partials(outs, lses), sdcp.merge_partials(outs, lses)):
+        out, lse = np.asarray(out), np.asarray(lse)
+        assert np.isnan(out[0, 0]).all() and lse[0, 0] == np.inf
+        assert np.isfinite(out[1:]).all() and np.isfinite(lse[1:]).all()

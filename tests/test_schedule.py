@@ -5,6 +5,7 @@ decode that walks it against the float64 reference."""
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -238,20 +239,35 @@ def test_decode_by_schedule_fp8_cache():
 
 def test_prebuilt_or_build_takes_a_fitting_schedule_and_refuses_another():
     """A kernel's call walks the Schedule in metadata.scheduler_metadata when it fits its tuning (parts, steps, and
-    chunks where given), builds one when there is none, and refuses one for other values or another batch size."""
+    chunks where given) and, with concrete lengths, is the one they give; builds one when there is none; and refuses
+    one for other values, other lengths or another batch size. Traced (under jit), nothing is built beside it."""
     from mla_spec import DecodeMetadata
 
     seq, qsl = np.asarray([40, 100, 7], np.int32), np.asarray([0, 1, 3, 4], np.int32)
     md = DecodeMetadata(qsl, seq, np.zeros((3, 8), np.int32), max_query_len=2, max_seq_len=100, num_decode_tokens=4)
-    built = S.reference_schedule(seq, np.diff(qsl), num_parts=4, block_kv=B, chunk_steps=2, max_steps=7)
+    build = lambda seq: S.reference_schedule(seq, np.diff(qsl), num_parts=4, block_kv=B, chunk_steps=2, max_steps=7)
+    built = build(seq)
 
     def other():
+        return build(seq)  # (the same values in another object: the concrete comparison)
+
+    def fail():
         pytest.fail("built a schedule beside the prebuilt one")
 
     assert S.prebuilt_or_build(md, lambda: built, num_parts=4, block_kv=B) is built
     ahead = md.replace(scheduler_metadata=built)
     assert S.prebuilt_or_build(ahead, other, num_parts=4, block_kv=B) is built  # chunk_steps not compared
     assert S.prebuilt_or_build(ahead, other, num_parts=4, block_kv=B, chunk_steps=2) is built
+    stale = ahead.replace(seq_lens=np.asarray([40, 60, 7], np.int32))
+    with pytest.raises(ValueError, match="work schedule built for other lengths"):
+        S.prebuilt_or_build(stale, lambda: build(stale.seq_lens), num_parts=4, block_kv=B)
+
+    @jax.jit
+    def traced(seq_lens, schedule):
+        md = ahead.replace(seq_lens=seq_lens, scheduler_metadata=schedule)
+        return S.prebuilt_or_build(md, fail, num_parts=4, block_kv=B).table
+
+    assert np.array_equal(np.asarray(traced(seq, jax.tree.map(jnp.asarray, built))), np.asarray(built.table))
     for kw, match in ((dict(num_parts=5), "num_parts=4, block_kv=16; the tuning runs num_parts=5"),
                       (dict(block_kv=2 * B), "block_kv=16; the tuning runs num_parts=4, block_kv=32"),
                       (dict(chunk_steps=0), "chunk_steps=2; the tuning runs .*chunk_steps=0")):
