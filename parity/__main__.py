@@ -218,6 +218,20 @@ def check_output_paths(parser: argparse.ArgumentParser, args) -> None:
             parser.error(f"argument --{opt}: cannot write {path!r}: {why}")
 
 
+def check_bench_shapes(parser: argparse.ArgumentParser, args) -> None:
+    """Refuse (parser.error, exit 2) `bench --shapes` names that are not in the grid, or none of them in the
+    --shard, before anything runs. Which names a grid holds depends on --grid, so the option's `type=` cannot
+    check them."""
+    if getattr(args, "command", None) != "bench" or args.shapes is None:
+        return
+    from parity.shapes import grid_shapes
+
+    try:
+        grid_shapes(args.grid, args.shard, args.shapes)
+    except ValueError as e:
+        parser.error(str(e))
+
+
 def prepare_process() -> None:
     """What this process needs before its first JAX computation: JAX takes GPU memory as it goes, beside torch, rather
     than most of it at once; and XLA:CPU's pool is wide enough for Mosaic GPU's interpreter (parity/_cpu_pool.py).
@@ -232,6 +246,7 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     check_output_paths(parser, args)
+    check_bench_shapes(parser, args)
     prepare_process()
     if args.command == "bench":
         return _bench(args)

@@ -304,10 +304,26 @@ def test_bench_shapes_picks_named_shapes_of_the_grid():
         bench.grid_shapes("mosaic_h16_q2", (0, 3), ["H16_B128_S4096_q2"])
     with pytest.raises(ValueError, match="none in grid 'smoke'"):
         bench.grid_shapes("smoke", names=[])
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["--shapes", "H16_B1_S1_q1"], "--shapes H16_B1_S1_q1 not in grid 'smoke' (H16_B4_S1024_q1, "),
+        (["--shapes", "H16_B4_S1024_q1", "--shard", "1/2"], "--shapes 'H16_B4_S1024_q1': none in shard 1/2"),
+    ],
+    ids=["not in grid", "not in shard"],
+)
+def test_bench_shapes_not_in_the_grid_exit_2_naming_them(argv, said, capsys):
+    """`bench --shapes` with a name not in the grid (or none in the shard) is refused after parsing, before
+    anything runs, as argparse refuses `--grid bogus`: exit 2, the names and the grid on stderr, no traceback."""
     from parity.__main__ import main
 
-    with pytest.raises(ValueError, match="H16_B1_S1_q1"):
-        main(["bench", "--grid", "smoke", "--shapes", "H16_B1_S1_q1"])
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--grid", "smoke", *argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"error: {said}" in err, err
 
 
 def test_shard_parse_and_merge_rejoin_a_grid(tmp_path):
