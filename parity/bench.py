@@ -205,13 +205,14 @@ def add_arguments(p):
 
 
 def parse_launch_ms(text: str) -> float:
-    """--launch-ms: a positive number of milliseconds."""
+    """--launch-ms: a finite number of milliseconds > 0 (calibration divides it by a call's time and rounds up to
+    a count of calls, which an infinite one has not)."""
     try:
         ms = float(text)
     except ValueError:
         ms = math.nan
-    if not ms > 0:
-        raise ValueError(f"launch-ms must be a positive number of milliseconds, got launch_ms={text!r}")
+    if not 0 < ms < math.inf:
+        raise ValueError(f"launch-ms must be a finite positive number of milliseconds, got launch_ms={text!r}")
     return ms
 
 

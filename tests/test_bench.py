@@ -173,9 +173,11 @@ def test_calibrate_sizes_the_launch(monkeypatch, launch_seconds, n):
     assert result == "once" and timer.n == n and timer.n % 4 == 0 and made == ([20] if n == 20 else [20, n])
 
 
-def test_launch_ms_must_be_a_positive_number():
+def test_launch_ms_must_be_a_finite_positive_number():
+    """Infinite values (inf, 1e400, which float() reads as inf) are refused with the rest: calibration rounds
+    launch_ms / a call's time up to a count of calls."""
     assert bench.parse_launch_ms("25") == 25.0 and bench.parse_launch_ms("0.5") == 0.5
-    for bad in ("0", "-3", "nan", "fast"):
+    for bad in ("0", "-3", "nan", "fast", "inf", "-inf", "1e400", "infinity"):
         with pytest.raises(ValueError, match=f"launch_ms={bad!r}"):
             bench.parse_launch_ms(bad)
 
@@ -553,6 +555,8 @@ def test_graph_timer_keeps_what_the_graph_reads_alive(monkeypatch):
         (["--impls", ","], ["argument --impls", "','"]),
         (["--shapes", ","], ["argument --shapes", "','"]),
         (["--launch-ms", "0"], ["argument --launch-ms", "launch_ms='0'"]),
+        (["--launch-ms", "inf"], ["argument --launch-ms", "finite", "launch_ms='inf'"]),
+        (["--launch-ms", "1e400"], ["argument --launch-ms", "finite", "launch_ms='1e400'"]),
         (["--cooldown", "-1"], ["argument --cooldown", "cooldown='-1'"]),
         (["--shard", "2/2"], ["argument --shard", "shard='2/2'"]),
     ],
