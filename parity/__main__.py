@@ -84,9 +84,6 @@ def _check(args) -> int:
     return 1 if bad else 0
 
 
-_JSON_KINDS = {list: "list", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
-
-
 def _read_json(path: str):
     """The JSON value in the file at `path`; ValueError with a one-line reason naming the path when it cannot be
     read (missing, not UTF-8, not JSON)."""
@@ -118,17 +115,21 @@ def _plot(args) -> int:
 
 
 def _merge(args) -> int:
-    from parity import bench
+    from parity import bench, plots
 
     try:
         results = []
         for path in args.results:
             result = _read_json(path)
             if not isinstance(result, dict):
-                got = f"a JSON {_JSON_KINDS.get(type(result), type(result).__name__)}"
+                got = plots.json_kind(result)
             elif not isinstance(result.get("rows"), list):
                 got = "an object without a 'rows' list"
             else:
+                try:
+                    plots.check_rows(result)  # the check `plot` makes: rows of objects, impls a list of names
+                except ValueError as e:
+                    raise ValueError(f"{path}: {e}") from None
                 results.append(result)
                 continue
             raise ValueError(f"{path} is not a bench result (a JSON object with a 'rows' list), got {got}")

@@ -410,11 +410,19 @@ def test_merge_refuses_results_timed_with_different_cooldowns():
                                "'rows' list"),
         (b"\xff\xfe{}", "not UTF-8 text (byte 0xff at offset 0)"),
         (b"{", "not JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"),
+        (b'{"grid": "smoke", "impls": ["torch.fa3"], "rows": [1, 2]}',
+         "shard.json: rows[0] must be an object, got rows[0]=1 (a JSON number)"),
+        (b'{"grid": "smoke", "impls": "abc", "rows": []}',
+         "shard.json: impls must be a non-empty list of names, got impls='abc' (a JSON string)"),
+        (b'{"grid": "smoke", "impls": [], "rows": []}',
+         "shard.json: impls must be a non-empty list of names, got impls=[] (a JSON list)"),
     ],
-    ids=["list", "string", "no rows", "not utf-8", "not json"],
+    ids=["list", "string", "no rows", "not utf-8", "not json", "rows of numbers", "impls a string", "no impls"],
 )
 def test_merge_refuses_what_is_not_a_bench_result_in_one_line(content, said, tmp_path, capsys):
-    """A JSON list had raised TypeError (list indices must be integers) with a traceback."""
+    """Each is refused in one line naming the file, before anything is merged or written: rows that are not
+    objects and impls that are not a list of names (a string would read as one impl per letter) with the check
+    that `plot` makes, plots.check_rows."""
     from parity.__main__ import main
 
     path, out = tmp_path / "shard.json", tmp_path / "merged.json"
@@ -425,6 +433,20 @@ def test_merge_refuses_what_is_not_a_bench_result_in_one_line(content, said, tmp
     assert not out.exists()
     with pytest.raises(ValueError, match=r"merge takes bench results \(dicts with a 'rows' list\), got results\[0\]=list"):
         bench.merge([[1, 2]])
+
+
+def test_merge_checks_rows_and_impls_as_plot_does():
+    """bench.merge refuses rows that are not objects and impls that are not a non-empty list of names, naming the
+    result, with plots.check_rows (the check `plot` makes through plots.report_kind)."""
+    a = {"grid": "smoke", "impls": ["torch.fa3"], "rows": [{"name": "H16_B4_S1024_q1", "impl": "torch.fa3"}]}
+    with pytest.raises(ValueError, match=r"^results\[1\]: rows\[0\] must be an object, got rows\[0\]='a' \(a JSON string\)$"):
+        bench.merge([a, {**a, "rows": ["a"]}])
+    with pytest.raises(ValueError, match=r"^results\[0\]: impls must be a non-empty list of names, got impls='abc'"):
+        bench.merge([{**a, "impls": "abc"}])
+    from parity import plots
+
+    with pytest.raises(ValueError, match=r"^rows\[1\] must be an object, got rows\[1\]=\[1, 2\] \(a JSON list\)$"):
+        plots.report_kind({"rows": [{"shape": {}, "impl": "x"}, [1, 2]]})
 
 
 def test_timeline_summarizes_device_stream_events():
