@@ -84,9 +84,6 @@ def _check(args) -> int:
     return 1 if bad else 0
 
 
-_JSON_KINDS = {list: "list", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
-
-
 def _read_json(path: str):
     """The JSON value in the file at `path`; ValueError with a one-line reason naming the path when it cannot be
     read (missing, not UTF-8, not JSON)."""
@@ -118,17 +115,21 @@ def _plot(args) -> int:
 
 
 def _merge(args) -> int:
-    from parity import bench
+    from parity import bench, plots
 
     try:
         results = []
         for path in args.results:
             result = _read_json(path)
             if not isinstance(result, dict):
-                got = f"a JSON {_JSON_KINDS.get(type(result), type(result).__name__)}"
+                got = plots.json_kind(result)
             elif not isinstance(result.get("rows"), list):
                 got = "an object without a 'rows' list"
             else:
+                try:
+                    plots.check_rows(result)  # the check `plot` makes: rows of objects, impls a list of names
+                except ValueError as e:
+                    raise ValueError(f"{path}: {e}") from None
                 results.append(result)
                 continue
             raise ValueError(f"{path} is not a bench result (a JSON object with a 'rows' list), got {got}")
@@ -218,6 +219,20 @@ def check_output_paths(parser: argparse.ArgumentParser, args) -> None:
             parser.error(f"argument --{opt}: cannot write {path!r}: {why}")
 
 
+def check_bench_shapes(parser: argparse.ArgumentParser, args) -> None:
+    """Refuse (parser.error, exit 2) `bench --shapes` names that are not in the grid, or none of them in the
+    --shard, before anything runs. Which names a grid holds depends on --grid, so the option's `type=` cannot
+    check them."""
+    if getattr(args, "command", None) != "bench" or args.shapes is None:
+        return
+    from parity.shapes import grid_shapes
+
+    try:
+        grid_shapes(args.grid, args.shard, args.shapes)
+    except ValueError as e:
+        parser.error(str(e))
+
+
 def prepare_process() -> None:
     """What this process needs before its first JAX computation: JAX takes GPU memory as it goes, beside torch, rather
     than most of it at once; and XLA:CPU's pool is wide enough for Mosaic GPU's interpreter (parity/_cpu_pool.py).
@@ -232,6 +247,7 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     check_output_paths(parser, args)
+    check_bench_shapes(parser, args)
     prepare_process()
     if args.command == "bench":
         return _bench(args)

@@ -205,13 +205,14 @@ def add_arguments(p):
 
 
 def parse_launch_ms(text: str) -> float:
-    """--launch-ms: a positive number of milliseconds."""
+    """--launch-ms: a finite number of milliseconds > 0 (calibration divides it by a call's time and rounds up to
+    a count of calls, which an infinite one has not)."""
     try:
         ms = float(text)
     except ValueError:
         ms = math.nan
-    if not ms > 0:
-        raise ValueError(f"launch-ms must be a positive number of milliseconds, got launch_ms={text!r}")
+    if not 0 < ms < math.inf:
+        raise ValueError(f"launch-ms must be a finite positive number of milliseconds, got launch_ms={text!r}")
     return ms
 
 
@@ -240,11 +241,17 @@ def merge(results: list[dict]) -> dict:
     """Joins bench JSONs of shards of one grid (same impls; rows concatenated, in grid order) and
     recomputes the ragged rows' `time_vs_twin` and the summary over all rows. complete: every shard finished and
     every shape is there."""
+    from parity import plots  # check_rows: the check that `plot` makes too
+
     if not results:
         raise ValueError("merge needs at least one bench result")
     for i, r in enumerate(results):
         if not isinstance(r, dict) or not isinstance(r.get("rows"), list):
             raise ValueError(f"merge takes bench results (dicts with a 'rows' list), got results[{i}]={type(r).__name__}")
+        try:
+            plots.check_rows(r)
+        except ValueError as e:
+            raise ValueError(f"results[{i}]: {e}") from None
     first = results[0]
     for r in results[1:]:
         for key in ("grid", "impls", "xla_flags", "launch_ms", "cooldown_s"):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import math
+import reprlib
 import sys
 
 # The H200's anchor ceilings: a large device-to-device copy (bytes read + written) and an
@@ -43,12 +44,37 @@ def _figure_cls():
     return Figure
 
 
+_JSON_KINDS = {dict: "a JSON object", list: "a JSON list", str: "a JSON string", int: "a JSON number",
+               float: "a JSON number", bool: "a JSON boolean", type(None): "JSON null"}
+
+
+def json_kind(value) -> str:
+    """What JSON calls the type of `value`, one of json.load's values ("a JSON number", "a JSON list", ...); the
+    Python type's name for anything else."""
+    return _JSON_KINDS.get(type(value), type(value).__name__)
+
+
+def check_rows(results: dict) -> None:
+    """ValueError, one line naming the entry, unless every entry of results["rows"] is an object and
+    results["impls"], where present, is a non-empty list of names: the entries that `plot` and `merge` index.
+    `results` is a dict with a "rows" list (report_kind and `merge` check that first, each in its own words)."""
+    for i, row in enumerate(results["rows"]):
+        if not isinstance(row, dict):
+            raise ValueError(f"rows[{i}] must be an object, got rows[{i}]={reprlib.repr(row)} ({json_kind(row)})")
+    if "impls" in results:
+        impls = results["impls"]
+        if not isinstance(impls, list) or not impls or not all(isinstance(name, str) for name in impls):
+            raise ValueError(f"impls must be a non-empty list of names, got impls={reprlib.repr(impls)} "
+                             f"({json_kind(impls)})")
+
+
 def report_kind(results: dict) -> str:
     """"parity" (a `python -m parity --json` report) or "bench" (a `python -m parity bench
-    --json` result); ValueError for anything else."""
+    --json` result); ValueError for anything else, or for rows or impls that `check_rows` refuses."""
     rows = results.get("rows") if isinstance(results, dict) else None
-    if not isinstance(rows, list) or not rows or not isinstance(rows[0], dict):
+    if not isinstance(rows, list) or not rows:
         raise ValueError("not a parity or bench result: expected a JSON object with a non-empty 'rows' list")
+    check_rows(results)
     if "scenario" in rows[0] and "against" in rows[0]:
         return "parity"
     if "shape" in rows[0] and "impl" in rows[0]:

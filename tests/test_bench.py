@@ -173,9 +173,11 @@ def test_calibrate_sizes_the_launch(monkeypatch, launch_seconds, n):
     assert result == "once" and timer.n == n and timer.n % 4 == 0 and made == ([20] if n == 20 else [20, n])
 
 
-def test_launch_ms_must_be_a_positive_number():
+def test_launch_ms_must_be_a_finite_positive_number():
+    """Infinite values (inf, 1e400, which float() reads as inf) are refused with the rest: calibration rounds
+    launch_ms / a call's time up to a count of calls."""
     assert bench.parse_launch_ms("25") == 25.0 and bench.parse_launch_ms("0.5") == 0.5
-    for bad in ("0", "-3", "nan", "fast"):
+    for bad in ("0", "-3", "nan", "fast", "inf", "-inf", "1e400", "infinity"):
         with pytest.raises(ValueError, match=f"launch_ms={bad!r}"):
             bench.parse_launch_ms(bad)
 
@@ -304,10 +306,26 @@ def test_bench_shapes_picks_named_shapes_of_the_grid():
         bench.grid_shapes("mosaic_h16_q2", (0, 3), ["H16_B128_S4096_q2"])
     with pytest.raises(ValueError, match="none in grid 'smoke'"):
         bench.grid_shapes("smoke", names=[])
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["--shapes", "H16_B1_S1_q1"], "--shapes H16_B1_S1_q1 not in grid 'smoke' (H16_B4_S1024_q1, "),
+        (["--shapes", "H16_B4_S1024_q1", "--shard", "1/2"], "--shapes 'H16_B4_S1024_q1': none in shard 1/2"),
+    ],
+    ids=["not in grid", "not in shard"],
+)
+def test_bench_shapes_not_in_the_grid_exit_2_naming_them(argv, said, capsys):
+    """`bench --shapes` with a name not in the grid (or none in the shard) is refused after parsing, before
+    anything runs, as argparse refuses `--grid bogus`: exit 2, the names and the grid on stderr, no traceback."""
     from parity.__main__ import main
 
-    with pytest.raises(ValueError, match="H16_B1_S1_q1"):
-        main(["bench", "--grid", "smoke", "--shapes", "H16_B1_S1_q1"])
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--grid", "smoke", *argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"error: {said}" in err, err
 
 
 def test_shard_parse_and_merge_rejoin_a_grid(tmp_path):
@@ -392,11 +410,19 @@ def test_merge_refuses_results_timed_with_different_cooldowns():
                                "'rows' list"),
         (b"\xff\xfe{}", "not UTF-8 text (byte 0xff at offset 0)"),
         (b"{", "not JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"),
+        (b'{"grid": "smoke", "impls": ["torch.fa3"], "rows": [1, 2]}',
+         "shard.json: rows[0] must be an object, got rows[0]=1 (a JSON number)"),
+        (b'{"grid": "smoke", "impls": "abc", "rows": []}',
+         "shard.json: impls must be a non-empty list of names, got impls='abc' (a JSON string)"),
+        (b'{"grid": "smoke", "impls": [], "rows": []}',
+         "shard.json: impls must be a non-empty list of names, got impls=[] (a JSON list)"),
     ],
-    ids=["list", "string", "no rows", "not utf-8", "not json"],
+    ids=["list", "string", "no rows", "not utf-8", "not json", "rows of numbers", "impls a string", "no impls"],
 )
 def test_merge_refuses_what_is_not_a_bench_result_in_one_line(content, said, tmp_path, capsys):
-    """A JSON list had raised TypeError (list indices must be integers) with a traceback."""
+    """Each is refused in one line naming the file, before anything is merged or written: rows that are not
+    objects and impls that are not a list of names (a string would read as one impl per letter) with the check
+    that `plot` makes, plots.check_rows."""
     from parity.__main__ import main
 
     path, out = tmp_path / "shard.json", tmp_path / "merged.json"
@@ -407,6 +433,20 @@ def test_merge_refuses_what_is_not_a_bench_result_in_one_line(content, said, tmp
     assert not out.exists()
     with pytest.raises(ValueError, match=r"merge takes bench results \(dicts with a 'rows' list\), got results\[0\]=list"):
         bench.merge([[1, 2]])
+
+
+def test_merge_checks_rows_and_impls_as_plot_does():
+    """bench.merge refuses rows that are not objects and impls that are not a non-empty list of names, naming the
+    result, with plots.check_rows (the check `plot` makes through plots.report_kind)."""
+    a = {"grid": "smoke", "impls": ["torch.fa3"], "rows": [{"name": "H16_B4_S1024_q1", "impl": "torch.fa3"}]}
+    with pytest.raises(ValueError, match=r"^results\[1\]: rows\[0\] must be an object, got rows\[0\]='a' \(a JSON string\)$"):
+        bench.merge([a, {**a, "rows": ["a"]}])
+    with pytest.raises(ValueError, match=r"^results\[0\]: impls must be a non-empty list of names, got impls='abc'"):
+        bench.merge([{**a, "impls": "abc"}])
+    from parity import plots
+
+    with pytest.raises(ValueError, match=r"^rows\[1\] must be an object, got rows\[1\]=\[1, 2\] \(a JSON list\)$"):
+        plots.report_kind({"rows": [{"shape": {}, "impl": "x"}, [1, 2]]})
 
 
 def test_timeline_summarizes_device_stream_events():
@@ -537,6 +577,8 @@ def test_graph_timer_keeps_what_the_graph_reads_alive(monkeypatch):
         (["--impls", ","], ["argument --impls", "','"]),
         (["--shapes", ","], ["argument --shapes", "','"]),
         (["--launch-ms", "0"], ["argument --launch-ms", "launch_ms='0'"]),
+        (["--launch-ms", "inf"], ["argument --launch-ms", "finite", "launch_ms='inf'"]),
+        (["--launch-ms", "1e400"], ["argument --launch-ms", "finite", "launch_ms='1e400'"]),
         (["--cooldown", "-1"], ["argument --cooldown", "cooldown='-1'"]),
         (["--shard", "2/2"], ["argument --shard", "shard='2/2'"]),
     ],

@@ -306,6 +306,15 @@ def test_plot_subcommand_refuses_what_it_cannot_draw(tmp_path, capsys):
     listed.write_text("[1, 2]")
     assert main(["plot", str(listed), "--png", str(tmp_path / "x.png")]) == 2
     assert "expected a JSON object" in capsys.readouterr().err
+    numbers = tmp_path / "numbers.json"
+    numbers.write_text(json.dumps({"rows": [1, 2]}))
+    assert main(["plot", str(numbers), "--png", str(tmp_path / "x.png")]) == 2
+    assert capsys.readouterr().err == f"{numbers}: rows[0] must be an object, got rows[0]=1 (a JSON number)\n"
+    letters = tmp_path / "letters.json"  # impls as one string: a list of names is what `merge` and `plot` read
+    letters.write_text(json.dumps({**json.loads(BENCH_JSON.read_text()), "impls": "abc"}))
+    assert main(["plot", str(letters), "--png", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"{letters}: impls must be a non-empty list of names, got impls='abc' (a JSON string)\n", err
     with pytest.raises(SystemExit):  # --png is required
         main(["plot", str(BENCH_JSON)])
     assert not (tmp_path / "x.png").exists()
