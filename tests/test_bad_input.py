@@ -660,3 +660,112 @@ def test_merges_take_float_out_dtypes_by_name_and_name_the_rest(merge):
     for bad, shown in (("int32", "'int32'"), ("nonsense", "'nonsense'"), (int32, "int32"), (5, "5")):
         with pytest.raises(ValueError, match=rf"^{name} takes a float out_dtype, got out_dtype={re.escape(shown)}$"):
             fn(outs, lses, out_dtype=bad)
+
+
+# --- the serving loop's helpers name a wrong argument (they had raised AttributeError / TypeError) ---
+
+S_MD = mla_spec.build_decode_metadata(seq_lens=[20, 40], query_lens=[1, 2], block_table=[[3, 1], [0, 2, 4]],
+                                      config=C16, num_blocks=5)
+S_BUCKET = mla_spec.Bucket(num_reqs=2, num_tokens=3, max_blocks=3, max_seq_len=64, max_query_len=2)
+SERVING_BAD = {
+    "pad_to_bucket md None": (lambda: mla_spec.pad_to_bucket(None, S_BUCKET, C16),
+                              "md must be an mla_spec.DecodeMetadata, got md=NoneType"),
+    "pad_to_bucket config None": (lambda: mla_spec.pad_to_bucket(S_MD, S_BUCKET, None),
+                                  "config must be an mla_spec.MLAConfig, got config=NoneType"),
+    "smallest_bucket md None": (lambda: mla_spec.smallest_bucket([S_BUCKET], None),
+                                "md must be an mla_spec.DecodeMetadata, got md=NoneType"),
+    "smallest_bucket md list seq_lens": (lambda: mla_spec.smallest_bucket([S_BUCKET], S_MD.replace(seq_lens=[20, 40])),
+                                         "seq_lens must be an array, got seq_lens=list"),
+    "smallest_bucket no request": (
+        lambda: mla_spec.smallest_bucket([S_BUCKET], S_MD.replace(seq_lens=np.zeros(0, np.int32),
+                                                                  query_start_loc=np.zeros(1, np.int32))),
+        re.escape("need at least one request, got seq_lens.shape=(0,)")),
+    "smallest_bucket buckets None": (lambda: mla_spec.smallest_bucket(None, S_MD),
+                                     "buckets must be a non-empty sequence of mla_spec.Bucket, got buckets=None"),
+    "smallest_bucket buckets empty": (lambda: mla_spec.smallest_bucket([], S_MD),
+                                      re.escape("buckets must be a non-empty sequence of mla_spec.Bucket, got buckets=[]")),
+    "smallest_bucket one Bucket": (lambda: mla_spec.smallest_bucket(S_BUCKET, S_MD),
+                                   "buckets must be a non-empty sequence of mla_spec.Bucket, got buckets=Bucket"),
+    "smallest_bucket int entry": (lambda: mla_spec.smallest_bucket([S_BUCKET, 3], S_MD),
+                                  re.escape("got buckets[1]=int")),
+}
+
+
+@pytest.mark.parametrize("case", list(SERVING_BAD))
+def test_serving_helpers_name_a_wrong_argument(case):
+    call, match = SERVING_BAD[case]
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_serving_helpers_still_pick_and_pad():
+    assert mla_spec.smallest_bucket((S_BUCKET,), S_MD) == S_BUCKET
+    assert mla_spec.pad_to_bucket(S_MD, S_BUCKET, C16).padded
+
+
+# --- the builders: ragged rows, bools among ints ---
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(seq_lens=[20], query_lens=[1], block_table=[[0, [1]]]),
+         r"block_table\[0\] must be a 1-D integer array, got a list NumPy cannot make one array of"),
+        (dict(seq_lens=[20, [4]], query_lens=[1, 1], block_table=[[0, 1], [2]]),
+         r"seq_lens must be a 1-D integer array, got a list NumPy cannot make one array of"),
+        (dict(seq_lens=[20, True], query_lens=[1, 1], block_table=[[0, 1], [2]]),
+         r"seq_lens must hold integers, got seq_lens\[1\]=True \(a bool\)"),
+        (dict(seq_lens=[20, 4], query_lens=(1, np.True_), block_table=[[0, 1], [2]]),
+         r"query_lens must hold integers, got query_lens\[1\]=np.True_ \(a bool\)"),
+        (dict(seq_lens=[20, 4], query_lens=[1, 1], block_table=[[0, 1], [2, False]]),
+         r"block_table must hold integers, got block_table\[1, 1\]=False \(a bool\)"),
+    ],
+    ids=["ragged block_table row", "ragged seq_lens", "bool seq_len", "numpy bool q_len", "bool block id"],
+)
+def test_builder_refuses_ragged_rows_and_bools_among_ints(kw, match):
+    """NumPy made [20, True] the int array [20, 1] (a seq_len of 1), and a ragged row ended in NumPy's own message."""
+    with pytest.raises(ValueError, match=match):
+        mla_spec.build_decode_metadata(config=C16, **kw)
+
+
+@pytest.mark.parametrize(
+    "indices, topk_length, match",
+    [([[True, 1]], None, r"indices must hold integers, got indices\[0, 0\]=True \(a bool\)"),
+     ([[3, 1], [0, 2]], [2, True], r"topk_length must hold integers, got topk_length\[1\]=True \(a bool\)")],
+)
+def test_sparse_builder_refuses_bools_among_ints(indices, topk_length, match):
+    with pytest.raises(ValueError, match=match):
+        mla_spec.build_sparse_metadata(indices, topk_length, config=C16)
+
+
+def test_split_decodes_and_prefills_refuses_q_len_0():
+    """A scheduled request has a new token; padding requests come from pad_to_bucket, after the split. q_len 0 had
+    been counted as a decode."""
+    with pytest.raises(ValueError, match=r"query_lens must be >= 1 \(each request needs q_len >= 1\), "
+                                         r"got query_lens\[1\]=0"):
+        mla_spec.split_decodes_and_prefills([1, 0], C16)
+    assert mla_spec.split_decodes_and_prefills([1, 600, 2], C16).num_decodes == 2
+
+
+# --- slot mapping and the fp8_ds_mla quantizer ---
+
+@pytest.mark.parametrize(
+    "slot_mapping, match",
+    [(np.array([[0, 40]]), r"slot_mapping must be 1-D \[T\], got slot_mapping.shape=\(1, 2\)"),
+     (np.array([0.5, 1.7]), "slot_mapping must hold integers, got slot_mapping.dtype=float64"),
+     (np.array([True, False]), "slot_mapping must hold integers, got slot_mapping.dtype=bool")],
+)
+def test_validate_slot_mapping_refuses_other_ranks_and_dtypes(slot_mapping, match):
+    with pytest.raises(ValueError, match=match):
+        mla_spec.validate_slot_mapping(slot_mapping, 32)
+    mla_spec.validate_slot_mapping([0, 31, -1], 32)
+
+
+@pytest.mark.parametrize("kv", [np.full((1, 576), 3), np.zeros((1, 576), np.complex64), np.zeros((1, 576), bool)],
+                         ids=["int64", "complex64", "bool"])
+def test_quantize_sparse_fp8_refuses_non_real_float_input(kv):
+    """Complex input lost its imaginary part (a ComplexWarning only); integers were quantized as floats. The torch
+    version refuses both."""
+    with pytest.raises(ValueError, match=rf"kv must have a float dtype, got kv.dtype={kv.dtype}"):
+        mla_spec.quantize_sparse_fp8(kv)
+    assert mla_spec.quantize_sparse_fp8(kv.real.astype(np.float32)).shape == (1, 656)
+
