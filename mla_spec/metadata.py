@@ -73,7 +73,9 @@ def _is_integer_dtype(dtype) -> bool:
     try:
         return bool(np.issubdtype(np.dtype(dtype), np.integer))
     except TypeError:  # a torch dtype
-        return str(dtype).removeprefix("torch.") in ("int8", "int16", "int32", "int64", "uint8")
+        return str(dtype).removeprefix("torch.") in (
+            "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"
+        )
 
 
 def _check_static_int(name: str, value, minimum: int) -> None:

@@ -47,6 +47,8 @@ def quantize_fp8(x: torch.Tensor, k_scale) -> torch.Tensor:
 
     The divisor is a tensor on x's device: with a Python-number divisor CUDA computes `x * (1 / k_scale)`, which
     is not the rule (an ulp off on about a third of the values, enough to change some fp8 roundings)."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"x must be a torch.Tensor (mla_spec.quantize_fp8 takes NumPy arrays), got x={type(x).__name__}")
     y = x.to(torch.float32) / _scale_tensor(k_scale, x.device)
     return y.clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)  # clamp keeps NaN
 

@@ -769,3 +769,115 @@ def test_quantize_sparse_fp8_refuses_non_real_float_input(kv):
         mla_spec.quantize_sparse_fp8(kv)
     assert mla_spec.quantize_sparse_fp8(kv.real.astype(np.float32)).shape == (1, 656)
 
+
+# --- torch: meta metadata, unsigned metadata, split_q / quantize_fp8 on other inputs, DCP and merge arguments ---
+
+T_Q, T_KV = torch.from_numpy(BATCH.q), torch.from_numpy(BATCH.kv_cache)
+
+
+@pytest.mark.parametrize("field", ["query_start_loc", "seq_lens", "block_table"])
+def test_torch_metadata_on_the_meta_device_is_named(field):
+    """torch's "Cannot copy out of meta tensor; no data!" (a NotImplementedError) had come from the host copy."""
+    md = BATCH.metadata.replace(**{field: torch.from_numpy(getattr(BATCH.metadata, field)).to("meta")})
+    with pytest.raises(ValueError, match=rf"^{field} must hold data \(a CPU or GPU tensor\), got a tensor on "
+                                         r"device='meta'$"):
+        mla_torch.mla_decode(T_Q, T_KV, md, BATCH.config)
+
+
+def test_torch_sparse_indices_on_the_meta_device_are_named():
+    idx = torch.zeros(BATCH.q.shape[0], 4, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"^indices must hold data \(a CPU or GPU tensor\), got a tensor on "
+                                         r"device='meta'$"):
+        mla_torch.sparse_mla_decode(T_Q, T_KV, mla_spec.SparseMetadata(idx.to("meta")), BATCH.config)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64])
+def test_torch_unsigned_metadata_is_taken_and_range_checked_as_numpy_unsigned(dtype):
+    """torch.uint16/32/64 had been refused as "must have an integer dtype", where NumPy's are taken (and
+    range-checked before the int32 cast). They are taken here too, with the same checks."""
+    md = BATCH.metadata
+    unsigned = md.replace(**{f: torch.from_numpy(getattr(md, f).astype(np.int64)).to(dtype)
+                             for f in ("query_start_loc", "seq_lens", "block_table")})
+    want = mla_torch.mla_decode(T_Q, T_KV, md, BATCH.config)
+    got = mla_torch.mla_decode(T_Q, T_KV, unsigned, BATCH.config)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    if dtype != torch.uint16:
+        bt = md.block_table.astype(np.int64)
+        bt[0, 0] = 2**31 + 5
+        with pytest.raises(ValueError, match=r"block_table values must fit in int32, got block_table\[0, 0\]=2147483653"):
+            mla_torch.mla_decode(T_Q, T_KV, md.replace(block_table=torch.from_numpy(bt).to(dtype)), BATCH.config)
+    q2, kv2 = torch.zeros(2, 16, 576), torch.zeros(2, 16, 576)
+    idx = torch.tensor([[0, 5], [32, 2]]).to(dtype)
+    with pytest.raises(ValueError, match=r"indices values must be -1 .*got indices\[1, 0\]=32"):
+        mla_torch.sparse_mla_decode(q2, kv2, mla_spec.SparseMetadata(idx), C16)
+
+
+def test_torch_split_q_and_quantize_fp8_name_other_inputs():
+    with pytest.raises(ValueError, match="^q must be a torch.Tensor, got q=ndarray$"):
+        mla_torch.split_q(np.zeros((1, 16, 576), np.float32), C16)
+    with pytest.raises(ValueError, match=re.escape("q width must be kv_lora_rank + qk_rope_head_dim = 576, "
+                                                   "got q.shape=(1, 16, 600)")):
+        mla_torch.split_q(torch.zeros(1, 16, 600), C16)
+    with pytest.raises(ValueError, match=r"x must be a torch.Tensor .*got x=ndarray$"):
+        mla_torch.quantize_fp8(np.ones(3, np.float32), 1.0)
+    q_nope, q_pe = mla_torch.split_q(torch.zeros(1, 16, 576), C16)
+    assert q_nope.shape[-1] == 512 and q_pe.shape[-1] == 64
+
+
+@pytest.mark.parametrize(
+    "shards, match",
+    [(None, "kv_cache_shards must be a tensor or a sequence of W caches, got NoneType$"),
+     (torch.tensor(1.0), "kv_cache_shards must be a tensor or a sequence of W caches, got a 0-d tensor$"),
+     ("first-and-None", r"kv_cache_shards must be a tensor or a sequence of W caches \(torch tensors\), got "
+                        r"kv_cache_shards\[1\]=NoneType$")],
+    ids=["None", "0-d tensor", "None shard"],
+)
+def test_torch_dcp_names_cache_shards_that_are_not_tensors(shards, match):
+    batch, sh = _dcp_case(2)
+    if isinstance(shards, str):
+        shards = [torch.from_numpy(sh.kv_cache[0]), None]
+    with pytest.raises(ValueError, match=match):
+        tdcp.dcp_mla_decode_local(torch.from_numpy(batch.q), shards, sh.metadata, batch.config)
+    with pytest.raises(ValueError, match=r"^metadata_shards.seq_lens must hold data \(a CPU or GPU tensor\)"):
+        tdcp.dcp_mla_decode_local(torch.from_numpy(batch.q), torch.from_numpy(sh.kv_cache),
+                                  sh.metadata.replace(seq_lens=torch.from_numpy(sh.metadata.seq_lens).to("meta")),
+                                  batch.config)
+    out, _ = tdcp.dcp_mla_decode_local(torch.from_numpy(batch.q), [torch.from_numpy(x) for x in sh.kv_cache],
+                                       sh.metadata, batch.config)
+    assert torch.isfinite(out).all()
+
+
+def test_merge_attn_states_names_partials_on_two_devices():
+    """torch's "Tensor on device cpu is not on the expected device meta!" had come from inside the merge (outs on
+    cuda and lses on the CPU, on a GPU machine). The comparison is of the tensors' devices: no sync."""
+    with pytest.raises(ValueError, match=r"^merge_attn_states takes partials on one device, got outs.device='cpu', "
+                                         r"lses.device='meta'$"):
+        tdcp.merge_attn_states(torch.zeros(W, T, H, L), torch.zeros(W, T, H, device="meta"))
+    with pytest.raises(ValueError, match=r"got outs\[0\].device='cpu', outs\[1\].device='meta'$"):
+        tdcp.merge_attn_states([torch.zeros(T, H, L), torch.zeros(T, H, L, device="meta")], torch.zeros(W, T, H))
+
+
+def test_bucket_graphs_name_a_wrong_argument():
+    from mla_torch.fa3 import BucketGraphs
+
+    cfg, kvb = MLAConfig(num_heads=16, page_size=16), torch.zeros(4, 16, 576, dtype=torch.bfloat16)
+    one = [mla_spec.Bucket(1, 1, 1, 16)]
+    with pytest.raises(ValueError, match="^config must be an mla_spec.MLAConfig, got config=NoneType$"):
+        BucketGraphs(None, kvb, one)
+    with pytest.raises(ValueError, match="^buckets must be a non-empty sequence of mla_spec.Bucket, got buckets=None$"):
+        BucketGraphs(cfg, kvb, None)
+    with pytest.raises(ValueError, match="^kv_cache must be a torch.Tensor, got kv_cache=ndarray$"):
+        BucketGraphs(cfg, np.zeros((4, 16, 576), np.float32), one)
+
+
+def test_fa3_host_copy_names_meta_metadata():
+    """FA3's builder and graph read metadata through cpu_int32, whose host copy of a meta tensor had raised torch's
+    NotImplementedError."""
+    from mla_torch.fa3.metadata import cpu_int32
+
+    with pytest.raises(ValueError, match=r"^seq_lens must hold data \(a CPU or GPU tensor\), got a tensor on "
+                                         r"device='meta'$"):
+        cpu_int32("seq_lens", torch.zeros(2, dtype=torch.int32, device="meta"))
+    assert cpu_int32("seq_lens", torch.ones(2, dtype=torch.int64)).tolist() == [1, 1]
+
