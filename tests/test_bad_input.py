@@ -881,3 +881,62 @@ def test_fa3_host_copy_names_meta_metadata():
         cpu_int32("seq_lens", torch.zeros(2, dtype=torch.int32, device="meta"))
     assert cpu_int32("seq_lens", torch.ones(2, dtype=torch.int64)).tolist() == [1, 1]
 
+
+# --- JAX: with_schedule, select_impl, split_q, merge_partials, tuning ---
+
+@pytest.mark.parametrize(
+    "call, match",
+    [(lambda: pallas_triton.with_schedule(None, C16), "^metadata must be an mla_spec.DecodeMetadata, got metadata=NoneType$"),
+     (lambda: pallas_triton.with_schedule(S_MD, None), "^config must be an mla_spec.MLAConfig, got config=NoneType$"),
+     (lambda: pallas_triton.with_schedule(S_MD.replace(seq_lens=[20, 40]), C16),
+      "^seq_lens must be an array, got seq_lens=list$"),
+     (lambda: pallas_triton.with_schedule(S_MD.replace(block_table=S_MD.block_table[0]), C16),
+      r"^block_table must be 2-D \[num_reqs, max_blocks\]")],
+    ids=["metadata None", "config None", "list seq_lens", "1-D block_table"],
+)
+def test_with_schedule_names_a_wrong_argument(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_with_schedule_still_builds_eagerly_and_under_jit():
+    assert pallas_triton.with_schedule(S_MD, C16).scheduler_metadata is not None
+    jm = mla_jax.to_jax_metadata(S_MD)
+    assert jax.jit(lambda m: pallas_triton.with_schedule(m, C16))(jm).scheduler_metadata is not None
+
+
+def test_jax_select_impl_refuses_a_device_that_is_not_a_jax_device():
+    with pytest.raises(ValueError, match="^device must be a jax.Device or None, got device='cpu'$"):
+        mla_jax.select_impl(C16, device="cpu")
+    assert mla_jax.select_impl(C16, device=jax.devices()[0])[0] in mla_jax.IMPLS
+
+
+def test_jax_split_q_checks_the_packed_width():
+    """A q 600 wide had split into q_nope [.., 512] and a q_pe of 88 columns."""
+    with pytest.raises(ValueError, match=re.escape("q width must be kv_lora_rank + qk_rope_head_dim = 576, "
+                                                   "got q.shape=(1, 16, 600)")):
+        mla_jax.split_q(jnp.zeros((1, 16, 600)), C16)
+    with pytest.raises(ValueError, match="^q must be an array, got q=list$"):
+        mla_jax.split_q([[1.0]], C16)
+
+
+def test_jax_merge_partials_names_non_arrays_and_torch_out_dtypes():
+    with pytest.raises(ValueError, match="^merge_partials takes arrays, got outs=NoneType$"):
+        mla_jax.merge_partials(None, None)
+    with pytest.raises(ValueError, match="^merge_partials takes arrays, got lses=str$"):
+        mla_jax.merge_partials(jnp.zeros((W, T, H, L)), "lses")
+    with pytest.raises(ValueError, match=r"^merge_partials takes a NumPy or JAX float out_dtype \(or its name\), got "
+                                         r"out_dtype=torch.float32 \(a torch dtype\)$"):
+        mla_jax.merge_partials(jnp.zeros((W, T, H, L)), jnp.zeros((W, T, H)), out_dtype=torch.float32)
+
+
+def test_tuning_the_impl_does_not_take_is_refused():
+    """impl="xla" had ignored a tuning; TritonConfig had taken num_warps=4.0."""
+    with pytest.raises(ValueError, match=r"^the xla impl takes no tuning \(the Pallas kernels do\), got tuning=\{'a': 1\}$"):
+        mla_jax.mla_decode(JAX_Q, JAX_KV, BATCH.metadata, BATCH.config, impl="xla", tuning={"a": 1})
+    with pytest.raises(ValueError, match=r"the xla impl takes no tuning"):
+        mla_jax.mla_decode(JAX_Q, JAX_KV, BATCH.metadata, BATCH.config, impl="xla",
+                           tuning=pallas_triton.TritonConfig())
+    with pytest.raises(ValueError, match=r"^num_warps must be one of 1, 2, 4, 8, 16, got num_warps=4.0$"):
+        pallas_triton.TritonConfig(num_warps=4.0)
+    assert pallas_triton.TritonConfig(num_warps=8).num_warps == 8
