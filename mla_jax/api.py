@@ -26,7 +26,7 @@ from mla_spec import (
     validate_k_scale,
 )
 from mla_spec.config import check_config
-from mla_spec.inputs import check_q_pair
+from mla_spec.inputs import check_packed_q, check_q_pair
 from mla_spec.metadata import check_fits_int32
 
 jax.tree_util.register_dataclass(
@@ -89,8 +89,11 @@ def unsupported_reason(impl: str, config: MLAConfig, device=None) -> str | None:
 
 
 def select_impl(config: MLAConfig, device=None) -> tuple[str, dict[str, str]]:
-    """The impl "auto" picks, and why each faster one was passed over."""
+    """The impl "auto" picks on `device` (a jax.Device; None: the default device), and why each faster one was
+    passed over."""
     check_config(config)
+    if device is not None and not isinstance(device, jax.Device):
+        raise ValueError(f"device must be a jax.Device or None, got device={device!r}")
     device = device or jax.devices()[0]
     skipped = {}
     for impl in _AUTO_ORDER:
@@ -144,6 +147,9 @@ def split_q(q, config: MLAConfig):
     check_q_pair(q)
     if isinstance(q, tuple):
         return q
+    if not hasattr(q, "shape") or not hasattr(q, "dtype"):
+        raise ValueError(f"q must be an array, got q={type(q).__name__}")
+    check_packed_q(config, tuple(q.shape))
     return q[..., : config.kv_lora_rank], q[..., config.kv_lora_rank :]
 
 
@@ -190,7 +196,8 @@ def mla_decode(
     (real value = fp8 value * k_scale): a float or a 0-d float array, a normal float32 > 0; it is a
     traced value under jax.jit (a new scale does not recompile); 1.0 for other caches.
     interpret: a bool, or None (interpret mode where JAX has no GPU); for impl="pallas_mosaic_gpu" also a
-    `plgpu.InterpretGPUParams`.
+    `plgpu.InterpretGPUParams`. tuning: the Pallas kernel's (`pallas_triton.TritonConfig`, the Mosaic GPU
+    kernel's config) or None for its heuristic; the xla impl (also where "auto" picks it) takes none: ValueError.
     Validates shapes and dtypes always, metadata and k_scale values when they are concrete (not
     traced), so bad input raises ValueError/NotImplementedError before any kernel runs.
     """
@@ -214,6 +221,8 @@ def mla_decode(
     if impl == "auto":
         impl, _ = select_impl(config)
     mod = _module(impl)
+    if impl == "xla" and tuning is not None:
+        raise ValueError(f"the xla impl takes no tuning (the Pallas kernels do), got tuning={tuning!r}")
     if impl != "xla":
         reason = unsupported_reason(impl, config, None)
         if reason is not None:

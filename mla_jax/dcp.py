@@ -71,6 +71,15 @@ __all__ = [
 DCP_IMPLS = ("xla", "pallas_triton", "pallas_mosaic_gpu")
 
 
+def _as_partials(x, name: str):
+    """`outs` or `lses` as a JAX array (jnp.asarray); ValueError naming `name` and the type where it cannot be one
+    (None, a string)."""
+    try:
+        return jnp.asarray(x)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"merge_partials takes arrays, got {name}={type(x).__name__}") from e
+
+
 def merge_partials(outs, lses, out_dtype=None):
     """Exact LSE merge of stacked partials, no mesh needed.
 
@@ -83,7 +92,7 @@ def merge_partials(outs, lses, out_dtype=None):
     sequences of W per-shard arrays of one shape; out_dtype a dtype or its name ("bfloat16")."""
     check_partial_sequence(outs, "outs", "merge_partials")
     check_partial_sequence(lses, "lses", "merge_partials")
-    outs, lses = jnp.asarray(outs), jnp.asarray(lses)
+    outs, lses = _as_partials(outs, "outs"), _as_partials(lses, "lses")
     check_partials(outs, lses, "merge_partials", dtype_name=dtype_name,
                    is_float=lambda d: jnp.issubdtype(d, jnp.floating))
     if out_dtype is None:
@@ -93,6 +102,9 @@ def merge_partials(outs, lses, out_dtype=None):
             is_float = jnp.issubdtype(out_dtype, jnp.floating)
         except TypeError:  # not a dtype: "nonsense", 5
             is_float = False
+        if type(out_dtype).__module__.startswith("torch"):  # (jnp reads torch.float32 as no float dtype)
+            raise ValueError(f"merge_partials takes a NumPy or JAX float out_dtype (or its name), got "
+                             f"out_dtype={out_dtype} (a torch dtype)")
         if not is_float:
             shown = repr(out_dtype) if isinstance(out_dtype, str) else dtype_name(out_dtype)
             raise ValueError(f"merge_partials takes a float out_dtype, got out_dtype={shown}")

@@ -87,7 +87,7 @@ from jax.experimental.pallas import triton as plgpu_triton
 from mla_jax import combine
 from mla_jax.schedule import (BEGIN_REQ, BEGIN_STEP, END_REQ, END_STEP, FIRST_SLOT, NUM_STEPS, TABLE_COLUMNS,
                               Schedule, mla_schedule, prebuilt_or_build)
-from mla_spec import DecodeMetadata, MLAConfig
+from mla_spec import DecodeMetadata, MLAConfig, check_config_and_metadata
 from mla_spec.config import check_config
 
 NUM_SMS_H200 = 132
@@ -161,7 +161,7 @@ class TritonConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < lo:
                 raise ValueError(f"{name} must be an int >= {lo}, got {name}={value!r}")
         num_warps = self.num_warps
-        if num_warps not in (1, 2, 4, 8, 16) or isinstance(num_warps, bool):
+        if isinstance(num_warps, bool) or not isinstance(num_warps, int) or num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"num_warps must be one of 1, 2, 4, 8, 16, got {num_warps=}")
 
     @property
@@ -491,7 +491,10 @@ def with_schedule(metadata: DecodeMetadata, config: MLAConfig, *, num_tokens: in
     num_tokens query tokens, default metadata.num_decode_tokens; with metadata.max_num_splits and batch-invariant
     mode as mla_decode applies them), so a call with that tuning gives the same bits either way; a call whose
     tuning runs other parts, steps or chunks raises ValueError. jit-compatible: traced lengths give a traced
-    schedule, and new lengths of the same shapes reuse the compiled calls."""
+    schedule, and new lengths of the same shapes reuse the compiled calls. The metadata's shapes, dtypes and static
+    ints are checked (`DecodeMetadata.validate` without its values, which may be traced): ValueError naming them."""
+    check_config_and_metadata(config, metadata)
+    metadata.validate(config, check_values=False)
     num_tokens = int(metadata.num_decode_tokens) if num_tokens is None else num_tokens
     tuning = _resolve_tuning(config, metadata, num_tokens, tuning)
     return metadata.replace(scheduler_metadata=_schedule_jit(metadata.replace(scheduler_metadata=None), config,

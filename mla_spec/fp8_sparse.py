@@ -101,8 +101,11 @@ def tile_scales(tiles) -> np.ndarray:
 
 def quantize_sparse_fp8(kv) -> np.ndarray:
     """Cache rows `[..., 576]` (any real float dtype; `[kv_c (512) | k_pe (64)]`) -> their `uint8 [..., 656]` bytes
-    in the layout and by the rule above (FlashMLA's). Rows are rounded to bfloat16 first."""
-    kv = np.asarray(kv, np.float32)
+    in the layout and by the rule above (FlashMLA's). Rows are rounded to bfloat16 first. Integer, bool and complex
+    arrays are refused (ValueError naming kv.dtype), as mla_torch.quantize_sparse_fp8 refuses them."""
+    from mla_spec.reference import _float_array
+
+    kv = _float_array("kv", kv).astype(np.float32, copy=False)
     if kv.ndim < 1 or kv.shape[-1] != NOPE_DIM + ROPE_DIM:
         raise ValueError(f"kv must be [..., {NOPE_DIM + ROPE_DIM}] ([kv_c | k_pe] rows), got kv.shape={kv.shape}")
     lead = kv.shape[:-1]

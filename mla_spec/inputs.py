@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from mla_spec.config import FP8_KV_CACHE_ARRAY_DTYPES, MLAConfig, as_real_float, check_config, check_fp8_scale
-from mla_spec.metadata import DecodeMetadata
+from mla_spec.metadata import DecodeMetadata, _exact_ints, check_metadata
 
 FP8_DTYPE_NAMES = tuple(FP8_KV_CACHE_ARRAY_DTYPES.values())
 _FLOAT_DTYPE_NAMES = ("float32", "float64", "bfloat16", "float16")
@@ -38,10 +38,7 @@ def check_config_and_metadata(config, metadata, *, metadata_name: str = "metadat
     """Raises ValueError (the package's convention for a wrong argument, as for a list q) unless
     `config` is an `MLAConfig` and `metadata` a `DecodeMetadata`."""
     check_config(config)
-    if not isinstance(metadata, DecodeMetadata):
-        raise ValueError(
-            f"{metadata_name} must be an mla_spec.DecodeMetadata, got {metadata_name}={type(metadata).__name__}"
-        )
+    check_metadata(metadata, metadata_name)
 
 
 def check_q_pair(q) -> None:
@@ -133,18 +130,21 @@ def validate_inputs(
         )
 
 
+def check_packed_q(config: MLAConfig, shape: tuple[int, ...]) -> None:
+    """The packed q's shape: `[T, H, kv_lora_rank + qk_rope_head_dim]` (its heads are `check_q`'s)."""
+    L, R = config.kv_lora_rank, config.qk_rope_head_dim
+    if len(shape) != 3:
+        raise ValueError(f"q must be [T, num_heads, {L + R}], got q.shape={tuple(shape)}")
+    if shape[2] != L + R:
+        raise ValueError(f"q width must be kv_lora_rank + qk_rope_head_dim = {L + R}, got q.shape={tuple(shape)}")
+
+
 def check_q(config: MLAConfig, q_shapes: tuple[tuple[int, ...], ...], q_dtypes: tuple[str, ...]) -> None:
     """q's shapes and dtype: one entry for the packed `q [T, H, L+R]`, or two for the `(q_nope [T,H,L],
     q_pe [T,H,R])` tuple, with config.num_heads heads in config.dtype (the dense and the sparse decode alike)."""
     L, R, H = config.kv_lora_rank, config.qk_rope_head_dim, config.num_heads
     if len(q_shapes) == 1:
-        (shape,) = q_shapes
-        if len(shape) != 3:
-            raise ValueError(f"q must be [T, num_heads, {L + R}], got q.shape={tuple(shape)}")
-        if shape[2] != L + R:
-            raise ValueError(
-                f"q width must be kv_lora_rank + qk_rope_head_dim = {L + R}, got q.shape={tuple(shape)}"
-            )
+        check_packed_q(config, q_shapes[0])
     elif len(q_shapes) == 2:
         for name, shape, width in (("q_nope", q_shapes[0], L), ("q_pe", q_shapes[1], R)):
             if len(shape) != 3 or shape[2] != width:
@@ -249,6 +249,10 @@ def validate_slot_mapping(slot_mapping, num_slots: int) -> None:
     """The values of a cache write's `slot_mapping` (read on the host): each -1 (skip the row: padding) or a slot
     `block * page_size + offset` in [0, num_slots), and no slot twice (which row would win is unspecified)."""
     arr = np.asarray(slot_mapping)
+    if arr.ndim != 1:
+        raise ValueError(f"slot_mapping must be 1-D [T], got slot_mapping.shape={arr.shape}")
+    if arr.size and _exact_ints(arr) is None:
+        raise ValueError(f"slot_mapping must hold integers, got slot_mapping.dtype={arr.dtype}")
     if arr.size == 0:
         return
     bad = np.flatnonzero((arr < -1) | (arr >= num_slots))

@@ -73,7 +73,9 @@ def _is_integer_dtype(dtype) -> bool:
     try:
         return bool(np.issubdtype(np.dtype(dtype), np.integer))
     except TypeError:  # a torch dtype
-        return str(dtype).removeprefix("torch.") in ("int8", "int16", "int32", "int64", "uint8")
+        return str(dtype).removeprefix("torch.") in (
+            "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"
+        )
 
 
 def _check_static_int(name: str, value, minimum: int) -> None:
@@ -81,6 +83,13 @@ def _check_static_int(name: str, value, minimum: int) -> None:
         raise ValueError(f"{name} must be an int, got {name}={value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {name}={value}")
+
+
+def check_metadata(metadata, name: str = "metadata") -> None:
+    """Raises ValueError naming `name` and the type unless `metadata` is a `DecodeMetadata` (rather than an
+    AttributeError on its first field)."""
+    if not isinstance(metadata, DecodeMetadata):
+        raise ValueError(f"{name} must be an mla_spec.DecodeMetadata, got {name}={type(metadata).__name__}")
 
 
 def check_metadata_arrays(md: DecodeMetadata) -> None:
@@ -94,12 +103,11 @@ def check_metadata_arrays(md: DecodeMetadata) -> None:
             raise ValueError(f"{name} must have an integer dtype, got {name}.dtype={arr.dtype}")
 
 
-def validate_metadata(
-    md: DecodeMetadata, config: MLAConfig, *, num_blocks: int | None = None, check_values: bool = True
-) -> None:
-    """`DecodeMetadata.validate`: shapes, dtypes and static ints always, array values with
-    `check_values` (see `_validate_values`)."""
-    check_config(config)
+def check_metadata_shapes(md: DecodeMetadata) -> None:
+    """The array checks of `validate_metadata` that need no config (NumPy, torch, JAX arrays alike; traced ones
+    too): `check_metadata_arrays`, then 1-D query_start_loc `[R+1]` and seq_lens `[R]` with R >= 1, and a 2-D
+    block_table `[R, max_blocks >= 1]`. ValueError naming what broke."""
+    check_metadata(md)
     check_metadata_arrays(md)
     qsl, seq_lens, bt = md.query_start_loc, md.seq_lens, md.block_table
     if len(seq_lens.shape) != 1:
@@ -123,6 +131,15 @@ def validate_metadata(
         )
     if bt.shape[1] < 1:
         raise ValueError(f"block_table needs at least one column, got block_table.shape={tuple(bt.shape)}")
+
+
+def validate_metadata(
+    md: DecodeMetadata, config: MLAConfig, *, num_blocks: int | None = None, check_values: bool = True
+) -> None:
+    """`DecodeMetadata.validate`: shapes, dtypes and static ints always, array values with
+    `check_values` (see `_validate_values`)."""
+    check_config(config)
+    check_metadata_shapes(md)
     _check_static_int("max_query_len", md.max_query_len, 1)
     _check_static_int("max_seq_len", md.max_seq_len, 1)
     _check_static_int("num_decode_tokens", md.num_decode_tokens, 1)
@@ -260,12 +277,46 @@ def check_fits_int32(name: str, arr) -> None:
         raise ValueError(f"{name} values must fit in int32, got {name}[{', '.join(map(str, i))}]={int(arr[i])}")
 
 
+def first_bool(values, index: tuple = ()):
+    """The index of the first bool (Python or NumPy) among the entries of `values`, nested lists and tuples
+    walked, or None. NumPy makes [20, True] the int array [20, 1], where `_exact_ints` no longer sees the bool."""
+    if isinstance(values, (bool, np.bool_)):
+        return index
+    if isinstance(values, (list, tuple)):
+        for i, x in enumerate(values):
+            hit = first_bool(x, index + (i,))
+            if hit is not None:
+                return hit
+    return None
+
+
+def check_no_bools(name: str, values, index: tuple = ()) -> None:
+    """Raises ValueError naming the first bool entry of the list or tuple `values` (see `first_bool`), which is
+    `name[index]` (e.g. one row of a table)."""
+    i = first_bool(values, index)
+    if i is not None:
+        entry = values
+        for j in i[len(index):]:
+            entry = entry[j]
+        raise ValueError(f"{name} must hold integers, got {name}[{', '.join(map(str, i))}]={entry!r} (a bool)")
+
+
+def as_array(name: str, values, ndim: int) -> np.ndarray:
+    """`np.asarray(values)`, with NumPy's error on a ragged nested list as a ValueError naming `name`."""
+    try:
+        return np.asarray(values)
+    except ValueError as e:  # a ragged nested list
+        raise ValueError(f"{name} must be a {ndim}-D integer array, got a {type(values).__name__} NumPy cannot make "
+                         f"one array of: {e}") from e
+
+
 def _as_int_vector(name: str, values) -> np.ndarray:
-    arr = np.asarray(values)
+    arr = as_array(name, values, 1)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got {name}.shape={arr.shape}")
     if arr.size and _exact_ints(arr) is None:
         raise ValueError(f"{name} must hold integers, got {name}.dtype={arr.dtype}")
+    check_no_bools(name, values)
     if arr.size and (arr < 0).any():
         i = int(np.argmin(arr))
         raise ValueError(f"{name} must be >= 0, got {name}[{i}]={int(arr[i])}")
@@ -288,12 +339,14 @@ def _as_block_table(block_table, num_reqs: int) -> np.ndarray:
                 "block_table must be a 2-D integer array or one list of block ids per request, got "
                 f"block_table={block_table!r}"
             )
-        rows = [np.asarray(row) for row in block_table]
+        given = list(block_table)
+        rows = [as_array(f"block_table[{r}]", row, 1) for r, row in enumerate(given)]
         for r, row in enumerate(rows):
             if row.ndim != 1:
                 raise ValueError(f"block_table[{r}] must be a 1-D list of block ids, got shape {row.shape}")
             if row.size and _exact_ints(row) is None:
                 raise ValueError(f"block_table[{r}] must hold integers, got dtype {row.dtype}")
+            check_no_bools("block_table", given[r], (r,))
     # Range before the int32 cast below, which would wrap 2**32 + 3 to 3 (a valid-looking id).
     for r, row in enumerate(rows):
         c = first_outside_int32(row)
@@ -395,6 +448,8 @@ def pad_to_bucket(md: DecodeMetadata, bucket: Bucket, config: MLAConfig, *,
     block 0 (never read), and max_query_len, max_seq_len and num_decode_tokens are the bucket's
     (token rows past query_start_loc[-1] are padding). The result has `padded=True` and is
     validated; ValueError names what does not fit. q must then have bucket.num_tokens rows."""
+    check_config(config)
+    check_metadata(md, "md")
     if not isinstance(bucket, Bucket):
         raise ValueError(f"bucket must be an mla_spec.Bucket, got bucket={type(bucket).__name__}")
     md.validate(config, num_blocks=num_blocks)
@@ -433,16 +488,30 @@ def capture_size_buckets(max_num_seqs: int, *, max_blocks: int, max_seq_len: int
 
 def smallest_bucket(buckets: Sequence[Bucket], md: DecodeMetadata) -> Bucket:
     """The first bucket of `buckets` (ordered smallest first) that the batch of `md` fits;
-    ValueError naming the batch's needs when none does."""
-    buckets = list(buckets)
-    if not buckets:
-        raise ValueError("buckets must hold at least one Bucket, got an empty sequence")
+    ValueError naming the batch's needs when none does. `md`'s arrays are checked first
+    (`check_metadata_shapes`: types, dtypes, shapes; their values are not read beyond what fitting needs)."""
+    check_metadata(md, "md")
+    check_metadata_shapes(md)
+    buckets = check_buckets(buckets)
     for b in buckets:
-        if not isinstance(b, Bucket):
-            raise ValueError(f"buckets must hold mla_spec.Bucket values, got {type(b).__name__}")
         if b.misfit(md) is None:
             return b
     raise ValueError(f"no bucket fits the batch: the largest, {buckets[-1]}, says {buckets[-1].misfit(md)}")
+
+
+def check_buckets(buckets) -> list[Bucket]:
+    """`buckets` as a list; ValueError unless it is a non-empty sequence (any iterable) of `Bucket`s."""
+    try:
+        given = list(buckets) if not isinstance(buckets, (str, bytes, Bucket)) else None
+    except TypeError:  # not iterable: None, an int
+        given = None
+    if not given:
+        raise ValueError(f"buckets must be a non-empty sequence of mla_spec.Bucket, got buckets={buckets!r}")
+    for i, b in enumerate(given):
+        if not isinstance(b, Bucket):
+            raise ValueError(f"buckets must be a non-empty sequence of mla_spec.Bucket, got buckets[{i}]="
+                             f"{type(b).__name__}")
+    return given
 
 
 @dataclasses.dataclass(frozen=True)
@@ -458,9 +527,13 @@ class BatchSplit:
 
 def split_decodes_and_prefills(query_lens: Sequence[int], config: MLAConfig) -> BatchSplit:
     """Orders requests with q_len <= `config.reorder_batch_threshold` first (as vLLM's
-    `reorder_batch_to_split_decodes_and_prefills`), and says how many are decodes."""
+    `reorder_batch_to_split_decodes_and_prefills`), and says how many are decodes. Every q_len is >= 1
+    (a scheduled request has a new token; padding comes later, from `pad_to_bucket`): ValueError otherwise."""
     check_config(config)
     qlen = _as_int_vector("query_lens", query_lens)
+    if qlen.size and (qlen < 1).any():
+        r = int(np.argmin(qlen))
+        raise ValueError(f"query_lens must be >= 1 (each request needs q_len >= 1), got query_lens[{r}]={int(qlen[r])}")
     is_decode = qlen <= config.reorder_batch_threshold
     order = np.concatenate([np.flatnonzero(is_decode), np.flatnonzero(~is_decode)]).astype(np.int64)
     return BatchSplit(

@@ -29,7 +29,14 @@ import numpy as np
 from mla_spec.config import MLAConfig, check_config
 from mla_spec.fp8_sparse import BYTES_PER_TOKEN, NOPE_DIM, ROPE_DIM
 from mla_spec.inputs import check_kv_cache, check_num_slots, check_q
-from mla_spec.metadata import _check_static_int, _exact_ints, _is_integer_dtype, check_fits_int32
+from mla_spec.metadata import (
+    _check_static_int,
+    _exact_ints,
+    _is_integer_dtype,
+    as_array,
+    check_fits_int32,
+    check_no_bools,
+)
 
 SPARSE_CACHE_FORMATS = ("auto", "fp8_ds_mla")
 """The caches a sparse decode reads: "auto", `[num_blocks, page_size, 576]` in config.dtype (the dense decode's);
@@ -134,15 +141,12 @@ def _validate_values(md: SparseMetadata, num_slots: int | None) -> None:
 
 
 def _as_int_array(name: str, values, ndim: int) -> np.ndarray:
-    try:
-        arr = np.asarray(values)
-    except ValueError as e:  # a ragged nested list
-        raise ValueError(f"{name} must be a {ndim}-D integer array, got a {type(values).__name__} NumPy cannot make "
-                         f"one array of: {e}") from e
+    arr = as_array(name, values, ndim)
     if arr.ndim != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got {name}.shape={arr.shape}")
     if arr.size and _exact_ints(arr) is None:
         raise ValueError(f"{name} must hold integers, got {name}.dtype={arr.dtype}")
+    check_no_bools(name, values)
     check_fits_int32(name, arr)  # (before the int32 cast below)
     return arr.astype(np.int32)
 

@@ -13,7 +13,7 @@ import torch
 
 from mla_spec import DecodeMetadata, MLAConfig, check_config_and_metadata, dtype_name, validate_inputs, validate_k_scale
 from mla_spec.config import check_config
-from mla_spec.inputs import check_q_pair
+from mla_spec.inputs import check_packed_q, check_q_pair
 from mla_spec.metadata import check_fits_int32, check_metadata_arrays
 from mla_torch import reference
 
@@ -62,6 +62,9 @@ def split_q(q, config: MLAConfig):
     check_q_pair(q)
     if isinstance(q, tuple):
         return q
+    if not isinstance(q, torch.Tensor):
+        raise ValueError(f"q must be a torch.Tensor, got q={type(q).__name__}")
+    check_packed_q(config, tuple(q.shape))
     return torch.split(q, [config.kv_lora_rank, config.qk_rope_head_dim], dim=-1)
 
 
@@ -79,6 +82,18 @@ def tensor_parts(q, kv_cache) -> tuple:
                 f"q and kv_cache must hold data (a CPU or GPU tensor), got a tensor on device={str(x.device)!r}"
             )
     return parts
+
+
+def check_metadata_data(metadata, name: str = "") -> None:
+    """Raises ValueError naming the field unless each torch tensor among the metadata's arrays holds data (a meta
+    tensor has none to read): as `tensor_parts` refuses meta q and kv_cache. `name`: the metadata argument's name,
+    prefixed to the field's ("metadata_shards." gives metadata_shards.block_table)."""
+    for field in ("query_start_loc", "seq_lens", "block_table", "indices", "topk_length"):
+        x = getattr(metadata, field, None)
+        if isinstance(x, torch.Tensor) and x.is_meta:
+            raise ValueError(
+                f"{name}{field} must hold data (a CPU or GPU tensor), got a tensor on device={str(x.device)!r}"
+            )
 
 
 def check_one_device(parts, kv_cache) -> None:
@@ -140,6 +155,7 @@ def mla_decode(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig, *, impl
         raise ValueError(f"unknown impl={impl!r}; expected one of {IMPLS + ('auto',)}")
     check_config_and_metadata(config, metadata)  # (before anything reads them)
     check_metadata_arrays(metadata)  # (None or a list would reach torch.as_tensor)
+    check_metadata_data(metadata)
     host_md = metadata.replace(
         query_start_loc=_host(metadata.query_start_loc).numpy(),
         seq_lens=_host(metadata.seq_lens).numpy(),

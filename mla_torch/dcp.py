@@ -60,8 +60,21 @@ def _partials_tensor(x, name: str) -> torch.Tensor:
 
     if isinstance(x, (list, tuple)):
         check_partial_sequence(x, name, "merge_attn_states")
-        return torch.stack([one(item, f"{name}[{i}]") for i, item in enumerate(x)])
+        items = [one(item, f"{name}[{i}]") for i, item in enumerate(x)]
+        check_same_device(items, [f"{name}[{i}]" for i in range(len(items))])
+        return torch.stack(items)
     return one(x, name)
+
+
+def check_same_device(tensors, names) -> None:
+    """Raises ValueError naming the first tensor whose device differs from the first one's (a static comparison:
+    no sync)."""
+    for x, name in zip(tensors, names):
+        if x.device != tensors[0].device:
+            raise ValueError(
+                f"merge_attn_states takes partials on one device, got {names[0]}.device={str(tensors[0].device)!r}, "
+                f"{name}.device={str(x.device)!r}"
+            )
 
 
 def _out_dtype(out_dtype, default: torch.dtype) -> torch.dtype:
@@ -91,6 +104,7 @@ def merge_attn_states(outs, lses, out_dtype: torch.dtype | str | None = None):
     Shapes and dtypes are checked as `mla_jax.merge_partials` checks them (ValueError naming them:
     float outs and lses, W >= 1, one shape per shard, a float out_dtype)."""
     outs, lses = _partials_tensor(outs, "outs"), _partials_tensor(lses, "lses")
+    check_same_device([outs, lses], ["outs", "lses"])
     check_partials(outs, lses, "merge_attn_states", dtype_name=dtype_name, is_float=lambda d: d.is_floating_point)
     out_dtype = _out_dtype(out_dtype, outs.dtype)
     lses = lses.float()
@@ -102,6 +116,21 @@ def merge_attn_states(outs, lses, out_dtype: torch.dtype | str | None = None):
     out = weighted.sum(dim=0) / torch.where(w_sum > 0, w_sum, torch.ones_like(w_sum))[..., None]
     out = torch.where(torch.isnan(w_sum)[..., None], torch.full((), float("nan"), device=out.device), out)
     return out.to(out_dtype), m_safe + torch.log(w_sum)
+
+
+def _check_cache_shards(kv_cache_shards) -> None:
+    """Raises ValueError unless `kv_cache_shards` is a tensor `[W, ...]` or a list or tuple of W tensors (their
+    shapes and dtypes are the caller's next checks)."""
+    if isinstance(kv_cache_shards, torch.Tensor) and kv_cache_shards.dim() >= 1:
+        return
+    if isinstance(kv_cache_shards, (list, tuple)):
+        for i, x in enumerate(kv_cache_shards):
+            if not isinstance(x, torch.Tensor):
+                raise ValueError(f"kv_cache_shards must be a tensor or a sequence of W caches (torch tensors), got "
+                                 f"kv_cache_shards[{i}]={type(x).__name__}")
+        return
+    shown = "a 0-d tensor" if isinstance(kv_cache_shards, torch.Tensor) else type(kv_cache_shards).__name__
+    raise ValueError(f"kv_cache_shards must be a tensor or a sequence of W caches, got {shown}")
 
 
 def dcp_mla_decode_local(
@@ -127,11 +156,13 @@ def dcp_mla_decode_local(
     Returns `(out [T, H, L] in q's dtype, lse [T, H] float32)`, and with
     `return_partials=True` also the stacked partials `(outs [W,T,H,L] float32, lses [W,T,H])`.
     """
-    from mla_torch.api import mla_decode  # the package's entry point, with its checks
+    from mla_torch.api import check_metadata_data, mla_decode  # the package's entry point, with its checks
 
     if impl not in IMPLS:
         raise ValueError(f"unknown DCP impl={impl!r}; expected one of {IMPLS}")
     check_config_and_metadata(config, metadata_shards)
+    check_metadata_data(metadata_shards, "metadata_shards.")
+    _check_cache_shards(kv_cache_shards)
     world_size = len(kv_cache_shards)
     check_world_size(config, world_size)
 

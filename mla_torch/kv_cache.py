@@ -49,6 +49,8 @@ def quantize_fp8(x: torch.Tensor, k_scale) -> torch.Tensor:
     is not the rule (an ulp off on about a third of the values, enough to change some fp8 roundings). A k_scale
     given as a number is checked as the decode's is (ValueError naming it); a tensor's value is not read here (no
     device sync)."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"x must be a torch.Tensor (mla_spec.quantize_fp8 takes NumPy arrays), got x={type(x).__name__}")
     check_quantize_scale(k_scale)
     y = x.to(torch.float32) / _scale_tensor(k_scale, x.device)
     return y.clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)  # clamp keeps NaN

@@ -19,7 +19,7 @@ from mla_spec import MLAConfig, SparseMetadata, dtype_name, validate_sparse_inpu
 from mla_spec.config import check_config
 from mla_spec.sparse import check_cache_format, check_sparse_metadata
 from mla_torch import sparse_reference
-from mla_torch.api import check_one_device, int32_tensor, split_q, tensor_parts
+from mla_torch.api import check_metadata_data, check_one_device, int32_tensor, split_q, tensor_parts
 
 SPARSE_IMPLS = ("reference", "fa3", "flashmla")
 
@@ -71,6 +71,7 @@ def sparse_mla_decode(q, kv_cache, metadata: SparseMetadata, config: MLAConfig, 
         raise ValueError(f"unknown impl={impl!r}; expected one of {SPARSE_IMPLS}")
     check_config(config)
     check_sparse_metadata(metadata)
+    check_metadata_data(metadata)
     parts = tensor_parts(q, kv_cache)
     if check_values is None:
         check_values = _readable(metadata.indices) and _readable(metadata.topk_length)

@@ -806,3 +806,283 @@ def test_merges_turn_a_positive_infinite_lse_into_a_nan_row():
         out, lse = np.asarray(out), np.asarray(lse)
         assert np.isnan(out[0, 0]).all() and lse[0, 0] == np.inf
         assert np.isfinite(out[1:]).all() and np.isfinite(lse[1:]).all()
+
+
+# --- the serving loop's helpers name a wrong argument (they had raised AttributeError / TypeError) ---
+
+S_MD = mla_spec.build_decode_metadata(seq_lens=[20, 40], query_lens=[1, 2], block_table=[[3, 1], [0, 2, 4]],
+                                      config=C16, num_blocks=5)
+S_BUCKET = mla_spec.Bucket(num_reqs=2, num_tokens=3, max_blocks=3, max_seq_len=64, max_query_len=2)
+SERVING_BAD = {
+    "pad_to_bucket md None": (lambda: mla_spec.pad_to_bucket(None, S_BUCKET, C16),
+                              "md must be an mla_spec.DecodeMetadata, got md=NoneType"),
+    "pad_to_bucket config None": (lambda: mla_spec.pad_to_bucket(S_MD, S_BUCKET, None),
+                                  "config must be an mla_spec.MLAConfig, got config=NoneType"),
+    "smallest_bucket md None": (lambda: mla_spec.smallest_bucket([S_BUCKET], None),
+                                "md must be an mla_spec.DecodeMetadata, got md=NoneType"),
+    "smallest_bucket md list seq_lens": (lambda: mla_spec.smallest_bucket([S_BUCKET], S_MD.replace(seq_lens=[20, 40])),
+                                         "seq_lens must be an array, got seq_lens=list"),
+    "smallest_bucket no request": (
+        lambda: mla_spec.smallest_bucket([S_BUCKET], S_MD.replace(seq_lens=np.zeros(0, np.int32),
+                                                                  query_start_loc=np.zeros(1, np.int32))),
+        re.escape("need at least one request, got seq_lens.shape=(0,)")),
+    "smallest_bucket buckets None": (lambda: mla_spec.smallest_bucket(None, S_MD),
+                                     "buckets must be a non-empty sequence of mla_spec.Bucket, got buckets=None"),
+    "smallest_bucket buckets empty": (lambda: mla_spec.smallest_bucket([], S_MD),
+                                      re.escape("buckets must be a non-empty sequence of mla_spec.Bucket, got buckets=[]")),
+    "smallest_bucket one Bucket": (lambda: mla_spec.smallest_bucket(S_BUCKET, S_MD),
+                                   "buckets must be a non-empty sequence of mla_spec.Bucket, got buckets=Bucket"),
+    "smallest_bucket int entry": (lambda: mla_spec.smallest_bucket([S_BUCKET, 3], S_MD),
+                                  re.escape("got buckets[1]=int")),
+}
+
+
+@pytest.mark.parametrize("case", list(SERVING_BAD))
+def test_serving_helpers_name_a_wrong_argument(case):
+    call, match = SERVING_BAD[case]
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_serving_helpers_still_pick_and_pad():
+    assert mla_spec.smallest_bucket((S_BUCKET,), S_MD) == S_BUCKET
+    assert mla_spec.pad_to_bucket(S_MD, S_BUCKET, C16).padded
+
+
+# --- the builders: ragged rows, bools among ints ---
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(seq_lens=[20], query_lens=[1], block_table=[[0, [1]]]),
+         r"block_table\[0\] must be a 1-D integer array, got a list NumPy cannot make one array of"),
+        (dict(seq_lens=[20, [4]], query_lens=[1, 1], block_table=[[0, 1], [2]]),
+         r"seq_lens must be a 1-D integer array, got a list NumPy cannot make one array of"),
+        (dict(seq_lens=[20, True], query_lens=[1, 1], block_table=[[0, 1], [2]]),
+         r"seq_lens must hold integers, got seq_lens\[1\]=True \(a bool\)"),
+        (dict(seq_lens=[20, 4], query_lens=(1, np.True_), block_table=[[0, 1], [2]]),
+         r"query_lens must hold integers, got query_lens\[1\]=np.True_ \(a bool\)"),
+        (dict(seq_lens=[20, 4], query_lens=[1, 1], block_table=[[0, 1], [2, False]]),
+         r"block_table must hold integers, got block_table\[1, 1\]=False \(a bool\)"),
+    ],
+    ids=["ragged block_table row", "ragged seq_lens", "bool seq_len", "numpy bool q_len", "bool block id"],
+)
+def test_builder_refuses_ragged_rows_and_bools_among_ints(kw, match):
+    """NumPy made [20, True] the int array [20, 1] (a seq_len of 1), and a ragged row ended in NumPy's own message."""
+    with pytest.raises(ValueError, match=match):
+        mla_spec.build_decode_metadata(config=C16, **kw)
+
+
+@pytest.mark.parametrize(
+    "indices, topk_length, match",
+    [([[True, 1]], None, r"indices must hold integers, got indices\[0, 0\]=True \(a bool\)"),
+     ([[3, 1], [0, 2]], [2, True], r"topk_length must hold integers, got topk_length\[1\]=True \(a bool\)")],
+)
+def test_sparse_builder_refuses_bools_among_ints(indices, topk_length, match):
+    with pytest.raises(ValueError, match=match):
+        mla_spec.build_sparse_metadata(indices, topk_length, config=C16)
+
+
+def test_split_decodes_and_prefills_refuses_q_len_0():
+    """A scheduled request has a new token; padding requests come from pad_to_bucket, after the split. q_len 0 had
+    been counted as a decode."""
+    with pytest.raises(ValueError, match=r"query_lens must be >= 1 \(each request needs q_len >= 1\), "
+                                         r"got query_lens\[1\]=0"):
+        mla_spec.split_decodes_and_prefills([1, 0], C16)
+    assert mla_spec.split_decodes_and_prefills([1, 600, 2], C16).num_decodes == 2
+
+
+# --- slot mapping and the fp8_ds_mla quantizer ---
+
+@pytest.mark.parametrize(
+    "slot_mapping, match",
+    [(np.array([[0, 40]]), r"slot_mapping must be 1-D \[T\], got slot_mapping.shape=\(1, 2\)"),
+     (np.array([0.5, 1.7]), "slot_mapping must hold integers, got slot_mapping.dtype=float64"),
+     (np.array([True, False]), "slot_mapping must hold integers, got slot_mapping.dtype=bool")],
+)
+def test_validate_slot_mapping_refuses_other_ranks_and_dtypes(slot_mapping, match):
+    with pytest.raises(ValueError, match=match):
+        mla_spec.validate_slot_mapping(slot_mapping, 32)
+    mla_spec.validate_slot_mapping([0, 31, -1], 32)
+
+
+@pytest.mark.parametrize("kv", [np.full((1, 576), 3), np.zeros((1, 576), np.complex64), np.zeros((1, 576), bool)],
+                         ids=["int64", "complex64", "bool"])
+def test_quantize_sparse_fp8_refuses_non_real_float_input(kv):
+    """Complex input lost its imaginary part (a ComplexWarning only); integers were quantized as floats. The torch
+    version refuses both."""
+    with pytest.raises(ValueError, match=rf"kv must have a float dtype, got kv.dtype={kv.dtype}"):
+        mla_spec.quantize_sparse_fp8(kv)
+    assert mla_spec.quantize_sparse_fp8(kv.real.astype(np.float32)).shape == (1, 656)
+
+
+# --- torch: meta metadata, unsigned metadata, split_q / quantize_fp8 on other inputs, DCP and merge arguments ---
+
+T_Q, T_KV = torch.from_numpy(BATCH.q), torch.from_numpy(BATCH.kv_cache)
+
+
+@pytest.mark.parametrize("field", ["query_start_loc", "seq_lens", "block_table"])
+def test_torch_metadata_on_the_meta_device_is_named(field):
+    """torch's "Cannot copy out of meta tensor; no data!" (a NotImplementedError) had come from the host copy."""
+    md = BATCH.metadata.replace(**{field: torch.from_numpy(getattr(BATCH.metadata, field)).to("meta")})
+    with pytest.raises(ValueError, match=rf"^{field} must hold data \(a CPU or GPU tensor\), got a tensor on "
+                                         r"device='meta'$"):
+        mla_torch.mla_decode(T_Q, T_KV, md, BATCH.config)
+
+
+def test_torch_sparse_indices_on_the_meta_device_are_named():
+    idx = torch.zeros(BATCH.q.shape[0], 4, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"^indices must hold data \(a CPU or GPU tensor\), got a tensor on "
+                                         r"device='meta'$"):
+        mla_torch.sparse_mla_decode(T_Q, T_KV, mla_spec.SparseMetadata(idx.to("meta")), BATCH.config)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64])
+def test_torch_unsigned_metadata_is_taken_and_range_checked_as_numpy_unsigned(dtype):
+    """torch.uint16/32/64 had been refused as "must have an integer dtype", where NumPy's are taken (and
+    range-checked before the int32 cast). They are taken here too, with the same checks."""
+    md = BATCH.metadata
+    unsigned = md.replace(**{f: torch.from_numpy(getattr(md, f).astype(np.int64)).to(dtype)
+                             for f in ("query_start_loc", "seq_lens", "block_table")})
+    want = mla_torch.mla_decode(T_Q, T_KV, md, BATCH.config)
+    got = mla_torch.mla_decode(T_Q, T_KV, unsigned, BATCH.config)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    if dtype != torch.uint16:
+        bt = md.block_table.astype(np.int64)
+        bt[0, 0] = 2**31 + 5
+        with pytest.raises(ValueError, match=r"block_table values must fit in int32, got block_table\[0, 0\]=2147483653"):
+            mla_torch.mla_decode(T_Q, T_KV, md.replace(block_table=torch.from_numpy(bt).to(dtype)), BATCH.config)
+    q2, kv2 = torch.zeros(2, 16, 576), torch.zeros(2, 16, 576)
+    idx = torch.tensor([[0, 5], [32, 2]]).to(dtype)
+    with pytest.raises(ValueError, match=r"indices values must be -1 .*got indices\[1, 0\]=32"):
+        mla_torch.sparse_mla_decode(q2, kv2, mla_spec.SparseMetadata(idx), C16)
+
+
+def test_torch_split_q_and_quantize_fp8_name_other_inputs():
+    with pytest.raises(ValueError, match="^q must be a torch.Tensor, got q=ndarray$"):
+        mla_torch.split_q(np.zeros((1, 16, 576), np.float32), C16)
+    with pytest.raises(ValueError, match=re.escape("q width must be kv_lora_rank + qk_rope_head_dim = 576, "
+                                                   "got q.shape=(1, 16, 600)")):
+        mla_torch.split_q(torch.zeros(1, 16, 600), C16)
+    with pytest.raises(ValueError, match=r"x must be a torch.Tensor .*got x=ndarray$"):
+        mla_torch.quantize_fp8(np.ones(3, np.float32), 1.0)
+    q_nope, q_pe = mla_torch.split_q(torch.zeros(1, 16, 576), C16)
+    assert q_nope.shape[-1] == 512 and q_pe.shape[-1] == 64
+
+
+@pytest.mark.parametrize(
+    "shards, match",
+    [(None, "kv_cache_shards must be a tensor or a sequence of W caches, got NoneType$"),
+     (torch.tensor(1.0), "kv_cache_shards must be a tensor or a sequence of W caches, got a 0-d tensor$"),
+     ("first-and-None", r"kv_cache_shards must be a tensor or a sequence of W caches \(torch tensors\), got "
+                        r"kv_cache_shards\[1\]=NoneType$")],
+    ids=["None", "0-d tensor", "None shard"],
+)
+def test_torch_dcp_names_cache_shards_that_are_not_tensors(shards, match):
+    batch, sh = _dcp_case(2)
+    if isinstance(shards, str):
+        shards = [torch.from_numpy(sh.kv_cache[0]), None]
+    with pytest.raises(ValueError, match=match):
+        tdcp.dcp_mla_decode_local(torch.from_numpy(batch.q), shards, sh.metadata, batch.config)
+    with pytest.raises(ValueError, match=r"^metadata_shards.seq_lens must hold data \(a CPU or GPU tensor\)"):
+        tdcp.dcp_mla_decode_local(torch.from_numpy(batch.q), torch.from_numpy(sh.kv_cache),
+                                  sh.metadata.replace(seq_lens=torch.from_numpy(sh.metadata.seq_lens).to("meta")),
+                                  batch.config)
+    out, _ = tdcp.dcp_mla_decode_local(torch.from_numpy(batch.q), [torch.from_numpy(x) for x in sh.kv_cache],
+                                       sh.metadata, batch.config)
+    assert torch.isfinite(out).all()
+
+
+def test_merge_attn_states_names_partials_on_two_devices():
+    """torch's "Tensor on device cpu is not on the expected device meta!" had come from inside the merge (outs on
+    cuda and lses on the CPU, on a GPU machine). The comparison is of the tensors' devices: no sync."""
+    with pytest.raises(ValueError, match=r"^merge_attn_states takes partials on one device, got outs.device='cpu', "
+                                         r"lses.device='meta'$"):
+        tdcp.merge_attn_states(torch.zeros(W, T, H, L), torch.zeros(W, T, H, device="meta"))
+    with pytest.raises(ValueError, match=r"got outs\[0\].device='cpu', outs\[1\].device='meta'$"):
+        tdcp.merge_attn_states([torch.zeros(T, H, L), torch.zeros(T, H, L, device="meta")], torch.zeros(W, T, H))
+
+
+def test_bucket_graphs_name_a_wrong_argument():
+    from mla_torch.fa3 import BucketGraphs
+
+    cfg, kvb = MLAConfig(num_heads=16, page_size=16), torch.zeros(4, 16, 576, dtype=torch.bfloat16)
+    one = [mla_spec.Bucket(1, 1, 1, 16)]
+    with pytest.raises(ValueError, match="^config must be an mla_spec.MLAConfig, got config=NoneType$"):
+        BucketGraphs(None, kvb, one)
+    with pytest.raises(ValueError, match="^buckets must be a non-empty sequence of mla_spec.Bucket, got buckets=None$"):
+        BucketGraphs(cfg, kvb, None)
+    with pytest.raises(ValueError, match="^kv_cache must be a torch.Tensor, got kv_cache=ndarray$"):
+        BucketGraphs(cfg, np.zeros((4, 16, 576), np.float32), one)
+
+
+def test_fa3_host_copy_names_meta_metadata():
+    """FA3's builder and graph read metadata through cpu_int32, whose host copy of a meta tensor had raised torch's
+    NotImplementedError."""
+    from mla_torch.fa3.metadata import cpu_int32
+
+    with pytest.raises(ValueError, match=r"^seq_lens must hold data \(a CPU or GPU tensor\), got a tensor on "
+                                         r"device='meta'$"):
+        cpu_int32("seq_lens", torch.zeros(2, dtype=torch.int32, device="meta"))
+    assert cpu_int32("seq_lens", torch.ones(2, dtype=torch.int64)).tolist() == [1, 1]
+
+
+# --- JAX: with_schedule, select_impl, split_q, merge_partials, tuning ---
+
+@pytest.mark.parametrize(
+    "call, match",
+    [(lambda: pallas_triton.with_schedule(None, C16), "^metadata must be an mla_spec.DecodeMetadata, got metadata=NoneType$"),
+     (lambda: pallas_triton.with_schedule(S_MD, None), "^config must be an mla_spec.MLAConfig, got config=NoneType$"),
+     (lambda: pallas_triton.with_schedule(S_MD.replace(seq_lens=[20, 40]), C16),
+      "^seq_lens must be an array, got seq_lens=list$"),
+     (lambda: pallas_triton.with_schedule(S_MD.replace(block_table=S_MD.block_table[0]), C16),
+      r"^block_table must be 2-D \[num_reqs, max_blocks\]")],
+    ids=["metadata None", "config None", "list seq_lens", "1-D block_table"],
+)
+def test_with_schedule_names_a_wrong_argument(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_with_schedule_still_builds_eagerly_and_under_jit():
+    assert pallas_triton.with_schedule(S_MD, C16).scheduler_metadata is not None
+    jm = mla_jax.to_jax_metadata(S_MD)
+    assert jax.jit(lambda m: pallas_triton.with_schedule(m, C16))(jm).scheduler_metadata is not None
+
+
+def test_jax_select_impl_refuses_a_device_that_is_not_a_jax_device():
+    with pytest.raises(ValueError, match="^device must be a jax.Device or None, got device='cpu'$"):
+        mla_jax.select_impl(C16, device="cpu")
+    assert mla_jax.select_impl(C16, device=jax.devices()[0])[0] in mla_jax.IMPLS
+
+
+def test_jax_split_q_checks_the_packed_width():
+    """A q 600 wide had split into q_nope [.., 512] and a q_pe of 88 columns."""
+    with pytest.raises(ValueError, match=re.escape("q width must be kv_lora_rank + qk_rope_head_dim = 576, "
+                                                   "got q.shape=(1, 16, 600)")):
+        mla_jax.split_q(jnp.zeros((1, 16, 600)), C16)
+    with pytest.raises(ValueError, match="^q must be an array, got q=list$"):
+        mla_jax.split_q([[1.0]], C16)
+
+
+def test_jax_merge_partials_names_non_arrays_and_torch_out_dtypes():
+    with pytest.raises(ValueError, match="^merge_partials takes arrays, got outs=NoneType$"):
+        mla_jax.merge_partials(None, None)
+    with pytest.raises(ValueError, match="^merge_partials takes arrays, got lses=str$"):
+        mla_jax.merge_partials(jnp.zeros((W, T, H, L)), "lses")
+    with pytest.raises(ValueError, match=r"^merge_partials takes a NumPy or JAX float out_dtype \(or its name\), got "
+                                         r"out_dtype=torch.float32 \(a torch dtype\)$"):
+        mla_jax.merge_partials(jnp.zeros((W, T, H, L)), jnp.zeros((W, T, H)), out_dtype=torch.float32)
+
+
+def test_tuning_the_impl_does_not_take_is_refused():
+    """impl="xla" had ignored a tuning; TritonConfig had taken num_warps=4.0."""
+    with pytest.raises(ValueError, match=r"^the xla impl takes no tuning \(the Pallas kernels do\), got tuning=\{'a': 1\}$"):
+        mla_jax.mla_decode(JAX_Q, JAX_KV, BATCH.metadata, BATCH.config, impl="xla", tuning={"a": 1})
+    with pytest.raises(ValueError, match=r"the xla impl takes no tuning"):
+        mla_jax.mla_decode(JAX_Q, JAX_KV, BATCH.metadata, BATCH.config, impl="xla",
+                           tuning=pallas_triton.TritonConfig())
+    with pytest.raises(ValueError, match=r"^num_warps must be one of 1, 2, 4, 8, 16, got num_warps=4.0$"):
+        pallas_triton.TritonConfig(num_warps=4.0)
+    assert pallas_triton.TritonConfig(num_warps=8).num_warps == 8

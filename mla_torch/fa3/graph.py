@@ -74,6 +74,8 @@ class FA3DecodeGraph:
                 f"max_seq_len must be in [max_query_len={max_query_len}, max_blocks_per_req * page_size={capacity}], "
                 f"got max_seq_len={max_seq_len}"
             )
+        if not isinstance(kv_cache, torch.Tensor):
+            raise ValueError(f"kv_cache must be a torch.Tensor, got kv_cache={type(kv_cache).__name__}")
         if kv_cache.dim() != 3 or kv_cache.shape[1] != config.page_size or kv_cache.shape[2] != config.head_dim:
             raise ValueError(
                 f"kv_cache must be [num_blocks, page_size={config.page_size}, {config.head_dim}], "
@@ -215,11 +217,10 @@ class BucketGraphs:
     max_num_splits_for_cuda_graph, for token counts up to 992)."""
 
     def __init__(self, config: MLAConfig, kv_cache: torch.Tensor, buckets, *, fa3_provider: FA3Provider | None = None):
-        from mla_spec import Bucket
+        from mla_spec.metadata import check_buckets
 
-        self.buckets = list(buckets)
-        if not self.buckets or not all(isinstance(b, Bucket) for b in self.buckets):
-            raise ValueError(f"buckets must be a non-empty sequence of mla_spec.Bucket, got {buckets!r}")
+        check_config(config)
+        self.buckets = check_buckets(buckets)
         self.graphs = {
             b: FA3DecodeGraph(config, kv_cache, max_num_reqs=b.num_reqs, max_num_tokens=b.num_tokens,
                               max_blocks_per_req=b.max_blocks, max_query_len=b.max_query_len,

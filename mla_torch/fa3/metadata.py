@@ -118,6 +118,8 @@ def cpu_int32(name: str, x) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         if x.dtype not in _TORCH_INT_DTYPES:
             raise ValueError(f"{name} must hold integers, got {name}.dtype={x.dtype}")
+        if x.is_meta:
+            raise ValueError(f"{name} must hold data (a CPU or GPU tensor), got a tensor on device={str(x.device)!r}")
         host = x.detach().to(device="cpu")
         if host.dtype == torch.int32:
             return host
