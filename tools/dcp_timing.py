@@ -26,7 +26,7 @@ import sys
 
 import numpy as np
 
-from parity import timing
+from parity import bench, timing
 from parity.shapes import Shape, parse_shape
 
 IMPLS = ("pallas_mosaic_gpu", "pallas_triton", "xla")
@@ -194,7 +194,7 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=5, help="launches per timing, the median kept (default 5)")
     p.add_argument("--calls", type=int, default=None,
                    help="calls per launch, a multiple of 4 (default: calibrated to --launch-ms, as the bench)")
-    p.add_argument("--launch-ms", type=float, default=timing.LAUNCH_SECONDS * 1e3,
+    p.add_argument("--launch-ms", type=bench.arg_type(bench.parse_launch_ms), default=timing.LAUNCH_SECONDS * 1e3,
                    help=f"what a launch lasts when calibrated (default {timing.LAUNCH_SECONDS * 1e3:g})")
     p.add_argument("--interpret", action="store_true", help="Pallas interpret mode (a CPU check, never a timing)")
     p.add_argument("--seed", type=int, default=0)

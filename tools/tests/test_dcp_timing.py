@@ -40,7 +40,8 @@ def test_dcp_timing_refuses_bad_arguments(capsys):
     from tools import dcp_timing
 
     for argv, message in ((["--calls", "6"], "--calls must be a multiple of 4"), (["--world", "0"], "--world must"),
-                          (["--shapes", "H16_B2"], "shape must look like")):
+                          (["--shapes", "H16_B2"], "shape must look like"),
+                          (["--launch-ms", "inf"], "launch-ms must be a finite positive number")):
         with pytest.raises(SystemExit):
             dcp_timing.main(argv)
         assert message in capsys.readouterr().err
