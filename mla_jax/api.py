@@ -89,10 +89,10 @@ def unsupported_reason(impl: str, config: MLAConfig, device=None) -> str | None:
 
 
 def select_impl(config: MLAConfig, device=None) -> tuple[str, dict[str, str]]:
-    """The impl "auto" picks on `device` (a jax.Device; None: the default device), and why each faster one was
-    passed over."""
+    """The impl "auto" picks on `device` (a jax.Device, or an object with its `platform` and
+    `compute_capability`; None: the default device), and why each faster one was passed over."""
     check_config(config)
-    if device is not None and not isinstance(device, jax.Device):
+    if device is not None and (isinstance(device, str) or not hasattr(device, "platform")):
         raise ValueError(f"device must be a jax.Device or None, got device={device!r}")
     device = device or jax.devices()[0]
     skipped = {}
