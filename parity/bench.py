@@ -257,7 +257,10 @@ def merge(results: list[dict]) -> dict:
         for key in ("grid", "impls", "xla_flags", "launch_ms", "cooldown_s"):
             if r.get(key) != first.get(key):
                 raise ValueError(f"cannot merge results of different {key}: {first.get(key)!r} vs {r.get(key)!r}")
-    order = {shape.name: k for k, shape in enumerate(GRIDS[first["grid"]])}
+    grid = first.get("grid")
+    if not isinstance(grid, str) or grid not in GRIDS:
+        raise ValueError(f"grid must be one of the bench's grids ({', '.join(GRIDS)}), got grid={grid!r}")
+    order = {shape.name: k for k, shape in enumerate(GRIDS[grid])}
     rows = sorted((dict(row) for r in results for row in r["rows"]),
                   key=lambda row: order.get(row["name"], len(order)))
     names = {row["name"] for row in rows}

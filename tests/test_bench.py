@@ -443,6 +443,9 @@ def test_merge_checks_rows_and_impls_as_plot_does():
         bench.merge([a, {**a, "rows": ["a"]}])
     with pytest.raises(ValueError, match=r"^results\[0\]: impls must be a non-empty list of names, got impls='abc'"):
         bench.merge([{**a, "impls": "abc"}])
+    for grid in ("bogus", ["smoke"], None):  # (a list was a TypeError, a name not a grid "no 'bogus' entry")
+        with pytest.raises(ValueError, match=r"^grid must be one of the bench's grids \(.*smoke.*\), got grid="):
+            bench.merge([{**a, "grid": grid}])
     from parity import plots
 
     with pytest.raises(ValueError, match=r"^rows\[1\] must be an object, got rows\[1\]=\[1, 2\] \(a JSON list\)$"):
