@@ -75,9 +75,17 @@ def check_interpret(interpret, *, allow_none: bool = False, allow_params: bool =
     raise ValueError(f"interpret must be {expected}, got interpret={interpret!r}")
 
 
+def check_device(device) -> None:
+    """ValueError naming `device` unless it is None or a device: a jax.Device, or an object with its `platform`
+    and `compute_capability` (a platform name such as "cpu" is not one)."""
+    if device is not None and (isinstance(device, str) or not hasattr(device, "platform")):
+        raise ValueError(f"device must be a jax.Device or None, got device={device!r}")
+
+
 def unsupported_reason(impl: str, config: MLAConfig, device=None) -> str | None:
     """Why `impl` cannot run `config` on `device` (None: it can). Interpret mode counts as running."""
     check_config(config)
+    check_device(device)
     if impl == "xla":
         return None
     mod = _module(impl)
@@ -92,8 +100,7 @@ def select_impl(config: MLAConfig, device=None) -> tuple[str, dict[str, str]]:
     """The impl "auto" picks on `device` (a jax.Device, or an object with its `platform` and
     `compute_capability`; None: the default device), and why each faster one was passed over."""
     check_config(config)
-    if device is not None and (isinstance(device, str) or not hasattr(device, "platform")):
-        raise ValueError(f"device must be a jax.Device or None, got device={device!r}")
+    check_device(device)
     device = device or jax.devices()[0]
     skipped = {}
     for impl in _AUTO_ORDER:

@@ -22,7 +22,8 @@ from mla_spec import MLAConfig, SparseMetadata, dtype_name, validate_sparse_inpu
 from mla_spec.config import check_config
 from mla_spec.sparse import check_cache_format, check_sparse_metadata
 from mla_jax import sparse_reference
-from mla_jax.api import _is_concrete, array_parts, check_interpret, check_jax_arrays, default_interpret, fits_int32, split_q
+from mla_jax.api import (_is_concrete, array_parts, check_device, check_interpret, check_jax_arrays, default_interpret,
+                         fits_int32, split_q)
 
 jax.tree_util.register_dataclass(SparseMetadata, data_fields=["indices", "topk_length"], meta_fields=[])
 
@@ -49,6 +50,7 @@ def sparse_unsupported_reason(impl: str, config: MLAConfig, device=None, *, cach
     """Why `impl` cannot run `config` with `cache_format` on `device` (None: it can). The reference runs
     everything."""
     check_config(config)
+    check_device(device)
     check_cache_format(cache_format)
     if impl == "xla":
         return None

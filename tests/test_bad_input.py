@@ -1055,6 +1055,11 @@ def test_jax_select_impl_refuses_a_device_that_is_not_a_jax_device():
     with pytest.raises(ValueError, match="^device must be a jax.Device or None, got device='cpu'$"):
         mla_jax.select_impl(C16, device="cpu")
     assert mla_jax.select_impl(C16, device=jax.devices()[0])[0] in mla_jax.IMPLS
+    for impl in mla_jax.IMPLS:  # (a platform name read as a device gave a reason, not an error)
+        with pytest.raises(ValueError, match="^device must be a jax.Device or None, got device='cpu'$"):
+            mla_jax.unsupported_reason(impl, C16, "cpu")
+        with pytest.raises(ValueError, match="^device must be a jax.Device or None, got device='cpu'$"):
+            mla_jax.sparse_unsupported_reason(impl, C16, "cpu")
 
 
 def test_jax_split_q_checks_the_packed_width():
