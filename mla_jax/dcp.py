@@ -233,7 +233,8 @@ def dcp_mla_decode(
     for x in parts + (kv_cache_shards,):
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise ValueError(f"q and kv_cache_shards must be arrays, got {type(x).__name__}")
-    _api.check_jax_arrays(q=parts[0], kv_cache_shards=kv_cache_shards,
+    q_names = ("q_nope", "q_pe") if isinstance(q, tuple) else ("q",)
+    _api.check_jax_arrays(**dict(zip(q_names, parts)), kv_cache_shards=kv_cache_shards,
                           query_start_loc=metadata_shards.query_start_loc, seq_lens=metadata_shards.seq_lens,
                           block_table=metadata_shards.block_table)
     if len(kv_cache_shards.shape) != 4 or kv_cache_shards.shape[0] != world_size:

@@ -49,8 +49,8 @@ import dataclasses
 import numpy as np
 
 from mla_spec.config import MLAConfig, check_config
-from mla_spec.inputs import (_FLOAT_DTYPE_NAMES, check_config_and_metadata, check_kv_cache, dtype_name,
-                              expected_kv_cache_dtype)
+from mla_spec.inputs import (_FLOAT_DTYPE_NAMES, FP8_DTYPE_NAMES, check_config_and_metadata, check_kv_cache_shape,
+                              dtype_name)
 from mla_spec.metadata import DecodeMetadata
 
 
@@ -339,13 +339,13 @@ def shard_batch(
     to `fill` (NaN by default, so that a kernel reading them shows). Every real request must
     have q_len == 1; a batch padded to a bucket (padded=True) is sharded into the stacked form
     of that bucket, whatever its lengths. The cache's shape is checked against the config as the
-    decode checks it (`check_kv_cache`), and its dtype must be a float one (NumPy batches hold a
+    decode checks it (`check_kv_cache_shape`), and its dtype must be a float one (NumPy batches hold a
     16-bit or fp8 cache's values as float32): ValueError naming them otherwise.
     """
     check_config(config)
     kv_cache = np.asarray(kv_cache)
-    check_kv_cache(config, tuple(kv_cache.shape), expected_kv_cache_dtype(config))
-    if dtype_name(kv_cache.dtype) not in _FLOAT_DTYPE_NAMES + ("float8_e4m3fn",):
+    check_kv_cache_shape(config, tuple(kv_cache.shape))
+    if dtype_name(kv_cache.dtype) not in _FLOAT_DTYPE_NAMES + FP8_DTYPE_NAMES:
         raise ValueError(f"kv_cache must hold floats, got kv_cache.dtype={dtype_name(kv_cache.dtype)}")
     md, source = shard_layout(metadata, config, world_size=world_size, num_blocks=int(kv_cache.shape[0]),
                               num_blocks_local=num_blocks_local, permute_blocks=permute_blocks, seed=seed)

@@ -82,9 +82,8 @@ def validate_k_scale(k_scale, config: MLAConfig, *, concrete: bool = True) -> fl
     return value
 
 
-def check_kv_cache(config: MLAConfig, kv_cache_shape: tuple[int, ...], kv_cache_dtype: str) -> None:
-    """The paged cache: `[num_blocks >= 1, page_size, kv_lora_rank + qk_rope_head_dim]` of the dtype the
-    config implies (`expected_kv_cache_dtype`)."""
+def check_kv_cache_shape(config: MLAConfig, kv_cache_shape: tuple[int, ...]) -> None:
+    """The paged cache's shape: `[num_blocks >= 1, page_size, kv_lora_rank + qk_rope_head_dim]`."""
     width = config.kv_lora_rank + config.qk_rope_head_dim
     if len(kv_cache_shape) != 3 or kv_cache_shape[1] != config.page_size or kv_cache_shape[2] != width:
         raise ValueError(
@@ -93,6 +92,12 @@ def check_kv_cache(config: MLAConfig, kv_cache_shape: tuple[int, ...], kv_cache_
         )
     if kv_cache_shape[0] < 1:
         raise ValueError(f"kv_cache needs at least one block, got kv_cache.shape={tuple(kv_cache_shape)}")
+
+
+def check_kv_cache(config: MLAConfig, kv_cache_shape: tuple[int, ...], kv_cache_dtype: str) -> None:
+    """The paged cache: `check_kv_cache_shape`'s shape, of the dtype the config implies
+    (`expected_kv_cache_dtype`)."""
+    check_kv_cache_shape(config, kv_cache_shape)
     expected = expected_kv_cache_dtype(config)
     if kv_cache_dtype != expected:
         if config.is_fp8_kv_cache:

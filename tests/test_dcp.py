@@ -385,6 +385,10 @@ def test_jax_dcp_rejects_bad_calls():
         jdcp.dcp_mla_decode(q, kv, shards.metadata, batch.config, mesh=mesh1, axis_name="tp")
     with pytest.raises(ValueError, match=r"impl='fa3'"):
         jdcp.dcp_mla_decode(q, kv, shards.metadata, batch.config, mesh=mesh1, impl="fa3")
+    # each part of a (q_nope, q_pe) pair is named when it is an array of another library
+    pe = torch.from_numpy(np.ascontiguousarray(batch.q[..., 512:]))
+    with pytest.raises(ValueError, match=r"^q_pe must be a NumPy or JAX array, got q_pe=torch.Tensor$"):
+        jdcp.dcp_mla_decode((q[..., :512], pe), kv, shards.metadata, cfg1, mesh=mesh1)
     # A stacked metadata claiming two query tokens for request 0.
     md = shards.metadata
     bad = md.replace(query_start_loc=md.query_start_loc + np.array([0, 1, 1, 1, 1], np.int32), max_query_len=2)
