@@ -77,7 +77,8 @@ def check_interpret(interpret, *, allow_none: bool = False, allow_params: bool =
 
 def check_device(device) -> None:
     """ValueError naming `device` unless it is None or a device: a jax.Device, or an object with its `platform`
-    and `compute_capability` (a platform name such as "cpu" is not one)."""
+    (a platform name such as "cpu" is not one). The Mosaic GPU kernel's `unsupported_reason` also reads
+    `compute_capability` where the device has one."""
     if device is not None and (isinstance(device, str) or not hasattr(device, "platform")):
         raise ValueError(f"device must be a jax.Device or None, got device={device!r}")
 

@@ -115,25 +115,10 @@ def _plot(args) -> int:
 
 
 def _merge(args) -> int:
-    from parity import bench, plots
+    from parity import bench
 
     try:
-        results = []
-        for path in args.results:
-            result = _read_json(path)
-            if not isinstance(result, dict):
-                got = plots.json_kind(result)
-            elif not isinstance(result.get("rows"), list):
-                got = "an object without a 'rows' list"
-            else:
-                try:
-                    plots.check_rows(result)  # the check `plot` makes: rows of objects, impls a list of names
-                except ValueError as e:
-                    raise ValueError(f"{path}: {e}") from None
-                results.append(result)
-                continue
-            raise ValueError(f"{path} is not a bench result (a JSON object with a 'rows' list), got {got}")
-        merged = bench.merge(results)
+        merged = bench.merge([_read_json(path) for path in args.results], names=args.results)
     except ValueError as e:
         print(f"cannot merge: {e}", file=sys.stderr)
         return 2

@@ -237,21 +237,25 @@ def parse_shard(text: str) -> tuple[int, int]:
         raise ValueError(f"shard I/N needs 0 <= I < N, got shard={text!r}")
     return i, n
 
-def merge(results: list[dict]) -> dict:
+def merge(results: list, names: list[str] | None = None) -> dict:
     """Joins bench JSONs of shards of one grid (same impls; rows concatenated, in grid order) and
     recomputes the ragged rows' `time_vs_twin` and the summary over all rows. complete: every shard finished and
-    every shape is there."""
-    from parity import plots  # check_rows: the check that `plot` makes too
+    every shape is there. `names` (the files they were read from) name the results in errors; `results[i]`
+    without. Each result must be a JSON object with a 'rows' list that passes plots.check_rows, the check that
+    `plot` makes."""
+    from parity import plots
 
     if not results:
         raise ValueError("merge needs at least one bench result")
     for i, r in enumerate(results):
+        name = names[i] if names is not None else f"results[{i}]"
         if not isinstance(r, dict) or not isinstance(r.get("rows"), list):
-            raise ValueError(f"merge takes bench results (dicts with a 'rows' list), got results[{i}]={type(r).__name__}")
+            got = "an object without a 'rows' list" if isinstance(r, dict) else plots.json_kind(r)
+            raise ValueError(f"{name} is not a bench result (a JSON object with a 'rows' list), got {got}")
         try:
             plots.check_rows(r)
         except ValueError as e:
-            raise ValueError(f"results[{i}]: {e}") from None
+            raise ValueError(f"{name}: {e}") from None
     first = results[0]
     for r in results[1:]:
         for key in ("grid", "impls", "xla_flags", "launch_ms", "cooldown_s"):

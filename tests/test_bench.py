@@ -431,7 +431,7 @@ def test_merge_refuses_what_is_not_a_bench_result_in_one_line(content, said, tmp
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("cannot merge: ") and str(path) in err and said in err, err
     assert not out.exists()
-    with pytest.raises(ValueError, match=r"merge takes bench results \(dicts with a 'rows' list\), got results\[0\]=list"):
+    with pytest.raises(ValueError, match=r"^results\[0\] is not a bench result \(a JSON object with a 'rows' list\), got a JSON list$"):
         bench.merge([[1, 2]])
 
 
