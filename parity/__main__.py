@@ -118,7 +118,7 @@ def _merge(args) -> int:
     from parity import bench
 
     try:
-        merged = bench.merge([_read_json(path) for path in args.results], names=args.results)
+        merged = bench.merge([_read_json(path) for path in args.results], sources=args.results)
     except ValueError as e:
         print(f"cannot merge: {e}", file=sys.stderr)
         return 2

@@ -237,10 +237,10 @@ def parse_shard(text: str) -> tuple[int, int]:
         raise ValueError(f"shard I/N needs 0 <= I < N, got shard={text!r}")
     return i, n
 
-def merge(results: list, names: list[str] | None = None) -> dict:
+def merge(results: list, sources: list[str] | None = None) -> dict:
     """Joins bench JSONs of shards of one grid (same impls; rows concatenated, in grid order) and
     recomputes the ragged rows' `time_vs_twin` and the summary over all rows. complete: every shard finished and
-    every shape is there. `names` (the files they were read from) name the results in errors; `results[i]`
+    every shape is there. `sources` (the files they were read from) name the results in errors; `results[i]`
     without. Each result must be a JSON object with a 'rows' list that passes plots.check_rows, the check that
     `plot` makes."""
     from parity import plots
@@ -248,7 +248,7 @@ def merge(results: list, names: list[str] | None = None) -> dict:
     if not results:
         raise ValueError("merge needs at least one bench result")
     for i, r in enumerate(results):
-        name = names[i] if names is not None else f"results[{i}]"
+        name = sources[i] if sources is not None else f"results[{i}]"
         if not isinstance(r, dict) or not isinstance(r.get("rows"), list):
             got = "an object without a 'rows' list" if isinstance(r, dict) else plots.json_kind(r)
             raise ValueError(f"{name} is not a bench result (a JSON object with a 'rows' list), got {got}")
