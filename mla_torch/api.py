@@ -77,11 +77,14 @@ def tensor_parts(q, kv_cache) -> tuple:
     for name, x in zip(names + ("kv_cache",), parts + (kv_cache,)):
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"q and kv_cache must be torch tensors, got {name}={type(x).__name__}")
-        if x.is_meta:
-            raise ValueError(
-                f"q and kv_cache must hold data (a CPU or GPU tensor), got a tensor on device={str(x.device)!r}"
-            )
+        check_holds_data(name, x)
     return parts
+
+
+def check_holds_data(name: str, x: torch.Tensor) -> None:
+    """Raises ValueError naming `name` where the tensor `x` is a meta tensor (it has no data to read)."""
+    if x.is_meta:
+        raise ValueError(f"{name} must hold data (a CPU or GPU tensor), got a tensor on device={str(x.device)!r}")
 
 
 def check_metadata_data(metadata, name: str = "") -> None:
@@ -90,10 +93,8 @@ def check_metadata_data(metadata, name: str = "") -> None:
     prefixed to the field's ("metadata_shards." gives metadata_shards.block_table)."""
     for field in ("query_start_loc", "seq_lens", "block_table", "indices", "topk_length"):
         x = getattr(metadata, field, None)
-        if isinstance(x, torch.Tensor) and x.is_meta:
-            raise ValueError(
-                f"{name}{field} must hold data (a CPU or GPU tensor), got a tensor on device={str(x.device)!r}"
-            )
+        if isinstance(x, torch.Tensor):
+            check_holds_data(f"{name}{field}", x)
 
 
 def check_one_device(parts, kv_cache) -> None:

@@ -621,7 +621,7 @@ def test_entry_points_refuse_an_fp8_e4m3_config_and_other_head_dims_for_fp8_ds_m
 def test_torch_entry_point_refuses_non_tensors_and_meta_tensors():
     with pytest.raises(ValueError, match=r"must be torch tensors, got kv_cache=ndarray"):
         mla_torch.sparse_mla_decode(torch.from_numpy(_Q), _KV, _MD, SMALL_CFG)
-    with pytest.raises(ValueError, match=r"must hold data .*device='meta'"):
+    with pytest.raises(ValueError, match=r"^kv_cache must hold data .*device='meta'"):
         mla_torch.sparse_mla_decode(torch.from_numpy(_Q), torch.empty(_KV.shape, device="meta"), _MD, SMALL_CFG)
 
 

@@ -30,6 +30,7 @@ import torch
 from mla_spec import DecodeMetadata, MLAConfig
 from mla_spec.config import check_config
 from mla_spec.metadata import first_outside_int32
+from mla_torch.api import check_holds_data
 from mla_torch.fa3 import providers
 from mla_torch.fa3.providers import FA3Provider
 
@@ -118,8 +119,7 @@ def cpu_int32(name: str, x) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         if x.dtype not in _TORCH_INT_DTYPES:
             raise ValueError(f"{name} must hold integers, got {name}.dtype={x.dtype}")
-        if x.is_meta:
-            raise ValueError(f"{name} must hold data (a CPU or GPU tensor), got a tensor on device={str(x.device)!r}")
+        check_holds_data(name, x)
         host = x.detach().to(device="cpu")
         if host.dtype == torch.int32:
             return host
