@@ -97,10 +97,19 @@ def check_metadata_data(metadata, name: str = "") -> None:
             check_holds_data(f"{name}{field}", x)
 
 
+def check_same_device(tensors, names, what: str) -> None:
+    """Raises ValueError naming the first tensor whose device differs from the first one's (a static comparison:
+    no sync); `what` says which tensors must share it ("q and kv_cache must be")."""
+    for x, name in zip(tensors, names):
+        if x.device != tensors[0].device:
+            raise ValueError(f"{what} on one device, got {names[0]}.device={str(tensors[0].device)!r}, "
+                             f"{name}.device={str(x.device)!r}")
+
+
 def check_one_device(parts, kv_cache) -> None:
-    devices = {x.device for x in parts + (kv_cache,)}
-    if len(devices) != 1:
-        raise ValueError(f"q and kv_cache must be on one device, got devices={sorted(map(str, devices))}")
+    """q's parts (`tensor_parts`) and kv_cache on one device."""
+    names = ("q_nope", "q_pe") if len(parts) == 2 else ("q",)
+    check_same_device(parts + (kv_cache,), names + ("kv_cache",), "q and kv_cache must be")
 
 
 def check_call(q, kv_cache, metadata: DecodeMetadata, config: MLAConfig) -> None:

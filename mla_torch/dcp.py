@@ -37,6 +37,7 @@ from mla_spec.dcp import (
     token_requests,
     validate_shards,
 )
+from mla_torch.api import check_same_device
 
 __all__ = ["dcp_mla_decode_local", "merge_attn_states", "shard_batch"]
 
@@ -61,20 +62,9 @@ def _partials_tensor(x, name: str) -> torch.Tensor:
     if isinstance(x, (list, tuple)):
         check_partial_sequence(x, name, "merge_attn_states")
         items = [one(item, f"{name}[{i}]") for i, item in enumerate(x)]
-        check_same_device(items, [f"{name}[{i}]" for i in range(len(items))])
+        check_same_device(items, [f"{name}[{i}]" for i in range(len(items))], "merge_attn_states takes partials")
         return torch.stack(items)
     return one(x, name)
-
-
-def check_same_device(tensors, names) -> None:
-    """Raises ValueError naming the first tensor whose device differs from the first one's (a static comparison:
-    no sync)."""
-    for x, name in zip(tensors, names):
-        if x.device != tensors[0].device:
-            raise ValueError(
-                f"merge_attn_states takes partials on one device, got {names[0]}.device={str(tensors[0].device)!r}, "
-                f"{name}.device={str(x.device)!r}"
-            )
 
 
 def _out_dtype(out_dtype, default: torch.dtype) -> torch.dtype:
@@ -104,7 +94,7 @@ def merge_attn_states(outs, lses, out_dtype: torch.dtype | str | None = None):
     Shapes and dtypes are checked as `mla_jax.merge_partials` checks them (ValueError naming them:
     float outs and lses, W >= 1, one shape per shard, a float out_dtype)."""
     outs, lses = _partials_tensor(outs, "outs"), _partials_tensor(lses, "lses")
-    check_same_device([outs, lses], ["outs", "lses"])
+    check_same_device([outs, lses], ["outs", "lses"], "merge_attn_states takes partials")
     check_partials(outs, lses, "merge_attn_states", dtype_name=dtype_name, is_float=lambda d: d.is_floating_point)
     out_dtype = _out_dtype(out_dtype, outs.dtype)
     lses = lses.float()

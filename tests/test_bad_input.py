@@ -930,6 +930,19 @@ def test_torch_metadata_on_the_meta_device_is_named(field):
         mla_torch.mla_decode(T_Q, T_KV, md, BATCH.config)
 
 
+def test_torch_q_and_kv_cache_on_two_devices_are_named():
+    """mla_torch.api.check_one_device (the meta device stands in for a second one, which tensor_parts refuses
+    first in a decode call)."""
+    from mla_torch import api
+
+    with pytest.raises(ValueError, match=r"^q and kv_cache must be on one device, got q_nope.device='cpu', "
+                                         r"kv_cache.device='meta'$"):
+        api.check_one_device((torch.zeros(1), torch.zeros(1)), torch.zeros(1, device="meta"))
+    with pytest.raises(ValueError, match=r"^q and kv_cache must be on one device, got q.device='meta', "
+                                         r"kv_cache.device='cpu'$"):
+        api.check_one_device((torch.zeros(1, device="meta"),), torch.zeros(1))
+
+
 def test_torch_sparse_indices_on_the_meta_device_are_named():
     idx = torch.zeros(BATCH.q.shape[0], 4, dtype=torch.int32)
     with pytest.raises(ValueError, match=r"^indices must hold data \(a CPU or GPU tensor\), got a tensor on "
