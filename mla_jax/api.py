@@ -171,15 +171,15 @@ def check_jax_arrays(**arrays) -> None:
                              f"{type(x).__name__}")
 
 
-def array_parts(q, kv_cache) -> tuple:
-    """q's parts (`(q,)` or `(q_nope, q_pe)`), after checking that they and kv_cache are arrays (ValueError naming
-    the one that is not)."""
+def array_parts(q, kv_cache, kv_name: str = "kv_cache") -> tuple:
+    """q's parts (`(q,)` or `(q_nope, q_pe)`), after checking that they and kv_cache (named `kv_name` in errors)
+    are NumPy or JAX arrays (ValueError naming the one that is not)."""
     check_q_pair(q)
     parts = q if isinstance(q, tuple) else (q,)
     names = ("q_nope", "q_pe") if isinstance(q, tuple) else ("q",)
-    for name, x in zip(names + ("kv_cache",), parts + (kv_cache,)):
+    for name, x in zip(names + (kv_name,), parts + (kv_cache,)):
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-            raise ValueError(f"q and kv_cache must be arrays, got {name}={type(x).__name__}")
+            raise ValueError(f"q and {kv_name} must be arrays, got {name}={type(x).__name__}")
         check_jax_arrays(**{name: x})
     return parts
 

@@ -229,13 +229,8 @@ def dcp_mla_decode(
         raise ValueError(f"axis_name={axis_name!r} is not an axis of the mesh, mesh.shape={dict(mesh.shape)}")
     world_size = int(mesh.shape[axis_name])
     check_world_size(config, world_size)
-    parts = q if isinstance(q, tuple) else (q,)
-    for x in parts + (kv_cache_shards,):
-        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-            raise ValueError(f"q and kv_cache_shards must be arrays, got {type(x).__name__}")
-    q_names = ("q_nope", "q_pe") if isinstance(q, tuple) else ("q",)
-    _api.check_jax_arrays(**dict(zip(q_names, parts)), kv_cache_shards=kv_cache_shards,
-                          query_start_loc=metadata_shards.query_start_loc, seq_lens=metadata_shards.seq_lens,
+    parts = _api.array_parts(q, kv_cache_shards, "kv_cache_shards")
+    _api.check_jax_arrays(query_start_loc=metadata_shards.query_start_loc, seq_lens=metadata_shards.seq_lens,
                           block_table=metadata_shards.block_table)
     if len(kv_cache_shards.shape) != 4 or kv_cache_shards.shape[0] != world_size:
         raise ValueError(
@@ -276,7 +271,6 @@ def dcp_mla_decode(
         interpret = _api.default_interpret()
     if not isinstance(return_partials, bool):
         raise ValueError(f"return_partials must be a bool, got return_partials={return_partials!r}")
-    _api.split_q(q, config)  # (checks a pair)
     sharded = NamedSharding(mesh, PartitionSpec(axis_name))
     replicated = NamedSharding(mesh, PartitionSpec())
 

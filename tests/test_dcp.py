@@ -389,6 +389,10 @@ def test_jax_dcp_rejects_bad_calls():
     pe = torch.from_numpy(np.ascontiguousarray(batch.q[..., 512:]))
     with pytest.raises(ValueError, match=r"^q_pe must be a NumPy or JAX array, got q_pe=torch.Tensor$"):
         jdcp.dcp_mla_decode((q[..., :512], pe), kv, shards.metadata, cfg1, mesh=mesh1)
+    with pytest.raises(ValueError, match=r"^q and kv_cache_shards must be arrays, got kv_cache_shards=list$"):
+        jdcp.dcp_mla_decode(q, [kv], shards.metadata, cfg1, mesh=mesh1)
+    with pytest.raises(ValueError, match=r"^q must be one array or a \(q_nope, q_pe\) pair, got a tuple of 3$"):
+        jdcp.dcp_mla_decode((q[..., :512], q[..., 512:], q), kv, shards.metadata, cfg1, mesh=mesh1)
     # A stacked metadata claiming two query tokens for request 0.
     md = shards.metadata
     bad = md.replace(query_start_loc=md.query_start_loc + np.array([0, 1, 1, 1, 1], np.int32), max_query_len=2)
