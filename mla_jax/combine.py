@@ -33,6 +33,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu_triton
 
+from mla_jax.schedule import searchsorted
+
 BLOCK_L = 64  # output columns per program
 TILE_ELEMS = 8192  # S_pad * block_h * BLOCK_L: 64 float32 registers a thread at 4 warps
 
@@ -125,7 +127,7 @@ def slot_ranges(split_offsets, query_start_loc, num_tokens: int):
     offsets = jnp.asarray(split_offsets, jnp.int32)
     num_reqs = qsl.shape[0] - 1
     t = jnp.arange(num_tokens, dtype=jnp.int32)
-    req = jnp.minimum(jnp.searchsorted(qsl[1:], t, side="right").astype(jnp.int32), num_reqs - 1)
+    req = jnp.minimum(searchsorted(qsl[1:], t, side="right").astype(jnp.int32), num_reqs - 1)
     inside = (t >= qsl[req]) & (t < qsl[req + 1])
     first = offsets[req]
     count = jnp.where(inside, offsets[req + 1] - first, 0)

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from mla_jax.schedule import searchsorted
 from mla_spec import DecodeMetadata, MLAConfig
 
 BATCH_INVARIANT_KV_CHUNK = 128
@@ -34,7 +35,7 @@ def token_positions(metadata: DecodeMetadata, num_tokens: int):
     """(request id [T], position of the token in its sequence [T]) for each query token."""
     qsl = metadata.query_start_loc
     t = jnp.arange(num_tokens, dtype=jnp.int32)
-    req = jnp.searchsorted(qsl[1:], t, side="right").astype(jnp.int32)
+    req = searchsorted(qsl[1:], t, side="right").astype(jnp.int32)
     q_len = qsl[req + 1] - qsl[req]
     pos = metadata.seq_lens[req] - q_len + (t - qsl[req])
     return req, pos

@@ -139,6 +139,14 @@ def request_steps(seq_lens, query_lens, block_kv: int):
     return jnp.where(live, (seq + block_kv - 1) // block_kv, 0)
 
 
+def searchsorted(a, v, side: str):
+    """jnp.searchsorted(a, v, side) as straight-line code. Its default method is a `while` loop of log2(len(a))
+    iterations, and XLA on the GPU drives such a loop from the host, reading its predicate back on every iteration:
+    that cost about 20 us a decode call on an H100 (slot_ranges inside the timed call), more than the combine
+    kernel. 'scan_unrolled' is the same binary search, unrolled."""
+    return jnp.searchsorted(a, v, side=side, method="scan_unrolled")
+
+
 def _exclusive_cumsum(x):
     return jnp.concatenate([jnp.zeros((1,), x.dtype), jnp.cumsum(x)])
 
@@ -157,7 +165,7 @@ def _balanced_cuts(n, num_parts: int, fixed_overhead: int):
     n_start = _exclusive_cumsum(n)
     total = c[-1]
     x = _cost_cuts(total, num_parts)
-    r = jnp.minimum(jnp.searchsorted(c[1:], x, side="right"), n.shape[0] - 1)  # the request whose interval holds x
+    r = jnp.minimum(searchsorted(c[1:], x, side="right"), n.shape[0] - 1)  # the request whose interval holds x
     g = n_start[r] + jnp.clip(x - c[r] - fixed_overhead, 0, n[r])
     return jnp.where(x >= total, n_start[-1], g).astype(jnp.int32)
 
@@ -168,7 +176,7 @@ def _chunk_pieces(n, chunk_steps: int, num_slots: int):
     per_req = (n + chunk_steps - 1) // chunk_steps
     offsets = _exclusive_cumsum(per_req).astype(jnp.int32)
     k = jnp.arange(num_slots, dtype=jnp.int32)
-    req = jnp.minimum(jnp.searchsorted(offsets[1:], k, side="right"), n.shape[0] - 1).astype(jnp.int32)
+    req = jnp.minimum(searchsorted(offsets[1:], k, side="right"), n.shape[0] - 1).astype(jnp.int32)
     first = (k - offsets[req]) * chunk_steps
     steps = jnp.where(k < offsets[-1], jnp.clip(n[req] - first, 0, chunk_steps), 0)
     return req, first, steps, offsets
@@ -183,7 +191,7 @@ def _invariant_cuts(n, num_parts: int, fixed_overhead: int, chunk_steps: int, nu
     total = start[-1]
     x = _cost_cuts(total, num_parts)
     used = offsets[-1]
-    kp = jnp.minimum(jnp.searchsorted(start[:-1], x, side="left"), used).astype(jnp.int32)
+    kp = jnp.minimum(searchsorted(start[:-1], x, side="left"), used).astype(jnp.int32)
     n_start = _exclusive_cumsum(n)
     piece_g = n_start[req] + first  # global first step of each piece
     g = jnp.where(kp < used, piece_g[jnp.minimum(kp, num_slots - 1)], n_start[-1])
@@ -196,8 +204,8 @@ def _table(n, g, fixed_overhead: int, first_slot, num_pieces):
     num_reqs = n.shape[0]
     begin, end = g[:-1], g[1:]
     nonempty = end > begin
-    b_req = jnp.minimum(jnp.searchsorted(n_start[1:], begin, side="right"), num_reqs - 1)
-    e_req = jnp.minimum(jnp.searchsorted(n_start[1:], end - 1, side="right"), num_reqs - 1)
+    b_req = jnp.minimum(searchsorted(n_start[1:], begin, side="right"), num_reqs - 1)
+    e_req = jnp.minimum(searchsorted(n_start[1:], end - 1, side="right"), num_reqs - 1)
     cols = [b_req, begin - n_start[b_req], e_req, end - n_start[e_req]]
     cols = [jnp.where(nonempty, col, 0) for col in cols]
     steps = end - begin
@@ -210,7 +218,7 @@ def _balanced_slots(n, g):
     its distinct inner cuts."""
     n_start = _exclusive_cumsum(n)
     inner = g[1:-1]
-    req = jnp.minimum(jnp.searchsorted(n_start[1:], inner, side="right"), n.shape[0] - 1)
+    req = jnp.minimum(searchsorted(n_start[1:], inner, side="right"), n.shape[0] - 1)
     distinct = inner != g[:-2]
     is_inner = distinct & (inner > n_start[req]) & (inner < n_start[req] + n[req])
     per_req = (n > 0).astype(jnp.int32) + jax.ops.segment_sum(is_inner.astype(jnp.int32), req,
@@ -218,8 +226,8 @@ def _balanced_slots(n, g):
     offsets = _exclusive_cumsum(per_req).astype(jnp.int32)
     live_before = _exclusive_cumsum((n > 0).astype(jnp.int32))  # live requests before r
     begin, end = g[:-1], g[1:]
-    b_req = jnp.searchsorted(n_start[1:], begin, side="right")
-    e_req = jnp.searchsorted(n_start[1:], end - 1, side="right")
+    b_req = searchsorted(n_start[1:], begin, side="right")
+    e_req = searchsorted(n_start[1:], end - 1, side="right")
     pieces = jnp.where(end > begin, live_before[jnp.minimum(e_req + 1, n.shape[0])] - live_before[b_req], 0)
     first_slot = _exclusive_cumsum(pieces)[:-1]
     return first_slot.astype(jnp.int32), pieces.astype(jnp.int32), offsets

@@ -276,3 +276,27 @@ def test_prebuilt_or_build_takes_a_fitting_schedule_and_refuses_another():
     fewer = ahead.replace(query_start_loc=qsl[:-1], seq_lens=seq[:-1], block_table=np.zeros((2, 8), np.int32))
     with pytest.raises(ValueError, match="3 requests, the batch has num_reqs=2"):
         S.prebuilt_or_build(fewer, other, num_parts=4, block_kv=B)
+
+
+@pytest.mark.parametrize("what", ["balanced", "chunked", "slot_ranges", "token_positions"])
+def test_per_call_index_math_has_no_while_loop(what):
+    """The schedule build, the combine's slot ranges and the reference's token positions run inside every jitted
+    decode call. A `while` there (jnp.searchsorted's default method) is driven from the host on the GPU, one
+    device-host round trip an iteration, so none may be left."""
+    from mla_jax import combine, reference as jnp_reference
+    from mla_spec import DecodeMetadata
+
+    seq, qlen = jnp.asarray([5, 70, 0, 300], jnp.int32), jnp.asarray([1, 2, 1, 3], jnp.int32)
+    qsl = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(qlen)]).astype(jnp.int32)
+    fn, args = {
+        "balanced": (lambda s, q: S.mla_schedule(s, q, num_parts=8, block_kv=B), (seq, qlen)),
+        "chunked": (lambda s, q: S.mla_schedule(s, q, num_parts=8, block_kv=B, chunk_steps=4, max_steps=32),
+                    (seq, qlen)),
+        "slot_ranges": (lambda off, qsl: combine.slot_ranges(off, qsl, 8), (qsl, qsl)),
+        "token_positions": (lambda s, qsl: jnp_reference.token_positions(
+            DecodeMetadata(seq_lens=s, query_start_loc=qsl, block_table=None, max_query_len=3, max_seq_len=300,
+                         num_decode_tokens=8), 8),
+                            (seq, qsl)),
+    }[what]
+    text = jax.jit(fn).lower(*args).as_text()
+    assert "stablehlo.while" not in text
