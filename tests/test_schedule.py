@@ -300,3 +300,19 @@ def test_per_call_index_math_has_no_while_loop(what):
     }[what]
     text = jax.jit(fn).lower(*args).as_text()
     assert "stablehlo.while" not in text
+
+
+@pytest.mark.parametrize("impl", ["pallas_triton", "pallas_mosaic_gpu"])
+@pytest.mark.parametrize("problem", [(16, 32, 1024, 1, False), (128, 8, 4096, 2, True)], ids=["H16_bf16", "H128_fp8"])
+def test_decode_call_lowered_for_the_gpu_has_no_while_loop(impl, problem):
+    """One decode call (its schedule built inside, as under a serving engine's jit), lowered for an abstract H200: the
+    kernels are custom calls, and nothing around them may be a `while` (a host round trip an iteration on the GPU;
+    the Triton call had 4 before searchsorted was unrolled)."""
+    import importlib
+
+    from parity import h200
+
+    fn, args = h200.abstract_call(problem, module=importlib.import_module(f"mla_jax.{impl}"))
+    text = h200.lower_for_h200(fn, *args).as_text()
+    assert text.count("stablehlo.custom_call") >= 2  # the decode kernel and the combine
+    assert "stablehlo.while" not in text
