@@ -288,15 +288,18 @@ def test_per_call_index_math_has_no_while_loop(what):
 
     seq, qlen = jnp.asarray([5, 70, 0, 300], jnp.int32), jnp.asarray([1, 2, 1, 3], jnp.int32)
     qsl = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(qlen)]).astype(jnp.int32)
+
+    def positions(seq, qsl):
+        md = DecodeMetadata(seq_lens=seq, query_start_loc=qsl, block_table=None, max_query_len=3, max_seq_len=300,
+                            num_decode_tokens=8)
+        return jnp_reference.token_positions(md, 8)
+
     fn, args = {
         "balanced": (lambda s, q: S.mla_schedule(s, q, num_parts=8, block_kv=B), (seq, qlen)),
         "chunked": (lambda s, q: S.mla_schedule(s, q, num_parts=8, block_kv=B, chunk_steps=4, max_steps=32),
                     (seq, qlen)),
         "slot_ranges": (lambda off, qsl: combine.slot_ranges(off, qsl, 8), (qsl, qsl)),
-        "token_positions": (lambda s, qsl: jnp_reference.token_positions(
-            DecodeMetadata(seq_lens=s, query_start_loc=qsl, block_table=None, max_query_len=3, max_seq_len=300,
-                         num_decode_tokens=8), 8),
-                            (seq, qsl)),
+        "token_positions": (positions, (seq, qsl)),
     }[what]
     text = jax.jit(fn).lower(*args).as_text()
     assert "stablehlo.while" not in text
