@@ -15,7 +15,7 @@ import torch
 
 import mla_jax
 import mla_torch
-from cases import DecodeCases
+from cases import PADDED_CASES, PADDED_IDS, DecodeCases
 
 JNP_DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16, "float32": jnp.float32}
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -80,6 +80,7 @@ class TestFlashMLA(DecodeCases):
         torch.cuda.synchronize()
         return out, lse
 
+    @pytest.mark.parametrize("case", PADDED_CASES, ids=PADDED_IDS)
     def test_padded_bucket(self, case):
         pytest.skip("FlashMLA is a timing anchor here, called on exact batches: the padded buckets are the "
                     "library's implementations' contract")
