@@ -30,8 +30,8 @@ likewise for the Mosaic kernel).
 Ragged rows (the `ragged` grid; `parity.shapes` defines the distributions of their KV lengths): each row of a ragged
 shape records its uniform twin's name (`twin`: the same heads, batch, q_len and total KV tokens, every request as
 long) and, where the twin was timed by the same impl, `time_vs_twin` = its time / the twin's time (<= 1.15: within the
-issue's target of 15% of a uniform batch of the same total KV tokens). The summary adds, per impl, the geomean, min
-and max of those ratios, overall and per distribution, how many are within 1.15, and the geomean / min / max
+target, TWIN_TARGET, of 15% over a uniform batch of the same total KV tokens). The summary adds, per impl, the
+geomean, min and max of those ratios, overall and per distribution, how many are within 1.15, and the geomean / min / max
 speedup against the first impl over the ragged rows alone.
 
 Sparse rows (the `sparse` grid; `parity.shapes.SparseShape`): the sparse decode of DeepSeek-V3.2, each token reading
@@ -380,7 +380,7 @@ def run_bench(shapes, impls, reps=7, check=False, log=print, checkpoint=None, pr
 
 
 TWIN_TARGET = 1.15
-"""A ragged batch's time within 15% of its uniform twin's (same total KV tokens): the issue's target."""
+"""The target for a ragged batch: its time within 15% of its uniform twin's (same total KV tokens)."""
 
 
 def twin_name(row: dict) -> str | None:
