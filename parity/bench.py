@@ -31,8 +31,8 @@ Ragged rows (the `ragged` grid; `parity.shapes` defines the distributions of the
 shape records its uniform twin's name (`twin`: the same heads, batch, q_len and total KV tokens, every request as
 long) and, where the twin was timed by the same impl, `time_vs_twin` = its time / the twin's time (<= 1.15: within the
 target, TWIN_TARGET, of 15% over a uniform batch of the same total KV tokens). The summary adds, per impl, the
-geomean, min and max of those ratios, overall and per distribution, how many are within 1.15, and the geomean / min / max
-speedup against the first impl over the ragged rows alone.
+geomean, min and max of those ratios, overall and per distribution, how many are within 1.15, and the geomean / min /
+max speedup against the first impl over the ragged rows alone.
 
 Sparse rows (the `sparse` grid; `parity.shapes.SparseShape`): the sparse decode of DeepSeek-V3.2, each token reading
 topk scattered rows of its request's cache. `torch.fa3` is vLLM's FA3 path over one-token pages on the bf16 cache,
