@@ -33,7 +33,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu_triton
 
-from mla_jax.schedule import searchsorted
+from mla_jax.schedule import slot_ranges
 
 BLOCK_L = 64  # output columns per program
 TILE_ELEMS = 8192  # S_pad * block_h * BLOCK_L: 64 float32 registers a thread at 4 warps
@@ -120,27 +120,25 @@ def combine(o_part, lse_part, dtype, interpret: bool = False, col_order=None):
       *([jnp.asarray(col_order, jnp.int32)] if gather else []))
 
 
-def slot_ranges(split_offsets, query_start_loc, num_tokens: int):
-    """Per token t: (its request's first slot, the request's slot count, t's index inside its request) as int32
-    [T, 3]. Tokens past query_start_loc[-1] (a padded bucket's rows) get 0 slots."""
-    qsl = jnp.asarray(query_start_loc, jnp.int32)
-    offsets = jnp.asarray(split_offsets, jnp.int32)
-    num_reqs = qsl.shape[0] - 1
-    t = jnp.arange(num_tokens, dtype=jnp.int32)
-    req = jnp.minimum(searchsorted(qsl[1:], t, side="right").astype(jnp.int32), num_reqs - 1)
-    inside = (t >= qsl[req]) & (t < qsl[req + 1])
-    first = offsets[req]
-    count = jnp.where(inside, offsets[req + 1] - first, 0)
-    return jnp.stack([first, count, jnp.where(inside, t - qsl[req], 0)], axis=1)
+def _token_slots(token_slots, split_offsets, query_start_loc, num_tokens: int):
+    """The combine's rows per token (schedule.slot_ranges): `token_slots` when given (built once a batch with the
+    schedule), else computed here from split_offsets and query_start_loc."""
+    if token_slots is None:
+        return slot_ranges(split_offsets, query_start_loc, num_tokens)
+    if tuple(jnp.shape(token_slots)) != (num_tokens, 3):
+        raise ValueError(f"token_slots must have shape ({num_tokens}, 3) (one row per token), got "
+                         f"token_slots.shape={tuple(jnp.shape(token_slots))}")
+    return jnp.asarray(token_slots, jnp.int32)
 
 
 def combine_slots_ref(o_part, lse_part, split_offsets, query_start_loc, dtype, *, num_tokens=None, out=None,
-                      lse=None, col_order=None):
+                      lse=None, col_order=None, token_slots=None):
     """combine_slots in jnp, with the same arguments and result: schedule.combine_slots (the reference walk's merge)
-    is this, and it runs where no Pallas Triton kernel can (Mosaic GPU interpret mode). It gathers every slot for every token ([S, T, H, L]): small problems."""
+    is this, and it runs where no Pallas Triton kernel can (Mosaic GPU interpret mode). It gathers every slot for
+    every token ([S, T, H, L]): small problems."""
     keep_single = out is not None
     num_tokens = out.shape[0] if keep_single else num_tokens
-    rows = slot_ranges(split_offsets, query_start_loc, num_tokens)
+    rows = _token_slots(token_slots, split_offsets, query_start_loc, num_tokens)
     first, count, i = rows[:, 0], rows[:, 1], rows[:, 2]
     s = jnp.arange(o_part.shape[0], dtype=jnp.int32)[:, None]
     mine = (s >= first[None]) & (s < (first + count)[None])  # [S, T]
@@ -199,7 +197,7 @@ def _combine_slots_kernel(*refs, num_heads, block_h, gather, keep_single):
 
 @functools.partial(jax.jit, static_argnames=("dtype", "num_tokens", "interpret"))
 def combine_slots(o_part, lse_part, split_offsets, query_start_loc, dtype, *, num_tokens=None, out=None, lse=None,
-                  col_order=None, interpret: bool = False):
+                  col_order=None, token_slots=None, interpret: bool = False):
     """The ragged combine of a work schedule (mla_jax.schedule): token t, the i-th of request r, merges
     o_part[s, i] and lse_part[s, i] over r's slots s in [split_offsets[r], split_offsets[r + 1]) by LSE, the
     formula of combine_ref, slots in order. One Pallas Triton kernel: a program takes one token, a block of heads
@@ -212,7 +210,11 @@ def combine_slots(o_part, lse_part, split_offsets, query_start_loc, dtype, *, nu
 
     `out` and `lse` (optional, [T, H, L] in dtype and [T, H]): the decode kernel's final rows of the requests with
     exactly one slot, which it wrote directly; the result aliases them and keeps those rows (the kernel never reads
-    them); then `num_tokens` is out's. Without them, `num_tokens` is required. col_order as in combine."""
+    them); then `num_tokens` is out's. Without them, `num_tokens` is required. col_order as in combine.
+
+    `token_slots` (optional, int32 [T, 3]): each token's (first slot, slot count, index inside its request), the
+    schedule's `token_slots` when it was built ahead (with_schedule); without it the call computes them from
+    split_offsets and query_start_loc (a few small XLA kernels before the combine's)."""
     dtype = jnp.dtype(dtype)
     keep_single = out is not None
     if keep_single != (lse is not None):
@@ -228,7 +230,7 @@ def combine_slots(o_part, lse_part, split_offsets, query_start_loc, dtype, *, nu
         raise ValueError(f"col_order must have shape ({lora},), got {jnp.shape(col_order)}")
     block_h = min(_next_pow2(num_heads), 64)
     gather = col_order is not None
-    rows = slot_ranges(split_offsets, query_start_loc, num_tokens)
+    rows = _token_slots(token_slots, split_offsets, query_start_loc, num_tokens)
     args = [rows, lse_part.astype(jnp.float32), o_part.astype(jnp.float32)]
     if gather:
         args.append(jnp.asarray(col_order, jnp.int32))

@@ -439,19 +439,21 @@ def _kernel_seq_lens(metadata: DecodeMetadata, config: MLAConfig):
     return jnp.clip(metadata.seq_lens.astype(jnp.int32), 0, _max_seq_len(metadata, config))
 
 
-def _schedule(metadata: DecodeMetadata, config: MLAConfig, tuning: TritonConfig) -> Schedule:
+def _schedule(metadata: DecodeMetadata, config: MLAConfig, tuning: TritonConfig, num_tokens: int) -> Schedule:
     """The work schedule the kernel walks for `tuning`, from the batch's (traced) lengths (mla_jax.schedule): parts
     of tuning.block_kv steps, chunk mode with tuning.chunk_steps (batch-invariant mode, metadata.max_num_splits),
-    its slots sized by the clamped max_seq_len. The one construction behind both the call's inline schedule and
-    with_schedule's."""
+    its slots sized by the clamped max_seq_len, with the combine's token_slots for num_tokens tokens. The one
+    construction behind both the call's inline schedule and with_schedule's."""
     qsl = metadata.query_start_loc.astype(jnp.int32)
     chunk = tuning.chunk_steps
     max_steps = _cdiv(_max_seq_len(metadata, config), tuning.block_kv)
-    return mla_schedule(_kernel_seq_lens(metadata, config), qsl[1:] - qsl[:-1], num_parts=tuning.num_parts,
-                        block_kv=tuning.block_kv, chunk_steps=chunk or None, max_steps=max_steps if chunk else None)
+    schedule = mla_schedule(_kernel_seq_lens(metadata, config), qsl[1:] - qsl[:-1], num_parts=tuning.num_parts,
+                            block_kv=tuning.block_kv, chunk_steps=chunk or None,
+                            max_steps=max_steps if chunk else None)
+    return schedule.with_token_slots(qsl, num_tokens)
 
 
-_schedule_jit = jax.jit(_schedule, static_argnames=("config", "tuning"))
+_schedule_jit = jax.jit(_schedule, static_argnames=("config", "tuning", "num_tokens"))
 """_schedule as one compiled program (per shapes and static arguments; new lengths reuse it): with_schedule's
 builder outside a jit, a single launch instead of a few dozen small ones."""
 
@@ -498,7 +500,7 @@ def with_schedule(metadata: DecodeMetadata, config: MLAConfig, *, num_tokens: in
     num_tokens = int(metadata.num_decode_tokens) if num_tokens is None else num_tokens
     tuning = _resolve_tuning(config, metadata, num_tokens, tuning)
     return metadata.replace(scheduler_metadata=_schedule_jit(metadata.replace(scheduler_metadata=None), config,
-                                                             tuning))
+                                                             tuning, num_tokens))
 
 
 def _mla_decode(q_nope, q_pe, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfig, tuning: TritonConfig,
@@ -514,8 +516,8 @@ def _mla_decode(q_nope, q_pe, kv_cache, k_scale, metadata: DecodeMetadata, confi
     # (built ahead by with_schedule, once a batch, or here; the kernel cuts pieces by tuning.chunk_steps, so the
     # schedule's must be the same)
     schedule = prebuilt_or_build(metadata, lambda: _schedule_jit(metadata.replace(scheduler_metadata=None), config,
-                                                                 tuning), num_parts=tuning.num_parts,
-                                 block_kv=tuning.block_kv, chunk_steps=tuning.chunk_steps)
+                                                                 tuning, T), num_parts=tuning.num_parts,
+                                 block_kv=tuning.block_kv, chunk_steps=tuning.chunk_steps, num_tokens=T)
     max_q = metadata.max_query_len
     q_tiles = _cdiv(max_q, tuning.block_q)
     head_blocks = _cdiv(H, tuning.block_h)
@@ -555,6 +557,7 @@ def _mla_decode(q_nope, q_pe, kv_cache, k_scale, metadata: DecodeMetadata, confi
     )
     # each token's slots merged in slot order (one Pallas Triton kernel): a request's bits depend on it alone
     return combine.combine_slots(o_part, lse_part, schedule.split_offsets, qsl, q_nope.dtype, num_tokens=T,
+                                 token_slots=schedule.token_slots,
                                  interpret=interpret)
 
 

@@ -53,7 +53,10 @@ Layout (what a kernel reads): `table` int32 [P, 8], one row per part, a few scal
     7 COST         NUM_STEPS + fixed_overhead * NUM_PIECES
 
 and `split_offsets` int32 [R + 1]: request r's slots are [split_offsets[r], split_offsets[r + 1]) (empty for
-padding); split_offsets[R] is the number of slots used (<= num_slots).
+padding); split_offsets[R] is the number of slots used (<= num_slots). The combine reads them per token:
+`token_slots` int32 [T, 3] (`slot_ranges`), token t's (first slot, slot count, index inside its request) for a
+bucket of T tokens. A kernel module's `with_schedule` builds it with the schedule, once a batch, so that no call
+spends its small XLA kernels on it.
 
 The walk (what `pieces` does, and what a CTA of part p runs): if NUM_STEPS == 0, write nothing. Else slot =
 FIRST_SLOT; for r in BEGIN_REQ..END_REQ: lo = BEGIN_STEP if r == BEGIN_REQ else 0, hi = END_STEP if r == END_REQ
@@ -83,9 +86,10 @@ DEFAULT_FIXED_OVERHEAD = 5  # FlashMLA's fixed_overhead_num_blocks
 
 @dataclasses.dataclass(frozen=True)
 class Schedule:
-    """A work schedule (see the module docstring). table [P, 8] and split_offsets [R + 1] are int32 leaves; the
-    ints are static: num_slots (the partial buffer's slot count), block_kv, fixed_overhead, chunk_steps (0 in
-    balanced mode)."""
+    """A work schedule (see the module docstring). table [P, 8] and split_offsets [R + 1] are int32 leaves, and
+    token_slots [T, 3] (`slot_ranges` of a bucket of T tokens) when the schedule was built for one
+    (`with_token_slots`; None: the combine computes it in the call); the ints are static: num_slots (the partial
+    buffer's slot count), block_kv, fixed_overhead, chunk_steps (0 in balanced mode)."""
 
     table: Any
     split_offsets: Any
@@ -93,6 +97,11 @@ class Schedule:
     block_kv: int
     fixed_overhead: int
     chunk_steps: int = 0
+    token_slots: Any = None
+
+    def with_token_slots(self, query_start_loc, num_tokens: int) -> "Schedule":
+        """This schedule with token_slots for a bucket of num_tokens tokens (`slot_ranges`)."""
+        return dataclasses.replace(self, token_slots=slot_ranges(self.split_offsets, query_start_loc, num_tokens))
 
     @property
     def num_parts(self) -> int:
@@ -105,7 +114,7 @@ class Schedule:
 
 jax.tree_util.register_dataclass(
     Schedule,
-    data_fields=["table", "split_offsets"],
+    data_fields=["table", "split_offsets", "token_slots"],
     meta_fields=["num_slots", "block_kv", "fixed_overhead", "chunk_steps"],
 )
 
@@ -145,6 +154,20 @@ def searchsorted(a, v, side: str):
     that cost about 20 us a decode call on an H100 (slot_ranges inside the timed call), more than the combine
     kernel. 'scan_unrolled' is the same binary search, unrolled."""
     return jnp.searchsorted(a, v, side=side, method="scan_unrolled")
+
+
+def slot_ranges(split_offsets, query_start_loc, num_tokens: int):
+    """Per token t: (its request's first slot, the request's slot count, t's index inside its request) as int32
+    [T, 3]. Tokens past query_start_loc[-1] (a padded bucket's rows) get 0 slots."""
+    qsl = jnp.asarray(query_start_loc, jnp.int32)
+    offsets = jnp.asarray(split_offsets, jnp.int32)
+    num_reqs = qsl.shape[0] - 1
+    t = jnp.arange(num_tokens, dtype=jnp.int32)
+    req = jnp.minimum(searchsorted(qsl[1:], t, side="right").astype(jnp.int32), num_reqs - 1)
+    inside = (t >= qsl[req]) & (t < qsl[req + 1])
+    first = offsets[req]
+    count = jnp.where(inside, offsets[req + 1] - first, 0)
+    return jnp.stack([first, count, jnp.where(inside, t - qsl[req], 0)], axis=1)
 
 
 def _exclusive_cumsum(x):
@@ -262,15 +285,17 @@ def schedule_for_metadata(metadata, *, num_parts: int, block_kv: int = DEFAULT_B
                         fixed_overhead=fixed_overhead, chunk_steps=chunk_steps, max_steps=max_steps)
 
 
-def prebuilt_or_build(metadata, build, *, num_parts: int, block_kv: int, chunk_steps: int | None = None) -> Schedule:
+def prebuilt_or_build(metadata, build, *, num_parts: int, block_kv: int, chunk_steps: int | None = None,
+                      num_tokens: int | None = None) -> Schedule:
     """The schedule a kernel's call walks: `metadata.scheduler_metadata` when it holds a Schedule (built ahead, once
     a batch, by the kernel module's with_schedule and shared by every layer's call, as FA3's scheduler_metadata and
     FlashMLA's get_mla_metadata are), else `build()` (inside the call, from the traced lengths: a few dozen small XLA
     ops on every call).
 
     A prebuilt schedule must fit the call: num_parts and block_kv as the tuning runs (and chunk_steps, where the
-    kernel cuts pieces by its own chunk_steps; None: not compared), one split_offsets entry per request plus one.
-    ValueError naming the values otherwise. Where the lengths and the schedule are concrete (an eager call), it must
+    kernel cuts pieces by its own chunk_steps; None: not compared), one split_offsets entry per request plus one,
+    and token_slots (where it has them) one row per token of the call (num_tokens). ValueError naming the values
+    otherwise. Where the lengths and the schedule are concrete (an eager call), it must
     also be the one `build()` gives for this batch's lengths: a schedule of other lengths walks their steps (wrong
     out and lse), so a ValueError says to build it again. Under jit the values are traced and not compared."""
     schedule = metadata.scheduler_metadata
@@ -287,11 +312,20 @@ def prebuilt_or_build(metadata, build, *, num_parts: int, block_kv: int, chunk_s
         raise ValueError(f"metadata.scheduler_metadata holds a work schedule of {schedule.num_reqs} requests, the "
                          f"batch has num_reqs={metadata.num_reqs}: build it with with_schedule(metadata, config, "
                          "tuning=...)")
-    arrays = (metadata.seq_lens, metadata.query_start_loc, schedule.table, schedule.split_offsets)
+    slots = schedule.token_slots
+    if slots is not None and num_tokens is not None and tuple(slots.shape) != (num_tokens, 3):
+        raise ValueError(f"metadata.scheduler_metadata holds token_slots of shape {tuple(slots.shape)}; the call has "
+                         f"num_tokens={num_tokens} (shape ({num_tokens}, 3)): build it with with_schedule(metadata, "
+                         "config, num_tokens=...)")
+    arrays = (metadata.seq_lens, metadata.query_start_loc, schedule.table, schedule.split_offsets,
+              *(() if slots is None else (slots,)))
     if not any(isinstance(x, jax.core.Tracer) for x in arrays):
         fresh = build()
+        same_slots = (slots is None or fresh.token_slots is None
+                      or np.array_equal(np.asarray(fresh.token_slots), np.asarray(slots)))
         if not (np.array_equal(np.asarray(fresh.table), np.asarray(schedule.table))
-                and np.array_equal(np.asarray(fresh.split_offsets), np.asarray(schedule.split_offsets))):
+                and np.array_equal(np.asarray(fresh.split_offsets), np.asarray(schedule.split_offsets))
+                and same_slots):
             raise ValueError("metadata.scheduler_metadata holds a work schedule built for other lengths than the "
                              "batch's seq_lens and query_start_loc: build it again with with_schedule(metadata, "
                              "config, tuning=...) whenever they change")

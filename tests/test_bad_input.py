@@ -13,7 +13,7 @@ import mla_jax
 import mla_spec
 import mla_torch
 from mla_jax import dcp as jdcp
-from mla_jax import pallas_triton
+from mla_jax import combine, pallas_triton
 from mla_spec import MLAConfig, reference
 from mla_spec.config import K_SCALE_MAX
 from mla_spec import dcp as sdcp
@@ -717,6 +717,27 @@ def test_a_prebuilt_schedule_of_other_lengths_is_refused_where_the_lengths_are_c
     ref_out, ref_lse = reference.mla_decode(np.asarray(q), np.asarray(kv), long, cfg)
     np.testing.assert_allclose(np.asarray(out), ref_out, atol=1e-4)
     np.testing.assert_allclose(np.asarray(lse), ref_lse, atol=1e-4)
+
+
+def test_a_prebuilt_schedule_for_other_token_counts_is_refused():
+    """with_schedule builds the combine's rows per token for num_tokens tokens: a call with another count refuses
+    the schedule (ValueError naming both), and so does combine_slots given rows of another shape."""
+    cfg = MLAConfig(num_heads=16, page_size=16, dtype="float32")
+    md = mla_spec.build_decode_metadata(seq_lens=[20, 40], query_lens=[1, 1], block_table=[[3, 1], [0, 2, 4]],
+                                        config=cfg, num_blocks=5)
+    tuning = pallas_triton.TritonConfig(block_h=16, block_kv=16, num_parts=2)
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.standard_normal((2, 16, 576), dtype=np.float32))
+    kv = jnp.asarray(rng.standard_normal((5, 16, 576), dtype=np.float32))
+    ahead = pallas_triton.with_schedule(mla_jax.to_jax_metadata(md), cfg, num_tokens=4, tuning=tuning)
+    assert ahead.scheduler_metadata.token_slots.shape == (4, 3)
+    with pytest.raises(ValueError, match=re.escape("token_slots of shape (4, 3); the call has num_tokens=2")):
+        mla_jax.mla_decode(q, kv, ahead, cfg, impl="pallas_triton", tuning=tuning, interpret=True)
+    o_part, lse_part = jnp.zeros((3, 1, 16, 512)), jnp.zeros((3, 1, 16))
+    with pytest.raises(ValueError, match=re.escape("token_slots must have shape (2, 3) (one row per token), got "
+                                                   "token_slots.shape=(4, 3)")):
+        combine.combine_slots(o_part, lse_part, jnp.asarray([0, 1, 3]), jnp.asarray([0, 1, 2]), jnp.float32,
+                              num_tokens=2, token_slots=ahead.scheduler_metadata.token_slots, interpret=True)
 
 
 def test_jax_entry_points_refuse_torch_tensors_naming_them():

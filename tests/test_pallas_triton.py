@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import mla_jax
-from mla_jax import pallas_triton, schedule
+from mla_jax import combine, pallas_triton, schedule
 from mla_jax.pallas_triton import TritonConfig, heuristic_config, unsupported_reason
 from mla_spec import MLAConfig, build_decode_metadata, reference
 from parity.h200 import lower_for_h200
@@ -180,7 +180,8 @@ class _KernelCases:
     def test_prebuilt_schedule_gives_the_inline_bits(self, chunk_steps, monkeypatch):
         """with_schedule's schedule (built once a batch) walked by the call, through mla_jax.mla_decode (NumPy
         metadata: to_jax_metadata keeps the schedule): the same out and lse bits as the call that builds it inline;
-        the call builds none itself (its builder raises once the schedule is ahead)."""
+        the call builds none itself (its builder raises once the schedule is ahead), nor the combine's rows per
+        token (built with the schedule)."""
         batch, ref_out, ref_lse = batch_and_reference(RAGGED_SCENARIOS[0], "bfloat16")
         cfg = batch.config
         q_nope, q_pe, kv, md = device_inputs(batch, "bfloat16")
@@ -194,6 +195,7 @@ class _KernelCases:
             raise AssertionError("the call built a schedule of its own")
 
         monkeypatch.setattr(pallas_triton, "_schedule", no_inline_schedule)
+        monkeypatch.setattr(combine, "slot_ranges", no_inline_schedule)
         out, lse = mla_jax.mla_decode((q_nope, q_pe), kv, ahead, cfg, impl="pallas_triton", tuning=tuning,
                                       interpret=self.interpret)
         assert_matches(*inline, ref_out, ref_lse, "bfloat16", f"inline {tuning}")
@@ -587,7 +589,7 @@ def test_with_schedule_builds_the_calls_schedule(max_num_splits, batch_invariant
     assert tuning.chunk_steps == (pallas_triton.INVARIANT_CHUNK_STEPS if batch_invariant else splits_chunk)
     got = pallas_triton.with_schedule(md, cfg).scheduler_metadata
     traced = jax.jit(lambda m: pallas_triton.with_schedule(m, cfg).scheduler_metadata)(md)
-    inline = pallas_triton._schedule(md, cfg, tuning)
+    inline = pallas_triton._schedule(md, cfg, tuning, batch.q.shape[0])
     qsl = np.asarray(md.query_start_loc)
     chunk = tuning.chunk_steps or None
     max_seq_len = min(md.max_seq_len, md.max_blocks * cfg.page_size)
@@ -599,6 +601,9 @@ def test_with_schedule_builds_the_calls_schedule(max_num_splits, batch_invariant
             want.num_parts, want.block_kv, want.chunk_steps, want.num_slots)
         assert np.array_equal(np.asarray(sched.table), np.asarray(want.table))
         assert np.array_equal(np.asarray(sched.split_offsets), np.asarray(want.split_offsets))
+        # the combine's rows per token, built with the schedule (none computed in the call)
+        want_slots = schedule.slot_ranges(want.split_offsets, qsl, batch.q.shape[0])
+        assert np.array_equal(np.asarray(sched.token_slots), np.asarray(want_slots))
     if batch_invariant:
         with pytest.raises(ValueError, match="chunk_steps=0"):
             pallas_triton.with_schedule(md, cfg, tuning=TritonConfig(num_parts=5))

@@ -283,7 +283,7 @@ def test_per_call_index_math_has_no_while_loop(what):
     """The schedule build, the combine's slot ranges and the reference's token positions run inside every jitted
     decode call. A `while` there (jnp.searchsorted's default method) is driven from the host on the GPU, one
     device-host round trip an iteration, so none may be left."""
-    from mla_jax import combine, reference as jnp_reference
+    from mla_jax import reference as jnp_reference
     from mla_spec import DecodeMetadata
 
     seq, qlen = jnp.asarray([5, 70, 0, 300], jnp.int32), jnp.asarray([1, 2, 1, 3], jnp.int32)
@@ -298,7 +298,7 @@ def test_per_call_index_math_has_no_while_loop(what):
         "balanced": (lambda s, q: S.mla_schedule(s, q, num_parts=8, block_kv=B), (seq, qlen)),
         "chunked": (lambda s, q: S.mla_schedule(s, q, num_parts=8, block_kv=B, chunk_steps=4, max_steps=32),
                     (seq, qlen)),
-        "slot_ranges": (lambda off, qsl: combine.slot_ranges(off, qsl, 8), (qsl, qsl)),
+        "slot_ranges": (lambda off, qsl: S.slot_ranges(off, qsl, 8), (qsl, qsl)),
         "token_positions": (positions, (seq, qsl)),
     }[what]
     text = jax.jit(fn).lower(*args).as_text()
