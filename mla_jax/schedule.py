@@ -295,9 +295,9 @@ def prebuilt_or_build(metadata, build, *, num_parts: int, block_kv: int, chunk_s
     A prebuilt schedule must fit the call: num_parts and block_kv as the tuning runs (and chunk_steps, where the
     kernel cuts pieces by its own chunk_steps; None: not compared), one split_offsets entry per request plus one,
     and token_slots (where it has them) one row per token of the call (num_tokens). ValueError naming the values
-    otherwise. Where the lengths and the schedule are concrete (an eager call), it must
-    also be the one `build()` gives for this batch's lengths: a schedule of other lengths walks their steps (wrong
-    out and lse), so a ValueError says to build it again. Under jit the values are traced and not compared."""
+    otherwise. Where the lengths and the schedule are concrete (an eager call), it must also be the one `build()`
+    gives for this batch's lengths: a schedule of other lengths walks their steps (wrong out and lse), so a
+    ValueError says to build it again. Under jit the values are traced and not compared."""
     schedule = metadata.scheduler_metadata
     if not isinstance(schedule, Schedule):
         return build()
