@@ -256,6 +256,44 @@ def _balanced_slots(n, g):
     return first_slot.astype(jnp.int32), pieces.astype(jnp.int32), offsets
 
 
+def slot_pieces(schedule: Schedule, seq_lens, query_lens):
+    """Each slot's piece as int32 [num_slots, 3]: (request, first step, one past its last step), in the order of
+    the slots (request after request, each request's pieces in step order); (0, 0, 0) for a slot past the batch's
+    last piece. A kernel that gives each piece its own CTA (the Mosaic GPU kernel) reads this rather than walking
+    the table. jnp only, jit-safe: the same pieces as `pieces` walks from the table.
+
+    Balanced: the pieces are the non-empty segments of the global step line cut at every request's first step and
+    at every part's cut, in order (the two sorted cut lists merged, no sort). Batch-invariant: the chunks of
+    _chunk_pieces."""
+    n = request_steps(seq_lens, query_lens, schedule.block_kv)
+    num_reqs, num_slots = n.shape[0], schedule.num_slots
+    n_start = _exclusive_cumsum(n).astype(jnp.int32)  # [R + 1]
+    if schedule.chunk_steps:
+        req, first, steps, _ = _chunk_pieces(n, schedule.chunk_steps, num_slots)
+        used = steps > 0
+        rows = [req, first, first + steps]
+    else:
+        t = schedule.table
+        # the parts' cuts g [P + 1] (an empty part's cut: the end of the step line)
+        begin = n_start[t[:, BEGIN_REQ]] + t[:, BEGIN_STEP]
+        g = jnp.concatenate([jnp.where(t[:, NUM_STEPS] > 0, begin, n_start[-1]), n_start[-1:]])
+        g = jnp.minimum(g, n_start[-1])  # (an empty part among non-empty ones: cut at the end, merged away)
+        g = jax.lax.cummin(g, reverse=True)
+        # the two sorted lists merged: an element's place is its index plus the count before it in the other
+        pos_n = jnp.arange(num_reqs + 1, dtype=jnp.int32) + searchsorted(g, n_start, side="left")
+        pos_g = jnp.arange(g.shape[0], dtype=jnp.int32) + searchsorted(n_start, g, side="right")
+        cuts = jnp.zeros(num_reqs + g.shape[0] + 1, jnp.int32).at[pos_n].set(n_start).at[pos_g].set(g)[:-1]
+        seg_lo, seg_hi = cuts[:-1], cuts[1:]
+        live = seg_hi > seg_lo
+        k = jnp.where(live, jnp.cumsum(live.astype(jnp.int32)) - 1, num_slots)  # the segment's slot
+        lo = jnp.zeros(num_slots + 1, jnp.int32).at[k].set(seg_lo)[:-1]
+        hi = jnp.zeros(num_slots + 1, jnp.int32).at[k].set(seg_hi)[:-1]
+        used = jnp.arange(num_slots) < jnp.sum(live.astype(jnp.int32))
+        req = jnp.minimum(searchsorted(n_start[1:], lo, side="right"), num_reqs - 1).astype(jnp.int32)
+        rows = [req, lo - n_start[req], hi - n_start[req]]
+    return jnp.stack([jnp.where(used, x, 0).astype(jnp.int32) for x in rows], axis=1)
+
+
 def mla_schedule(seq_lens, query_lens, *, num_parts: int, block_kv: int = DEFAULT_BLOCK_KV,
                  fixed_overhead: int = DEFAULT_FIXED_OVERHEAD, chunk_steps: int | None = None,
                  max_steps: int | None = None) -> Schedule:

@@ -163,11 +163,12 @@ class TestInterpret:
     def test_grid_variant_is_the_default_bitwise(self, variant):
         _check_variant_is_the_default_bitwise(variant, interpret=True)
 
-    def test_heads_first_says_when_the_requests_overflow_the_z_axis(self, monkeypatch):
+    def test_heads_first_says_when_the_pieces_overflow_the_z_axis(self, monkeypatch):
         monkeypatch.setattr(mgpu_mla, "MAX_GRID_YZ", 2)
         scenario = Scenario("z_axis", seq_lens=(5, 9, 17), query_lens=(1, 1, 1), page_size=16)
         batch, _, _ = batch_and_reference(scenario, "bfloat16")
-        with pytest.raises(NotImplementedError, match=r"CUDA's z axis \(at most 2\), got 3 x 1 = 3"):
+        # 3 requests x 1 part: at most 3 + 3 - 1 = 5 pieces (slots), a CTA each
+        with pytest.raises(NotImplementedError, match=r"CUDA's z axis \(at most 2\), got 5 x 1 = 5"):
             _run(batch, "bfloat16", MosaicConfig(launch_order="heads_first"), interpret=True)
 
     def test_deterministic_and_split_invariant(self):
@@ -251,11 +252,10 @@ class TestGPULowering:
         def f(q_nope, q_pe, kv, md):
             return mgpu_mla.mla_decode(q_nope, q_pe, kv, md, batch.config, tuning=tuning, interpret=False)
 
-        # an abstract H200: the split combine is a Pallas Triton kernel, whose lowering asks for a GPU
+        # an abstract H200: the slots' combine is a Pallas Triton kernel, whose lowering asks for a GPU
         text = lower_for_h200(f, *args).as_text()
         assert "mosaic_gpu" in text
-        if tuning.num_splits > 1:
-            assert "mla_combine_splits" in text  # the combine kernel, lowered to Triton
+        assert "mla_combine_slots" in text  # the combine kernel, lowered to Triton
 
 
 @pytest.mark.parametrize("shape", [(64, 576), (16, 576), (512, 64), (8, 256), (257,), (64, 600)])
@@ -377,16 +377,18 @@ class TestConfig:
         h32 = heuristic_config(MLAConfig(num_heads=32), num_tokens=4, max_blocks=4)
         assert h32.transpose == "scores_and_pv"
         assert heuristic_config(MLAConfig(num_heads=64), num_tokens=4, max_blocks=4).transpose == "none"
-        # a request's head tiles launched together wherever there are several, and the requests x query tiles fit
-        # CUDA's z axis
+        # a request's head tiles launched together wherever there are several, and the pieces x query tiles fit
+        # CUDA's z axis (R requests of one part each: at most 2 R - 1 pieces)
         assert [t.launch_order for t in (h128, big, h32)] == ["heads_first", "requests_first", "requests_first"]
         h128_cfg = MLAConfig(num_heads=128)
         z = mgpu_mla.MAX_GRID_YZ
         order = lambda tokens, reqs, q_len: heuristic_config(h128_cfg, num_tokens=tokens, max_blocks=4, num_reqs=reqs,
                                                              max_query_len=q_len).launch_order
-        assert order(z, z, 1) == "heads_first"
-        assert order(z + 1, z + 1, 1) == "requests_first"
-        assert order(z, z // 2 + 1, 2) == "requests_first"
+        r = (z + 1) // 2
+        assert order(r, r, 1) == "heads_first"
+        assert order(r + 1, r + 1, 1) == "requests_first"
+        assert order(2 * (r // 2), r // 2, 2) == "heads_first"
+        assert order(2 * (r // 2 + 1), r // 2 + 1, 2) == "requests_first"
 
     def test_metadata_caps_splits(self):
         scenario = Scenario("cap", seq_lens=(150,), query_lens=(1,), page_size=16)

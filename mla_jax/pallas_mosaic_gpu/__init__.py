@@ -51,14 +51,16 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental.pallas import mosaic_gpu as plgpu
-from mla_jax.combine import combine
-from mla_jax.combine import combine_ref
+from mla_jax.combine import combine_slots
+from mla_jax.combine import combine_slots_ref
 from mla_jax.reference import mask_padding
+from mla_jax.schedule import mla_schedule, slot_pieces
 from mla_spec import DecodeMetadata
 from mla_spec import MLAConfig
 from mla_spec.config import check_config
 from mla_jax.pallas_mosaic_gpu.config import (
-    BLOCK_H, BLOCK_KV, BT_CHUNK, HEAD_DIM, INFO_WORDS, KV_HALVES_BT_CHUNK, LOG2E, MAX_GRID_YZ, MosaicConfig,
+    BLOCK_H, BLOCK_KV, BT_CHUNK, HEAD_DIM, INFO_BEGIN, INFO_END, INFO_REQ, INFO_SINGLE, INFO_WORDS,
+    KV_HALVES_BT_CHUNK, LOG2E, MAX_GRID_YZ, MosaicConfig,
     TRANSPOSED_PV_ROWS, _kv_halves_runs, _q_in_kernel_runs, _tile_geometry, heuristic_config, pair_ring_fits,
     supported_page_size, unsupported_reason,
 )
@@ -80,6 +82,21 @@ def _sched(metadata: DecodeMetadata, width: int, k_scale=None):
     if k_scale is not None:
         info = info.at[:, 3].set(lax.bitcast_convert_type(jnp.asarray(k_scale, jnp.float32), jnp.int32))
     return jnp.concatenate([info, jnp.pad(bt, ((0, 0), (0, width - bt.shape[1])))], axis=1)
+
+
+def _piece_rows(sched, pieces, split_offsets, bt_chunk: int, pages_per_step: int, steps_per_page: int):
+    """[S, INFO_WORDS + bt_chunk] int32, a row a slot of the schedule (`pieces`: schedule.slot_pieces): its request's
+    info (sched's first INFO_WORDS words) with the piece's first step, one past its last, its request and whether it
+    is the request's only piece in words INFO_BEGIN..INFO_SINGLE, then the block-table chunk of its first step (the
+    CTA's one TMA brings all of it). Zeros past the batch's pieces: q_len 0, the CTAs return. One gather fusion."""
+    req, begin, end = pieces[:, 0], pieces[:, 1], pieces[:, 2]
+    only = split_offsets[req + 1] - split_offsets[req] == 1
+    page = begin // steps_per_page if pages_per_step == 1 else begin * pages_per_step
+    cols = INFO_WORDS + (page // bt_chunk)[:, None] * bt_chunk + jnp.arange(bt_chunk, dtype=jnp.int32)[None, :]
+    info = (sched[req, :INFO_WORDS].at[:, INFO_BEGIN].set(begin).at[:, INFO_END].set(end)
+            .at[:, INFO_REQ].set(req).at[:, INFO_SINGLE].set(only.astype(jnp.int32)))
+    rows = jnp.concatenate([info, sched[req[:, None], cols]], axis=1)
+    return jnp.where((end > begin)[:, None], rows, 0)
 
 
 def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfig, tuning: MosaicConfig,
@@ -105,11 +122,18 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     num_splits = tuning.num_splits
     if metadata.max_num_splits > 0:
         num_splits = min(num_splits, metadata.max_num_splits)
+    # the work schedule of the batch's lengths (traced: new lengths reuse the compiled call): num_reqs x num_splits
+    # parts of equal steps (no per-piece overhead: each piece is a CTA of its own, which the GPU's block scheduler
+    # places), a slot a piece
+    qsl = metadata.query_start_loc.astype(jnp.int32)
+    q_lens = qsl[1:] - qsl[:-1]
+    schedule = mla_schedule(metadata.seq_lens, q_lens, num_parts=num_reqs * num_splits, block_kv=BLOCK_KV,
+                            fixed_overhead=0)
+    num_slots = schedule.num_slots
     heads_fastest = tuning.launch_order == "heads_first"
-    if heads_fastest and num_reqs * q_tiles > MAX_GRID_YZ:
-        raise NotImplementedError(f"launch_order='heads_first' puts the requests x query tiles on CUDA's z axis "
-                                  f"(at most "
-                                  f"{MAX_GRID_YZ}), got {num_reqs} x {q_tiles} = {num_reqs * q_tiles}")
+    if heads_fastest and num_slots * q_tiles > MAX_GRID_YZ:
+        raise NotImplementedError(f"launch_order='heads_first' puts the pieces x query tiles on CUDA's z axis "
+                                  f"(at most {MAX_GRID_YZ}), got {num_slots} x {q_tiles} = {num_slots * q_tiles}")
 
     # transposed scores: the tile's rows in use (hp heads x the tokens a tile can hold), when fewer than 64
     kv_halves, score_rows = _kv_halves_runs(tuning, fp8, num_heads, metadata.max_query_len, interpret)
@@ -130,28 +154,36 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     if qk_permuted and not q_bits:  # (the scores' wgmmas see K's columns permuted: q's the same way; fused with q's
         # f16 conversion; q_bits: in the kernel's conversion)
         q = q[..., QK_PERM]
+    transposed_pv = tuning.transpose == "scores_and_pv" and score_rows in TRANSPOSED_PV_ROWS
+    # a request's only piece writes out and lse directly, except where P @ V is transposed: there O^T's parts and
+    # the identity follow the fp32 stage in shared memory and the output-dtype stage (at the union's byte 0) would
+    # share the union with them, which the interpreter's race detector sees as one buffer; and pv_registers's output
+    # columns are permuted (the combine's gather puts them back)
+    direct_single = not transposed_pv
     kernel = _build_kernel(
         dtype=jnp.float16 if q_bits else q.dtype, out_dtype=out_dtype, page_size=page_size, num_tokens=num_tokens,
-        heads=heads, hp=hp, num_h_tiles=num_h_tiles, q_tiles=q_tiles, num_reqs=num_reqs, num_splits=num_splits,
-        bt_chunk=bt_chunk, scale_log2=config.softmax_scale * LOG2E,
+        heads=heads, hp=hp, num_h_tiles=num_h_tiles, q_tiles=q_tiles, num_reqs=num_reqs, num_slots=num_slots,
+        direct_single=direct_single, bt_chunk=bt_chunk, scale_log2=config.softmax_scale * LOG2E,
         score_rows=score_rows if score_rows < BLOCK_H else 0, fp8=fp8, interpret=interpret,
-        transposed_pv=tuning.transpose == "scores_and_pv" and score_rows in TRANSPOSED_PV_ROWS,
+        transposed_pv=transposed_pv,
         heads_fastest=heads_fastest, kv_halves=kv_halves, pv_registers=pv_registers, pv_wait=tuning.pv_in_flight,
         pair_ring=pair_ring, q_bits=q_bits,
     )
     if pair_ring:
         kv_cache = kv_cache.reshape(kv_cache.shape[0], page_size // 2, 2 * kv_cache.shape[2])
-    out, lse = kernel(q, kv_cache, _sched(metadata, width, k_scale if fp8 else None))
-    # (pv_registers) the kernel's output columns permuted by PV_PERM within each 16: put back by the combine's gather
-    # with split-KV, else by a gather of their own
+    sched = _sched(metadata, width, k_scale if fp8 else None)
+    pages_per_step, steps_per_page = (1, page_size // block_kv) if page_size >= block_kv else (pages_per_step, 1)
+    rows = _piece_rows(sched, slot_pieces(schedule, metadata.seq_lens, q_lens), schedule.split_offsets, bt_chunk,
+                       pages_per_step, steps_per_page)
+    out, lse, o_part, l_part = kernel(q, kv_cache, sched, rows)
+    # the slots' partials [S, query tiles x tpt, heads, 512] -> out, lse: one Pallas Triton kernel on the GPU
+    # (combine_slots); in Mosaic GPU interpret mode its jnp formula. Where the kernel wrote a request's only piece
+    # to out and lse (direct_single), the combine keeps those rows (they alias its result). (pv_registers) the
+    # kernel's output columns are permuted by PV_PERM within each 16, and the combine's gather puts them back.
     order = jnp.asarray(PV_UNPERM, jnp.int32) if pv_registers else None
-    if num_splits > 1:
-        # split partials per token [S, T, heads, 512] -> out, lse: one Pallas Triton kernel on the GPU
-        # (mla_jax.combine); in Mosaic GPU interpret mode its jnp formula
-        out, lse = (combine_ref(out, lse, out_dtype, order) if interpret
-                    else combine(out, lse, out_dtype, col_order=order))
-    elif pv_registers:
-        out = out[..., order]
+    direct = {"out": out, "lse": lse} if direct_single else {}
+    out, lse = (combine_slots_ref if interpret else combine_slots)(
+        o_part, l_part, schedule.split_offsets, qsl, out_dtype, num_tokens=num_tokens, col_order=order, **direct)
     out, lse = out[:, :num_heads], lse[:, :num_heads]
     # a padded bucket's token rows past query_start_loc[-1]: no CTA writes them
     return mask_padding(out, lse, metadata) if metadata.padded else (out, lse)

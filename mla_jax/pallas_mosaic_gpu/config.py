@@ -19,6 +19,9 @@ BLOCK_H = 64  # wgmma M
 NUM_COMPUTE_WGS = 2
 V_HALF = KV_LORA_RANK // NUM_COMPUTE_WGS  # 256 latent columns per compute warpgroup
 INFO_WORDS = 32  # per-tile int32 metadata row (TMA copies must be multiples of 128 bytes)
+# a piece's info row: words 0-4 its request's (q_start, q_len, seq_len, k_scale bits, 0: the fp8 paths' scratch),
+# then the piece's first step, one past its last, its request and whether it is the request's only piece
+INFO_BEGIN, INFO_END, INFO_REQ, INFO_SINGLE = 5, 6, 7, 8
 TMA_MAX_BOX = 256  # a TMA box's elements along each dimension (cuTensorMapEncodeTiled's limit)
 NUM_SMS_H200 = 132
 MAX_GRID_YZ = 65535  # CUDA grid: y and z at most 65535 blocks (x: 2^31 - 1)
@@ -67,7 +70,10 @@ class MosaicConfig:
     run (the wrapper decides which paths run for the problem: _plan)."""
 
     num_splits: int = 1
-    """KV splits a request's keys are cut into (flash-decoding); above 1 a combine kernel merges fp32 partials."""
+    """Parts of the work schedule per request: the batch's KV steps, all requests together, are cut into
+    num_reqs x num_splits parts of equal steps (mla_jax.schedule), so a uniform batch's requests take num_splits
+    pieces each and a ragged batch's long requests more, its short ones one. Each piece is a CTA; a request of
+    several pieces has its fp32 partials merged by mla_jax.combine.combine_slots."""
     launch_order: str = "requests_first"
     """The grid's fastest axis: "heads_first" launches a request's head tiles together so the second reads each KV
     step from L2 (1.06-1.11x at H = 128); "requests_first" the requests."""
@@ -109,6 +115,12 @@ class MosaicConfig:
         if self.warpgroup_halves and self.transpose != "scores_and_pv":
             raise ValueError(f"warpgroup_halves=True runs where the scores and P @ V are transposed: it needs "
                              f"transpose='scores_and_pv', got transpose={self.transpose!r}")
+
+
+def num_slots(num_reqs: int, num_splits: int) -> int:
+    """The pieces (CTAs a head tile and query tile) of a schedule of num_reqs x num_splits parts:
+    mla_jax.schedule.num_slots_bound."""
+    return num_reqs * (num_splits + 1) - 1
 
 
 def _tile_geometry(num_heads: int) -> tuple[int, int, int]:
@@ -178,7 +190,8 @@ def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_re
     transposed_pv = rows in TRANSPOSED_PV_ROWS and (not fp8 or rows == TRANSPOSED_PV_ROWS[0] or kv_halves)
     # a request's head tiles launched together wherever there are several and the requests x query tiles fit CUDA's
     # z axis (1.06-1.11x at H = 128: the second head tile reads each KV step from L2)
-    heads_fastest = heads // hp > 1 and num_reqs * (tpt if q_tiles is None else q_tiles) <= MAX_GRID_YZ
+    heads_fastest = (heads // hp > 1
+                     and num_slots(num_reqs, num_splits) * (tpt if q_tiles is None else q_tiles) <= MAX_GRID_YZ)
     # V^T from the fp8 ring in registers where a split has 32 steps or more (1.07x at H16 B128 S16384, 1.12x slower
     # at 4 steps a split); one P @ V chunk in flight at 32 rows (registers bind there), four at 16
     pv_registers = kv_halves and steps_per_split >= PV_REGISTERS_MIN_STEPS  # (at 32 rows: always)
@@ -258,11 +271,12 @@ class Plan:
 
     # the problem and the tile
     dtype: object  # q's and the wgmma operands' dtype (float16 with an fp8 cache)
-    stage_dtype: object  # the output stage's dtype: float32 partials with split-KV, else the output's
+    stage_dtype: object  # the output stage's dtype: float32 partials with slot_out, else the output's
     page_size: int
     num_tokens: int
-    num_splits: int
-    split_out: bool  # num_splits > 1: fp32 partials for mla_jax.combine
+    out_dtype: object  # the output's dtype
+    slot_out: bool  # the CTA is a piece of the work schedule: fp32 partials to its slot (combine_slots merges them)
+    direct_single: bool  # (slot_out) a request's only piece writes out and lse directly (its slot is not read)
     hp: int  # heads a tile row group (min(heads, 64))
     tpt: int  # query tokens a tile
     q_rows: int  # rows of q in shared memory (score_rows or 64)
@@ -295,7 +309,8 @@ class Plan:
 
 
 def make_plan(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int, num_h_tiles: int, q_tiles: int,
-                  num_reqs: int, num_splits: int, bt_chunk: int, scale_log2: float, score_rows: int = 0,
+                  num_reqs: int, bt_chunk: int, scale_log2: float, slot_out: bool = False,
+                  direct_single: bool = False, score_rows: int = 0,
                   fp8: bool = False, transposed_pv: bool = False, heads_fastest: bool = False,
                   kv_halves: bool = False, pv_registers: bool = False, pv_wait: int = 4, q_bits: bool = False,
                   pair_ring: bool = False, out_dtype=None, interpret: bool = False):
@@ -312,7 +327,9 @@ def make_plan(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int, nu
     converted to `dtype` (float16) by the compute warpgroups: fused into warpgroup 0's scores with plain scores,
     overlapped with the previous step's P @ V with transposed scores of at most OVERLAP_MAX_ROWS rows; the per-tensor
     k_scale (info word 3, float32 bits) scales the scores and the output. out_dtype: the final output's dtype
-    (default `dtype`).
+    (default `dtype`). slot_out: each CTA is a piece of the work schedule and writes fp32 partials to its slot;
+    direct_single (with slot_out; not with pv_registers, whose columns come out permuted): a request's only piece
+    writes out and lse directly instead.
     """
     if fp8 and dtype != jnp.float16:
         raise ValueError(f"an fp8 cache runs the wgmmas in float16, got dtype={jnp.dtype(dtype).name}")
@@ -325,7 +342,11 @@ def make_plan(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int, nu
         pages_per_step, steps_per_page = block_kv // page_size, 1
     if bt_chunk % pages_per_step:
         raise ValueError(f"bt_chunk={bt_chunk} must be a multiple of pages_per_step={pages_per_step}")
-    split_out = num_splits > 1
+    if direct_single and not slot_out:
+        raise ValueError(f"direct_single chooses between out and a slot: it needs slot_out=True, got {slot_out=}")
+    if direct_single and pv_registers:
+        raise ValueError("direct_single writes out's columns as the kernel holds them; pv_registers permutes them "
+                         f"(the combine puts them back): got {direct_single=}, {pv_registers=}")
     if score_rows and (score_rows % hp or not 0 < score_rows < BLOCK_H):
         raise ValueError(f"score_rows={score_rows} needs a multiple of {hp=} below {BLOCK_H}")
     if transposed_pv and score_rows not in TRANSPOSED_PV_ROWS:
@@ -364,13 +385,13 @@ def make_plan(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int, nu
     # (8, 64) with a 128-byte swizzle.
     p_cols = block_kv
     transforms = (plgpu.TilingTransform((8, p_cols)), plgpu.SwizzleTransform(p_cols * 2))
-    stage_dtype = jnp.float32 if split_out else out_dtype
+    stage_dtype = jnp.float32 if slot_out else out_dtype
 
     return Plan(block_kv=block_kv, bt_chunk=bt_chunk, deq_layout=deq_layout, dtype=dtype, fp8=fp8,
-                fused_dequant=fused_dequant, hp=hp, interpret=interpret, load_ahead=load_ahead, num_splits=num_splits,
-                num_tokens=num_tokens, overlap_dequant=overlap_dequant, page_size=page_size,
+                fused_dequant=fused_dequant, hp=hp, interpret=interpret, load_ahead=load_ahead, direct_single=direct_single,
+                num_tokens=num_tokens, out_dtype=out_dtype, slot_out=slot_out, overlap_dequant=overlap_dequant, page_size=page_size,
                 pages_per_step=pages_per_step, pair_ring=pair_ring, producer_wg=producer_wg, pv_registers=pv_registers,
                 pv_wait=pv_wait, q_bits=q_bits, q_rows=q_rows, q_toks=q_toks, qk_permuted=qk_permuted,
-                scale_log2=scale_log2, score_rows=score_rows, split_out=split_out, stage_dtype=stage_dtype,
+                scale_log2=scale_log2, score_rows=score_rows, stage_dtype=stage_dtype,
                 stages=stages, steps_per_page=steps_per_page, sums_row=sums_row, tpt=tpt, transforms=transforms,
                 transposed_pv=transposed_pv, zero_tail=zero_tail)

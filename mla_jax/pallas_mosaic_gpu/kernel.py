@@ -27,16 +27,19 @@ class Ctx:
     shared-memory buffers and barriers, and the refs in global memory (None where the path has none)."""
 
     plan: Plan
-    # global memory: q [T, H, 576], the cache, the schedule array, out and lse
+    # global memory: q [T, H, 576], the cache, the requests' block tables (sched_ref), the pieces' rows (piece_ref),
+    # out and lse, the slots' partials (o_part_ref, l_part_ref; None where the kernel has none)
     q_ref: object
     kv_ref: object
     sched_ref: object
+    piece_ref: object
     out_ref: object
     lse_ref: object
-    # the CTA: its head tile, split, request and query tile; its info row (a view of i_smem)
+    o_part_ref: object
+    l_part_ref: object
+    # the CTA: its head tile, piece (its slot) and query tile; its info row (a view of i_smem)
     hb: object
-    split: object
-    req: object
+    piece: object
     lt: object
     info_smem: object
     # shared memory: q (q_bf16: its bfloat16 view), the ring, the f16 copies (deq_smem; deq_v and deq_rope with
@@ -44,6 +47,7 @@ class Ctx:
     # transposed P @ V's O^T parts and identity (t_smem, e_smem), the halves' partials (m_smem) and reductions
     q_smem: object
     q_bf16: object
+    stage_out: object  # (direct_single) the output stage seen in the output's dtype
     kv_smem: object
     deq_smem: object
     deq_v: object
@@ -72,39 +76,47 @@ class Ctx:
 
 
 def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int, num_h_tiles: int, q_tiles: int,
-                  num_reqs: int, num_splits: int, bt_chunk: int, scale_log2: float, score_rows: int = 0,
+                  num_reqs: int, num_slots: int, bt_chunk: int, scale_log2: float, direct_single: bool = True,
+                  score_rows: int = 0,
                   fp8: bool = False, transposed_pv: bool = False, heads_fastest: bool = False,
                   kv_halves: bool = False, pv_registers: bool = False, pv_wait: int = 4, q_bits: bool = False,
                   pair_ring: bool = False, out_dtype=None, interpret: bool = False):
     """The kernel for `heads` query heads (8, 16, 32 or a multiple of 64: the wrapper pads others), for the paths
     that make_plan decides from these arguments (the wrapper's, _mla_decode).
 
-    Grid (head tile, split, request x query tile), the last axis the fastest (heads_fastest: reversed, the head
-    tile the fastest): CTA (hb, split, g) takes request g // q_tiles, its query tokens [lt * tpt, lt * tpt + tpt)
-    for lt = g % q_tiles (none: the CTA returns), heads [hb * 64, hb * 64 + 64) (or all `heads` x tpt tokens when
-    heads < 64), and its split of the KV.
+    Grid (head tile, piece x query tile), the last axis the fastest (heads_fastest: reversed, the head tile the
+    fastest): CTA (hb, g) takes piece g // q_tiles of the work schedule (its row of piece_ref: the request's info,
+    the piece's steps, the first block-table chunk it needs; a slot past the batch's pieces has q_len 0 and the CTA
+    returns), the request's query tokens [lt * tpt, lt * tpt + tpt) for lt = g % q_tiles (none: the CTA returns),
+    heads [hb * 64, hb * 64 + 64) (or all `heads` x tpt tokens when heads < 64), and writes the piece's fp32
+    partials to slot g // q_tiles of o_part [num_slots, max_query_len, heads, 512] and l_part (direct_single: a
+    request's only piece writes out [T, heads, 512] and lse [T, heads] instead).
     """
     plan = make_plan(dtype=dtype, page_size=page_size, num_tokens=num_tokens, heads=heads, hp=hp,
-                     num_h_tiles=num_h_tiles, q_tiles=q_tiles, num_reqs=num_reqs, num_splits=num_splits,
-                     bt_chunk=bt_chunk, scale_log2=scale_log2, score_rows=score_rows, fp8=fp8,
+                     num_h_tiles=num_h_tiles, q_tiles=q_tiles, num_reqs=num_reqs, slot_out=True,
+                     direct_single=direct_single, bt_chunk=bt_chunk, scale_log2=scale_log2, score_rows=score_rows,
+                     fp8=fp8,
                      transposed_pv=transposed_pv, heads_fastest=heads_fastest, kv_halves=kv_halves,
                      pv_registers=pv_registers, pv_wait=pv_wait, q_bits=q_bits, pair_ring=pair_ring,
                      out_dtype=out_dtype, interpret=interpret)
     block_kv, bt_chunk, dtype, fp8 = plan.block_kv, plan.bt_chunk, plan.dtype, plan.fp8
-    interpret, num_splits, num_tokens = plan.interpret, plan.num_splits, plan.num_tokens
+    interpret, num_tokens = plan.interpret, plan.num_tokens
     overlap_dequant = plan.overlap_dequant
     pages_per_step, pair_ring, pv_registers = plan.pages_per_step, plan.pair_ring, plan.pv_registers
     q_bits = plan.q_bits
-    q_rows, q_toks, score_rows, split_out = plan.q_rows, plan.q_toks, plan.score_rows, plan.split_out
+    q_rows, q_toks, score_rows = plan.q_rows, plan.q_toks, plan.score_rows
     stage_dtype, stages, transforms, transposed_pv = plan.stage_dtype, plan.stages, plan.transforms, plan.transposed_pv
 
-    def body(q_ref, kv_ref, sched_ref, out_ref, lse_ref,
+    def body(q_ref, kv_ref, sched_ref, piece_ref, out_ref, lse_ref, o_part_ref, l_part_ref,
              q_kv_or_stage, p_smem, x_smem, i_smem,
              q_bar, info_bar, bt_bar, kv_ready, kv_consumed, sync_a, sync_b, *extra_barriers):
         deq_smem = deq_v = deq_rope = t_smem = e_smem = None
         q_bf16 = None
         if q_bits:  # (the union's last member: q's tile seen as bfloat16, its TMA's destination)
             *q_kv_or_stage, (q_bf16,) = q_kv_or_stage
+        stage_out = None
+        if direct_single:  # (the member before: the stage in the output's dtype)
+            *q_kv_or_stage, (stage_out,) = q_kv_or_stage
         if transposed_pv and not kv_halves:  # the stage, then O^T's two bf16 parts and the identity that transposes
             # them back
             q_group, (stage, t_smem, e_smem) = q_kv_or_stage
@@ -131,26 +143,30 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         else:
             (q_smem, kv_smem), stage = q_kv_or_stage
         hb = lax.axis_index("h")
-        split = lax.axis_index("split")
         g = lax.axis_index("tile")
         wg = lax.axis_index("wg")
-        req = lax.div(g, jnp.int32(q_tiles))
+        piece = lax.div(g, jnp.int32(q_tiles))
         lt = lax.rem(g, jnp.int32(q_tiles))
         info_smem = i_smem.at[pl.ds(0, INFO_WORDS)]
         accumulate = functools.partial(accumulate_wgmma, interpret=interpret)
         kc = Ctx(plan=plan, accumulate=accumulate, bt_bar=bt_bar, bt_bar_wg1=bt_bar_wg1, deq_ready=deq_ready,
                  deq_rope=deq_rope, deq_smem=deq_smem, deq_v=deq_v, e_smem=e_smem, hb=hb, i_smem=i_smem,
                  info_bar=info_bar, info_smem=info_smem, kv_consumed=kv_consumed, kv_ready=kv_ready, kv_ref=kv_ref,
-                 kv_smem=kv_smem, kv_v=kv_v, lse_ref=lse_ref, lt=lt, m_smem=m_smem, out_ref=out_ref, p_smem=p_smem,
-                 q_bar=q_bar, q_bf16=q_bf16, q_ref=q_ref, q_smem=q_smem, red_smem=red_smem, req=req,
-                 sched_ref=sched_ref, split=split, stage=stage, sync_a=sync_a, sync_b=sync_b, t_smem=t_smem,
-                 x_smem=x_smem)
+                 kv_smem=kv_smem, kv_v=kv_v, l_part_ref=l_part_ref, lse_ref=lse_ref, lt=lt, m_smem=m_smem,
+                 o_part_ref=o_part_ref, out_ref=out_ref, p_smem=p_smem, piece=piece, piece_ref=piece_ref,
+                 q_bar=q_bar, q_bf16=q_bf16, q_ref=q_ref, q_smem=q_smem, red_smem=red_smem, sched_ref=sched_ref,
+                 stage=stage, stage_out=stage_out, sync_a=sync_a, sync_b=sync_b, t_smem=t_smem, x_smem=x_smem)
 
         for w in range(NUM_COMPUTE_WGS):
             pl.when(wg == w)(functools.partial(compute_wg_halves if kv_halves else compute_wg, kc, w))
 
-    stage_cols = 128 // jnp.dtype(stage_dtype).itemsize  # one 128-byte swizzle row
-    stage_transforms = (plgpu.TilingTransform((8, stage_cols)), plgpu.SwizzleTransform(128))
+    def stage_ref(dt):  # the output stage in `dt`: per warpgroup its [64, 256] half, 128-byte swizzle rows
+        cols = 128 // jnp.dtype(dt).itemsize
+        return plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), dt,
+                          transforms=(plgpu.TilingTransform((8, cols)), plgpu.SwizzleTransform(128)))
+
+    # (direct_single) the stage in the output's dtype: a member of its own, at the union's byte 0 as the fp32 stage
+    out_view = ((stage_ref(plan.out_dtype),),) if direct_single else ()
     # (transposed_pv) O^T's parts and the identity: rows of score_rows bf16 values, one swizzle row each
     t_transforms = ((plgpu.TilingTransform((8, score_rows)), plgpu.SwizzleTransform(score_rows * 2))
                     if transposed_pv else None)
@@ -184,7 +200,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
              *([] if pv_registers else
                [plgpu.SMEM((NUM_COMPUTE_WGS, block_kv, KV_LORA_RANK),
                            dtype, transforms=f16_tiles)])),
-            (plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), stage_dtype, transforms=stage_transforms),
+            (stage_ref(stage_dtype),
              plgpu.SMEM((NUM_COMPUTE_WGS, 2, V_HALF, score_rows), jnp.bfloat16, transforms=t_transforms),
              plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, score_rows), jnp.bfloat16, transforms=t_transforms)),
             # the partials' O^T halves, written and read after the steps, before the stage is written (over q and
@@ -193,6 +209,7 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
             (plgpu.SMEM((NUM_COMPUTE_WGS, V_HALF, score_rows), jnp.float32,
                         transforms=(plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
                         if score_rows == 32 else ()),),
+            *out_view,
             *q_view,
         )
         scratch = [
@@ -223,12 +240,13 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
                 # the output stage, once every read of q and the ring is done: per warpgroup its
                 # [64, 256] half, each token's rows out in one TMA; swizzled, so that the stores of the
                 # wgmma accumulator rows do not conflict on shared-memory banks (8-way unswizzled)
-                (plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), stage_dtype, transforms=stage_transforms),
+                (stage_ref(stage_dtype),
                  # transposed_pv: per warpgroup O^T's two bf16 parts and the identity (after the stage)
                  plgpu.SMEM((NUM_COMPUTE_WGS, 2, V_HALF, score_rows), jnp.bfloat16, transforms=t_transforms),
                  plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, score_rows), jnp.bfloat16, transforms=t_transforms))
                 if transposed_pv else
-                plgpu.SMEM((NUM_COMPUTE_WGS, BLOCK_H, V_HALF), stage_dtype, transforms=stage_transforms),
+                stage_ref(stage_dtype),
+                *out_view,
                 *q_view,
             ),
             # P
@@ -247,14 +265,15 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
         ]
     if fp8 and not kv_halves:
         scratch.append(plgpu.Barrier(num_arrivals=NUM_COMPUTE_WGS))  # deq_ready: both column sets dequantized
-    num_ctas_tiles = num_reqs * q_tiles
     # the body finds its CTA by axis name; the last axis is CUDA's x, the launch order's fastest
-    axes = (("h", num_h_tiles), ("split", num_splits), ("tile", num_ctas_tiles))
+    axes = (("h", num_h_tiles), ("tile", num_slots * q_tiles))
     grid_names, grid = zip(*(axes[::-1] if heads_fastest else axes))
-    lead = (num_splits,) if split_out else ()  # split-KV: fp32 partials of each split, per token
+    part_q = q_tiles * plan.tpt  # (a slot's rows: a request's tokens, as many as its query tiles hold)
     out_type = (
-        jax.ShapeDtypeStruct(lead + (num_tokens, heads, KV_LORA_RANK), stage_dtype),
-        jax.ShapeDtypeStruct(lead + (num_tokens, heads), jnp.float32),
+        jax.ShapeDtypeStruct((num_tokens, heads, KV_LORA_RANK), plan.out_dtype),
+        jax.ShapeDtypeStruct((num_tokens, heads), jnp.float32),
+        jax.ShapeDtypeStruct((num_slots, part_q, heads, KV_LORA_RANK), jnp.float32),
+        jax.ShapeDtypeStruct((num_slots, part_q, heads), jnp.float32),
     )
     return plgpu.kernel(
         body,

@@ -1,14 +1,16 @@
 """The output stage: each warpgroup's normalized [64, 256] half (transposed P @ V: O^T transposed back by two wgmmas
-with an identity) through a swizzled shared-memory stage, one TMA a token: the final output and lse, or with
-split-KV each split's fp32 partials for mla_jax.combine."""
+with an identity) through a swizzled shared-memory stage, one TMA a token: the final output and lse, or a
+piece's fp32 partials to its slot for mla_jax.combine.combine_slots."""
 
 from __future__ import annotations
+
+import functools
 
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
-from mla_jax.pallas_mosaic_gpu.config import BLOCK_H, V_HALF
+from mla_jax.pallas_mosaic_gpu.config import BLOCK_H, INFO_SINGLE, V_HALF
 from mla_jax.pallas_mosaic_gpu.fp8 import k_scale
 
 
@@ -47,11 +49,12 @@ def transpose_out(kc, half: int, o_t, l_tot):
 def finish(kc, half, acc, l_tot, lse, first_tok, ntok):
     """Writes the output columns [256 half, 256 half + 256) normalized by l_tot (half None: none)
     and the lse (None: not this warpgroup) for the tile's tokens: the final out / lse, or with
-    split-KV this split's fp32 partials. Every warpgroup is past its last read of q and of the
-    KV ring (the stage aliases them)."""
-    fp8, hp, split_out, stage_dtype = kc.plan.fp8, kc.plan.hp, kc.plan.split_out, kc.plan.stage_dtype
-    tpt, transposed_pv = kc.plan.tpt, kc.plan.transposed_pv
-    hb, lse_ref, out_ref, split, stage, x_smem = kc.hb, kc.lse_ref, kc.out_ref, kc.split, kc.stage, kc.x_smem
+    slot_out the piece's fp32 partials to its slot (direct_single: the final ones where the piece is
+    its request's only one). Every warpgroup is past its last read of q and of the KV ring (the
+    stage aliases them)."""
+    fp8, hp, slot_out, tpt = kc.plan.fp8, kc.plan.hp, kc.plan.slot_out, kc.plan.tpt
+    transposed_pv, x_smem = kc.plan.transposed_pv, kc.x_smem
+    out = None
     if half is not None:
         inv = 1.0 / jnp.maximum(l_tot, 1e-30)
         if fp8:  # V was read unscaled
@@ -60,32 +63,48 @@ def finish(kc, half, acc, l_tot, lse, first_tok, ntok):
             out = transpose_out(kc, half, acc * lax.broadcast_in_dim(inv, acc.shape, [1]), l_tot)
         else:
             out = acc * lax.broadcast_in_dim(inv, acc.shape, [0])
-        stage[half] = out.astype(stage_dtype)
     if lse is not None:
         if lse.shape[0] == BLOCK_H:
             x_smem[0] = lse
         else:  # transposed scores: the rows in use
             x_smem.at[0, pl.ds(0, lse.shape[0])][...] = lse
+    if not slot_out:
+        write_rows(kc, half, out, lse is not None, kc.stage, kc.out_ref, kc.lse_ref, first_tok, ntok)
+        return
+    to_slot = functools.partial(write_rows, kc, half, out, lse is not None, kc.stage, kc.o_part_ref.at[kc.piece],
+                                kc.l_part_ref.at[kc.piece], kc.lt * tpt, ntok)
+    if not kc.plan.direct_single:
+        to_slot()
+        return
+    single = kc.info_smem[INFO_SINGLE] != 0
+    pl.when(single)(functools.partial(write_rows, kc, half, out, lse is not None, kc.stage_out, kc.out_ref, kc.lse_ref, first_tok,
+                                      ntok))
+    pl.when(jnp.logical_not(single))(to_slot)
+
+
+def write_rows(kc, half, out, has_lse, stage, o_dst, l_dst, row, ntok):
+    """out (None: none) through `stage` (in its dtype) into o_dst [rows, heads, 512] and (has_lse) the lse in
+    x_smem's row 0 into l_dst [rows, heads], the tile's tokens at rows row, row + 1, ..."""
+    hb, hp, tpt, x_smem = kc.hb, kc.plan.hp, kc.plan.tpt, kc.x_smem
+    if out is not None:
+        stage[half] = out.astype(stage.dtype)
     plgpu.commit_smem()
-    o_dst = out_ref.at[split] if split_out else out_ref
-    l_dst = lse_ref.at[split] if split_out else lse_ref
     v_cols = pl.ds((half or 0) * V_HALF, V_HALF)
     if tpt == 1:  # (one token: its hp heads, the tile's first rows; hp < 64 only in the sparse kernel)
         whole = hp == BLOCK_H
-        if half is not None:
+        if out is not None:
             plgpu.copy_smem_to_gmem(stage.at[half] if whole else stage.at[half, pl.ds(0, hp)],
-                                    o_dst.at[first_tok, pl.ds(hb * hp, hp), v_cols])
-        if lse is not None:
+                                    o_dst.at[row, pl.ds(hb * hp, hp), v_cols])
+        if has_lse:
             plgpu.copy_smem_to_gmem(x_smem.at[0] if whole else x_smem.at[0, pl.ds(0, hp)],
-                                    l_dst.at[first_tok, pl.ds(hb * hp, hp)])
+                                    l_dst.at[row, pl.ds(hb * hp, hp)])
     else:
         for j in range(tpt):  # the tile's tokens, straight into out [T, H, 512] and lse [T, H]
 
             @pl.when(j < ntok)
             def _():
-                if half is not None:
-                    plgpu.copy_smem_to_gmem(stage.at[half, pl.ds(j * hp, hp)],
-                                            o_dst.at[first_tok + j, :, v_cols])
-                if lse is not None:
-                    plgpu.copy_smem_to_gmem(x_smem.at[0, pl.ds(j * hp, hp)], l_dst.at[first_tok + j])
+                if out is not None:
+                    plgpu.copy_smem_to_gmem(stage.at[half, pl.ds(j * hp, hp)], o_dst.at[row + j, :, v_cols])
+                if has_lse:
+                    plgpu.copy_smem_to_gmem(x_smem.at[0, pl.ds(j * hp, hp)], l_dst.at[row + j])
     plgpu.wait_smem_to_gmem(0)

@@ -9,7 +9,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
-from mla_jax.pallas_mosaic_gpu.config import BLOCK_H, INFO_WORDS, TMA_MAX_BOX
+from mla_jax.pallas_mosaic_gpu.config import (
+    BLOCK_H, INFO_BEGIN, INFO_END, INFO_REQ, INFO_WORDS, TMA_MAX_BOX,
+)
 
 
 def tma_windows(shape) -> list[tuple[tuple[int, int], ...]]:
@@ -28,10 +30,11 @@ def prefetch_to_l2(ref) -> None:
 
 
 def tile_info(kc):
-    """(first token, tokens in the tile, first position, KV length seen, last page, step range)."""
-    block_kv, num_splits, page_size, q_toks = kc.plan.block_kv, kc.plan.num_splits, kc.plan.page_size, kc.plan.q_toks
+    """(first token, tokens in the tile, first position, KV length seen, last page, step range): the piece's steps
+    that the tile's last token sees."""
+    block_kv, page_size, q_toks = kc.plan.block_kv, kc.plan.page_size, kc.plan.q_toks
     tpt = kc.plan.tpt
-    info_bar, info_smem, lt, split = kc.info_bar, kc.info_smem, kc.lt, kc.split
+    info_bar, info_smem, lt = kc.info_bar, kc.info_smem, kc.lt
     plgpu.barrier_wait(info_bar)
     q_start = info_smem[0]
     q_len = info_smem[1]
@@ -43,18 +46,22 @@ def tile_info(kc):
     kv_len = jnp.where(ntok > 0, first_pos + ntok, 0)  # KV the tile's last token sees
     last_page = lax.div(jnp.maximum(seq_len - 1, 0), jnp.int32(page_size))
     n_steps = lax.div(kv_len + (block_kv - 1), jnp.int32(block_kv))
-    per_split = lax.div(n_steps + (num_splits - 1), jnp.int32(num_splits))
-    begin = jnp.minimum(split * per_split, n_steps)
-    end = jnp.minimum(begin + per_split, n_steps)
+    begin = jnp.minimum(info_smem[INFO_BEGIN], n_steps)
+    end = jnp.minimum(info_smem[INFO_END], n_steps)
     return first_tok, ntok, first_pos, kv_len, last_page, begin, end
 
 
 def load_info(kc):
-    """The request's info and the first chunk of its block table, in one TMA."""
+    """The piece's row: its request's info, its steps and the block-table chunk of its first step, in one TMA."""
     bt_chunk = kc.plan.bt_chunk
-    i_smem, info_bar, req, sched_ref = kc.i_smem, kc.info_bar, kc.req, kc.sched_ref
-    plgpu.copy_gmem_to_smem(sched_ref.at[req, pl.ds(0, INFO_WORDS + bt_chunk)],
+    i_smem, info_bar, piece, piece_ref = kc.i_smem, kc.info_bar, kc.piece, kc.piece_ref
+    plgpu.copy_gmem_to_smem(piece_ref.at[piece, pl.ds(0, INFO_WORDS + bt_chunk)],
                             i_smem.at[pl.ds(0, INFO_WORDS + bt_chunk)], info_bar)
+
+
+def first_chunk(kc, begin):
+    """The block-table chunk of step `begin`'s first page: the one the piece's row brings."""
+    return lax.div(first_page(kc, begin), jnp.int32(kc.plan.bt_chunk))
 
 
 def load_q(kc, first_tok):
@@ -90,20 +97,20 @@ def step_rows(kc, k, page):
 def issue_step(kc, i, begin, last_page):
     """TMA of KV step begin + i into slot i % stages (the slot is free), signalling
     kv_ready[slot]; stages the block-table chunk it needs when it differs from the one
-    in SMEM: chunk 0 came with the info, then the previous step's (steps go in order)."""
+    in SMEM: step begin's came with the info, then the previous step's (steps go in order)."""
     bt_chunk, page_size, pages_per_step = kc.plan.bt_chunk, kc.plan.page_size, kc.plan.pages_per_step
     stages = kc.plan.stages
-    bt_bar, i_smem, kv_ready, kv_smem, req = kc.bt_bar, kc.i_smem, kc.kv_ready, kc.kv_smem, kc.req
+    bt_bar, i_smem, kv_ready, kv_smem = kc.bt_bar, kc.i_smem, kc.kv_ready, kc.kv_smem
     sched_ref = kc.sched_ref
     k = begin + i
     slot = lax.rem(i, jnp.int32(stages))
     lp0 = first_page(kc, k)
     chunk = lax.div(lp0, jnp.int32(bt_chunk))
-    prev_chunk = jnp.where(i == 0, 0, lax.div(first_page(kc, k - 1), jnp.int32(bt_chunk)))
+    prev_chunk = first_chunk(kc, jnp.maximum(k - 1, begin))
 
     @pl.when(chunk != prev_chunk)
     def _():
-        src = sched_ref.at[req, pl.ds(INFO_WORDS + chunk * bt_chunk, bt_chunk)]
+        src = sched_ref.at[kc.info_smem[INFO_REQ], pl.ds(INFO_WORDS + chunk * bt_chunk, bt_chunk)]
         plgpu.copy_gmem_to_smem(src, i_smem.at[pl.ds(INFO_WORDS, bt_chunk)], bt_bar)
         plgpu.barrier_wait(bt_bar)
 
@@ -141,20 +148,21 @@ def half_slot(kc, w: int, k):
 
 def stage_half_bt(kc, w: int, k, prev_k):
     """(kv_halves) Warpgroup w's block-table buffer restaged when step k's chunk differs from the one there:
-    prev_k's (the step before k in this warpgroup's range; -1: none yet, where warpgroup 0's buffer holds chunk
-    0, loaded with the info, and 1's nothing). Returns (step k's first page's index, its block-table chunk)."""
+    prev_k's (the step before k in this warpgroup's range; -1: none yet, where warpgroup 0's buffer holds the
+    chunk of the piece's first step, loaded with the info, and 1's nothing). Returns (step k's first page's index,
+    its block-table chunk)."""
     bt_chunk = kc.plan.bt_chunk
-    bt_bar, bt_bar_wg1, i_smem, req, sched_ref = kc.bt_bar, kc.bt_bar_wg1, kc.i_smem, kc.req, kc.sched_ref
+    bt_bar, bt_bar_wg1, i_smem, sched_ref = kc.bt_bar, kc.bt_bar_wg1, kc.i_smem, kc.sched_ref
     bar = bt_bar if w == 0 else bt_bar_wg1
     base = INFO_WORDS + w * bt_chunk
     lp0 = first_page(kc, k)
     chunk = lax.div(lp0, jnp.int32(bt_chunk))
-    staged = jnp.where(prev_k >= 0, lax.div(first_page(kc, jnp.maximum(prev_k, 0)), jnp.int32(bt_chunk)),
-                       jnp.int32(0 if w == 0 else -1))
+    staged = jnp.where(prev_k >= 0, first_chunk(kc, jnp.maximum(prev_k, 0)),
+                       first_chunk(kc, kc.info_smem[INFO_BEGIN]) if w == 0 else jnp.int32(-1))
 
     @pl.when(chunk != staged)
     def _():
-        plgpu.copy_gmem_to_smem(sched_ref.at[req, pl.ds(INFO_WORDS + chunk * bt_chunk, bt_chunk)],
+        plgpu.copy_gmem_to_smem(sched_ref.at[kc.info_smem[INFO_REQ], pl.ds(INFO_WORDS + chunk * bt_chunk, bt_chunk)],
                                 i_smem.at[pl.ds(base, bt_chunk)], bar)
         plgpu.barrier_wait(bar)
 

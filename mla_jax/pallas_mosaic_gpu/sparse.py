@@ -237,7 +237,7 @@ def sparse_plan(*, dtype, num_tokens: int, heads: int, hp: int, scale_log2: floa
     """The dense kernel's plan for a sparse CTA (both sparse kernels build theirs here): one token a CTA, its hp heads
     in the tile's first rows, no split-KV (the output stage in the output's dtype, `out_stage_dtype`)."""
     plan = make_plan(dtype=dtype, page_size=BLOCK_KV, num_tokens=num_tokens, heads=heads, hp=hp,
-                     num_h_tiles=heads // hp, q_tiles=1, num_reqs=num_tokens, num_splits=1, bt_chunk=BLOCK_KV,
+                     num_h_tiles=heads // hp, q_tiles=1, num_reqs=num_tokens, bt_chunk=BLOCK_KV,
                      scale_log2=scale_log2, interpret=interpret)
     return dataclasses.replace(plan, tpt=1, q_toks=1)
 
@@ -249,7 +249,7 @@ def out_stage_dtype(plan):
 
 def sparse_ctx(plan, hb, out_ref, lse_ref, stage, x_smem) -> Ctx:
     """What the dense output stage (`output.finish`) reads, for a sparse CTA."""
-    return dataclasses.replace(_EMPTY_CTX, plan=plan, hb=hb, split=0, out_ref=out_ref, lse_ref=lse_ref, stage=stage,
+    return dataclasses.replace(_EMPTY_CTX, plan=plan, hb=hb, out_ref=out_ref, lse_ref=lse_ref, stage=stage,
                                x_smem=x_smem)
 
 
