@@ -88,8 +88,9 @@ DEFAULT_FIXED_OVERHEAD = 5  # FlashMLA's fixed_overhead_num_blocks
 class Schedule:
     """A work schedule (see the module docstring). table [P, 8] and split_offsets [R + 1] are int32 leaves, and
     token_slots [T, 3] (`slot_ranges` of a bucket of T tokens) when the schedule was built for one
-    (`with_token_slots`; None: the combine computes it in the call); the ints are static: num_slots (the partial
-    buffer's slot count), block_kv, fixed_overhead, chunk_steps (0 in balanced mode)."""
+    (`with_token_slots`; None: the combine computes it in the call), pieces [num_slots, 3] (`slot_pieces`) when
+    built with them (`with_pieces`; None: a kernel that reads them computes them in the call); the ints are static:
+    num_slots (the partial buffer's slot count), block_kv, fixed_overhead, chunk_steps (0 in balanced mode)."""
 
     table: Any
     split_offsets: Any
@@ -98,10 +99,15 @@ class Schedule:
     fixed_overhead: int
     chunk_steps: int = 0
     token_slots: Any = None
+    pieces: Any = None
 
     def with_token_slots(self, query_start_loc, num_tokens: int) -> "Schedule":
         """This schedule with token_slots for a bucket of num_tokens tokens (`slot_ranges`)."""
         return dataclasses.replace(self, token_slots=slot_ranges(self.split_offsets, query_start_loc, num_tokens))
+
+    def with_pieces(self, seq_lens, query_lens) -> "Schedule":
+        """This schedule with its pieces a row a slot (`slot_pieces` of the lengths it was built from)."""
+        return dataclasses.replace(self, pieces=slot_pieces(self, seq_lens, query_lens))
 
     @property
     def num_parts(self) -> int:
@@ -114,7 +120,7 @@ class Schedule:
 
 jax.tree_util.register_dataclass(
     Schedule,
-    data_fields=["table", "split_offsets", "token_slots"],
+    data_fields=["table", "split_offsets", "token_slots", "pieces"],
     meta_fields=["num_slots", "block_kv", "fixed_overhead", "chunk_steps"],
 )
 
@@ -324,14 +330,15 @@ def schedule_for_metadata(metadata, *, num_parts: int, block_kv: int = DEFAULT_B
 
 
 def prebuilt_or_build(metadata, build, *, num_parts: int, block_kv: int, chunk_steps: int | None = None,
-                      num_tokens: int | None = None) -> Schedule:
+                      num_tokens: int | None = None, fixed_overhead: int | None = None) -> Schedule:
     """The schedule a kernel's call walks: `metadata.scheduler_metadata` when it holds a Schedule (built ahead, once
     a batch, by the kernel module's with_schedule and shared by every layer's call, as FA3's scheduler_metadata and
     FlashMLA's get_mla_metadata are), else `build()` (inside the call, from the traced lengths: a few dozen small XLA
     ops on every call).
 
     A prebuilt schedule must fit the call: num_parts and block_kv as the tuning runs (and chunk_steps, where the
-    kernel cuts pieces by its own chunk_steps; None: not compared), one split_offsets entry per request plus one,
+    kernel cuts pieces by its own chunk_steps, and fixed_overhead, where the kernel's schedule has its own; None: not
+    compared), one split_offsets entry per request plus one,
     and token_slots (where it has them) one row per token of the call (num_tokens). ValueError naming the values
     otherwise. Where the lengths and the schedule are concrete (an eager call), it must also be the one `build()`
     gives for this batch's lengths: a schedule of other lengths walks their steps (wrong out and lse), so a
@@ -339,7 +346,8 @@ def prebuilt_or_build(metadata, build, *, num_parts: int, block_kv: int, chunk_s
     schedule = metadata.scheduler_metadata
     if not isinstance(schedule, Schedule):
         return build()
-    wanted = {"num_parts": num_parts, "block_kv": block_kv, "chunk_steps": chunk_steps}
+    wanted = {"num_parts": num_parts, "block_kv": block_kv, "chunk_steps": chunk_steps,
+              "fixed_overhead": fixed_overhead}
     fields = [name for name, value in wanted.items() if value is not None]
     if any(getattr(schedule, name) != wanted[name] for name in fields):
         have = ", ".join(f"{name}={getattr(schedule, name)}" for name in fields)
@@ -355,15 +363,20 @@ def prebuilt_or_build(metadata, build, *, num_parts: int, block_kv: int, chunk_s
         raise ValueError(f"metadata.scheduler_metadata holds token_slots of shape {tuple(slots.shape)}; the call has "
                          f"num_tokens={num_tokens} (shape ({num_tokens}, 3)): build it with with_schedule(metadata, "
                          "config, num_tokens=...)")
-    arrays = (metadata.seq_lens, metadata.query_start_loc, schedule.table, schedule.split_offsets,
-              *(() if slots is None else (slots,)))
+    pieces = schedule.pieces
+    if pieces is not None and tuple(pieces.shape) != (schedule.num_slots, 3):
+        raise ValueError(f"metadata.scheduler_metadata holds pieces of shape {tuple(pieces.shape)}, its slots need "
+                         f"({schedule.num_slots}, 3): build it with with_schedule(metadata, config)")
+    extras = [x for x in (slots, pieces) if x is not None]
+    arrays = (metadata.seq_lens, metadata.query_start_loc, schedule.table, schedule.split_offsets, *extras)
     if not any(isinstance(x, jax.core.Tracer) for x in arrays):
         fresh = build()
-        same_slots = (slots is None or fresh.token_slots is None
-                      or np.array_equal(np.asarray(fresh.token_slots), np.asarray(slots)))
-        if not (np.array_equal(np.asarray(fresh.table), np.asarray(schedule.table))
-                and np.array_equal(np.asarray(fresh.split_offsets), np.asarray(schedule.split_offsets))
-                and same_slots):
+
+        def same(name):  # (an optional field is compared where both have it)
+            got, want = getattr(schedule, name), getattr(fresh, name)
+            return got is None or want is None or np.array_equal(np.asarray(want), np.asarray(got))
+
+        if not all(same(name) for name in ("table", "split_offsets", "token_slots", "pieces")):
             raise ValueError("metadata.scheduler_metadata holds a work schedule built for other lengths than the "
                              "batch's seq_lens and query_start_loc: build it again with with_schedule(metadata, "
                              "config, tuning=...) whenever they change")

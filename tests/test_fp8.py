@@ -504,7 +504,7 @@ def test_kv_halves_config_is_validated(fields, match):
 
 # _build_kernel's arguments for an fp8 kernel at H = 16 (the kernel-builder tests below vary them)
 FP8_BUILD_KW = dict(dtype=jnp.float16, page_size=64, num_tokens=4, heads=16, hp=16, num_h_tiles=1, q_tiles=1,
-                    num_reqs=4, num_splits=1, bt_chunk=224, scale_log2=1.0, fp8=True)
+                    num_reqs=4, num_slots=4, bt_chunk=224, scale_log2=1.0, fp8=True)
 
 
 def test_kv_halves_paths_are_checked_in_the_kernel_builder():

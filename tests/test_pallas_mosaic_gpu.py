@@ -163,6 +163,51 @@ class TestInterpret:
     def test_grid_variant_is_the_default_bitwise(self, variant):
         _check_variant_is_the_default_bitwise(variant, interpret=True)
 
+    def test_prebuilt_schedule_gives_the_inline_bits(self, monkeypatch):
+        """with_schedule's schedule (built once a batch: the pieces and the combine's rows per token with it) walked
+        by the call, through mla_jax.mla_decode: the same out and lse bits as the call that builds it inline; the
+        call builds none of it itself (the builders raise once the schedule is ahead)."""
+        from mla_jax import combine, schedule
+
+        scenario = Scenario("ahead", seq_lens=(700, 9, 64, 1, 130), query_lens=(1, 2, 1, 1, 3), page_size=16)
+        batch, ref_out, ref_lse = batch_and_reference(scenario, "bfloat16")
+        q_nope, q_pe, kv, md = device_inputs(batch, "bfloat16")
+        tuning = MosaicConfig(num_splits=2)
+        inline = mgpu_mla.mla_decode(q_nope, q_pe, kv, md, batch.config, tuning=tuning, interpret=True)
+        ahead = mgpu_mla.with_schedule(batch.metadata, batch.config, tuning=tuning)
+        sched = ahead.scheduler_metadata
+        assert isinstance(sched, schedule.Schedule) and sched.pieces is not None and sched.token_slots is not None
+        assert int(np.diff(np.asarray(sched.split_offsets)).max()) > 1  # the long request is cut into pieces
+
+        def built_in_the_call(*args, **kwargs):
+            raise AssertionError("the call built a schedule, its pieces or the combine's rows of its own")
+
+        for module, name in ((mgpu_mla, "_schedule"), (mgpu_mla, "slot_pieces"), (combine, "slot_ranges")):
+            monkeypatch.setattr(module, name, built_in_the_call)
+        out, lse = mla_jax.mla_decode((q_nope, q_pe), kv, ahead, batch.config, impl="pallas_mosaic_gpu",
+                                      tuning=tuning, interpret=True)
+        assert_matches(*inline, ref_out, ref_lse, "bfloat16", f"inline {tuning}")
+        assert np.array_equal(np.asarray(out, np.float32), np.asarray(inline[0], np.float32))
+        assert np.array_equal(np.asarray(lse), np.asarray(inline[1]))
+
+    def test_prebuilt_schedule_for_another_split_count_is_refused(self):
+        """A schedule built ahead for another num_splits than the call's (another num_parts), or by another kernel
+        (the Triton kernel's per-piece overhead): ValueError naming both, before any kernel runs."""
+        from mla_jax import pallas_triton
+
+        scenario = Scenario("ahead", seq_lens=(700, 9, 64), query_lens=(1, 2, 1), page_size=16)
+        batch, _, _ = batch_and_reference(scenario, "bfloat16")
+        q_nope, q_pe, kv, md = device_inputs(batch, "bfloat16")
+        ahead = mgpu_mla.with_schedule(md, batch.config, tuning=MosaicConfig(num_splits=3))
+        with pytest.raises(ValueError, match=r"num_parts=9.*the tuning runs num_parts=6"):
+            mgpu_mla.mla_decode(q_nope, q_pe, kv, ahead, batch.config, tuning=MosaicConfig(num_splits=2),
+                                interpret=True)
+        triton = pallas_triton.with_schedule(md, batch.config,
+                                             tuning=pallas_triton.TritonConfig(num_parts=6, block_kv=64))
+        with pytest.raises(ValueError, match=r"fixed_overhead=5.*the tuning runs .*fixed_overhead=0"):
+            mgpu_mla.mla_decode(q_nope, q_pe, kv, triton, batch.config, tuning=MosaicConfig(num_splits=2),
+                                interpret=True)
+
     def test_heads_first_says_when_the_pieces_overflow_the_z_axis(self, monkeypatch):
         monkeypatch.setattr(mgpu_mla, "MAX_GRID_YZ", 2)
         scenario = Scenario("z_axis", seq_lens=(5, 9, 17), query_lens=(1, 1, 1), page_size=16)

@@ -70,7 +70,16 @@ def check_properties(sched, seq, qlen):
         assert slots == list(range(offsets[r], offsets[r + 1]))
     assert offsets[-1] <= sched.num_slots
     assert sched.num_slots == (len(n) + sched.num_parts - 1 if not c else len(n) * -(-MAX_STEPS // c))
+    # slot_pieces (a row a slot, what the Mosaic GPU kernel's CTAs read): the walked pieces by slot, zeros after
+    rows = np.asarray(_slot_pieces(sched, np.asarray(seq, np.int32), np.asarray(qlen, np.int32)))
+    by_slot = sorted((slot, r, lo, hi) for items in walked for r, lo, hi, slot in items)
+    assert [slot for slot, *_ in by_slot] == list(range(len(by_slot)))
+    np.testing.assert_array_equal(rows[:len(by_slot)], np.asarray([x[1:] for x in by_slot]).reshape(-1, 3))
+    assert (rows[len(by_slot):] == 0).all()
     _check_balance(table[:, S.COST], n, o, c, sched.num_parts)
+
+
+_slot_pieces = jax.jit(S.slot_pieces)
 
 
 def _check_balance(cost, n, o, c, num_parts):

@@ -1,15 +1,19 @@
 """Paged MLA decode on Hopper: a Pallas Mosaic GPU (`plgpu`) kernel.
 
-Work split. One CTA takes one 64-row query tile (the wgmma M) x one KV split. For H < 64 a tile packs 64 // H
-consecutive query tokens of one request x H heads (row = token * H + head); for H >= 64 one token's heads fill
-H // 64 tiles; other head counts are padded to 8, 16, 32 or a multiple of 64. The grid is (head tile, split, request x
-query tile); its fastest axis (CUDA's x) is the requests, or with launch_order="heads_first" the head tiles, so a
-request's head tiles run together and the second reads each KV step from L2 (1.06-1.11x at H = 128). A CTA reads its
-request's (q_start, q_len, seq_len) and block table from one small int32 schedule array, TMA-loads its q rows from
-q [T, H, 576] and writes out [T, H, 512] and lse [T, H] per token. Each split takes a contiguous range of 64-token
-KV steps; with several splits the CTAs write fp32 partials and mla_jax.combine merges them (the split count comes from
-a cost model of the H200, heuristic_config). Rows see the request's KV with a bottom-right causal mask; steps every
-row sees entirely skip the mask; cache slots past a request's length may hold NaN and never reach the output.
+Work split. One CTA takes one 64-row query tile (the wgmma M) x one piece of the batch's work schedule. For H < 64 a
+tile packs 64 // H consecutive query tokens of one request x H heads (row = token * H + head); for H >= 64 one token's
+heads fill H // 64 tiles; other head counts are padded to 8, 16, 32 or a multiple of 64. The schedule
+(mla_jax.schedule, computed in the call from the traced lengths: new lengths reuse the compiled call) cuts the KV steps
+of all requests, request after request, into num_reqs x num_splits parts of equal steps; a piece is a part's run of
+steps inside one request, so a long request among short ones takes many CTAs and each short one one (num_splits comes
+from a cost model of the H200, heuristic_config). The grid is (head tile, piece x query tile), sized by the static slot
+count; its fastest axis (CUDA's x) is the pieces, or with launch_order="heads_first" the head tiles, so a request's
+head tiles run together and the second reads each KV step from L2 (1.06-1.11x at H = 128). A CTA reads its piece's
+row in one TMA (its request's (q_start, q_len, seq_len), the piece's steps and the block-table chunk of its first
+step), TMA-loads its q rows from q [T, H, 576] and writes its fp32 partials to its slot, which
+mla_jax.combine.combine_slots merges per token; a request's only piece writes out [T, H, 512] and lse [T, H] directly
+(except where P @ V is transposed). Rows see the request's KV with a bottom-right causal mask; steps every row sees
+entirely skip the mask; cache slots past a request's length may hold NaN and never reach the output.
 
 Warpgroups. Two compute warpgroups, each owning 256 of the 512 latent output columns (a 64 x 256 fp32 accumulator);
 warpgroup 1 also issues the TMAs into a two-stage ring (q and two 72 KiB stages fill the 227 KiB of shared memory).
@@ -54,8 +58,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from mla_jax.combine import combine_slots
 from mla_jax.combine import combine_slots_ref
 from mla_jax.reference import mask_padding
-from mla_jax.schedule import mla_schedule, slot_pieces
-from mla_spec import DecodeMetadata
+from mla_jax.schedule import Schedule, mla_schedule, prebuilt_or_build, slot_pieces
+from mla_spec import DecodeMetadata, check_config_and_metadata
 from mla_spec import MLAConfig
 from mla_spec.config import check_config
 from mla_jax.pallas_mosaic_gpu.config import (
@@ -82,6 +86,54 @@ def _sched(metadata: DecodeMetadata, width: int, k_scale=None):
     if k_scale is not None:
         info = info.at[:, 3].set(lax.bitcast_convert_type(jnp.asarray(k_scale, jnp.float32), jnp.int32))
     return jnp.concatenate([info, jnp.pad(bt, ((0, 0), (0, width - bt.shape[1])))], axis=1)
+
+
+def _num_splits(metadata: DecodeMetadata, tuning: MosaicConfig) -> int:
+    """The schedule's parts per request: tuning.num_splits, at most metadata.max_num_splits where that is > 0."""
+    if metadata.max_num_splits > 0:
+        return min(tuning.num_splits, metadata.max_num_splits)
+    return tuning.num_splits
+
+
+def _schedule(metadata: DecodeMetadata, num_splits: int, num_tokens: int) -> Schedule:
+    """The work schedule of the batch's (traced) lengths: num_reqs x num_splits parts of equal steps (no per-piece
+    overhead: each piece is a CTA of its own, which the GPU's block scheduler places), with the combine's
+    token_slots for num_tokens tokens and the pieces a row a slot. The one construction behind both the call's inline
+    schedule and with_schedule's."""
+    qsl = metadata.query_start_loc.astype(jnp.int32)
+    q_lens = qsl[1:] - qsl[:-1]
+    num_reqs = metadata.seq_lens.shape[0]
+    schedule = mla_schedule(metadata.seq_lens, q_lens, num_parts=num_reqs * num_splits, block_kv=BLOCK_KV,
+                            fixed_overhead=0)
+    return schedule.with_token_slots(qsl, num_tokens).with_pieces(metadata.seq_lens, q_lens)
+
+
+_schedule_jit = jax.jit(_schedule, static_argnames=("num_splits", "num_tokens"))
+"""_schedule as one compiled program (new lengths of the same shapes reuse it): with_schedule's builder outside a
+jit, one launch instead of a few dozen small ones."""
+
+
+def with_schedule(metadata: DecodeMetadata, config: MLAConfig, *, num_tokens: int | None = None,
+                  tuning: MosaicConfig | None = None) -> DecodeMetadata:
+    """`metadata` with its work schedule computed ahead in `scheduler_metadata`, as FA3's scheduler_metadata and
+    FlashMLA's get_mla_metadata are: once a batch (a decode step), shared by every layer's call, instead of inside
+    each call (a few dozen small XLA ops).
+
+    The schedule is the one mla_decode builds for `tuning` (default: the heuristic's for this metadata and
+    num_tokens query tokens, default metadata.num_decode_tokens), so a call with that tuning gives the same bits
+    either way; a call whose tuning runs another split count raises ValueError. jit-compatible: traced lengths give
+    a traced schedule. The metadata's shapes, dtypes and static ints are checked (`DecodeMetadata.validate` without
+    its values, which may be traced): ValueError naming them."""
+    check_config_and_metadata(config, metadata)
+    metadata.validate(config, check_values=False)
+    num_tokens = int(metadata.num_decode_tokens) if num_tokens is None else num_tokens
+    if tuning is None:
+        tuning = heuristic_config(config, num_tokens, metadata.max_blocks, metadata.num_reqs,
+                                  max_query_len=metadata.max_query_len)
+    elif not isinstance(tuning, MosaicConfig):
+        raise ValueError(f"tuning must be a MosaicConfig or None, got tuning={tuning!r}")
+    md = metadata.replace(scheduler_metadata=None)
+    return metadata.replace(scheduler_metadata=_schedule_jit(md, _num_splits(metadata, tuning), num_tokens))
 
 
 def _piece_rows(sched, pieces, split_offsets, bt_chunk: int, pages_per_step: int, steps_per_page: int):
@@ -119,16 +171,17 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     block_kv = BLOCK_KV
     if not supported_page_size(page_size, block_kv):
         raise NotImplementedError(f"page_size={page_size} is not supported with block_kv={block_kv}")
-    num_splits = tuning.num_splits
-    if metadata.max_num_splits > 0:
-        num_splits = min(num_splits, metadata.max_num_splits)
-    # the work schedule of the batch's lengths (traced: new lengths reuse the compiled call): num_reqs x num_splits
-    # parts of equal steps (no per-piece overhead: each piece is a CTA of its own, which the GPU's block scheduler
-    # places), a slot a piece
+    num_splits = _num_splits(metadata, tuning)
+    # the work schedule (built ahead by with_schedule, once a batch, or here from the traced lengths: new lengths
+    # reuse the compiled call), a slot a piece
     qsl = metadata.query_start_loc.astype(jnp.int32)
-    q_lens = qsl[1:] - qsl[:-1]
-    schedule = mla_schedule(metadata.seq_lens, q_lens, num_parts=num_reqs * num_splits, block_kv=BLOCK_KV,
-                            fixed_overhead=0)
+    schedule = prebuilt_or_build(metadata, lambda: _schedule(metadata.replace(scheduler_metadata=None), num_splits,
+                                                             num_tokens),
+                                 num_parts=num_reqs * num_splits, block_kv=BLOCK_KV, fixed_overhead=0,
+                                 num_tokens=num_tokens)
+    pieces = schedule.pieces
+    if pieces is None:  # (a schedule built ahead without them)
+        pieces = slot_pieces(schedule, metadata.seq_lens, qsl[1:] - qsl[:-1])
     num_slots = schedule.num_slots
     heads_fastest = tuning.launch_order == "heads_first"
     if heads_fastest and num_slots * q_tiles > MAX_GRID_YZ:
@@ -173,8 +226,7 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         kv_cache = kv_cache.reshape(kv_cache.shape[0], page_size // 2, 2 * kv_cache.shape[2])
     sched = _sched(metadata, width, k_scale if fp8 else None)
     pages_per_step, steps_per_page = (1, page_size // block_kv) if page_size >= block_kv else (pages_per_step, 1)
-    rows = _piece_rows(sched, slot_pieces(schedule, metadata.seq_lens, q_lens), schedule.split_offsets, bt_chunk,
-                       pages_per_step, steps_per_page)
+    rows = _piece_rows(sched, pieces, schedule.split_offsets, bt_chunk, pages_per_step, steps_per_page)
     out, lse, o_part, l_part = kernel(q, kv_cache, sched, rows)
     # the slots' partials [S, query tiles x tpt, heads, 512] -> out, lse: one Pallas Triton kernel on the GPU
     # (combine_slots); in Mosaic GPU interpret mode its jnp formula. Where the kernel wrote a request's only piece
@@ -183,7 +235,8 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     order = jnp.asarray(PV_UNPERM, jnp.int32) if pv_registers else None
     direct = {"out": out, "lse": lse} if direct_single else {}
     out, lse = (combine_slots_ref if interpret else combine_slots)(
-        o_part, l_part, schedule.split_offsets, qsl, out_dtype, num_tokens=num_tokens, col_order=order, **direct)
+        o_part, l_part, schedule.split_offsets, qsl, out_dtype, num_tokens=num_tokens, col_order=order,
+        token_slots=schedule.token_slots, **direct)
     out, lse = out[:, :num_heads], lse[:, :num_heads]
     # a padded bucket's token rows past query_start_loc[-1]: no CTA writes them
     return mask_padding(out, lse, metadata) if metadata.padded else (out, lse)
@@ -241,7 +294,8 @@ def mla_decode(q_nope, q_pe, kv_cache, metadata: DecodeMetadata, config: MLAConf
     return _mla_decode_jit(q, kv_cache, jnp.asarray(k_scale, jnp.float32), metadata, config, tuning, interpret,
                            out_dtype)
 
-__all__ = ["MosaicConfig", "heuristic_config", "mla_decode", "supported_page_size", "unsupported_reason"]
+__all__ = ["MosaicConfig", "heuristic_config", "mla_decode", "supported_page_size", "unsupported_reason",
+           "with_schedule"]
 
 # (the names the tests and tools read)
 from mla_jax.pallas_mosaic_gpu.config import MAX_SPLITS, TMA_MAX_BOX  # noqa: E402,F401

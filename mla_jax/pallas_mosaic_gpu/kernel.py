@@ -76,7 +76,7 @@ class Ctx:
 
 
 def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int, num_h_tiles: int, q_tiles: int,
-                  num_reqs: int, num_slots: int, bt_chunk: int, scale_log2: float, direct_single: bool = True,
+                  num_reqs: int, num_slots: int, bt_chunk: int, scale_log2: float, direct_single: bool = False,
                   score_rows: int = 0,
                   fp8: bool = False, transposed_pv: bool = False, heads_fastest: bool = False,
                   kv_halves: bool = False, pv_registers: bool = False, pv_wait: int = 4, q_bits: bool = False,
