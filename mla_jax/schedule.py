@@ -89,8 +89,10 @@ class Schedule:
     """A work schedule (see the module docstring). table [P, 8] and split_offsets [R + 1] are int32 leaves, and
     token_slots [T, 3] (`slot_ranges` of a bucket of T tokens) when the schedule was built for one
     (`with_token_slots`; None: the combine computes it in the call), pieces [num_slots, 3] (`slot_pieces`) when
-    built with them (`with_pieces`; None: a kernel that reads them computes them in the call); the ints are static:
-    num_slots (the partial buffer's slot count), block_kv, fixed_overhead, chunk_steps (0 in balanced mode)."""
+    built with them (`with_pieces`; None: a kernel that reads them computes them in the call), and kernel_rows, a
+    tuple of arrays a kernel builds from the schedule and the batch once a batch (the Mosaic GPU kernel's rows of its
+    requests and pieces; None: built in the call); the ints are static: num_slots (the partial buffer's slot count),
+    block_kv, fixed_overhead, chunk_steps (0 in balanced mode)."""
 
     table: Any
     split_offsets: Any
@@ -100,6 +102,7 @@ class Schedule:
     chunk_steps: int = 0
     token_slots: Any = None
     pieces: Any = None
+    kernel_rows: Any = None
 
     def with_token_slots(self, query_start_loc, num_tokens: int) -> "Schedule":
         """This schedule with token_slots for a bucket of num_tokens tokens (`slot_ranges`)."""
@@ -120,7 +123,7 @@ class Schedule:
 
 jax.tree_util.register_dataclass(
     Schedule,
-    data_fields=["table", "split_offsets", "token_slots", "pieces"],
+    data_fields=["table", "split_offsets", "token_slots", "pieces", "kernel_rows"],
     meta_fields=["num_slots", "block_kv", "fixed_overhead", "chunk_steps"],
 )
 
@@ -367,16 +370,19 @@ def prebuilt_or_build(metadata, build, *, num_parts: int, block_kv: int, chunk_s
     if pieces is not None and tuple(pieces.shape) != (schedule.num_slots, 3):
         raise ValueError(f"metadata.scheduler_metadata holds pieces of shape {tuple(pieces.shape)}, its slots need "
                          f"({schedule.num_slots}, 3): build it with with_schedule(metadata, config)")
-    extras = [x for x in (slots, pieces) if x is not None]
+    extras = [x for x in (slots, pieces, *jax.tree.leaves(schedule.kernel_rows)) if x is not None]
     arrays = (metadata.seq_lens, metadata.query_start_loc, schedule.table, schedule.split_offsets, *extras)
     if not any(isinstance(x, jax.core.Tracer) for x in arrays):
         fresh = build()
 
         def same(name):  # (an optional field is compared where both have it)
             got, want = getattr(schedule, name), getattr(fresh, name)
-            return got is None or want is None or np.array_equal(np.asarray(want), np.asarray(got))
+            pairs = list(zip(jax.tree.leaves(want), jax.tree.leaves(got)))
+            if got is None or want is None or any(np.shape(w) != np.shape(g) for w, g in pairs):
+                return True  # (kernel_rows of another geometry: the kernel builds its own in the call)
+            return all(np.array_equal(np.asarray(w), np.asarray(g)) for w, g in pairs)
 
-        if not all(same(name) for name in ("table", "split_offsets", "token_slots", "pieces")):
+        if not all(same(name) for name in ("table", "split_offsets", "token_slots", "pieces", "kernel_rows")):
             raise ValueError("metadata.scheduler_metadata holds a work schedule built for other lengths than the "
                              "batch's seq_lens and query_start_loc: build it again with with_schedule(metadata, "
                              "config, tuning=...) whenever they change")

@@ -164,9 +164,9 @@ class TestInterpret:
         _check_variant_is_the_default_bitwise(variant, interpret=True)
 
     def test_prebuilt_schedule_gives_the_inline_bits(self, monkeypatch):
-        """with_schedule's schedule (built once a batch: the pieces and the combine's rows per token with it) walked
-        by the call, through mla_jax.mla_decode: the same out and lse bits as the call that builds it inline; the
-        call builds none of it itself (the builders raise once the schedule is ahead)."""
+        """with_schedule's schedule (built once a batch: the pieces, the kernel's rows and the combine's rows per
+        token with it) walked by the call, through mla_jax.mla_decode: the same out and lse bits as the call that
+        builds it inline; the call builds none of it itself (the builders raise once the schedule is ahead)."""
         from mla_jax import combine, schedule
 
         scenario = Scenario("ahead", seq_lens=(700, 9, 64, 1, 130), query_lens=(1, 2, 1, 1, 3), page_size=16)
@@ -176,13 +176,15 @@ class TestInterpret:
         inline = mgpu_mla.mla_decode(q_nope, q_pe, kv, md, batch.config, tuning=tuning, interpret=True)
         ahead = mgpu_mla.with_schedule(batch.metadata, batch.config, tuning=tuning)
         sched = ahead.scheduler_metadata
-        assert isinstance(sched, schedule.Schedule) and sched.pieces is not None and sched.token_slots is not None
+        assert isinstance(sched, schedule.Schedule)
+        assert all(x is not None for x in (sched.pieces, sched.token_slots, sched.kernel_rows))
         assert int(np.diff(np.asarray(sched.split_offsets)).max()) > 1  # the long request is cut into pieces
 
         def built_in_the_call(*args, **kwargs):
             raise AssertionError("the call built a schedule, its pieces or the combine's rows of its own")
 
-        for module, name in ((mgpu_mla, "_schedule"), (mgpu_mla, "slot_pieces"), (combine, "slot_ranges")):
+        for module, name in ((mgpu_mla, "_schedule"), (mgpu_mla, "slot_pieces"), (mgpu_mla, "_kernel_rows"),
+                             (combine, "slot_ranges")):
             monkeypatch.setattr(module, name, built_in_the_call)
         out, lse = mla_jax.mla_decode((q_nope, q_pe), kv, ahead, batch.config, impl="pallas_mosaic_gpu",
                                       tuning=tuning, interpret=True)

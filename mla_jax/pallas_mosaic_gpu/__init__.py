@@ -50,6 +50,7 @@ that need inline Mosaic GPU (registers views, ldmatrix, in-kernel q conversion) 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import jax
 import jax.numpy as jnp
@@ -62,6 +63,7 @@ from mla_jax.schedule import Schedule, mla_schedule, prebuilt_or_build, slot_pie
 from mla_spec import DecodeMetadata, check_config_and_metadata
 from mla_spec import MLAConfig
 from mla_spec.config import check_config
+from mla_jax.api import default_interpret
 from mla_jax.pallas_mosaic_gpu.config import (
     BLOCK_H, BLOCK_KV, BT_CHUNK, HEAD_DIM, INFO_BEGIN, INFO_END, INFO_REQ, INFO_SINGLE, INFO_WORDS,
     KV_HALVES_BT_CHUNK, LOG2E, MAX_GRID_YZ, MosaicConfig,
@@ -72,19 +74,16 @@ from mla_jax.pallas_mosaic_gpu.layouts import PV_UNPERM, QK_PERM
 from mla_jax.pallas_mosaic_gpu.kernel import _build_kernel
 
 
-def _sched(metadata: DecodeMetadata, width: int, k_scale=None):
-    """[R, INFO_WORDS + width] int32: per request (q_start, q_len, seq_len, k_scale's float32 bits
-    (fp8; else 0), 0 (fp8: the dequantized step's index, see kv_tile), 0...) then its block table,
-    padded with zeros to `width` columns (never read: pages past the last are clamped in the kernel).
-    One small XLA fusion."""
+def _sched(metadata: DecodeMetadata, width: int):
+    """[R, INFO_WORDS + width] int32: per request (q_start, q_len, seq_len, 0...) then its block table, padded with
+    zeros to `width` columns (never read: pages past the last are clamped in the kernel). The kernel reads the block
+    table from here (a piece's first chunk comes in its own row, `_piece_rows`, with the info words)."""
     qsl = metadata.query_start_loc.astype(jnp.int32)
     seq = metadata.seq_lens.astype(jnp.int32)
     bt = metadata.block_table.astype(jnp.int32)
     num_reqs = seq.shape[0]
     info = jnp.zeros((num_reqs, INFO_WORDS), jnp.int32)
     info = info.at[:, 0].set(qsl[:-1]).at[:, 1].set(qsl[1:] - qsl[:-1]).at[:, 2].set(seq)
-    if k_scale is not None:
-        info = info.at[:, 3].set(lax.bitcast_convert_type(jnp.asarray(k_scale, jnp.float32), jnp.int32))
     return jnp.concatenate([info, jnp.pad(bt, ((0, 0), (0, width - bt.shape[1])))], axis=1)
 
 
@@ -95,20 +94,39 @@ def _num_splits(metadata: DecodeMetadata, tuning: MosaicConfig) -> int:
     return tuning.num_splits
 
 
-def _schedule(metadata: DecodeMetadata, num_splits: int, num_tokens: int) -> Schedule:
+def _block_table_chunk(page_size: int, kv_halves: bool) -> int:
+    """Block-table entries a CTA stages at a time: BT_CHUNK, or with kv_halves two buffers (a warpgroup each) of at
+    most KV_HALVES_BT_CHUNK within the shared memory left; a multiple of the pages a step reads."""
+    pages_per_step = max(1, BLOCK_KV // page_size)
+    bt_chunk = min(BT_CHUNK, KV_HALVES_BT_CHUNK) if kv_halves else BT_CHUNK
+    return bt_chunk - bt_chunk % pages_per_step
+
+
+def _schedule(metadata: DecodeMetadata, num_splits: int, num_tokens: int, page_size: int, bt_chunk: int) -> Schedule:
     """The work schedule of the batch's (traced) lengths: num_reqs x num_splits parts of equal steps (no per-piece
     overhead: each piece is a CTA of its own, which the GPU's block scheduler places), with the combine's
-    token_slots for num_tokens tokens and the pieces a row a slot. The one construction behind both the call's inline
-    schedule and with_schedule's."""
+    token_slots for num_tokens tokens, the pieces a row a slot and the kernel's rows (`kernel_rows`: the requests'
+    block tables and the pieces' rows, for chunks of bt_chunk entries). The one construction behind both the call's
+    inline schedule and with_schedule's."""
     qsl = metadata.query_start_loc.astype(jnp.int32)
     q_lens = qsl[1:] - qsl[:-1]
     num_reqs = metadata.seq_lens.shape[0]
     schedule = mla_schedule(metadata.seq_lens, q_lens, num_parts=num_reqs * num_splits, block_kv=BLOCK_KV,
                             fixed_overhead=0)
-    return schedule.with_token_slots(qsl, num_tokens).with_pieces(metadata.seq_lens, q_lens)
+    schedule = schedule.with_token_slots(qsl, num_tokens).with_pieces(metadata.seq_lens, q_lens)
+    return dataclasses.replace(schedule, kernel_rows=_kernel_rows(metadata, schedule, schedule.pieces, page_size,
+                                                                  bt_chunk))
 
 
-_schedule_jit = jax.jit(_schedule, static_argnames=("num_splits", "num_tokens"))
+def _kernel_rows(metadata: DecodeMetadata, schedule: Schedule, pieces, page_size: int, bt_chunk: int):
+    """(the requests' rows [R, INFO_WORDS + width] (_sched, no k_scale), the pieces' rows [S, INFO_WORDS + bt_chunk]
+    (_piece_rows)): what the kernel reads of the batch, for block-table chunks of bt_chunk entries."""
+    sched = _sched(metadata, -(-metadata.block_table.shape[1] // bt_chunk) * bt_chunk)
+    pages_per_step, steps_per_page = max(1, BLOCK_KV // page_size), max(1, page_size // BLOCK_KV)
+    return sched, _piece_rows(sched, pieces, schedule.split_offsets, bt_chunk, pages_per_step, steps_per_page)
+
+
+_schedule_jit = jax.jit(_schedule, static_argnames=("num_splits", "num_tokens", "page_size", "bt_chunk"))
 """_schedule as one compiled program (new lengths of the same shapes reuse it): with_schedule's builder outside a
 jit, one launch instead of a few dozen small ones."""
 
@@ -132,8 +150,13 @@ def with_schedule(metadata: DecodeMetadata, config: MLAConfig, *, num_tokens: in
                                   max_query_len=metadata.max_query_len)
     elif not isinstance(tuning, MosaicConfig):
         raise ValueError(f"tuning must be a MosaicConfig or None, got tuning={tuning!r}")
+    # (the block-table chunk of the compiled kernel, or of interpret mode where JAX has no GPU)
+    kv_halves, _ = _kv_halves_runs(tuning, config.is_fp8_kv_cache, config.num_heads, metadata.max_query_len,
+                                   default_interpret())
     md = metadata.replace(scheduler_metadata=None)
-    return metadata.replace(scheduler_metadata=_schedule_jit(md, _num_splits(metadata, tuning), num_tokens))
+    return metadata.replace(scheduler_metadata=_schedule_jit(md, _num_splits(metadata, tuning), num_tokens,
+                                                             config.page_size,
+                                                             _block_table_chunk(config.page_size, kv_halves)))
 
 
 def _piece_rows(sched, pieces, split_offsets, bt_chunk: int, pages_per_step: int, steps_per_page: int):
@@ -172,32 +195,34 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     if not supported_page_size(page_size, block_kv):
         raise NotImplementedError(f"page_size={page_size} is not supported with block_kv={block_kv}")
     num_splits = _num_splits(metadata, tuning)
-    # the work schedule (built ahead by with_schedule, once a batch, or here from the traced lengths: new lengths
-    # reuse the compiled call), a slot a piece
+    # transposed scores: the tile's rows in use (hp heads x the tokens a tile can hold), when fewer than 64
+    kv_halves, score_rows = _kv_halves_runs(tuning, fp8, num_heads, metadata.max_query_len, interpret)
+    bt_chunk = _block_table_chunk(page_size, kv_halves)
+    # the work schedule and the kernel's rows (built ahead by with_schedule, once a batch, or here from the traced
+    # lengths: new lengths reuse the compiled call), a slot a piece
     qsl = metadata.query_start_loc.astype(jnp.int32)
-    schedule = prebuilt_or_build(metadata, lambda: _schedule(metadata.replace(scheduler_metadata=None), num_splits,
-                                                             num_tokens),
-                                 num_parts=num_reqs * num_splits, block_kv=BLOCK_KV, fixed_overhead=0,
-                                 num_tokens=num_tokens)
-    pieces = schedule.pieces
-    if pieces is None:  # (a schedule built ahead without them)
-        pieces = slot_pieces(schedule, metadata.seq_lens, qsl[1:] - qsl[:-1])
+
+    def build():
+        return _schedule(metadata.replace(scheduler_metadata=None), num_splits, num_tokens, page_size, bt_chunk)
+
+    schedule = prebuilt_or_build(metadata, build, num_parts=num_reqs * num_splits, block_kv=BLOCK_KV,
+                                 fixed_overhead=0, num_tokens=num_tokens)
+    sched, rows = schedule.kernel_rows or (None, None)
+    if rows is None or rows.shape[1] != INFO_WORDS + bt_chunk:
+        # (a schedule built ahead without them, or for another block-table chunk: with_schedule takes the compiled
+        # kernel's where JAX has a GPU, and interpret mode's chunk where it has none)
+        pieces = schedule.pieces
+        if pieces is None:
+            pieces = slot_pieces(schedule, metadata.seq_lens, qsl[1:] - qsl[:-1])
+        sched, rows = _kernel_rows(metadata, schedule, pieces, page_size, bt_chunk)
+    if fp8:  # k_scale's float32 bits in every piece's info word 3 (the kernel scales the scores and output by it)
+        rows = rows.at[:, 3].set(lax.bitcast_convert_type(jnp.asarray(k_scale, jnp.float32), jnp.int32))
     num_slots = schedule.num_slots
     heads_fastest = tuning.launch_order == "heads_first"
     if heads_fastest and num_slots * q_tiles > MAX_GRID_YZ:
         raise NotImplementedError(f"launch_order='heads_first' puts the pieces x query tiles on CUDA's z axis "
                                   f"(at most {MAX_GRID_YZ}), got {num_slots} x {q_tiles} = {num_slots * q_tiles}")
 
-    # transposed scores: the tile's rows in use (hp heads x the tokens a tile can hold), when fewer than 64
-    kv_halves, score_rows = _kv_halves_runs(tuning, fp8, num_heads, metadata.max_query_len, interpret)
-    pages_per_step = max(1, block_kv // page_size)
-    bt_chunk = BT_CHUNK
-    # kv_halves where it applies (_kv_halves_runs): two block-table chunk buffers (a warpgroup each) of at most
-    # KV_HALVES_BT_CHUNK entries, within the shared memory left
-    if kv_halves:
-        bt_chunk = min(bt_chunk, KV_HALVES_BT_CHUNK)
-    bt_chunk -= bt_chunk % pages_per_step
-    width = -(-metadata.block_table.shape[1] // bt_chunk) * bt_chunk
     # (interpret mode runs kv_halves's registers path unpermuted, with V's f16 copies: the interpreter has no rule for
     # inline_mgpu, the registers' view, nor for a wgmma's left operand in registers)
     qk_permuted = kv_halves and not interpret
@@ -224,9 +249,6 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
     )
     if pair_ring:
         kv_cache = kv_cache.reshape(kv_cache.shape[0], page_size // 2, 2 * kv_cache.shape[2])
-    sched = _sched(metadata, width, k_scale if fp8 else None)
-    pages_per_step, steps_per_page = (1, page_size // block_kv) if page_size >= block_kv else (pages_per_step, 1)
-    rows = _piece_rows(sched, pieces, schedule.split_offsets, bt_chunk, pages_per_step, steps_per_page)
     out, lse, o_part, l_part = kernel(q, kv_cache, sched, rows)
     # the slots' partials [S, query tiles x tpt, heads, 512] -> out, lse: one Pallas Triton kernel on the GPU
     # (combine_slots); in Mosaic GPU interpret mode its jnp formula. Where the kernel wrote a request's only piece
