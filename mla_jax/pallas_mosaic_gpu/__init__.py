@@ -7,7 +7,8 @@ heads fill H // 64 tiles; other head counts are padded to 8, 16, 32 or a multipl
 of all requests, request after request, into num_reqs x num_splits parts of equal steps; a piece is a part's run of
 steps inside one request, so a long request among short ones takes many CTAs and each short one one (num_splits comes
 from a cost model of the H200, heuristic_config). The grid is (head tile, piece x query tile), sized by the static slot
-count; its fastest axis (CUDA's x) is the pieces, or with launch_order="heads_first" the head tiles, so a request's
+count, the pieces longest first (the block scheduler then places them as a longest-first list schedule); its
+fastest axis (CUDA's x) is the pieces, or with launch_order="heads_first" the head tiles, so a request's
 head tiles run together and the second reads each KV step from L2 (1.06-1.11x at H = 128). A CTA reads its piece's
 row in one TMA (its request's (q_start, q_len, seq_len), the piece's steps and the block-table chunk of its first
 step), TMA-loads its q rows from q [T, H, 576] and writes its fp32 partials to its slot, which
@@ -65,7 +66,7 @@ from mla_spec import MLAConfig
 from mla_spec.config import check_config
 from mla_jax.api import default_interpret
 from mla_jax.pallas_mosaic_gpu.config import (
-    BLOCK_H, BLOCK_KV, BT_CHUNK, HEAD_DIM, INFO_BEGIN, INFO_END, INFO_REQ, INFO_SINGLE, INFO_WORDS,
+    BLOCK_H, BLOCK_KV, BT_CHUNK, HEAD_DIM, INFO_BEGIN, INFO_END, INFO_REQ, INFO_SINGLE, INFO_SLOT, INFO_WORDS,
     KV_HALVES_BT_CHUNK, LOG2E, MAX_GRID_YZ, MosaicConfig,
     TRANSPOSED_PV_ROWS, _kv_halves_runs, _q_in_kernel_runs, _tile_geometry, heuristic_config, pair_ring_fits,
     supported_page_size, unsupported_reason,
@@ -160,16 +161,21 @@ def with_schedule(metadata: DecodeMetadata, config: MLAConfig, *, num_tokens: in
 
 
 def _piece_rows(sched, pieces, split_offsets, bt_chunk: int, pages_per_step: int, steps_per_page: int):
-    """[S, INFO_WORDS + bt_chunk] int32, a row a slot of the schedule (`pieces`: schedule.slot_pieces): its request's
-    info (sched's first INFO_WORDS words) with the piece's first step, one past its last, its request and whether it
-    is the request's only piece in words INFO_BEGIN..INFO_SINGLE, then the block-table chunk of its first step (the
-    CTA's one TMA brings all of it). Zeros past the batch's pieces: q_len 0, the CTAs return. One gather fusion."""
-    req, begin, end = pieces[:, 0], pieces[:, 1], pieces[:, 2]
+    """[S, INFO_WORDS + bt_chunk] int32, a row a CTA: the schedule's pieces (`pieces`: schedule.slot_pieces), the
+    longest first, so that the GPU's block scheduler, which hands out CTAs in grid order, places them as the
+    longest-first list schedule (a ragged batch's request-boundary fragments run last, filling the gaps). A row holds
+    its request's info (sched's first INFO_WORDS words) with the piece's first step, one past its last, its request,
+    whether it is the request's only piece and its slot in words INFO_BEGIN..INFO_SLOT, then the block-table chunk of
+    its first step (the CTA's one TMA brings all of it). Zeros for slots past the batch's pieces (last): q_len 0,
+    the CTAs return. A sort of the slots and one gather fusion."""
+    steps = pieces[:, 2] - pieces[:, 1]
+    slot = jnp.argsort(-steps, stable=True).astype(jnp.int32)  # (equal pieces, a uniform batch's: in slot order)
+    req, begin, end = pieces[slot, 0], pieces[slot, 1], pieces[slot, 2]
     only = split_offsets[req + 1] - split_offsets[req] == 1
     page = begin // steps_per_page if pages_per_step == 1 else begin * pages_per_step
     cols = INFO_WORDS + (page // bt_chunk)[:, None] * bt_chunk + jnp.arange(bt_chunk, dtype=jnp.int32)[None, :]
     info = (sched[req, :INFO_WORDS].at[:, INFO_BEGIN].set(begin).at[:, INFO_END].set(end)
-            .at[:, INFO_REQ].set(req).at[:, INFO_SINGLE].set(only.astype(jnp.int32)))
+            .at[:, INFO_REQ].set(req).at[:, INFO_SINGLE].set(only.astype(jnp.int32)).at[:, INFO_SLOT].set(slot))
     rows = jnp.concatenate([info, sched[req[:, None], cols]], axis=1)
     return jnp.where((end > begin)[:, None], rows, 0)
 

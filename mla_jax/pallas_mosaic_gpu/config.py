@@ -20,8 +20,8 @@ NUM_COMPUTE_WGS = 2
 V_HALF = KV_LORA_RANK // NUM_COMPUTE_WGS  # 256 latent columns per compute warpgroup
 INFO_WORDS = 32  # per-tile int32 metadata row (TMA copies must be multiples of 128 bytes)
 # a piece's info row: words 0-4 its request's (q_start, q_len, seq_len, k_scale bits, 0: the fp8 paths' scratch),
-# then the piece's first step, one past its last, its request and whether it is the request's only piece
-INFO_BEGIN, INFO_END, INFO_REQ, INFO_SINGLE = 5, 6, 7, 8
+# then the piece's first step, one past its last, its request, whether it is the request's only piece, and its slot
+INFO_BEGIN, INFO_END, INFO_REQ, INFO_SINGLE, INFO_SLOT = 5, 6, 7, 8, 9
 TMA_MAX_BOX = 256  # a TMA box's elements along each dimension (cuTensorMapEncodeTiled's limit)
 NUM_SMS_H200 = 132
 MAX_GRID_YZ = 65535  # CUDA grid: y and z at most 65535 blocks (x: 2^31 - 1)

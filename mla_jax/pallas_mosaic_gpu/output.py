@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
-from mla_jax.pallas_mosaic_gpu.config import BLOCK_H, INFO_SINGLE, V_HALF
+from mla_jax.pallas_mosaic_gpu.config import BLOCK_H, INFO_SINGLE, INFO_SLOT, V_HALF
 from mla_jax.pallas_mosaic_gpu.fp8 import k_scale
 
 
@@ -71,8 +71,9 @@ def finish(kc, half, acc, l_tot, lse, first_tok, ntok):
     if not slot_out:
         write_rows(kc, half, out, lse is not None, kc.stage, kc.out_ref, kc.lse_ref, first_tok, ntok)
         return
-    to_slot = functools.partial(write_rows, kc, half, out, lse is not None, kc.stage, kc.o_part_ref.at[kc.piece],
-                                kc.l_part_ref.at[kc.piece], kc.lt * tpt, ntok)
+    slot = kc.info_smem[INFO_SLOT]
+    to_slot = functools.partial(write_rows, kc, half, out, lse is not None, kc.stage, kc.o_part_ref.at[slot],
+                                kc.l_part_ref.at[slot], kc.lt * tpt, ntok)
     if not kc.plan.direct_single:
         to_slot()
         return
