@@ -204,6 +204,8 @@ class TestInterpret:
         with pytest.raises(ValueError, match=r"num_parts=9.*the tuning runs num_parts=6"):
             mgpu_mla.mla_decode(q_nope, q_pe, kv, ahead, batch.config, tuning=MosaicConfig(num_splits=2),
                                 interpret=True)
+        with pytest.raises(ValueError, match=r"tuning must be a MosaicConfig or None, got tuning=\{'num_splits': 2\}"):
+            mgpu_mla.with_schedule(md, batch.config, tuning={"num_splits": 2})
         triton = pallas_triton.with_schedule(md, batch.config,
                                              tuning=pallas_triton.TritonConfig(num_parts=6, block_kv=64))
         with pytest.raises(ValueError, match=r"fixed_overhead=5.*the tuning runs .*fixed_overhead=0"):
