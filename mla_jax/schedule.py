@@ -286,8 +286,7 @@ def slot_pieces(schedule: Schedule, seq_lens, query_lens):
         # the parts' cuts g [P + 1] (an empty part's cut: the end of the step line)
         begin = n_start[t[:, BEGIN_REQ]] + t[:, BEGIN_STEP]
         g = jnp.concatenate([jnp.where(t[:, NUM_STEPS] > 0, begin, n_start[-1]), n_start[-1:]])
-        g = jnp.minimum(g, n_start[-1])  # (an empty part among non-empty ones: cut at the end, merged away)
-        g = jax.lax.cummin(g, reverse=True)
+        g = jax.lax.cummin(g, reverse=True)  # (an empty part among non-empty ones: the next part's cut)
         # the two sorted lists merged: an element's place is its index plus the count before it in the other
         pos_n = jnp.arange(num_reqs + 1, dtype=jnp.int32) + searchsorted(g, n_start, side="left")
         pos_g = jnp.arange(g.shape[0], dtype=jnp.int32) + searchsorted(n_start, g, side="right")

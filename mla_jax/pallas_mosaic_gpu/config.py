@@ -10,6 +10,7 @@ import math
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from mla_spec import MLAConfig
 from mla_spec.config import check_config
+from mla_jax.schedule import num_slots_bound
 
 
 KV_LORA_RANK = 512
@@ -117,12 +118,6 @@ class MosaicConfig:
                              f"transpose='scores_and_pv', got transpose={self.transpose!r}")
 
 
-def num_slots(num_reqs: int, num_splits: int) -> int:
-    """The pieces (CTAs a head tile and query tile) of a schedule of num_reqs x num_splits parts:
-    mla_jax.schedule.num_slots_bound."""
-    return num_reqs * (num_splits + 1) - 1
-
-
 def _tile_geometry(num_heads: int) -> tuple[int, int, int]:
     """(heads the kernel runs, heads per tile hp, tokens per tile)."""
     heads = _kernel_heads(num_heads)
@@ -191,7 +186,8 @@ def heuristic_config(config: MLAConfig, num_tokens: int, max_blocks: int, num_re
     # a request's head tiles launched together wherever there are several and the requests x query tiles fit CUDA's
     # z axis (1.06-1.11x at H = 128: the second head tile reads each KV step from L2)
     heads_fastest = (heads // hp > 1
-                     and num_slots(num_reqs, num_splits) * (tpt if q_tiles is None else q_tiles) <= MAX_GRID_YZ)
+                     and num_slots_bound(num_reqs, num_reqs * num_splits) * (tpt if q_tiles is None else q_tiles)
+                     <= MAX_GRID_YZ)
     # V^T from the fp8 ring in registers where a split has 32 steps or more (1.07x at H16 B128 S16384, 1.12x slower
     # at 4 steps a split); one P @ V chunk in flight at 32 rows (registers bind there), four at 16
     pv_registers = kv_halves and steps_per_split >= PV_REGISTERS_MIN_STEPS  # (at 32 rows: always)
@@ -388,8 +384,9 @@ def make_plan(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int, nu
     stage_dtype = jnp.float32 if slot_out else out_dtype
 
     return Plan(block_kv=block_kv, bt_chunk=bt_chunk, deq_layout=deq_layout, dtype=dtype, fp8=fp8,
-                fused_dequant=fused_dequant, hp=hp, interpret=interpret, load_ahead=load_ahead, direct_single=direct_single,
-                num_tokens=num_tokens, out_dtype=out_dtype, slot_out=slot_out, overlap_dequant=overlap_dequant, page_size=page_size,
+                fused_dequant=fused_dequant, hp=hp, interpret=interpret, load_ahead=load_ahead,
+                direct_single=direct_single, num_tokens=num_tokens, out_dtype=out_dtype, slot_out=slot_out,
+                overlap_dequant=overlap_dequant, page_size=page_size,
                 pages_per_step=pages_per_step, pair_ring=pair_ring, producer_wg=producer_wg, pv_registers=pv_registers,
                 pv_wait=pv_wait, q_bits=q_bits, q_rows=q_rows, q_toks=q_toks, qk_permuted=qk_permuted,
                 scale_log2=scale_log2, score_rows=score_rows, stage_dtype=stage_dtype,

@@ -87,10 +87,10 @@ def _build_kernel(*, dtype, page_size: int, num_tokens: int, heads: int, hp: int
     Grid (head tile, piece x query tile), the last axis the fastest (heads_fastest: reversed, the head tile the
     fastest): CTA (hb, g) takes row g // q_tiles of piece_ref, a piece of the work schedule, the longest first (the
     request's info, the piece's steps and slot, the first block-table chunk it needs; a row past the batch's pieces
-    has q_len 0 and the CTA returns), the request's query tokens [lt * tpt, lt * tpt + tpt) for lt = g % q_tiles (none: the CTA returns),
-    heads [hb * 64, hb * 64 + 64) (or all `heads` x tpt tokens when heads < 64), and writes the piece's fp32
-    partials to its slot of o_part [num_slots, max_query_len, heads, 512] and l_part (direct_single: a
-    request's only piece writes out [T, heads, 512] and lse [T, heads] instead).
+    has q_len 0 and the CTA returns), the request's query tokens [lt * tpt, lt * tpt + tpt) for lt = g % q_tiles
+    (none: the CTA returns), heads [hb * 64, hb * 64 + 64) (or all `heads` x tpt tokens when heads < 64), and
+    writes the piece's fp32 partials to its slot of o_part [num_slots, max_query_len, heads, 512] and l_part
+    (direct_single: a request's only piece writes out [T, heads, 512] and lse [T, heads] instead).
     """
     plan = make_plan(dtype=dtype, page_size=page_size, num_tokens=num_tokens, heads=heads, hp=hp,
                      num_h_tiles=num_h_tiles, q_tiles=q_tiles, num_reqs=num_reqs, slot_out=True,

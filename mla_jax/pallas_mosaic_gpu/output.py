@@ -78,8 +78,8 @@ def finish(kc, half, acc, l_tot, lse, first_tok, ntok):
         to_slot()
         return
     single = kc.info_smem[INFO_SINGLE] != 0
-    pl.when(single)(functools.partial(write_rows, kc, half, out, lse is not None, kc.stage_out, kc.out_ref, kc.lse_ref, first_tok,
-                                      ntok))
+    pl.when(single)(functools.partial(write_rows, kc, half, out, lse is not None, kc.stage_out, kc.out_ref,
+                                      kc.lse_ref, first_tok, ntok))
     pl.when(jnp.logical_not(single))(to_slot)
 
 
