@@ -270,16 +270,12 @@ def test_fa3_still_refuses_fp8_with_the_seed_message():
 MOSAIC_FP8_CASES = [
     ("spec_decode_page_16", "bfloat16", None),
     # the next step converted under this one's P @ V (transposed scores of at most 32 rows): H = 16 at q_len 1 (16
-    # rows) in fp16, with 4 splits, at q_len 2 (32 rows); H = 8 (8 rows)
-    ("page_size_16", "float16", dict(transpose="scores")),
+    # rows) with 4 splits, at q_len 2 (32 rows) in fp16
     ("decode_mixed_lengths", "bfloat16", dict(num_splits=4, transpose="scores")),
     ("decode_q2_page_32", "float16", dict(num_splits=2, transpose="scores")),
-    ("heads_8_page_8", "bfloat16", dict(num_splits=2, transpose="scores")),
     # P @ V transposed too (transposed_pv): 16 rows with splits, 32 rows
     ("page_size_16", "float16", dict(num_splits=2, transpose="scores_and_pv")),
     ("decode_q2_page_32", "bfloat16", dict(transpose="scores_and_pv")),
-    # the heuristic's pick at H = 8, q_len 2 (16 rows)
-    ("heads_8_q2", "bfloat16", None),
     # each warpgroup its own half of a split's steps (kv_halves): 16 rows at page 16 with 2 splits, pages of 64
     # (one step a page) with 3 splits in fp16 (a warpgroup with no step where a split has one), page 8 at H = 8 with
     # q_len 2 (16 rows, two tokens: causal masks), pages of two steps, and each warpgroup's block table past its
@@ -291,10 +287,9 @@ MOSAIC_FP8_CASES = [
     ("long_page_8", "bfloat16", dict(transpose="scores_and_pv", warpgroup_halves=True)),
     # (v_from_ring at 16 rows is compiled only: interpret mode runs V's f16 copies, the kv_halves cases above; its
     # lowering is tested below) kv_halves at 32 rows (H = 16 at q_len 2, H = 32 at q_len 1, H = 8 at q_len 4), where
-    # it needs pv_registers (interpret mode: V's copies): 2 splits at page 32 (a q_len-1 request beside q_len-2 ones), block tables past a
-    # chunk at page 16 in fp16, H = 32 with 3 splits, H = 8 with four tokens a tile (2 splits)
+    # it needs pv_registers (interpret mode: V's copies): 2 splits at page 32 (a q_len-1 request beside q_len-2 ones),
+    # H = 32 with 3 splits, H = 8 with four tokens a tile (2 splits)
     ("decode_q2_page_32", "bfloat16", dict(num_splits=2, transpose="scores_and_pv", warpgroup_halves=True, v_from_ring=True, pv_in_flight=1)),
-    ("long_q2_page_16", "float16", dict(transpose="scores_and_pv", warpgroup_halves=True, v_from_ring=True, pv_in_flight=2)),
     ("heads_32", "bfloat16", dict(num_splits=3, transpose="scores_and_pv", warpgroup_halves=True, v_from_ring=True)),
     ("heads_8_q4", "bfloat16", dict(num_splits=2, transpose="scores_and_pv", warpgroup_halves=True, v_from_ring=True, pv_in_flight=1)),
     # the default fp8 path at H = 128 (two head tiles a token) with a bf16 q, 2 splits

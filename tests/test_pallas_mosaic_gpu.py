@@ -35,20 +35,14 @@ pytest.importorskip("absl", reason="Mosaic GPU interpret mode needs absl-py")
 # tiles per token), padded heads (H=20 -> 32), one and several KV splits (with empty
 # splits), a multi-step pipeline (more steps than stages) and fp16.
 CASES = [
-    (Scenario("p16_decode", seq_lens=(1, 17, 70), query_lens=(1, 1, 1), page_size=16), "bfloat16",
-     MosaicConfig(num_splits=1)),
     (Scenario("p16_spec_split2", seq_lens=(8, 100, 200), query_lens=(3, 6, 2), page_size=16), "bfloat16",
      MosaicConfig(num_splits=2)),
-    (Scenario("p64_spec", seq_lens=(40, 130, 300), query_lens=(2, 4, 1), page_size=64), "bfloat16",
-     MosaicConfig(num_splits=1)),
     (Scenario("p64_split3", seq_lens=(1, 65, 200), query_lens=(1, 2, 1), page_size=64), "bfloat16",
      MosaicConfig(num_splits=3)),
     (Scenario("heads128_p16", seq_lens=(33, 97), query_lens=(1, 2), num_heads=128, page_size=16), "bfloat16",
      MosaicConfig(num_splits=2)),
     (Scenario("p128_fp16", seq_lens=(65, 200), query_lens=(2, 1), page_size=128), "float16",
      MosaicConfig(num_splits=2)),
-    (Scenario("heads20_p32", seq_lens=(70, 5), query_lens=(5, 1), num_heads=20, page_size=32), "bfloat16",
-     MosaicConfig(num_splits=1)),
     (Scenario("p8_heads8_fp16", seq_lens=(30, 110), query_lens=(1, 3), num_heads=8, page_size=8), "float16",
      MosaicConfig(num_splits=2)),
     (Scenario("unmasked_steps_split2", seq_lens=(300, 9, 64, 129), query_lens=(2, 1, 1, 3), page_size=16),
@@ -64,7 +58,7 @@ CASES = [
      MosaicConfig(num_splits=3)),
     # transposed scores (S^T = K Q^T over the tile's rows in use): H=16 q_len 1 (16 rows) with splits, q_len
     # up to 3 (48 rows) with several pages a step, H=8 (8 rows) at page 8, H=32 q_len 2 (64 rows: the plain
-    # path), padded heads (20 -> 32 x 1 token), fp16
+    # path), fp16
     (Scenario("tscores_decode_split3", seq_lens=(1, 65, 200, 70), query_lens=(1, 1, 1, 1), page_size=64), "bfloat16",
      MosaicConfig(num_splits=3, transpose="scores")),
     (Scenario("tscores_spec_p16", seq_lens=(8, 100, 200), query_lens=(3, 1, 2), page_size=16), "float16",
@@ -73,8 +67,6 @@ CASES = [
      MosaicConfig(num_splits=1, transpose="scores")),
     (Scenario("tscores_h32_q2_full_tile", seq_lens=(40, 130), query_lens=(2, 1), num_heads=32, page_size=32),
      "bfloat16", MosaicConfig(num_splits=2, transpose="scores")),
-    (Scenario("tscores_heads20", seq_lens=(150, 9), query_lens=(1, 1), num_heads=20, page_size=32),
-     "bfloat16", MosaicConfig(transpose="scores")),
     # P @ V transposed too (transpose="scores_and_pv": O^T = V^T P^T, transposed back once per tile): H=16 q_len 1 (16 rows)
     # with splits (fp32 partials), q_len 2 (32 rows) at page 16 in fp16, padded heads; q_len 3 (48
     # rows: no effect, the untransposed P @ V)
