@@ -21,7 +21,9 @@ Balanced mode (chunk_steps None). Lay the requests on a cost line, request r on 
 overhead units, then step s at point C_r + O + s. Total W = sum W_r. Part p's cost interval is [x_p, x_{p+1}) with
 x_p = floor(p W / P), and the part takes exactly the steps whose point lies in its interval. Every step has one
 point in one interval, so every step of every request is covered exactly once, by construction. A cut x maps to the
-global step g(x) = N_r + clip(x - C_r - O, 0, n_r) of the request r whose interval holds x.
+global step g(x) = N_r + clip(x - C_r - O, 0, n_r) of the request r whose interval holds x. With O = 0 (the Mosaic
+GPU kernel's schedule, a piece a CTA) the cost line is the step line, g_p = x_p = floor(p N / P), and the pieces are
+the segments between those cuts and the requests' first steps: `_equal_steps` builds them with the table.
 
     Balance bound: part p's real cost (its steps + O per piece) is len_p + a_p - b_p with len_p = x_{p+1} - x_p
     in {floor(W/P), ceil(W/P)}, a_p in [0, O] the overhead of its first piece lying before x_p (O when that piece
@@ -88,8 +90,8 @@ DEFAULT_FIXED_OVERHEAD = 5  # FlashMLA's fixed_overhead_num_blocks
 class Schedule:
     """A work schedule (see the module docstring). table [P, 8] and split_offsets [R + 1] are int32 leaves, and
     token_slots [T, 3] (`slot_ranges` of a bucket of T tokens) when the schedule was built for one
-    (`with_token_slots`; None: the combine computes it in the call), pieces [num_slots, 3] (`slot_pieces`) when
-    built with them (`with_pieces`; None: a kernel that reads them computes them in the call), and kernel_rows, a
+    (`with_token_slots`; None: the combine computes it in the call), pieces [num_slots, 3] (`slot_pieces`'s rows,
+    which mla_schedule gives at fixed_overhead 0; None: a kernel that reads them computes them), and kernel_rows, a
     tuple of arrays a kernel builds from the schedule and the batch once a batch (the Mosaic GPU kernel's rows of its
     requests and pieces; None: built in the call); the ints are static: num_slots (the partial buffer's slot count),
     block_kv, fixed_overhead, chunk_steps (0 in balanced mode)."""
@@ -107,10 +109,6 @@ class Schedule:
     def with_token_slots(self, query_start_loc, num_tokens: int) -> "Schedule":
         """This schedule with token_slots for a bucket of num_tokens tokens (`slot_ranges`)."""
         return dataclasses.replace(self, token_slots=slot_ranges(self.split_offsets, query_start_loc, num_tokens))
-
-    def with_pieces(self, seq_lens, query_lens) -> "Schedule":
-        """This schedule with its pieces a row a slot (`slot_pieces` of the lengths it was built from)."""
-        return dataclasses.replace(self, pieces=slot_pieces(self, seq_lens, query_lens))
 
     @property
     def num_parts(self) -> int:
@@ -158,9 +156,9 @@ def request_steps(seq_lens, query_lens, block_kv: int):
 
 
 def searchsorted(a, v, side: str):
-    """jnp.searchsorted(a, v, side) as straight-line code: 'compare_all', a [len(v), len(a)] compare and count that
-    XLA fuses into one reduction (18 StableHLO ops a call, where the unrolled binary search, 'scan_unrolled', takes
-    68 at 4 x 9 and 136 at 64 x 128). Its default method is a `while` loop of log2(len(a)) iterations, and XLA on
+    """jnp.searchsorted(a, v, side) as straight-line code: 'compare_all', a [len(v), len(a)] compare and count (18
+    StableHLO ops a call, where the unrolled binary search, 'scan_unrolled', takes 68 at 4 x 9 and 136 at 64 x 128;
+    O(len(v) len(a)) work, 1M compares at 4096 tokens x 256 requests). Its default method is a `while` loop of log2(len(a)) iterations, and XLA on
     the GPU drives such a loop from the host, reading its predicate back on every iteration: that cost about 20 us
     a decode call on an H100 (slot_ranges inside the timed call), more than the combine kernel."""
     return jnp.searchsorted(a, v, side=side, method="compare_all")
@@ -266,6 +264,49 @@ def _balanced_slots(n, g):
     return first_slot.astype(jnp.int32), pieces.astype(jnp.int32), offsets
 
 
+def _merged_segments(n_start, g, num_slots: int):
+    """(first step [S], one past the last [S], used [S]): the non-empty segments of the global step line cut at every
+    request's first step (n_start [R + 1]) and at every part's cut (g, sorted), in order, a slot each (the two sorted
+    lists merged: an element's place is its index plus the count before it in the other; no sort)."""
+    pos_n = jnp.arange(n_start.shape[0], dtype=jnp.int32) + searchsorted(g, n_start, side="left")
+    pos_g = jnp.arange(g.shape[0], dtype=jnp.int32) + searchsorted(n_start, g, side="right")
+    cuts = jnp.zeros(n_start.shape[0] + g.shape[0] + 1, jnp.int32).at[pos_n].set(n_start).at[pos_g].set(g)[:-1]
+    seg_lo, seg_hi = cuts[:-1], cuts[1:]
+    live = seg_hi > seg_lo
+    k = jnp.where(live, jnp.cumsum(live.astype(jnp.int32)) - 1, num_slots)  # the segment's slot
+    lo = jnp.zeros(num_slots + 1, jnp.int32).at[k].set(seg_lo)[:-1]
+    hi = jnp.zeros(num_slots + 1, jnp.int32).at[k].set(seg_hi)[:-1]
+    return lo, hi, jnp.arange(num_slots) < jnp.sum(live.astype(jnp.int32))
+
+
+def _equal_steps(n, num_parts: int, num_slots: int):
+    """(table [P, 8], split_offsets [R + 1], pieces [S, 3]) of the balanced schedule without per-piece overhead
+    (fixed_overhead 0, the Mosaic GPU kernel's: a piece is a CTA of its own): the cost line is the step line, so
+    the cuts are g_p = floor(p N / P) of the N steps themselves and the pieces its segments between those cuts and
+    the requests' first steps. The same schedule as _balanced_cuts / _balanced_slots / _table and slot_pieces give
+    at fixed_overhead 0, from one merge: 462 StableHLO lines against their 699 at 6 requests x 24 parts, an XLA
+    compile on the CPU of 0.17 s against 0.31 (each Mosaic GPU decode call builds it, unless with_schedule did)."""
+    num_reqs = n.shape[0]
+    n_start = _exclusive_cumsum(n).astype(jnp.int32)
+    g = _cost_cuts(n_start[-1], num_parts)
+    lo, hi, used = _merged_segments(n_start, g, num_slots)
+    req = jnp.minimum(searchsorted(n_start[1:], lo, side="right"), num_reqs - 1).astype(jnp.int32)
+    pieces = jnp.stack([jnp.where(used, x, 0) for x in (req, lo - n_start[req], hi - n_start[req])], axis=1)
+    # slot k's first step, past every cut for an unused slot: a request's (a part's) slots are those that start
+    # before the next request's first step (the next part's cut)
+    key = jnp.where(used, lo, jnp.iinfo(jnp.int32).max)
+    offsets = searchsorted(key, n_start, side="left").astype(jnp.int32)
+    slot_at_cut = searchsorted(key, g, side="left").astype(jnp.int32)  # [P + 1]
+    steps = g[1:] - g[:-1]
+    nonempty = steps > 0
+    first_slot = slot_at_cut[:-1]
+    num_pieces = jnp.where(nonempty, slot_at_cut[1:] - first_slot, 0)
+    last = jnp.maximum(slot_at_cut[1:] - 1, 0)
+    cols = [pieces[first_slot, 0], pieces[first_slot, 1], pieces[last, 0], pieces[last, 2]]
+    cols = [jnp.where(nonempty, col, 0) for col in cols] + [first_slot, num_pieces, steps, steps]
+    return jnp.stack([col.astype(jnp.int32) for col in cols], axis=1), offsets, pieces
+
+
 def slot_pieces(schedule: Schedule, seq_lens, query_lens):
     """Each slot's piece as int32 [num_slots, 3]: (request, first step, one past its last step), in the order of
     the slots (request after request, each request's pieces in step order); (0, 0, 0) for a slot past the batch's
@@ -288,16 +329,7 @@ def slot_pieces(schedule: Schedule, seq_lens, query_lens):
         begin = n_start[t[:, BEGIN_REQ]] + t[:, BEGIN_STEP]
         g = jnp.concatenate([jnp.where(t[:, NUM_STEPS] > 0, begin, n_start[-1]), n_start[-1:]])
         g = jax.lax.cummin(g, reverse=True)  # (an empty part among non-empty ones: the next part's cut)
-        # the two sorted lists merged: an element's place is its index plus the count before it in the other
-        pos_n = jnp.arange(num_reqs + 1, dtype=jnp.int32) + searchsorted(g, n_start, side="left")
-        pos_g = jnp.arange(g.shape[0], dtype=jnp.int32) + searchsorted(n_start, g, side="right")
-        cuts = jnp.zeros(num_reqs + g.shape[0] + 1, jnp.int32).at[pos_n].set(n_start).at[pos_g].set(g)[:-1]
-        seg_lo, seg_hi = cuts[:-1], cuts[1:]
-        live = seg_hi > seg_lo
-        k = jnp.where(live, jnp.cumsum(live.astype(jnp.int32)) - 1, num_slots)  # the segment's slot
-        lo = jnp.zeros(num_slots + 1, jnp.int32).at[k].set(seg_lo)[:-1]
-        hi = jnp.zeros(num_slots + 1, jnp.int32).at[k].set(seg_hi)[:-1]
-        used = jnp.arange(num_slots) < jnp.sum(live.astype(jnp.int32))
+        lo, hi, used = _merged_segments(n_start, g, num_slots)
         req = jnp.minimum(searchsorted(n_start[1:], lo, side="right"), num_reqs - 1).astype(jnp.int32)
         rows = [req, lo - n_start[req], hi - n_start[req]]
     return jnp.stack([jnp.where(used, x, 0).astype(jnp.int32) for x in rows], axis=1)
@@ -313,6 +345,9 @@ def mla_schedule(seq_lens, query_lens, *, num_parts: int, block_kv: int = DEFAUL
     check_static_args(num_parts, block_kv, fixed_overhead, chunk_steps, max_steps)
     n = request_steps(seq_lens, query_lens, block_kv)
     num_slots = num_slots_bound(n.shape[0], num_parts, chunk_steps, max_steps or 0)
+    if chunk_steps is None and fixed_overhead == 0:
+        table, offsets, pieces = _equal_steps(n, num_parts, max(num_slots, 1))
+        return Schedule(table, offsets, max(num_slots, 1), block_kv, 0, 0, pieces=pieces)
     if chunk_steps is None:
         g = _balanced_cuts(n, num_parts, fixed_overhead)
         first_slot, pieces, offsets = _balanced_slots(n, g)

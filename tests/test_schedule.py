@@ -76,6 +76,8 @@ def check_properties(sched, seq, qlen):
     assert [slot for slot, *_ in by_slot] == list(range(len(by_slot)))
     np.testing.assert_array_equal(rows[:len(by_slot)], np.asarray([x[1:] for x in by_slot]).reshape(-1, 3))
     assert (rows[len(by_slot):] == 0).all()
+    if sched.pieces is not None:  # (fixed_overhead 0, balanced: mla_schedule's own pieces, from its one merge)
+        np.testing.assert_array_equal(np.asarray(sched.pieces), rows)
     _check_balance(table[:, S.COST], n, o, c, sched.num_parts)
 
 
@@ -102,10 +104,10 @@ def _padded(seq, qlen):
 
 @pytest.mark.parametrize("name", list(ADVERSARIAL))
 @pytest.mark.parametrize("num_parts", [1, 5, 64])
-@pytest.mark.parametrize("chunk", [None, 3])
-def test_adversarial_batches(name, num_parts, chunk):
+@pytest.mark.parametrize("chunk,overhead", [(None, S.DEFAULT_FIXED_OVERHEAD), (None, 0), (3, S.DEFAULT_FIXED_OVERHEAD)])
+def test_adversarial_batches(name, num_parts, chunk, overhead):
     seq, qlen = _padded(*ADVERSARIAL[name])
-    got, want = _schedules(seq, qlen, num_parts, chunk=chunk)
+    got, want = _schedules(seq, qlen, num_parts, overhead, chunk=chunk)
     _assert_same(got, want)
     check_properties(got, seq, qlen)
 

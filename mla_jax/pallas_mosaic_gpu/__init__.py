@@ -114,7 +114,7 @@ def _schedule(metadata: DecodeMetadata, num_splits: int, num_tokens: int, page_s
     num_reqs = metadata.seq_lens.shape[0]
     schedule = mla_schedule(metadata.seq_lens, q_lens, num_parts=num_reqs * num_splits, block_kv=BLOCK_KV,
                             fixed_overhead=0)
-    schedule = schedule.with_token_slots(qsl, num_tokens).with_pieces(metadata.seq_lens, q_lens)
+    schedule = schedule.with_token_slots(qsl, num_tokens)  # (at fixed_overhead 0 mla_schedule gives the pieces)
     return dataclasses.replace(schedule, kernel_rows=_kernel_rows(metadata, schedule, schedule.pieces, page_size,
                                                                   bt_chunk))
 
