@@ -158,9 +158,10 @@ def request_steps(seq_lens, query_lens, block_kv: int):
 def searchsorted(a, v, side: str):
     """jnp.searchsorted(a, v, side) as straight-line code: 'compare_all', a [len(v), len(a)] compare and count (18
     StableHLO ops a call, where the unrolled binary search, 'scan_unrolled', takes 68 at 4 x 9 and 136 at 64 x 128;
-    O(len(v) len(a)) work, 1M compares at 4096 tokens x 256 requests). Its default method is a `while` loop of log2(len(a)) iterations, and XLA on
-    the GPU drives such a loop from the host, reading its predicate back on every iteration: that cost about 20 us
-    a decode call on an H100 (slot_ranges inside the timed call), more than the combine kernel."""
+    O(len(v) len(a)) work, 1M compares at 4096 tokens x 256 requests). Its default method is a `while` loop of
+    log2(len(a)) iterations, and XLA on the GPU drives such a loop from the host, reading its predicate back on every
+    iteration: that cost about 20 us a decode call on an H100 (slot_ranges inside the timed call), more than the
+    combine kernel."""
     return jnp.searchsorted(a, v, side=side, method="compare_all")
 
 
