@@ -265,10 +265,12 @@ def _balanced_slots(n, g):
     return first_slot.astype(jnp.int32), pieces.astype(jnp.int32), offsets
 
 
-def _merged_segments(n_start, g, num_slots: int):
-    """(first step [S], one past the last [S], used [S]): the non-empty segments of the global step line cut at every
-    request's first step (n_start [R + 1]) and at every part's cut (g, sorted), in order, a slot each (the two sorted
-    lists merged: an element's place is its index plus the count before it in the other; no sort)."""
+def _segment_pieces(n_start, g, num_slots: int):
+    """(pieces [S, 3], first step [S], used [S]): the non-empty segments of the global step line cut at every
+    request's first step (n_start [R + 1]) and at every part's cut (g, sorted), in order, a slot each, as
+    slot_pieces's rows (request, first step, one past the last inside it; zeros past the last), with each slot's
+    global first step and whether it holds a segment (the two sorted lists merged: an element's place is its index
+    plus the count before it in the other; no sort)."""
     pos_n = jnp.arange(n_start.shape[0], dtype=jnp.int32) + searchsorted(g, n_start, side="left")
     pos_g = jnp.arange(g.shape[0], dtype=jnp.int32) + searchsorted(n_start, g, side="right")
     cuts = jnp.zeros(n_start.shape[0] + g.shape[0] + 1, jnp.int32).at[pos_n].set(n_start).at[pos_g].set(g)[:-1]
@@ -277,7 +279,10 @@ def _merged_segments(n_start, g, num_slots: int):
     k = jnp.where(live, jnp.cumsum(live.astype(jnp.int32)) - 1, num_slots)  # the segment's slot
     lo = jnp.zeros(num_slots + 1, jnp.int32).at[k].set(seg_lo)[:-1]
     hi = jnp.zeros(num_slots + 1, jnp.int32).at[k].set(seg_hi)[:-1]
-    return lo, hi, jnp.arange(num_slots) < jnp.sum(live.astype(jnp.int32))
+    used = jnp.arange(num_slots) < jnp.sum(live.astype(jnp.int32))
+    req = jnp.minimum(searchsorted(n_start[1:], lo, side="right"), n_start.shape[0] - 2).astype(jnp.int32)
+    rows = (req, lo - n_start[req], hi - n_start[req])
+    return jnp.stack([jnp.where(used, x, 0).astype(jnp.int32) for x in rows], axis=1), lo, used
 
 
 def _equal_steps(n, num_parts: int, num_slots: int):
@@ -287,12 +292,9 @@ def _equal_steps(n, num_parts: int, num_slots: int):
     the requests' first steps. The same schedule as _balanced_cuts / _balanced_slots / _table and slot_pieces give
     at fixed_overhead 0, from one merge: 462 StableHLO lines against their 699 at 6 requests x 24 parts, an XLA
     compile on the CPU of 0.17 s against 0.31 (each Mosaic GPU decode call builds it, unless with_schedule did)."""
-    num_reqs = n.shape[0]
     n_start = _exclusive_cumsum(n).astype(jnp.int32)
     g = _cost_cuts(n_start[-1], num_parts)
-    lo, hi, used = _merged_segments(n_start, g, num_slots)
-    req = jnp.minimum(searchsorted(n_start[1:], lo, side="right"), num_reqs - 1).astype(jnp.int32)
-    pieces = jnp.stack([jnp.where(used, x, 0) for x in (req, lo - n_start[req], hi - n_start[req])], axis=1)
+    pieces, lo, used = _segment_pieces(n_start, g, num_slots)
     # slot k's first step, past every cut for an unused slot: a request's (a part's) slots are those that start
     # before the next request's first step (the next part's cut)
     key = jnp.where(used, lo, jnp.iinfo(jnp.int32).max)
@@ -318,22 +320,16 @@ def slot_pieces(schedule: Schedule, seq_lens, query_lens):
     at every part's cut, in order (the two sorted cut lists merged, no sort). Batch-invariant: the chunks of
     _chunk_pieces."""
     n = request_steps(seq_lens, query_lens, schedule.block_kv)
-    num_reqs, num_slots = n.shape[0], schedule.num_slots
-    n_start = _exclusive_cumsum(n).astype(jnp.int32)  # [R + 1]
     if schedule.chunk_steps:
-        req, first, steps, _ = _chunk_pieces(n, schedule.chunk_steps, num_slots)
-        used = steps > 0
-        rows = [req, first, first + steps]
-    else:
-        t = schedule.table
-        # the parts' cuts g [P + 1] (an empty part's cut: the end of the step line)
-        begin = n_start[t[:, BEGIN_REQ]] + t[:, BEGIN_STEP]
-        g = jnp.concatenate([jnp.where(t[:, NUM_STEPS] > 0, begin, n_start[-1]), n_start[-1:]])
-        g = jax.lax.cummin(g, reverse=True)  # (an empty part among non-empty ones: the next part's cut)
-        lo, hi, used = _merged_segments(n_start, g, num_slots)
-        req = jnp.minimum(searchsorted(n_start[1:], lo, side="right"), num_reqs - 1).astype(jnp.int32)
-        rows = [req, lo - n_start[req], hi - n_start[req]]
-    return jnp.stack([jnp.where(used, x, 0).astype(jnp.int32) for x in rows], axis=1)
+        req, first, steps, _ = _chunk_pieces(n, schedule.chunk_steps, schedule.num_slots)
+        return jnp.stack([jnp.where(steps > 0, x, 0).astype(jnp.int32) for x in (req, first, first + steps)], axis=1)
+    n_start = _exclusive_cumsum(n).astype(jnp.int32)  # [R + 1]
+    t = schedule.table
+    # the parts' cuts g [P + 1] (an empty part's cut: the end of the step line)
+    begin = n_start[t[:, BEGIN_REQ]] + t[:, BEGIN_STEP]
+    g = jnp.concatenate([jnp.where(t[:, NUM_STEPS] > 0, begin, n_start[-1]), n_start[-1:]])
+    g = jax.lax.cummin(g, reverse=True)  # (an empty part among non-empty ones: the next part's cut)
+    return _segment_pieces(n_start, g, schedule.num_slots)[0]
 
 
 def mla_schedule(seq_lens, query_lens, *, num_parts: int, block_kv: int = DEFAULT_BLOCK_KV,
@@ -347,8 +343,9 @@ def mla_schedule(seq_lens, query_lens, *, num_parts: int, block_kv: int = DEFAUL
     n = request_steps(seq_lens, query_lens, block_kv)
     num_slots = num_slots_bound(n.shape[0], num_parts, chunk_steps, max_steps or 0)
     if chunk_steps is None and fixed_overhead == 0:
-        table, offsets, pieces = _equal_steps(n, num_parts, max(num_slots, 1))
-        return Schedule(table, offsets, max(num_slots, 1), block_kv, 0, 0, pieces=pieces)
+        num_slots = max(num_slots, 1)
+        table, offsets, pieces = _equal_steps(n, num_parts, num_slots)
+        return Schedule(table, offsets, num_slots, block_kv, 0, 0, pieces=pieces)
     if chunk_steps is None:
         g = _balanced_cuts(n, num_parts, fixed_overhead)
         first_slot, pieces, offsets = _balanced_slots(n, g)
