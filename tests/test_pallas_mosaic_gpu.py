@@ -240,6 +240,25 @@ class TestInterpret:
 
         assert not ipc.get_races().races_found
 
+    def test_transposed_pv_direct_write_is_the_combines_answer_bitwise(self, monkeypatch):
+        """Transposed P @ V (H = 16, q_len 1): a request's only piece writes out and lse directly, except under the
+        race detector, where it goes through its fp32 slot and the combine. The two paths give the same bits (the
+        combine of one slot divides by 1 and adds log 1)."""
+        scenario = Scenario("tpv_direct", seq_lens=(150, 9, 1), query_lens=(1, 1, 1), page_size=16)
+        batch, ref_out, ref_lse = batch_and_reference(scenario, "bfloat16")
+        tuning = MosaicConfig(num_splits=2, transpose="scores_and_pv")  # the 9- and 1-token requests: one piece
+        built = []
+        build = mgpu_mla._build_kernel
+        mgpu_mla._mla_decode_jit.clear_cache()  # (so that both calls trace, whatever ran before in this process)
+        monkeypatch.setattr(mgpu_mla, "_build_kernel",
+                            lambda **kw: built.append((kw["transposed_pv"], kw["direct_single"])) or build(**kw))
+        direct = _run(batch, "bfloat16", tuning, interpret=True)
+        slot = _run(batch, "bfloat16", tuning, interpret=mgpu_mla.plgpu.InterpretGPUParams(detect_races=True))
+        assert built == [(True, True), (True, False)]
+        assert_matches(*direct, ref_out, ref_lse, "bfloat16", "tpv direct")
+        for a, b in zip(direct, slot):
+            assert np.array_equal(np.asarray(a.astype(jnp.float32)), np.asarray(b.astype(jnp.float32)))
+
     def test_through_api_jit_and_packed_q(self):
         """mla_jax.mla_decode(impl="pallas_mosaic_gpu") with a packed q, and under an outer jax.jit."""
         scenario = Scenario("api", seq_lens=(20, 66), query_lens=(1, 3), page_size=64)

@@ -181,7 +181,7 @@ def _piece_rows(sched, pieces, split_offsets, bt_chunk: int, pages_per_step: int
 
 
 def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfig, tuning: MosaicConfig,
-                interpret: bool, out_dtype=None):
+                interpret: bool, out_dtype=None, detect_races: bool = False):
     num_tokens, num_heads, _ = q.shape
     fp8 = config.is_fp8_kv_cache
     out_dtype = q.dtype if out_dtype is None else out_dtype  # (fp8: q is f16 here, the output q's dtype)
@@ -239,11 +239,12 @@ def _mla_decode(q, kv_cache, k_scale, metadata: DecodeMetadata, config: MLAConfi
         # f16 conversion; q_bits: in the kernel's conversion)
         q = q[..., QK_PERM]
     transposed_pv = tuning.transpose == "scores_and_pv" and score_rows in TRANSPOSED_PV_ROWS
-    # a request's only piece writes out and lse directly, except where P @ V is transposed: there O^T's parts and
-    # the identity follow the fp32 stage in shared memory and the output-dtype stage (at the union's byte 0) would
-    # share the union with them, which the interpreter's race detector sees as one buffer; and pv_registers's output
-    # columns are permuted (the combine's gather puts them back)
-    direct_single = not transposed_pv
+    # a request's only piece writes out and lse directly (its rows skip the fp32 slot and the combine), except:
+    # pv_registers's output columns are permuted (the combine's gather puts them back); and transposed P @ V under
+    # the interpreter's race detector, which takes the output-dtype stage (the union's bytes [0, 64 KiB), warpgroup
+    # w's half at w x 32 KiB) and O^T's parts (past the 128 KiB fp32 stage) for one buffer, though their bytes do
+    # not overlap
+    direct_single = not pv_registers and not (transposed_pv and detect_races)
     kernel = _build_kernel(
         dtype=jnp.float16 if q_bits else q.dtype, out_dtype=out_dtype, page_size=page_size, num_tokens=num_tokens,
         heads=heads, hp=hp, num_h_tiles=num_h_tiles, q_tiles=q_tiles, num_reqs=num_reqs, num_slots=num_slots,
@@ -277,7 +278,8 @@ def _mla_decode_jit(q, kv_cache, k_scale, metadata, config, tuning, interpret, o
         # trace-context config); inside this jitted function it is.
         params = interpret if isinstance(interpret, plgpu.InterpretGPUParams) else plgpu.InterpretGPUParams()
         with plgpu.force_gpu_interpret_mode(params):
-            return _mla_decode(q, kv_cache, k_scale, metadata, config, tuning, True, out_dtype)
+            return _mla_decode(q, kv_cache, k_scale, metadata, config, tuning, True, out_dtype,
+                               detect_races=bool(params.detect_races))
     return _mla_decode(q, kv_cache, k_scale, metadata, config, tuning, False, out_dtype)
 
 
