@@ -37,6 +37,8 @@ from mla_jax.schedule import slot_ranges
 
 BLOCK_L = 64  # output columns per program
 TILE_ELEMS = 8192  # S_pad * block_h * BLOCK_L: 64 float32 registers a thread at 4 warps
+SLOT_TILE = 4  # combine_slots: a token's slots merged 4 at a time, one [SLOT_TILE, block_h, BLOCK_L] tile
+SLOT_TILE_ELEMS = 2048  # SLOT_TILE * block_h * BLOCK_L: block_h 8 (119 registers a thread at 4 warps, no spills)
 
 
 def combine_ref(o_part, lse_part, dtype, col_order=None):
@@ -164,25 +166,32 @@ def _combine_slots_kernel(*refs, num_heads, block_h, gather, keep_single):
     c = col_block * BLOCK_L + lax.broadcasted_iota(jnp.int32, (BLOCK_L,), 0)
     src = plgpu_triton.load(order_ref.at[c]) if gather else c
     first, count, i = (plgpu_triton.load(rows_ref.at[t, jnp.int32(j)]) for j in range(3))
+    end = first + count
     h_ok = h < num_heads
+    u = lax.broadcasted_iota(jnp.int32, (SLOT_TILE,), 0)
 
     def merge():
-        def max_body(s, m):
-            return jnp.maximum(m, plgpu_triton.load(lse_ref.at[s, i, h], mask=h_ok, other=-jnp.inf))
+        def body(k, carry):  # slots [s0, s0 + SLOT_TILE) as one tile, merged online into (m, num, den)
+            m, num, den = carry
+            s = first + k * SLOT_TILE + u
+            ok = (s < end)[:, None] & h_ok[None, :]  # [SLOT_TILE, block_h]
+            lse = plgpu_triton.load(lse_ref.at[s[:, None], i, h[None, :]], mask=ok, other=-jnp.inf)
+            o = plgpu_triton.load(o_ref.at[s[:, None, None], i, h[None, :, None], src[None, None, :]],
+                                  mask=ok[:, :, None], other=0.0)  # [SLOT_TILE, block_h, BLOCK_L]
+            m_new = jnp.maximum(m, jnp.max(lse, axis=0))  # (NaN stays NaN: max with NaN)
+            m_safe = jnp.where(m_new > -jnp.inf, m_new, 0.0)  # (every slot so far empty, or NaN: 0)
+            scale = jnp.exp(m - m_safe)  # 0 while m is -inf
+            w = jnp.exp(lse - m_safe[None, :])  # 0 where lse = -inf (an empty slot, a masked one)
+            num = num * scale[:, None] + jnp.sum(jnp.where(w[:, :, None] > 0, w[:, :, None] * o, 0.0), axis=0)
+            return m_new, num, den * scale + jnp.sum(w, axis=0)
 
-        m = lax.fori_loop(first, first + count, max_body, jnp.full((block_h,), -jnp.inf, jnp.float32))
-        m = jnp.where(m > -jnp.inf, m, 0.0)  # (NaN stays NaN: max with NaN)
-
-        def sum_body(s, carry):
-            num, den = carry
-            w = jnp.exp(plgpu_triton.load(lse_ref.at[s, i, h], mask=h_ok, other=-jnp.inf) - m)
-            o = plgpu_triton.load(o_ref.at[s, i, h[:, None], src[None, :]], mask=h_ok[:, None], other=0.0)
-            return num + jnp.where(w[:, None] > 0, w[:, None] * o, 0.0), den + w
-
-        num, den = lax.fori_loop(first, first + count, sum_body,
-                                 (jnp.zeros((block_h, BLOCK_L), jnp.float32), jnp.zeros((block_h,), jnp.float32)))
+        m, num, den = lax.fori_loop(
+            0, (count + SLOT_TILE - 1) // SLOT_TILE, body,
+            (jnp.full((block_h,), -jnp.inf, jnp.float32), jnp.zeros((block_h, BLOCK_L), jnp.float32),
+             jnp.zeros((block_h,), jnp.float32)))
+        m = jnp.where(m > -jnp.inf, m, 0.0)
         out = num / jnp.where(den > 0, den, 1.0)[:, None]
-        out = jnp.where((den != den)[:, None], jnp.nan, out)
+        out = jnp.where((den != den)[:, None], jnp.nan, out)  # a NaN slot (den NaN): NaN, not 0
         plgpu_triton.store(out_ref.at[t, h[:, None], c[None, :]], out.astype(out_ref.dtype), mask=h_ok[:, None])
 
         @pl.when(col_block == 0)
@@ -201,8 +210,9 @@ def combine_slots(o_part, lse_part, split_offsets, query_start_loc, dtype, *, nu
     """The ragged combine of a work schedule (mla_jax.schedule): token t, the i-th of request r, merges
     o_part[s, i] and lse_part[s, i] over r's slots s in [split_offsets[r], split_offsets[r + 1]) by LSE, the
     formula of combine_ref, slots in order. One Pallas Triton kernel: a program takes one token, a block of heads
-    and 64 columns, and loops over the token's slots (a first pass for the max lse, a second for the sums); slots
-    of other requests are never read (they may hold anything).
+    and 64 columns, and merges the token's slots online, SLOT_TILE at a time (the running max rescales the sums,
+    one pass over the partials, SLOT_TILE independent loads in flight); slots of other requests are never read
+    (they may hold anything).
 
     o_part [S, Q, H, L] and lse_part [S, Q, H] float32 (Q: the bucket's max q_len). Returns out [T, H, L] in
     `dtype` and lse [T, H] float32. A token of a request with no slots (seq_len 0) gets out 0, lse -inf, as does a
@@ -228,7 +238,7 @@ def combine_slots(o_part, lse_part, split_offsets, query_start_loc, dtype, *, nu
         raise ValueError(f"combine_slots needs L a multiple of {BLOCK_L}, got L={lora}")
     if col_order is not None and jnp.shape(col_order) != (lora,):
         raise ValueError(f"col_order must have shape ({lora},), got {jnp.shape(col_order)}")
-    block_h = min(_next_pow2(num_heads), 64)
+    block_h = min(_next_pow2(num_heads), SLOT_TILE_ELEMS // (SLOT_TILE * BLOCK_L))
     gather = col_order is not None
     rows = _token_slots(token_slots, split_offsets, query_start_loc, num_tokens)
     args = [rows, lse_part.astype(jnp.float32), o_part.astype(jnp.float32)]
