@@ -13,8 +13,9 @@ head tiles run together and the second reads each KV step from L2 (1.06-1.11x at
 row in one TMA (its request's (q_start, q_len, seq_len), the piece's steps and the block-table chunk of its first
 step), TMA-loads its q rows from q [T, H, 576] and writes its fp32 partials to its slot, which
 mla_jax.combine.combine_slots merges per token; a request's only piece writes out [T, H, 512] and lse [T, H] directly
-(except where P @ V is transposed). Rows see the request's KV with a bottom-right causal mask; steps every row sees
-entirely skip the mask; cache slots past a request's length may hold NaN and never reach the output.
+(except with pv_registers, whose output columns come out permuted). Rows see the request's KV with a bottom-right
+causal mask; steps every row sees entirely skip the mask; cache slots past a request's length may hold NaN and never
+reach the output.
 
 Warpgroups. Two compute warpgroups, each owning 256 of the 512 latent output columns (a 64 x 256 fp32 accumulator);
 warpgroup 1 also issues the TMAs into a two-stage ring (q and two 72 KiB stages fill the 227 KiB of shared memory).
