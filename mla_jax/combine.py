@@ -38,7 +38,7 @@ from mla_jax.schedule import slot_ranges
 BLOCK_L = 64  # output columns per program
 TILE_ELEMS = 8192  # S_pad * block_h * BLOCK_L: 64 float32 registers a thread at 4 warps
 SLOT_TILE = 4  # combine_slots: a token's slots merged 4 at a time, one [SLOT_TILE, block_h, BLOCK_L] tile
-SLOT_TILE_ELEMS = 2048  # SLOT_TILE * block_h * BLOCK_L: block_h 8 (119 registers a thread at 4 warps, no spills)
+SLOT_TILE_ELEMS = 2048  # SLOT_TILE * block_h * BLOCK_L: block_h 8 (116 registers a thread at 4 warps, no spills)
 
 
 def combine_ref(o_part, lse_part, dtype, col_order=None):
