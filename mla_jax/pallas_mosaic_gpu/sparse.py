@@ -17,7 +17,8 @@ over q and the ring, as the 16-bit stage: it fits, the union is 216 KiB here and
 formula). `sparse_num_splits` picks num_splits: one wave of CTAs, num_sms // (T x head tiles) a (token, head tile),
 at least MIN_STEPS_PER_SPLIT = 4 steps a split (the Triton sparse kernel's value), 1 where T x head tiles fill the
 SMs (DeepSeek-V3.2's decode size, 128 heads and 64 tokens: 128 CTAs); at topk 2048 and 1 to 8 tokens, 8 splits.
-Unmeasured: its values, and what the partials' write and the merge cost against the idle SMs they fill.
+Timed only as it picks (an H100, the `sparse` grid of docs/performance.md: 1.6-2.4x FA3 at 1-32 tokens, where it
+splits); other split counts, and the partials' write and merge against the idle SMs they fill, are not timed.
 
 The step is the dense kernel's FlashMLA split (one_chain.py): warpgroup 0 computes S = Q K^T of 64 keys, the
 online softmax and P, hands P and alpha over, and does P @ V for output columns [0, 256); warpgroup 1 does P @ V for
@@ -46,8 +47,10 @@ cache is seen as [num_slots, 576]). What Mosaic GPU offers on Hopper, and what l
     generic proxy: the waiting warpgroups fence (`commit_smem`) before their wgmmas read the slot.
   Interpret mode has no rule for inline Mosaic GPU: there the gather is 64 `copy_gmem_to_smem` of one row each
   (the interpreter takes the 1-row slice), on a Pallas barrier of 64 arrivals. So interpret mode checks the kernel's
-  indexing, masks and softmax; the cp.async gather's addresses are checked only where it runs (GPU). Unmeasured:
-  whether 36 cp.async a thread a step keep up with the tensor cores (the step's math is ~1.1k cycles at 64 rows).
+  indexing, masks and softmax; the cp.async gather's addresses are checked only where it runs (GPU). Timed on an
+  H100 (`sparse` grid): at 128 tokens of topk 2048, one wave of 128 CTAs of 32 steps, a step takes about 6.6 us at
+  H = 16 and 64 alike (210.7 and 214.4 us), some ten times its math (~1.1k cycles at 64 rows); the gather binds there,
+  and the Triton kernel is 1.1-1.8x faster at 64-128 tokens.
 
 Masked entries (-1, past topk_length, topk's tail to a multiple of 64) never load a NaN: the wrapper replaces each
 by the token's first used slot (a row it reads anyway: in L2, finite) and marks it, so every step loads 64 rows

@@ -43,9 +43,10 @@ k - 1, which read all 576 columns, finished before P of step k - 1 was handed ov
 step k - 1 waited for). Both then arrive on `deq_ready` (2 arrivals); warpgroup 0 waits for it before the scores,
 warpgroup 1 before it gathers step k + 1 into the fp8 slot (both are done reading it). So the gather of step
 k + 1 runs under step k's scores, softmax and P @ V; the conversion is not overlapped with the tensor cores (each
-warpgroup converts between its P @ V and the next step). Unmeasured: the conversion's cost (32 K values a step,
-128 a thread: ~2 cvt + 1 mul + a store each half-pair), and whether one step of compute hides the gather (22
-cp.async a thread, 41 KiB a step; the 16-bit kernel has two slots, 72 KiB each).
+warpgroup converts between its P @ V and the next step). Timed on an H100 (`sparse` grid of
+docs/performance.md): 1.14x the 16-bit kernel's speed, geomean (0.84-1.54), the most at 64-128 tokens, where that
+kernel's gather binds (41 KiB a step here against 72); 1.13x FlashMLA's sparse fp8 decode. The conversion's own cost
+(32 K values a step, 128 a thread: ~2 cvt + 1 mul + a store each half-pair) is not isolated.
 
 The gather (compiled): warpgroup 1's 128 threads by cp.async, thread t row t // 2, half h = t % 2: the latent's 16-byte
 pieces 2 m + h (16 a thread, into the 64-byte swizzle: unit u of a 64-byte row r at u ^ ((r // 2) % 4)), the rope's
