@@ -37,8 +37,8 @@ from mla_jax.schedule import slot_ranges
 
 BLOCK_L = 64  # output columns per program
 TILE_ELEMS = 8192  # S_pad * block_h * BLOCK_L: 64 float32 registers a thread at 4 warps
-SLOT_TILE = 4  # combine_slots: a token's slots merged 4 at a time, one [SLOT_TILE, block_h, BLOCK_L] tile
-SLOT_TILE_ELEMS = 2048  # SLOT_TILE * block_h * BLOCK_L: block_h 8 (116 registers a thread at 4 warps, no spills)
+MAX_SLOT_TILE = 16  # combine_slots: up to 16 of a token's slots a load, one [tile, SLOT_BLOCK_H, BLOCK_L] tile
+SLOT_BLOCK_H = 8  # combine_slots: heads a program
 
 
 def combine_ref(o_part, lse_part, dtype, col_order=None):
@@ -154,7 +154,14 @@ def combine_slots_ref(o_part, lse_part, split_offsets, query_start_loc, dtype, *
     return merged, merged_lse
 
 
-def _combine_slots_kernel(*refs, num_heads, block_h, gather, keep_single):
+def slot_tile(num_slots: int) -> int:
+    """combine_slots's slots a load: the next power of two of the slot count, at most MAX_SLOT_TILE. A token has at
+    most num_slots slots, so a batch of one request split in 16 (B = 1) merges each token in one load, as many loads
+    in flight as the split combine's one tile; a long request's dozens of slots take a load per 16."""
+    return min(MAX_SLOT_TILE, _next_pow2(num_slots))
+
+
+def _combine_slots_kernel(*refs, num_heads, block_h, tile, gather, keep_single):
     rows_ref, lse_ref, o_ref, *rest = refs
     order_ref = rest.pop(0) if gather else None
     if keep_single:  # (the aliased out and lse inputs: never read here)
@@ -168,16 +175,16 @@ def _combine_slots_kernel(*refs, num_heads, block_h, gather, keep_single):
     first, count, i = (plgpu_triton.load(rows_ref.at[t, jnp.int32(j)]) for j in range(3))
     end = first + count
     h_ok = h < num_heads
-    u = lax.broadcasted_iota(jnp.int32, (SLOT_TILE,), 0)
+    u = lax.broadcasted_iota(jnp.int32, (tile,), 0)
 
     def merge():
-        def body(k, carry):  # slots [s0, s0 + SLOT_TILE) as one tile, merged online into (m, num, den)
+        def body(k, carry):  # slots [s0, s0 + tile) as one load, merged online into (m, num, den)
             m, num, den = carry
-            s = first + k * SLOT_TILE + u
-            ok = (s < end)[:, None] & h_ok[None, :]  # [SLOT_TILE, block_h]
+            s = first + k * tile + u
+            ok = (s < end)[:, None] & h_ok[None, :]  # [tile, block_h]
             lse = plgpu_triton.load(lse_ref.at[s[:, None], i, h[None, :]], mask=ok, other=-jnp.inf)
             o = plgpu_triton.load(o_ref.at[s[:, None, None], i, h[None, :, None], src[None, None, :]],
-                                  mask=ok[:, :, None], other=0.0)  # [SLOT_TILE, block_h, BLOCK_L]
+                                  mask=ok[:, :, None], other=0.0)  # [tile, block_h, BLOCK_L]
             m_new = jnp.maximum(m, jnp.max(lse, axis=0))  # (NaN stays NaN: max with NaN)
             m_safe = jnp.where(m_new > -jnp.inf, m_new, 0.0)  # (every slot so far empty, or NaN: 0)
             scale = jnp.exp(m - m_safe)  # 0 while m is -inf
@@ -186,7 +193,7 @@ def _combine_slots_kernel(*refs, num_heads, block_h, gather, keep_single):
             return m_new, num, den * scale + jnp.sum(w, axis=0)
 
         m, num, den = lax.fori_loop(
-            0, (count + SLOT_TILE - 1) // SLOT_TILE, body,
+            0, (count + tile - 1) // tile, body,
             (jnp.full((block_h,), -jnp.inf, jnp.float32), jnp.zeros((block_h, BLOCK_L), jnp.float32),
              jnp.zeros((block_h,), jnp.float32)))
         m = jnp.where(m > -jnp.inf, m, 0.0)
@@ -210,8 +217,8 @@ def combine_slots(o_part, lse_part, split_offsets, query_start_loc, dtype, *, nu
     """The ragged combine of a work schedule (mla_jax.schedule): token t, the i-th of request r, merges
     o_part[s, i] and lse_part[s, i] over r's slots s in [split_offsets[r], split_offsets[r + 1]) by LSE, the
     formula of combine_ref, slots in order. One Pallas Triton kernel: a program takes one token, a block of heads
-    and 64 columns, and merges the token's slots online, SLOT_TILE at a time (the running max rescales the sums,
-    one pass over the partials, SLOT_TILE independent loads in flight); slots of other requests are never read
+    and 64 columns, and merges the token's slots online, `slot_tile(S)` at a time (the running max rescales the
+    sums, one pass over the partials, a tile's loads in flight together); slots of other requests are never read
     (they may hold anything).
 
     o_part [S, Q, H, L] and lse_part [S, Q, H] float32 (Q: the bucket's max q_len). Returns out [T, H, L] in
@@ -238,7 +245,8 @@ def combine_slots(o_part, lse_part, split_offsets, query_start_loc, dtype, *, nu
         raise ValueError(f"combine_slots needs L a multiple of {BLOCK_L}, got L={lora}")
     if col_order is not None and jnp.shape(col_order) != (lora,):
         raise ValueError(f"col_order must have shape ({lora},), got {jnp.shape(col_order)}")
-    block_h = min(_next_pow2(num_heads), SLOT_TILE_ELEMS // (SLOT_TILE * BLOCK_L))
+    block_h = min(_next_pow2(num_heads), SLOT_BLOCK_H)
+    tile = slot_tile(o_part.shape[0])
     gather = col_order is not None
     rows = _token_slots(token_slots, split_offsets, query_start_loc, num_tokens)
     args = [rows, lse_part.astype(jnp.float32), o_part.astype(jnp.float32)]
@@ -248,7 +256,7 @@ def combine_slots(o_part, lse_part, split_offsets, query_start_loc, dtype, *, nu
     if keep_single:
         aliases = {len(args): 0, len(args) + 1: 1}
         args += [out.astype(dtype), lse.astype(jnp.float32)]
-    kernel = functools.partial(_combine_slots_kernel, num_heads=num_heads, block_h=block_h, gather=gather,
+    kernel = functools.partial(_combine_slots_kernel, num_heads=num_heads, block_h=block_h, tile=tile, gather=gather,
                                keep_single=keep_single)
     return pl.pallas_call(
         kernel,
