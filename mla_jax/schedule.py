@@ -22,8 +22,12 @@ overhead units, then step s at point C_r + O + s. Total W = sum W_r. Part p's co
 x_p = floor(p W / P), and the part takes exactly the steps whose point lies in its interval. Every step has one
 point in one interval, so every step of every request is covered exactly once, by construction. A cut x maps to the
 global step g(x) = N_r + clip(x - C_r - O, 0, n_r) of the request r whose interval holds x. With O = 0 (the Mosaic
-GPU kernel's schedule, a piece a CTA) the cost line is the step line, g_p = x_p = floor(p N / P), and the pieces are
-the segments between those cuts and the requests' first steps: `_equal_steps` builds them with the table.
+GPU kernel's schedule, a piece a CTA) the cost line is the step line, g_p = x_p = floor(p N / P), except that a cut
+inside a request of at most ceil(N / P) steps moves to that request's nearer end (`_snapped_cuts`: such a request
+is one piece, not two with fp32 partials to merge), and the pieces are the segments between those cuts and the
+requests' first steps: `_equal_steps` builds them with the table. The moved cuts keep every step covered once (they
+stay sorted), but the parts' balance bound below is of the unmoved cuts; a piece is at most ceil(N / P) steps
+either way.
 
     Balance bound: part p's real cost (its steps + O per piece) is len_p + a_p - b_p with len_p = x_{p+1} - x_p
     in {floor(W/P), ceil(W/P)}, a_p in [0, O] the overhead of its first piece lying before x_p (O when that piece
@@ -285,15 +289,33 @@ def _segment_pieces(n_start, g, num_slots: int):
     return jnp.stack([jnp.where(used, x, 0).astype(jnp.int32) for x in rows], axis=1), lo, used
 
 
+def _snapped_cuts(n_start, num_parts: int):
+    """g [P + 1]: the cuts floor(p N / P) of the N steps (n_start [R + 1]: the requests' first steps), each one that
+    falls inside a request of at most ceil(N / P) steps moved to that request's nearer end (its first step on a
+    tie). Such a request fits one piece; cut, it would write its tokens' fp32 partials twice over and read them back
+    in the combine (at q_len 3 and 16 heads 98 KB a piece, a fifth of the KV an 8-step piece reads). A cut moves
+    inside its request only, and at most one cut falls inside a request that short, so g stays sorted (two cuts may
+    meet: an empty part); pieces stay at most ceil(N / P) steps, and a request longer than that is cut where it was.
+    A uniform batch keeps its cuts (its requests are either longer than ceil(N / P) or cut at their ends)."""
+    total = n_start[-1]
+    g = _cost_cuts(total, num_parts)
+    longest = total // num_parts + (total % num_parts > 0).astype(jnp.int32)
+    r = jnp.minimum(searchsorted(n_start[1:], g, side="right"), n_start.shape[0] - 2)
+    lo, hi = n_start[r], n_start[r + 1]
+    inside = (g > lo) & (g < hi) & (hi - lo <= longest)
+    return jnp.where(inside, jnp.where(g - lo <= hi - g, lo, hi), g).astype(jnp.int32)
+
+
 def _equal_steps(n, num_parts: int, num_slots: int):
     """(table [P, 8], split_offsets [R + 1], pieces [S, 3]) of the balanced schedule without per-piece overhead
     (fixed_overhead 0, the Mosaic GPU kernel's: a piece is a CTA of its own): the cost line is the step line, so
-    the cuts are g_p = floor(p N / P) of the N steps themselves and the pieces its segments between those cuts and
-    the requests' first steps. The same schedule as _balanced_cuts / _balanced_slots / _table and slot_pieces give
-    at fixed_overhead 0, from one merge: 462 StableHLO lines against their 699 at 6 requests x 24 parts, an XLA
-    compile on the CPU of 0.17 s against 0.31 (each Mosaic GPU decode call builds it, unless with_schedule did)."""
+    the cuts are those of the N steps themselves (`_snapped_cuts`: floor(p N / P), kept off the requests that fit
+    one piece) and the pieces its segments between those cuts and the requests' first steps, from one merge of the
+    two sorted cut lists (each Mosaic GPU decode call builds it, unless with_schedule did: the general path,
+    _balanced_cuts / _balanced_slots / _table then slot_pieces, lowers to 1.5x the StableHLO and compiles 1.8x
+    slower at 6 requests x 24 parts)."""
     n_start = _exclusive_cumsum(n).astype(jnp.int32)
-    g = _cost_cuts(n_start[-1], num_parts)
+    g = _snapped_cuts(n_start, num_parts)
     pieces, lo, used = _segment_pieces(n_start, g, num_slots)
     # slot k's first step, past every cut for an unused slot: a request's (a part's) slots are those that start
     # before the next request's first step (the next part's cut)
@@ -435,6 +457,8 @@ def reference_schedule(seq_lens, query_lens, *, num_parts: int, block_kv: int = 
     if chunk_steps is not None and max(n, default=0) > max_steps:
         raise ValueError(f"max_steps must bound every request's steps, got max_steps={max_steps} < {max(n)} steps")
     cut = [p * total // num_parts for p in range(num_parts + 1)]
+    if chunk_steps is None and fixed_overhead == 0:  # (_snapped_cuts: off the requests that fit one piece)
+        cut = [_snap_reference(x, n, -(-total // num_parts)) for x in cut]
     part_of = lambda point: max(p for p in range(num_parts) if cut[p] <= point)  # noqa: E731
     units = []  # (part, request, first step, steps): steps, or whole chunks, in linear order
     point = 0
@@ -452,6 +476,16 @@ def reference_schedule(seq_lens, query_lens, *, num_parts: int, block_kv: int = 
                 units.append((part_of(point), r, s, length))
                 point += length + fixed_overhead
     return _reference_tables(units, n, num_parts, block_kv, fixed_overhead, chunk_steps, max_steps)
+
+
+def _snap_reference(x, n, longest):
+    """_snapped_cuts for one cut x, by a loop over the requests' steps n."""
+    start = 0
+    for steps in n:
+        if start < x < start + steps and steps <= longest:
+            return start if x - start <= start + steps - x else start + steps
+        start += steps
+    return x
 
 
 def _reference_tables(units, n, num_parts, block_kv, fixed_overhead, chunk_steps, max_steps) -> Schedule:

@@ -78,7 +78,23 @@ def check_properties(sched, seq, qlen):
     assert (rows[len(by_slot):] == 0).all()
     if sched.pieces is not None:  # (fixed_overhead 0, balanced: mla_schedule's own pieces, from its one merge)
         np.testing.assert_array_equal(np.asarray(sched.pieces), rows)
-    _check_balance(table[:, S.COST], n, o, c, sched.num_parts)
+    if o == 0 and not c:
+        _check_snapped(walked, n, sched.num_parts)
+    else:
+        _check_balance(table[:, S.COST], n, o, c, sched.num_parts)
+
+
+def _check_snapped(walked, n, num_parts):
+    """Balanced at fixed_overhead 0 (its cuts moved off the requests that fit one piece): no piece is longer than
+    ceil(N / P) steps, and a request of at most that many steps is one piece."""
+    longest = -(-sum(n) // num_parts)
+    count = [0] * len(n)
+    for items in walked:
+        for r, lo, hi, _ in items:
+            assert hi - lo <= longest, (r, lo, hi, longest)
+            count[r] += 1
+    for r, steps in enumerate(n):
+        assert steps > longest or count[r] == (steps > 0), (r, steps, count[r], longest)
 
 
 _slot_pieces = jax.jit(S.slot_pieces)
