@@ -38,6 +38,7 @@ from mla_jax.schedule import slot_ranges
 BLOCK_L = 64  # output columns per program
 TILE_ELEMS = 8192  # S_pad * block_h * BLOCK_L: 64 float32 registers a thread at 4 warps
 MAX_SLOT_TILE = 16  # combine_slots: up to 16 of a token's slots a load, one [tile, SLOT_BLOCK_H, BLOCK_L] tile
+MAX_SLOT_TILE_GATHER = 8  # with the column gather (sm_90, 4 warps): 128 registers at 8 slots, 249 at 16
 SLOT_BLOCK_H = 8  # combine_slots: heads a program
 
 
@@ -154,11 +155,12 @@ def combine_slots_ref(o_part, lse_part, split_offsets, query_start_loc, dtype, *
     return merged, merged_lse
 
 
-def slot_tile(num_slots: int) -> int:
-    """combine_slots's slots a load: the next power of two of the slot count, at most MAX_SLOT_TILE. A token has at
-    most num_slots slots, so a batch of one request split in 16 (B = 1) merges each token in one load, as many loads
-    in flight as the split combine's one tile; a long request's dozens of slots take a load per 16."""
-    return min(MAX_SLOT_TILE, _next_pow2(num_slots))
+def slot_tile(num_slots: int, gather: bool = False) -> int:
+    """combine_slots's slots a load: the next power of two of the slot count, at most MAX_SLOT_TILE (8 with the
+    column gather, whose indexed loads take twice the registers). A token has at most num_slots slots, so a batch of
+    one request split in 16 (B = 1) merges each token in one load, as many loads in flight as the split combine's
+    one tile; a long request's dozens of slots take a load per 16."""
+    return min(MAX_SLOT_TILE_GATHER if gather else MAX_SLOT_TILE, _next_pow2(num_slots))
 
 
 def _combine_slots_kernel(*refs, num_heads, block_h, tile, gather, keep_single):
@@ -246,8 +248,8 @@ def combine_slots(o_part, lse_part, split_offsets, query_start_loc, dtype, *, nu
     if col_order is not None and jnp.shape(col_order) != (lora,):
         raise ValueError(f"col_order must have shape ({lora},), got {jnp.shape(col_order)}")
     block_h = min(_next_pow2(num_heads), SLOT_BLOCK_H)
-    tile = slot_tile(o_part.shape[0])
     gather = col_order is not None
+    tile = slot_tile(o_part.shape[0], gather)
     rows = _token_slots(token_slots, split_offsets, query_start_loc, num_tokens)
     args = [rows, lse_part.astype(jnp.float32), o_part.astype(jnp.float32)]
     if gather:

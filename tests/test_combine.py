@@ -171,14 +171,16 @@ def test_combine_slots_merges_each_tokens_slots(num_tokens):
     np.testing.assert_allclose(lse_out[finite], ref_lse[finite], rtol=1e-6, atol=1e-6)
 
 
-def test_combine_slots_merges_more_slots_than_a_load():
+@pytest.mark.parametrize("gather", [False, True])
+def test_combine_slots_merges_more_slots_than_a_load(gather):
     """A request with more slots than one load (37 > slot_tile(41) = 16: three loads, the last one partly past its
-    slots), beside requests of 3 and 1 slots; an empty slot (lse -inf) in each load of the long one, NaN in every
-    slot row no token may read."""
-    from mla_jax.combine import MAX_SLOT_TILE, combine_slots, slot_tile
+    slots; 8 with the column gather: five), beside requests of 3 and 1 slots; an empty slot (lse -inf) in each load
+    of the long one, NaN in every slot row no token may read."""
+    from mla_jax.combine import MAX_SLOT_TILE, MAX_SLOT_TILE_GATHER, combine_slots, slot_tile
 
     offsets, qsl = np.array([0, 3, 40, 41], np.int32), np.array([0, 1, 3, 4], np.int32)
     assert slot_tile(41) == MAX_SLOT_TILE and 40 - 3 > 2 * MAX_SLOT_TILE
+    assert slot_tile(41, gather=True) == MAX_SLOT_TILE_GATHER
     rng = np.random.default_rng(2)
     o = rng.standard_normal((41, 2, 16, 128)).astype(np.float32)
     lse = (3 * rng.standard_normal((41, 2, 16))).astype(np.float32)
@@ -187,8 +189,11 @@ def test_combine_slots_merges_more_slots_than_a_load():
         lse[offsets[r]:offsets[r + 1], qsl[r + 1] - qsl[r]:] = np.nan
     for s in (5, 21, 38):
         lse[s], o[s] = -np.inf, np.nan
-    out, lse_out = combine_slots(o, lse, offsets, qsl, jnp.float32, num_tokens=4, interpret=True)
+    order = rng.permutation(128).astype(np.int32) if gather else None
+    out, lse_out = combine_slots(o, lse, offsets, qsl, jnp.float32, num_tokens=4, col_order=order, interpret=True)
     ref_out, ref_lse = _slots_formula(o, lse, offsets, qsl, 4)
+    if gather:
+        ref_out = ref_out[..., order]
     out, lse_out = np.asarray(out), np.asarray(lse_out)
     assert np.isfinite(out).all() and np.isfinite(lse_out).all(), "a slot no token may read leaked"
     np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
