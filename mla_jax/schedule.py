@@ -26,8 +26,8 @@ GPU kernel's schedule, a piece a CTA) the cost line is the step line, g_p = x_p 
 inside a request of at most ceil(N / P) steps moves to that request's nearer end (`_snapped_cuts`: such a request
 is one piece, not two with fp32 partials to merge), and the pieces are the segments between those cuts and the
 requests' first steps: `_equal_steps` builds them with the table. The moved cuts keep every step covered once (they
-stay sorted), but the parts' balance bound below is of the unmoved cuts; a piece is at most ceil(N / P) steps
-either way.
+stay sorted) and move at most ceil(N / P) // 2 steps each, so a part's cost is within 2 (ceil(N / P) // 2) of its
+unmoved length (the balance bound below, at O = 0); a piece is at most ceil(N / P) steps either way.
 
     Balance bound: part p's real cost (its steps + O per piece) is len_p + a_p - b_p with len_p = x_{p+1} - x_p
     in {floor(W/P), ceil(W/P)}, a_p in [0, O] the overhead of its first piece lying before x_p (O when that piece

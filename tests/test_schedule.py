@@ -78,10 +78,11 @@ def check_properties(sched, seq, qlen):
     assert (rows[len(by_slot):] == 0).all()
     if sched.pieces is not None:  # (fixed_overhead 0, balanced: mla_schedule's own pieces, from its one merge)
         np.testing.assert_array_equal(np.asarray(sched.pieces), rows)
+    moved = 0
     if o == 0 and not c:
         _check_snapped(walked, n, sched.num_parts)
-    else:
-        _check_balance(table[:, S.COST], n, o, c, sched.num_parts)
+        moved = 2 * (-(-sum(n) // sched.num_parts) // 2)  # (each end of a part moved by at most half a short request)
+    _check_balance(table[:, S.COST], n, o, c, sched.num_parts, moved)
 
 
 def _check_snapped(walked, n, num_parts):
@@ -100,12 +101,13 @@ def _check_snapped(walked, n, num_parts):
 _slot_pieces = jax.jit(S.slot_pieces)
 
 
-def _check_balance(cost, n, o, c, num_parts):
+def _check_balance(cost, n, o, c, num_parts, moved=0):
     """Part p's cost is within O (balanced) or C + O (batch-invariant) of its cost interval's length, floor or ceil
-    of W / P: two parts differ by at most 2 O + 1, resp. 2 (C + O) + 1; no part costs more than ceil(W/P) + O."""
+    of W / P: two parts differ by at most 2 O + 1, resp. 2 (C + O) + 1; no part costs more than ceil(W/P) + O.
+    `moved`: more slack, where the cuts were moved off the requests that fit one piece."""
     pieces = sum((-(-k // c) if c else 1) for k in n if k)
     total = sum(n) + o * pieces
-    slack = o if not c else c + o - 1
+    slack = (o if not c else c + o - 1) + moved
     lo, hi = total // num_parts, -(-total // num_parts)
     assert (cost >= lo - slack).all() and (cost <= hi + slack).all(), (cost, lo, hi, slack)
     assert cost.max() - cost.min() <= 2 * slack + 1
