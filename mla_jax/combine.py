@@ -37,8 +37,8 @@ from mla_jax.schedule import slot_ranges
 
 BLOCK_L = 64  # output columns per program
 TILE_ELEMS = 8192  # S_pad * block_h * BLOCK_L: 64 float32 registers a thread at 4 warps
-MAX_SLOT_TILE = 16  # combine_slots: up to 16 of a token's slots a load, one [tile, SLOT_BLOCK_H, BLOCK_L] tile
-MAX_SLOT_TILE_GATHER = 8  # with the column gather (sm_90, 4 warps): 128 registers at 8 slots, 249 at 16
+NARROW_SLOT_TILE = 4  # combine_slots: a token's last slots (all of a token of 1-4) merged 4 a load: 116 registers
+WIDE_SLOT_TILE = 8  # combine_slots: 8 of a token's slots a load while 8 remain: 128 registers (16: 140)
 SLOT_BLOCK_H = 8  # combine_slots: heads a program
 
 
@@ -155,15 +155,23 @@ def combine_slots_ref(o_part, lse_part, split_offsets, query_start_loc, dtype, *
     return merged, merged_lse
 
 
-def slot_tile(num_slots: int, gather: bool = False) -> int:
-    """combine_slots's slots a load: the next power of two of the slot count, at most MAX_SLOT_TILE (8 with the
-    column gather, whose indexed loads take twice the registers). A token has at most num_slots slots, so a batch of
-    one request split in 16 (B = 1) merges each token in one load, as many loads in flight as the split combine's
-    one tile; a long request's dozens of slots take a load per 16."""
-    return min(MAX_SLOT_TILE_GATHER if gather else MAX_SLOT_TILE, _next_pow2(num_slots))
+def slot_tiles(num_slots: int, gather: bool = False) -> tuple[int, int]:
+    """combine_slots's (wide, narrow) slots a load. A token merges its slots `wide` at a time while that many remain,
+    then the rest `narrow` at a time: at most WIDE_SLOT_TILE and NARROW_SLOT_TILE, the next power of two of the slot
+    count where that is smaller; with the column gather (its indexed loads take 72 registers at 4 slots, 168 with
+    a wide loop of 8) one loop of 4.
+
+    Why two: a token of 1-4 slots, most of a batch's, wants one 4-slot load, as many programs a SM as the registers
+    allow (4 at 4 warps and at most 128 registers a thread); masked down to 2 of 16 a wide load, at 143 registers,
+    cost a uniform batch of two slots a request 8% (H = 64, B = 64, 2048 tokens, an H100). A token of many slots
+    (B = 1 split in 16, a long request's dozens) wants few serial loads: 4 loads of 4 made the combine of H = 16,
+    B = 1 4.2 us, one of 16 2.0 us (an H100). The loads are registers-sized (sm_90, Triton 3.6, 4 warps): 116
+    registers at 4 slots, 128 with a wide loop of 8, 140 with one of 16."""
+    narrow = min(NARROW_SLOT_TILE, _next_pow2(num_slots))
+    return (narrow if gather else min(WIDE_SLOT_TILE, _next_pow2(num_slots))), narrow
 
 
-def _combine_slots_kernel(*refs, num_heads, block_h, tile, gather, keep_single):
+def _combine_slots_kernel(*refs, num_heads, block_h, wide, narrow, gather, keep_single):
     rows_ref, lse_ref, o_ref, *rest = refs
     order_ref = rest.pop(0) if gather else None
     if keep_single:  # (the aliased out and lse inputs: never read here)
@@ -177,27 +185,34 @@ def _combine_slots_kernel(*refs, num_heads, block_h, tile, gather, keep_single):
     first, count, i = (plgpu_triton.load(rows_ref.at[t, jnp.int32(j)]) for j in range(3))
     end = first + count
     h_ok = h < num_heads
-    u = lax.broadcasted_iota(jnp.int32, (tile,), 0)
 
     def merge():
-        def body(k, carry):  # slots [s0, s0 + tile) as one load, merged online into (m, num, den)
-            m, num, den = carry
-            s = first + k * tile + u
-            ok = (s < end)[:, None] & h_ok[None, :]  # [tile, block_h]
-            lse = plgpu_triton.load(lse_ref.at[s[:, None], i, h[None, :]], mask=ok, other=-jnp.inf)
-            o = plgpu_triton.load(o_ref.at[s[:, None, None], i, h[None, :, None], src[None, None, :]],
-                                  mask=ok[:, :, None], other=0.0)  # [tile, block_h, BLOCK_L]
-            m_new = jnp.maximum(m, jnp.max(lse, axis=0))  # (NaN stays NaN: max with NaN)
-            m_safe = jnp.where(m_new > -jnp.inf, m_new, 0.0)  # (every slot so far empty, or NaN: 0)
-            scale = jnp.exp(m - m_safe)  # 0 while m is -inf
-            w = jnp.exp(lse - m_safe[None, :])  # 0 where lse = -inf (an empty slot, a masked one)
-            num = num * scale[:, None] + jnp.sum(jnp.where(w[:, :, None] > 0, w[:, :, None] * o, 0.0), axis=0)
-            return m_new, num, den * scale + jnp.sum(w, axis=0)
+        def merge_from(start, tile, num_loads, carry):  # slots [start, start + num_loads x tile), a tile a load
+            u = lax.broadcasted_iota(jnp.int32, (tile,), 0)
 
-        m, num, den = lax.fori_loop(
-            0, (count + tile - 1) // tile, body,
-            (jnp.full((block_h,), -jnp.inf, jnp.float32), jnp.zeros((block_h, BLOCK_L), jnp.float32),
-             jnp.zeros((block_h,), jnp.float32)))
+            def body(k, carry):  # slots [s0, s0 + tile) as one load, merged online into (m, num, den)
+                m, num, den = carry
+                s = start + k * tile + u
+                ok = (s < end)[:, None] & h_ok[None, :]  # [tile, block_h]
+                lse = plgpu_triton.load(lse_ref.at[s[:, None], i, h[None, :]], mask=ok, other=-jnp.inf)
+                o = plgpu_triton.load(o_ref.at[s[:, None, None], i, h[None, :, None], src[None, None, :]],
+                                      mask=ok[:, :, None], other=0.0)  # [tile, block_h, BLOCK_L]
+                m_new = jnp.maximum(m, jnp.max(lse, axis=0))  # (NaN stays NaN: max with NaN)
+                m_safe = jnp.where(m_new > -jnp.inf, m_new, 0.0)  # (every slot so far empty, or NaN: 0)
+                scale = jnp.exp(m - m_safe)  # 0 while m is -inf
+                w = jnp.exp(lse - m_safe[None, :])  # 0 where lse = -inf (an empty slot, a masked one)
+                num = num * scale[:, None] + jnp.sum(jnp.where(w[:, :, None] > 0, w[:, :, None] * o, 0.0), axis=0)
+                return m_new, num, den * scale + jnp.sum(w, axis=0)
+
+            return lax.fori_loop(0, num_loads, body, carry)
+
+        carry = (jnp.full((block_h,), -jnp.inf, jnp.float32), jnp.zeros((block_h, BLOCK_L), jnp.float32),
+                 jnp.zeros((block_h,), jnp.float32))
+        start = first
+        if wide > narrow:  # whole wide loads while `wide` slots remain
+            carry = merge_from(start, wide, count // wide, carry)
+            start = first + count // wide * wide
+        m, num, den = merge_from(start, narrow, (end - start + narrow - 1) // narrow, carry)
         m = jnp.where(m > -jnp.inf, m, 0.0)
         out = num / jnp.where(den > 0, den, 1.0)[:, None]
         out = jnp.where((den != den)[:, None], jnp.nan, out)  # a NaN slot (den NaN): NaN, not 0
@@ -219,8 +234,9 @@ def combine_slots(o_part, lse_part, split_offsets, query_start_loc, dtype, *, nu
     """The ragged combine of a work schedule (mla_jax.schedule): token t, the i-th of request r, merges
     o_part[s, i] and lse_part[s, i] over r's slots s in [split_offsets[r], split_offsets[r + 1]) by LSE, the
     formula of combine_ref, slots in order. One Pallas Triton kernel: a program takes one token, a block of heads
-    and 64 columns, and merges the token's slots online, `slot_tile(S)` at a time (the running max rescales the
-    sums, one pass over the partials, a tile's loads in flight together); slots of other requests are never read
+    and 64 columns, and merges the token's slots online, a tile a load (`slot_tiles`: 8 at a time while 8 remain,
+    then 4; the running max rescales the sums, one pass over the partials, a tile's loads in flight together);
+    slots of other requests are never read
     (they may hold anything).
 
     o_part [S, Q, H, L] and lse_part [S, Q, H] float32 (Q: the bucket's max q_len). Returns out [T, H, L] in
@@ -249,7 +265,7 @@ def combine_slots(o_part, lse_part, split_offsets, query_start_loc, dtype, *, nu
         raise ValueError(f"col_order must have shape ({lora},), got {jnp.shape(col_order)}")
     block_h = min(_next_pow2(num_heads), SLOT_BLOCK_H)
     gather = col_order is not None
-    tile = slot_tile(o_part.shape[0], gather)
+    wide, narrow = slot_tiles(o_part.shape[0], gather)
     rows = _token_slots(token_slots, split_offsets, query_start_loc, num_tokens)
     args = [rows, lse_part.astype(jnp.float32), o_part.astype(jnp.float32)]
     if gather:
@@ -258,7 +274,8 @@ def combine_slots(o_part, lse_part, split_offsets, query_start_loc, dtype, *, nu
     if keep_single:
         aliases = {len(args): 0, len(args) + 1: 1}
         args += [out.astype(dtype), lse.astype(jnp.float32)]
-    kernel = functools.partial(_combine_slots_kernel, num_heads=num_heads, block_h=block_h, tile=tile, gather=gather,
+    kernel = functools.partial(_combine_slots_kernel, num_heads=num_heads, block_h=block_h, wide=wide, narrow=narrow,
+                               gather=gather,
                                keep_single=keep_single)
     return pl.pallas_call(
         kernel,

@@ -173,25 +173,27 @@ def test_combine_slots_merges_each_tokens_slots(num_tokens):
 
 @pytest.mark.parametrize("gather", [False, True])
 def test_combine_slots_merges_more_slots_than_a_load(gather):
-    """A request with more slots than one load (37 > slot_tile(41) = 16: three loads, the last one partly past its
-    slots; 8 with the column gather: five), beside requests of 3 and 1 slots; an empty slot (lse -inf) in each load
-    of the long one, NaN in every slot row no token may read."""
-    from mla_jax.combine import MAX_SLOT_TILE, MAX_SLOT_TILE_GATHER, combine_slots, slot_tile
+    """A request of 37 slots (slot_tiles(57) = (8, 4): four wide loads, then two narrow ones, the last partly past its
+    slots; with the column gather (4, 4): ten narrow ones), one of exactly 16 (two wide loads, no narrow one),
+    beside requests of 3 slots (narrow loads only) and 1; an empty slot (lse -inf) in a wide load of the long one
+    and in its narrow part, NaN in every slot row no token may read."""
+    from mla_jax.combine import NARROW_SLOT_TILE, WIDE_SLOT_TILE, combine_slots, slot_tiles
 
-    offsets, qsl = np.array([0, 3, 40, 41], np.int32), np.array([0, 1, 3, 4], np.int32)
-    assert slot_tile(41) == MAX_SLOT_TILE and 40 - 3 > 2 * MAX_SLOT_TILE
-    assert slot_tile(41, gather=True) == MAX_SLOT_TILE_GATHER
+    offsets, qsl = np.array([0, 3, 40, 41, 57], np.int32), np.array([0, 1, 3, 4, 5], np.int32)
+    assert slot_tiles(57) == (WIDE_SLOT_TILE, NARROW_SLOT_TILE) == (8, 4)
+    assert slot_tiles(57, gather=True) == (NARROW_SLOT_TILE, NARROW_SLOT_TILE)
+    assert slot_tiles(3) == (4, 4) and slot_tiles(2) == (2, 2)
     rng = np.random.default_rng(2)
-    o = rng.standard_normal((41, 2, 16, 128)).astype(np.float32)
-    lse = (3 * rng.standard_normal((41, 2, 16))).astype(np.float32)
-    for r in range(3):
+    o = rng.standard_normal((57, 2, 16, 128)).astype(np.float32)
+    lse = (3 * rng.standard_normal((57, 2, 16))).astype(np.float32)
+    for r in range(4):
         o[offsets[r]:offsets[r + 1], qsl[r + 1] - qsl[r]:] = np.nan
         lse[offsets[r]:offsets[r + 1], qsl[r + 1] - qsl[r]:] = np.nan
-    for s in (5, 21, 38):
+    for s in (5, 21, 37):
         lse[s], o[s] = -np.inf, np.nan
     order = rng.permutation(128).astype(np.int32) if gather else None
-    out, lse_out = combine_slots(o, lse, offsets, qsl, jnp.float32, num_tokens=4, col_order=order, interpret=True)
-    ref_out, ref_lse = _slots_formula(o, lse, offsets, qsl, 4)
+    out, lse_out = combine_slots(o, lse, offsets, qsl, jnp.float32, num_tokens=5, col_order=order, interpret=True)
+    ref_out, ref_lse = _slots_formula(o, lse, offsets, qsl, 5)
     if gather:
         ref_out = ref_out[..., order]
     out, lse_out = np.asarray(out), np.asarray(lse_out)
