@@ -236,8 +236,7 @@ def combine_slots(o_part, lse_part, split_offsets, query_start_loc, dtype, *, nu
     formula of combine_ref, slots in order. One Pallas Triton kernel: a program takes one token, a block of heads
     and 64 columns, and merges the token's slots online, a tile a load (`slot_tiles`: 8 at a time while 8 remain,
     then 4; the running max rescales the sums, one pass over the partials, a tile's loads in flight together);
-    slots of other requests are never read
-    (they may hold anything).
+    slots of other requests are never read (they may hold anything).
 
     o_part [S, Q, H, L] and lse_part [S, Q, H] float32 (Q: the bucket's max q_len). Returns out [T, H, L] in
     `dtype` and lse [T, H] float32. A token of a request with no slots (seq_len 0) gets out 0, lse -inf, as does a
@@ -275,8 +274,7 @@ def combine_slots(o_part, lse_part, split_offsets, query_start_loc, dtype, *, nu
         aliases = {len(args): 0, len(args) + 1: 1}
         args += [out.astype(dtype), lse.astype(jnp.float32)]
     kernel = functools.partial(_combine_slots_kernel, num_heads=num_heads, block_h=block_h, wide=wide, narrow=narrow,
-                               gather=gather,
-                               keep_single=keep_single)
+                               gather=gather, keep_single=keep_single)
     return pl.pallas_call(
         kernel,
         grid=(num_tokens, math.ceil(num_heads / block_h), lora // BLOCK_L),
