@@ -58,7 +58,8 @@ def combine_ref(o_part, lse_part, dtype, col_order=None):
 
 
 def _next_pow2(x: int) -> int:
-    return 1 << max(0, (x - 1).bit_length())
+    """The least power of two >= x (1 for x <= 1)."""
+    return 1 << max(0, int(x) - 1).bit_length()
 
 
 def _combine_kernel(*refs, num_splits, num_heads, s_pad, block_h, gather):

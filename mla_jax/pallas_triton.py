@@ -85,6 +85,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu_triton
 
 from mla_jax import combine
+from mla_jax.combine import _next_pow2
 from mla_jax.schedule import (BEGIN_REQ, BEGIN_STEP, END_REQ, END_STEP, FIRST_SLOT, NUM_STEPS, TABLE_COLUMNS,
                               Schedule, mla_schedule, prebuilt_or_build)
 from mla_spec import DecodeMetadata, MLAConfig, check_config_and_metadata
@@ -109,10 +110,6 @@ _SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
 
 def _is_pow2(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 1 and (x & (x - 1)) == 0
-
-
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, int(x) - 1).bit_length()
 
 
 def _cdiv(a, b):
