@@ -68,8 +68,10 @@ def parse_overrides(text: str) -> dict:
 
 def sweep_spec(impl: str, fields, narrowed: dict) -> dict:
     """The values of each field in `fields` to time (VARIANTS' order), a narrowed field's only its one: a tuple
-    of values, or a relative spec such as "x0.5,x2,=1" kept whole (variants() reads it against the heuristic)."""
-    return {f: v if isinstance(v, str) else tuple(x for x in v if f not in narrowed or str(x) == narrowed[f])
+    of values, or a relative spec such as "x0.5,x2,=1" (variants() reads it against the heuristic), narrowed to one
+    of its items ("x2")."""
+    return {f: (narrowed.get(f, v) if isinstance(v, str) else
+                tuple(x for x in v if f not in narrowed or str(x) == narrowed[f]))
             for f, v in VARIANTS[impl].items() if f in fields}
 
 
@@ -142,7 +144,7 @@ def main(argv=None) -> int:
         p.error(f"--fields: {', '.join(unknown)} not among {args.impl}'s ({', '.join(VARIANTS[args.impl])}) or none")
     for f, text in narrowed.items():
         values = VARIANTS[args.impl][f]
-        if isinstance(values, str) or text not in [str(v) for v in values]:
+        if text not in (values.split(",") if isinstance(values, str) else [str(v) for v in values]):
             p.error(f"--fields: {f}={text} is not one of {f}'s values ({values})")
     if args.rounds < 1:
         p.error(f"--rounds must be >= 1, got {args.rounds}")

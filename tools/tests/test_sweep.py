@@ -64,7 +64,7 @@ def test_sweep_refuses_unknown_fields_and_shapes(capsys):
     with pytest.raises(SystemExit):  # a value the field does not take
         main(["--impl", "pallas_mosaic_gpu", "--fields", "pv_in_flight=3"])
     assert "pv_in_flight=3 is not one of pv_in_flight's values" in capsys.readouterr().err
-    with pytest.raises(SystemExit):  # relative values (x2, =1) cannot be narrowed
+    with pytest.raises(SystemExit):  # a relative field narrows to one of its items (x0.5, x2, =1) only
         main(["--impl", "pallas_mosaic_gpu", "--fields", "num_splits=2"])
     assert "num_splits=2 is not one of" in capsys.readouterr().err
 
@@ -84,3 +84,8 @@ def test_sweep_times_the_relative_split_counts_beside_other_fields():
     assert list(variants(both, {"transpose": ("none",)}))[1] == ("transpose=none", MosaicConfig())
     narrowed = sweep_spec("pallas_mosaic_gpu", ["num_splits", "pv_in_flight"], {"pv_in_flight": "1"})
     assert narrowed == {"pv_in_flight": (1,), "num_splits": "x0.5,x2,=1"}
+    # --fields num_splits=x2: the doubled split count alone beside the heuristic's
+    narrowed = sweep_spec("pallas_mosaic_gpu", ["num_splits"], {"num_splits": "x2"})
+    assert narrowed == {"num_splits": "x2"}
+    labels = [label for label, _ in variants(MosaicConfig(num_splits=4), narrowed)]
+    assert labels == ["heuristic", "num_splits=8"]
