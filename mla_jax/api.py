@@ -27,7 +27,7 @@ from mla_spec import (
 )
 from mla_spec.config import check_config
 from mla_spec.inputs import check_packed_q, check_q_pair
-from mla_spec.metadata import check_fits_int32
+from mla_spec.metadata import check_fits_int32, check_metadata, check_metadata_arrays
 
 jax.tree_util.register_dataclass(
     DecodeMetadata,
@@ -119,6 +119,9 @@ def to_jax_metadata(metadata: DecodeMetadata, device=None) -> DecodeMetadata:
     """Puts the metadata arrays on `device` as int32 jax arrays (ints stay static). A work schedule built ahead (a
     Schedule in scheduler_metadata, from a kernel module's with_schedule) goes with them; anything else there (FA3's
     schedule, the torch backend's business) is dropped."""
+    check_metadata(metadata)
+    check_metadata_arrays(metadata)  # integer arrays: a float or bool array would be truncated into lengths / block ids
+
 
     def put(x):
         if x is None:

@@ -20,7 +20,7 @@ from mla_spec import (
     validate_write_kv_arrays,
 )
 from mla_spec.fp8 import check_quantize_scale
-from mla_jax.api import check_jax_arrays
+from mla_jax.api import check_jax_arrays, fits_int32
 
 
 def quantize_fp8(x, k_scale):
@@ -97,6 +97,8 @@ def write_kv(kv_cache, kv_c, k_pe, slot_mapping, config: MLAConfig, *, k_scale=1
         check_values = _is_concrete(slot_mapping)
     if check_values:
         validate_slot_mapping(np.asarray(slot_mapping), num_blocks * page_size)
+    else:  # a concrete int64 slot_mapping is cast to int32 at the jit boundary: 2**32 + 3 must not write slot 3
+        fits_int32("slot_mapping", slot_mapping)
     k_scale = jnp.asarray(k_scale, jnp.float32)
     args = (kv_cache, kv_c, k_pe, slot_mapping, k_scale)
     if any(isinstance(x, jax.core.Tracer) for x in args):

@@ -51,7 +51,7 @@ import numpy as np
 from mla_spec.config import MLAConfig, check_config
 from mla_spec.inputs import (_FLOAT_DTYPE_NAMES, FP8_DTYPE_NAMES, check_config_and_metadata, check_kv_cache_shape,
                               dtype_name)
-from mla_spec.metadata import DecodeMetadata
+from mla_spec.metadata import DecodeMetadata, _is_integer_dtype, check_fits_int32
 
 
 def local_len(seq_len, rank: int, world_size: int):
@@ -200,12 +200,19 @@ def validate_shards(
             f"decode context parallelism takes q_len == 1 per request, got "
             f"metadata_shards.max_query_len={metadata_shards.max_query_len}"
         )
+    # integer dtypes (a float block table would be truncated into block ids), then, with the values, every entry
+    # inside int32 (the shards' kernel metadata is cast to int32: 2**32 + 3 must not run as block 3)
+    for name in ("query_start_loc", "seq_lens", "block_table"):
+        dtype = getattr(metadata_shards, name).dtype
+        if not _is_integer_dtype(dtype):
+            raise ValueError(f"metadata_shards.{name} must have an integer dtype, got metadata_shards.{name}.dtype="
+                             f"{dtype}")
     if not check_values:
         return
+    for name in ("query_start_loc", "seq_lens", "block_table"):
+        check_fits_int32(f"metadata_shards.{name}", np.asarray(getattr(metadata_shards, name)))
     qsl = np.asarray(metadata_shards.query_start_loc)
     seq_lens = np.asarray(metadata_shards.seq_lens)
-    if not np.issubdtype(seq_lens.dtype, np.integer):
-        raise ValueError(f"seq_lens must have an integer dtype, got metadata_shards.seq_lens.dtype={seq_lens.dtype}")
     if (seq_lens < 0).any():
         s, r = (int(i) for i in np.argwhere(seq_lens < 0)[0])
         raise ValueError(f"local seq_lens must be >= 0, got metadata_shards.seq_lens[{s}, {r}]={int(seq_lens[s, r])}")

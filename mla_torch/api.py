@@ -14,7 +14,7 @@ import torch
 from mla_spec import DecodeMetadata, MLAConfig, check_config_and_metadata, dtype_name, validate_inputs, validate_k_scale
 from mla_spec.config import check_config
 from mla_spec.inputs import check_packed_q, check_q_pair
-from mla_spec.metadata import check_fits_int32, check_metadata_arrays
+from mla_spec.metadata import check_fits_int32, check_metadata, check_metadata_arrays
 from mla_torch import reference
 
 IMPLS = ("reference", "fa3")
@@ -32,6 +32,9 @@ def _as_tensor(x) -> torch.Tensor:
 
 def to_torch_metadata(metadata: DecodeMetadata, device) -> DecodeMetadata:
     """The same metadata with int32 torch tensors on `device`."""
+    check_metadata(metadata)
+    check_metadata_arrays(metadata)  # integer arrays: a float or bool array would be truncated into lengths / block ids
+
 
     def put(name, x):
         return None if x is None else int32_tensor(name, x).to(device=device)

@@ -1125,3 +1125,57 @@ def test_tuning_the_impl_does_not_take_is_refused():
     with pytest.raises(ValueError, match=r"^num_warps must be one of 1, 2, 4, 8, 16, got num_warps=4.0$"):
         pallas_triton.TritonConfig(num_warps=4.0)
     assert pallas_triton.TritonConfig(num_warps=8).num_warps == 8
+
+
+def _two_request_batch():
+    cfg = MLAConfig(num_heads=16, page_size=16, dtype="float32")
+    md = mla_spec.build_decode_metadata(seq_lens=[20, 40], query_lens=[1, 1], block_table=[[3, 1], [0, 2, 4]],
+                                        config=cfg, num_blocks=5)
+    rng = np.random.default_rng(0)
+    return cfg, md, rng.standard_normal((2, 16, 576), dtype=np.float32), rng.standard_normal((5, 16, 576),
+                                                                                             dtype=np.float32)
+
+
+def test_dcp_block_ids_outside_int32_are_named_not_wrapped():
+    """A stacked block table of int64 ids past int32 (2**32 + k would run as block k) and a float one (truncated
+    into ids) are refused by validate_shards and the DCP entry points that call it, naming the entry."""
+    cfg, md, q, kv = _two_request_batch()
+    cfg2 = cfg.replace(dcp_world_size=2)
+    sh = sdcp.shard_batch(kv, md, cfg2)
+    sdcp.validate_shards(cfg2, sh.metadata, world_size=2, num_blocks_local=4)  # the valid sharding
+    bt = sh.metadata.block_table.astype(np.int64)
+    bt[0, 1, 0] = 2**32 + int(bt[0, 1, 1])
+    wrapped = sh.metadata.replace(block_table=bt)
+    shown = re.escape(f"metadata_shards.block_table[0, 1, 0]={2**32 + int(bt[0, 1, 1])}")
+    with pytest.raises(ValueError, match=shown):
+        sdcp.validate_shards(cfg2, wrapped, world_size=2, num_blocks_local=4)
+    with pytest.raises(ValueError, match=shown):
+        tdcp.dcp_mla_decode_local(torch.from_numpy(q), torch.from_numpy(sh.kv_cache), wrapped, cfg2)
+    with pytest.raises(ValueError, match="metadata_shards.block_table.dtype=float64"):
+        sdcp.validate_shards(cfg2, sh.metadata.replace(block_table=sh.metadata.block_table + 0.5), world_size=2,
+                             num_blocks_local=4)
+
+
+@pytest.mark.parametrize("convert", [mla_jax.to_jax_metadata, lambda md: mla_torch.to_torch_metadata(md, "cpu")])
+def test_metadata_converters_refuse_non_integer_arrays_and_non_metadata(convert):
+    """Float lengths would be truncated (20.9 -> 20) and bools taken as block ids 0 / 1 by the int32 cast."""
+    _, md, _, _ = _two_request_batch()
+    with pytest.raises(ValueError, match="got seq_lens.dtype=float64"):
+        convert(md.replace(seq_lens=np.array([20.9, 40.7])))
+    with pytest.raises(ValueError, match="got block_table.dtype=bool"):
+        convert(md.replace(block_table=md.block_table.astype(bool)))
+    with pytest.raises(ValueError, match="got metadata=NoneType"):
+        convert(None)
+    assert np.asarray(convert(md).seq_lens).tolist() == [20, 40]
+
+
+def test_unchecked_write_kv_refuses_an_int64_slot_that_would_wrap():
+    """check_values=False reads no slot's range, but an int64 slot past int32 would wrap at the int32 cast into a
+    live slot (2**32 + 3 into 3): refused, naming it; an int64 slot inside int32 still writes."""
+    cfg = MLAConfig(num_heads=16, page_size=16, dtype="float32")
+    with pytest.raises(ValueError, match=re.escape(f"slot_mapping[1]={2**32 + 3}")):
+        mla_jax.write_kv(jnp.zeros((2, 16, 576)), jnp.ones((3, 512)), jnp.ones((3, 64)),
+                         np.array([0, 2**32 + 3, -1], np.int64), cfg, check_values=False)
+    cache = mla_jax.write_kv(jnp.zeros((2, 16, 576)), jnp.ones((3, 512)), jnp.ones((3, 64)),
+                             np.array([0, 3, -1], np.int64), cfg, check_values=False)
+    assert float(cache[0, 3, 0]) == 1.0 and float(cache[0, 2, 0]) == 0.0
