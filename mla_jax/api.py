@@ -122,7 +122,6 @@ def to_jax_metadata(metadata: DecodeMetadata, device=None) -> DecodeMetadata:
     check_metadata(metadata)
     check_metadata_arrays(metadata)  # integer arrays: a float or bool array would be truncated into lengths / block ids
 
-
     def put(x):
         if x is None:
             return None

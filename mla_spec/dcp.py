@@ -51,7 +51,7 @@ import numpy as np
 from mla_spec.config import MLAConfig, check_config
 from mla_spec.inputs import (_FLOAT_DTYPE_NAMES, FP8_DTYPE_NAMES, check_config_and_metadata, check_kv_cache_shape,
                               dtype_name)
-from mla_spec.metadata import DecodeMetadata, _is_integer_dtype, check_fits_int32
+from mla_spec.metadata import DecodeMetadata, check_fits_int32, check_metadata_arrays
 
 
 def local_len(seq_len, rank: int, world_size: int):
@@ -202,11 +202,7 @@ def validate_shards(
         )
     # integer dtypes (a float block table would be truncated into block ids), then, with the values, every entry
     # inside int32 (the shards' kernel metadata is cast to int32: 2**32 + 3 must not run as block 3)
-    for name in ("query_start_loc", "seq_lens", "block_table"):
-        dtype = getattr(metadata_shards, name).dtype
-        if not _is_integer_dtype(dtype):
-            raise ValueError(f"metadata_shards.{name} must have an integer dtype, got metadata_shards.{name}.dtype="
-                             f"{dtype}")
+    check_metadata_arrays(metadata_shards, "metadata_shards")
     if not check_values:
         return
     for name in ("query_start_loc", "seq_lens", "block_table"):

@@ -92,11 +92,12 @@ def check_metadata(metadata, name: str = "metadata") -> None:
         raise ValueError(f"{name} must be an mla_spec.DecodeMetadata, got {name}={type(metadata).__name__}")
 
 
-def check_metadata_arrays(md: DecodeMetadata) -> None:
+def check_metadata_arrays(md: DecodeMetadata, md_name: str = "") -> None:
     """Raises ValueError naming the first of query_start_loc, seq_lens, block_table that is not an array
-    (NumPy, torch, JAX) of an integer dtype (None, a list, float values)."""
-    for name in ("query_start_loc", "seq_lens", "block_table"):
-        arr = getattr(md, name)
+    (NumPy, torch, JAX) of an integer dtype (None, a list, float values), as `md_name`.field where given."""
+    for field in ("query_start_loc", "seq_lens", "block_table"):
+        arr = getattr(md, field)
+        name = f"{md_name}.{field}" if md_name else field
         if not hasattr(arr, "shape") or not hasattr(arr, "dtype"):
             raise ValueError(f"{name} must be an array, got {name}={type(arr).__name__}")
         if not _is_integer_dtype(arr.dtype):

@@ -35,7 +35,6 @@ def to_torch_metadata(metadata: DecodeMetadata, device) -> DecodeMetadata:
     check_metadata(metadata)
     check_metadata_arrays(metadata)  # integer arrays: a float or bool array would be truncated into lengths / block ids
 
-
     def put(name, x):
         return None if x is None else int32_tensor(name, x).to(device=device)
 
